@@ -1,0 +1,1 @@
+//! Helpers for end-to-end tests that start real `hawser` processes.
