@@ -10,6 +10,7 @@
 //! `rtl`) can build on it alone.
 
 pub mod change;
+pub mod coerce;
 pub mod ids;
 pub mod key;
 pub mod name;
