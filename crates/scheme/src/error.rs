@@ -61,6 +61,7 @@ codes! {
     SchemeMismatch = "HW2004": "the ALTER is for a different scheme",
     RouteNotFound = "HW2005": "DROP ROUTE names a route or address the scheme does not have",
     LastSubscriber = "HW2006": "DROP SUBSCRIBER would leave an element without subscribers",
+    LastElement = "HW2007": "DROP ELEMENT would leave the scheme without elements (use DROP REPLICATION)",
     UnresolvedSelf = "HW3001": "SELF cannot be resolved in a cluster-wide routing plan",
     MissingCatalog = "HW3002": "the routing plan needs the catalog of a master that has not reported one",
     ElementNameDuplicate = "TT8101": "duplicate element name, the same object owned twice by one database, or an element altered in the statement that adds it",

@@ -14,16 +14,22 @@
 //! `docs/scheme.md` records the language as hawser reads it, every error code and the
 //! decisions taken.
 
+pub mod alter;
 pub mod ast;
+pub mod check;
 pub mod error;
 pub mod lexer;
 pub mod parser;
 pub mod print;
 pub mod span;
+pub mod validate;
 
 pub use ast::{AlterReplication, Scheme, Statement};
 pub use error::{ErrorCode, SchemeError};
 pub use parser::{parse, parse_recovering, parse_statement};
 pub use print::{print_scheme, print_statement, print_statements};
 
+pub use alter::apply;
+pub use check::{check_source, format_source, CheckReport, Diagnostic};
 pub use span::Span;
+pub use validate::{validate, validate_alter};
