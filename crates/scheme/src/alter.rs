@@ -57,9 +57,13 @@ fn apply_op(scheme: &mut Scheme, op: &AlterOp) -> Result<(), SchemeError> {
             }
             scheme.elements.push(el.clone());
         }
-        AlterOp::AlterElement { target, action, .. } => {
+        AlterOp::AlterElement {
+            target,
+            action,
+            span,
+        } => {
             for i in resolve(scheme, target)? {
-                alter_element(&mut scheme.elements[i], action)?;
+                alter_element(&mut scheme.elements[i], action, *span)?;
             }
             if let ElementAction::SetName { name, span } = action {
                 let count = scheme.elements.iter().filter(|e| &e.name == name).count();
@@ -152,7 +156,8 @@ fn resolve(scheme: &Scheme, target: &ElementTarget) -> Result<Vec<usize>, Scheme
     }
 }
 
-fn alter_element(el: &mut Element, action: &ElementAction) -> Result<(), SchemeError> {
+/// `span` is the ALTER ELEMENT operation's, for errors about the operation as a whole.
+fn alter_element(el: &mut Element, action: &ElementAction, span: Span) -> Result<(), SchemeError> {
     match action {
         ElementAction::AddSubscriber(clause) => el.subscribers.push(clause.clone()),
         ElementAction::AlterSubscriber {
@@ -179,7 +184,7 @@ fn alter_element(el: &mut Element, action: &ElementAction) -> Result<(), SchemeE
             if el.subscribers.is_empty() {
                 return Err(SchemeError::new(
                     ErrorCode::LastSubscriber,
-                    stores.first().map(|s| s.span).unwrap_or_default(),
+                    span,
                     format!(
                         "element {} would have no subscriber left; drop the element instead",
                         el.name.as_str()
@@ -200,7 +205,7 @@ fn alter_element(el: &mut Element, action: &ElementAction) -> Result<(), SchemeE
             _ => {
                 return Err(SchemeError::new(
                     ErrorCode::ConflictCheckNotTable,
-                    el.name_span,
+                    span,
                     format!(
                         "conflict checking needs a TABLE element; {} is a {} element",
                         el.name.as_str(),
