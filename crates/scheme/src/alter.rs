@@ -266,19 +266,27 @@ fn set_subscriber_return(
 }
 
 fn set_owner(el: &mut Element, store: &StoreRef, role: OwnerRole) {
-    let old = std::mem::replace(&mut el.owner, store.clone());
     el.owner_role = role;
-    if old.name == store.name {
+    if el.owner.name == store.name {
         return;
     }
-    let mut swapped = false;
-    for clause in &mut el.subscribers {
-        if let Some(slot) = clause.stores.iter_mut().find(|s| s.name == store.name) {
-            if !swapped {
-                *slot = old.clone();
-                swapped = true;
-            }
+    let slot = el
+        .subscribers
+        .iter_mut()
+        .flat_map(|c| c.stores.iter_mut())
+        .find(|s| s.name == store.name);
+    match slot {
+        Some(slot) => {
+            // The subscriber's own reference keeps its host when the ALTER names none.
+            let new_owner = if store.host.is_none() {
+                slot.clone()
+            } else {
+                store.clone()
+            };
+            let old = std::mem::replace(&mut el.owner, new_owner);
+            *slot = old;
         }
+        None => el.owner = store.clone(),
     }
 }
 
