@@ -86,6 +86,7 @@ codes! {
     ConflictCheckNotTable = "TT17005": "conflict checking on an element that is not a TABLE element",
     ReturnOnSequence = "TT17006": "a return service on a SEQUENCE element",
     CycleSequence = "TT17007": "a sequence created with CYCLE named for replication",
+    CycleSequenceSkipped = "TT17008": "(warning) a DATASTORE element leaves out a sequence created with CYCLE",
     ConflictReportingDatastore = "TT17035": "CONFLICT REPORTING SUSPEND / RESUME in a scheme with a DATASTORE element",
 }
 

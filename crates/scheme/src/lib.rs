@@ -21,6 +21,7 @@ pub mod error;
 pub mod lexer;
 pub mod parser;
 pub mod print;
+pub mod route;
 pub mod span;
 pub mod validate;
 
@@ -31,5 +32,6 @@ pub use print::{print_scheme, print_statement, print_statements};
 
 pub use alter::apply;
 pub use check::{check_source, format_source, CheckReport, Diagnostic};
+pub use route::{plan, RoutingPlan, Topology};
 pub use span::Span;
 pub use validate::{validate, validate_alter};
