@@ -15,11 +15,11 @@
 
 pub mod change;
 pub mod compile;
-// pub mod script;
+pub mod script;
 
 pub use change::{Assignment, Catalog, Change, ChangeKind, ChangeProblem};
 pub use compile::{
     compile, compile_changes, Compilation, CompileError, Compiler, Counts, NetOp, NetTable,
     NotCompilable, Outcome, Reason,
 };
-// pub use script::{compile_script, ScriptError, ScriptOutput};
+pub use script::{compile_script, ScriptError, ScriptOutput};
