@@ -115,3 +115,21 @@ impl SchemeError {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codes_are_documented_and_unique() {
+        let docs = include_str!("../../../docs/scheme.md");
+        let mut seen = std::collections::BTreeSet::new();
+        for code in ErrorCode::ALL {
+            assert!(seen.insert(code.as_str()), "{code} twice");
+            assert!(
+                docs.contains(&format!("| `{code}` |")),
+                "{code} is missing from docs/scheme.md"
+            );
+        }
+    }
+}
