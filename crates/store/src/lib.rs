@@ -1,1 +1,40 @@
-//! hawser-store
+//! hawser's storage engine.
+//!
+//! One node's database: typed tables in one ordered keyspace, transactions with row
+//! locks, a commit log with before- and after-images, group commit, sequences, and
+//! recovery that needs nothing but the atomic batches it wrote (DESIGN.md §2, §3).
+//!
+//! ```text
+//!  sql / stream / control
+//!          │  Database, Txn
+//!          ▼
+//!   db (catalog, commit path, group flush) ── txn (buffer, row locks) ── locks
+//!          │                                   sequence (blocks of 20)
+//!          ▼  one WriteBatch per commit: rows + log record + high-water
+//!   engine: KvEngine ── SledEngine (real) | MemEngine (tests, simulation)
+//! ```
+//!
+//! * [`engine`]: the key-value trait and its two engines.
+//! * [`layout`]: which key holds what (documented in `docs/storage.md`).
+//! * [`db`]: [`Database`], the catalog, committed reads, commit and group flush.
+//! * [`txn`]: [`Txn`], buffered writes under exclusive row locks.
+//! * [`log`]: what a commit log record holds.
+//! * [`sequence`]: CREATE SEQUENCE semantics.
+//! * [`error`]: [`StoreError`] with SQLSTATE codes.
+
+mod codec;
+pub mod db;
+pub mod engine;
+pub mod error;
+pub mod layout;
+mod locks;
+pub mod log;
+pub mod sequence;
+pub mod txn;
+
+pub use db::{CommitInfo, Database, DbOptions, KeyRange, RowIter, StoreStats};
+pub use engine::{KvEngine, KvIter, MemEngine, SledEngine, WriteBatch};
+pub use error::StoreError;
+pub use log::{DdlOp, LogEntry, LogRecord};
+pub use sequence::SequenceDef;
+pub use txn::{Savepoint, Txn};

@@ -1,0 +1,1155 @@
+//! The database: catalog, committed reads, the commit path and group commit.
+//!
+//! ```text
+//!  Txn::commit / DDL / sequence block
+//!        │
+//!        ▼  commit mutex (short): assign LSN + Gtid, build ONE batch
+//!   ┌───────────────────────────────────────────────┐
+//!   │ rows (puts/deletes) + catalog + log record    │──► KvEngine::apply   (write)
+//!   │ + origin high-water                           │
+//!   └───────────────────────────────────────────────┘
+//!        │  applied_lsn = L
+//!        ▼  group flush: first waiter leads, flushes everything applied so far,
+//!           sets flushed_lsn; the others find themselves covered             (flush)
+//!        ▼  flushed_lsn ≥ L                                                  (advance)
+//!        ▼  release row locks, return CommitInfo { durable: true }           (ack)
+//! ```
+//!
+//! Commits are serialized only for LSN assignment and the in-memory batch apply; the
+//! flush, the slow part, is shared: while one commit flushes, the others apply and then
+//! wait for the next flush, which covers all of them. No background task is involved.
+//! Readers are read-committed: they read the engine directly and see whole batches.
+
+use std::collections::BTreeMap;
+use std::ops::Bound;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use hawser_core::coerce::coerce;
+use hawser_core::key::{encode_key, prefix_successor};
+use hawser_core::{ColumnDef, Epoch, Gtid, Ident, Lsn, NodeId, QualName, Row, TableDef, Value};
+use parking_lot::{Mutex, RwLock};
+
+use crate::codec;
+use crate::engine::{KvEngine, KvIter, MemEngine, SledEngine, WriteBatch};
+use crate::error::{printable_key, StoreError};
+use crate::layout::{self, FORMAT_KEY, FORMAT_MAGIC, FORMAT_VERSION, NEXT_TABLE_ID_KEY};
+use crate::locks::LockManager;
+use crate::log::{DdlOp, LogEntry, LogRecord};
+use crate::sequence::{SequenceDef, SequenceState, BLOCK_SIZE};
+use crate::txn::Txn;
+
+/// How a database is opened.
+#[derive(Debug, Clone)]
+pub struct DbOptions {
+    /// This node's id: the origin of every Gtid committed here.
+    pub node_id: NodeId,
+    /// Wait for the flush before a commit returns (`false` trades the last commits
+    /// before a crash for latency; DDL and sequence blocks are always flushed).
+    pub durable_commits: bool,
+    /// How long a writer waits for a row lock before failing with 55P03.
+    pub lock_timeout: Duration,
+}
+
+impl DbOptions {
+    /// Durable commits and a 10 s lock timeout.
+    pub fn new(node_id: NodeId) -> Self {
+        Self {
+            node_id,
+            durable_commits: true,
+            lock_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// The outcome of a commit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CommitInfo {
+    /// The transaction's global id; `seq` 0 for a transaction that wrote nothing.
+    pub gtid: Gtid,
+    /// Its position in the commit log; 0 for a transaction that wrote nothing.
+    pub lsn: Lsn,
+    /// Whether the commit was flushed before it was acknowledged.
+    pub durable: bool,
+}
+
+impl CommitInfo {
+    /// Whether the transaction wrote nothing (and so has no log record).
+    pub fn is_empty(&self) -> bool {
+        self.lsn == Lsn::ZERO
+    }
+}
+
+/// Counters since the database was opened, plus log positions.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StoreStats {
+    /// Log records committed (transactions, DDL, sequence blocks).
+    pub commits: u64,
+    /// Engine flushes (fewer than durable commits when group commit works).
+    pub flushes: u64,
+    /// Row puts and deletes written by transactions.
+    pub rows_written: u64,
+    /// Bytes of log records written.
+    pub log_bytes_written: u64,
+    pub last_lsn: Lsn,
+    pub flushed_lsn: Lsn,
+    /// Row locks held right now.
+    pub locks_held: u64,
+}
+
+/// A range over primary-key values, compared as prefixes: a bound with `k` values
+/// compares with a key's first `k` columns. `Included(prefix)` upper bounds include
+/// every key that starts with the prefix.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyRange {
+    pub lower: Bound<Vec<Value>>,
+    pub upper: Bound<Vec<Value>>,
+}
+
+impl KeyRange {
+    pub fn new(lower: Bound<Vec<Value>>, upper: Bound<Vec<Value>>) -> Self {
+        Self { lower, upper }
+    }
+
+    /// Every row.
+    pub fn all() -> Self {
+        Self::new(Bound::Unbounded, Bound::Unbounded)
+    }
+
+    /// The row with exactly this key.
+    pub fn point(key: Vec<Value>) -> Self {
+        Self::new(Bound::Included(key.clone()), Bound::Included(key))
+    }
+
+    /// Every row whose first key columns equal `values`.
+    pub fn prefix(values: Vec<Value>) -> Self {
+        Self::point(values)
+    }
+
+    /// The encoded byte range (without the table prefix); `None` when provably empty.
+    pub(crate) fn to_bytes(&self) -> Option<(Bound<Vec<u8>>, Bound<Vec<u8>>)> {
+        let lower = match &self.lower {
+            Bound::Unbounded => Bound::Unbounded,
+            Bound::Included(v) => Bound::Included(encode_key(v)),
+            // Past every key that starts with v.
+            Bound::Excluded(v) => Bound::Included(prefix_successor(&encode_key(v))?),
+        };
+        let upper = match &self.upper {
+            Bound::Unbounded => Bound::Unbounded,
+            Bound::Included(v) => {
+                prefix_successor(&encode_key(v)).map_or(Bound::Unbounded, Bound::Excluded)
+            }
+            Bound::Excluded(v) => Bound::Excluded(encode_key(v)),
+        };
+        Some((lower, upper))
+    }
+}
+
+/// Committed rows of one table in key order, decoded lazily.
+pub struct RowIter {
+    inner: KvIter,
+    def: Arc<TableDef>,
+}
+
+impl Iterator for RowIter {
+    type Item = Result<Row, StoreError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let item = self.inner.next()?;
+        Some(item.and_then(|(k, v)| decode_stored_row(&self.def, &k, &v)))
+    }
+}
+
+/// A table as a transaction pins it: id, catalog version and definition.
+#[derive(Debug, Clone)]
+pub(crate) struct TableRef {
+    pub id: u64,
+    pub version: u64,
+    pub def: Arc<TableDef>,
+}
+
+#[derive(Default)]
+pub(crate) struct Catalog {
+    tables: BTreeMap<QualName, TableRef>,
+}
+
+/// What the commit mutex guards.
+pub(crate) struct CommitState {
+    last_lsn: Lsn,
+    last_seq: u64,
+    next_table_id: u64,
+}
+
+struct Metrics {
+    commits_txn: metrics::Counter,
+    commits_ddl: metrics::Counter,
+    commits_seq: metrics::Counter,
+    flushes: metrics::Counter,
+    rows_written: metrics::Counter,
+    commit_seconds: metrics::Histogram,
+    flush_seconds: metrics::Histogram,
+}
+
+impl Metrics {
+    fn new() -> Self {
+        metrics::describe_counter!(
+            "hawser_store_commits_total",
+            "log records committed, by kind"
+        );
+        metrics::describe_counter!("hawser_store_flushes_total", "engine flushes");
+        metrics::describe_counter!("hawser_store_rows_written_total", "row puts and deletes");
+        metrics::describe_histogram!(
+            "hawser_store_commit_seconds",
+            metrics::Unit::Seconds,
+            "transaction commit latency, from commit call to acknowledgement"
+        );
+        metrics::describe_histogram!(
+            "hawser_store_flush_seconds",
+            metrics::Unit::Seconds,
+            "engine flush latency"
+        );
+        Self {
+            commits_txn: metrics::counter!("hawser_store_commits_total", "kind" => "txn"),
+            commits_ddl: metrics::counter!("hawser_store_commits_total", "kind" => "ddl"),
+            commits_seq: metrics::counter!("hawser_store_commits_total", "kind" => "sequence"),
+            flushes: metrics::counter!("hawser_store_flushes_total"),
+            rows_written: metrics::counter!("hawser_store_rows_written_total"),
+            commit_seconds: metrics::histogram!("hawser_store_commit_seconds"),
+            flush_seconds: metrics::histogram!("hawser_store_flush_seconds"),
+        }
+    }
+}
+
+#[derive(Default)]
+struct Counters {
+    commits: AtomicU64,
+    flushes: AtomicU64,
+    rows_written: AtomicU64,
+    log_bytes: AtomicU64,
+}
+
+pub(crate) struct Inner {
+    pub(crate) engine: Arc<dyn KvEngine>,
+    pub(crate) opts: DbOptions,
+    catalog: RwLock<Catalog>,
+    sequences: RwLock<BTreeMap<QualName, Arc<Mutex<SequenceState>>>>,
+    commit: Mutex<CommitState>,
+    /// Highest LSN whose batch has been applied to the engine.
+    applied_lsn: AtomicU64,
+    /// Highest LSN known flushed.
+    flushed_lsn: AtomicU64,
+    /// Held by the one commit that is flushing for everybody.
+    flush_lock: tokio::sync::Mutex<()>,
+    pub(crate) locks: LockManager,
+    epoch: AtomicU64,
+    next_txn_id: AtomicU64,
+    counters: Counters,
+    metrics: Metrics,
+}
+
+/// One open database. Cheap to clone: clones share everything.
+#[derive(Clone)]
+pub struct Database {
+    pub(crate) inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Database {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Database")
+            .field("node_id", &self.inner.opts.node_id)
+            .field("last_lsn", &self.last_lsn())
+            .finish()
+    }
+}
+
+fn now_micros() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX))
+}
+
+/// Decodes a stored row and fills columns added after it was written with their
+/// defaults (ADD COLUMN does not rewrite rows).
+pub(crate) fn decode_stored_row(
+    def: &TableDef,
+    key: &[u8],
+    bytes: &[u8],
+) -> Result<Row, StoreError> {
+    let mut row = codec::decode_row(key, bytes)?;
+    if row.len() > def.columns.len() {
+        return Err(StoreError::corrupt(
+            key,
+            format!(
+                "row has {} values, table {} has {} columns",
+                row.len(),
+                def.name,
+                def.columns.len()
+            ),
+        ));
+    }
+    for c in &def.columns[row.len()..] {
+        row.push(c.default.clone().unwrap_or(Value::Null));
+    }
+    Ok(row)
+}
+
+impl Database {
+    /// Opens a database on `engine`, creating an empty one when the keyspace is empty.
+    ///
+    /// Recovery happens here: the catalog and sequences are loaded, the next LSN is
+    /// the one after the last log record and the next Gtid seq the one after this
+    /// node's high-water. Because every commit is one atomic batch, whatever the engine
+    /// recovered is a prefix of whole commits: nothing else needs repairing.
+    pub fn open(engine: Arc<dyn KvEngine>, opts: DbOptions) -> Result<Database, StoreError> {
+        check_format(engine.as_ref())?;
+        let mut catalog = Catalog::default();
+        let mut max_id = 0;
+        for kv in engine.scan(layout::prefix_range(&[layout::TABLE_PREFIX]), false) {
+            let (k, v) = kv?;
+            let (id, version, def) = codec::decode_table(&k, &v)?;
+            max_id = max_id.max(id);
+            catalog.tables.insert(
+                def.name.clone(),
+                TableRef {
+                    id,
+                    version,
+                    def: Arc::new(def),
+                },
+            );
+        }
+        let next_table_id = match engine.get(NEXT_TABLE_ID_KEY)? {
+            Some(v) => u64_value(NEXT_TABLE_ID_KEY, &v)?,
+            None => max_id + 1,
+        };
+        let mut sequences = BTreeMap::new();
+        for kv in engine.scan(layout::prefix_range(&[layout::SEQUENCE_PREFIX]), false) {
+            let (k, v) = kv?;
+            let (def, restart_at) = codec::decode_sequence(&k, &v)?;
+            sequences.insert(
+                def.name.clone(),
+                Arc::new(Mutex::new(SequenceState::reopened(def, restart_at))),
+            );
+        }
+        let last_lsn = match engine
+            .scan(layout::prefix_range(&[layout::LOG_PREFIX]), true)
+            .next()
+            .transpose()?
+        {
+            Some((k, _)) => Lsn(layout::suffix_u64(&k)
+                .ok_or_else(|| StoreError::corrupt(&k, "malformed log key"))?),
+            None => Lsn::ZERO,
+        };
+        let hw_key = layout::high_water_key(opts.node_id);
+        let last_seq = match engine.get(&hw_key)? {
+            Some(v) => u64_value(&hw_key, &v)?,
+            None => 0,
+        };
+        tracing::info!(
+            node = %opts.node_id,
+            tables = catalog.tables.len(),
+            sequences = sequences.len(),
+            last_lsn = last_lsn.0,
+            last_seq,
+            "store opened"
+        );
+        let inner = Inner {
+            engine,
+            opts,
+            catalog: RwLock::new(catalog),
+            sequences: RwLock::new(sequences),
+            commit: Mutex::new(CommitState {
+                last_lsn,
+                last_seq,
+                next_table_id,
+            }),
+            applied_lsn: AtomicU64::new(last_lsn.0),
+            flushed_lsn: AtomicU64::new(last_lsn.0),
+            flush_lock: tokio::sync::Mutex::new(()),
+            locks: LockManager::default(),
+            epoch: AtomicU64::new(0),
+            next_txn_id: AtomicU64::new(1),
+            counters: Counters::default(),
+            metrics: Metrics::new(),
+        };
+        Ok(Database {
+            inner: Arc::new(inner),
+        })
+    }
+
+    /// Opens (or creates) a sled-backed database in `dir`.
+    pub fn open_sled(dir: &Path, opts: DbOptions) -> Result<Database, StoreError> {
+        Self::open(Arc::new(SledEngine::open(dir)?), opts)
+    }
+
+    /// A fresh in-memory database.
+    pub fn open_memory(opts: DbOptions) -> Result<Database, StoreError> {
+        Self::open(Arc::new(MemEngine::new()), opts)
+    }
+
+    pub fn node_id(&self) -> NodeId {
+        self.inner.opts.node_id
+    }
+
+    pub fn options(&self) -> &DbOptions {
+        &self.inner.opts
+    }
+
+    /// The epoch stamped on records committed from now on.
+    pub fn set_epoch(&self, epoch: Epoch) {
+        self.inner.epoch.store(epoch.0, Ordering::Release);
+    }
+
+    pub fn epoch(&self) -> Epoch {
+        Epoch(self.inner.epoch.load(Ordering::Acquire))
+    }
+
+    // ---- catalog -------------------------------------------------------------------
+
+    pub fn table(&self, name: &QualName) -> Option<Arc<TableDef>> {
+        self.inner
+            .catalog
+            .read()
+            .tables
+            .get(name)
+            .map(|t| t.def.clone())
+    }
+
+    /// Every table, by name.
+    pub fn tables(&self) -> Vec<Arc<TableDef>> {
+        self.inner
+            .catalog
+            .read()
+            .tables
+            .values()
+            .map(|t| t.def.clone())
+            .collect()
+    }
+
+    pub(crate) fn table_ref(&self, name: &QualName) -> Result<TableRef, StoreError> {
+        self.inner
+            .catalog
+            .read()
+            .tables
+            .get(name)
+            .cloned()
+            .ok_or_else(|| StoreError::UndefinedTable(name.clone()))
+    }
+
+    /// Creates a table. A table declared without a primary key (`explicit_key` false)
+    /// keys on all its columns; explicit key columns become NOT NULL.
+    pub async fn create_table(&self, def: TableDef) -> Result<CommitInfo, StoreError> {
+        let def = normalize_table_def(def)?;
+        let name = def.name.clone();
+        let (gtid, lsn) = self.inner.append(
+            |state, gtid, micros| {
+                if self.inner.catalog.read().tables.contains_key(&name) {
+                    return Err(StoreError::DuplicateTable(name.clone()));
+                }
+                let id = state.next_table_id;
+                state.next_table_id += 1;
+                let mut batch = WriteBatch::new();
+                batch.put(layout::table_key(id), codec::encode_table(id, 0, &def));
+                batch.put(
+                    NEXT_TABLE_ID_KEY.to_vec(),
+                    state.next_table_id.to_be_bytes().to_vec(),
+                );
+                let entry = LogEntry::Ddl {
+                    gtid,
+                    commit_micros: micros,
+                    op: DdlOp::CreateTable(def.clone()),
+                };
+                let install = move || {
+                    self.inner.catalog.write().tables.insert(
+                        name.clone(),
+                        TableRef {
+                            id,
+                            version: 0,
+                            def: Arc::new(def),
+                        },
+                    );
+                };
+                Ok((batch, entry, install))
+            },
+            DdlKind::Ddl,
+        )?;
+        self.ddl_durable(gtid, lsn).await
+    }
+
+    /// Drops a table and all its rows.
+    pub async fn drop_table(&self, name: &QualName) -> Result<CommitInfo, StoreError> {
+        let (gtid, lsn) = self.inner.append(
+            |_, gtid, micros| {
+                let t = self.table_ref(name)?;
+                let mut batch = WriteBatch::new();
+                batch.delete(layout::table_key(t.id));
+                let prefix = layout::row_prefix(t.id);
+                for kv in self.inner.engine.scan(layout::prefix_range(&prefix), false) {
+                    batch.delete(kv?.0);
+                }
+                let entry = LogEntry::Ddl {
+                    gtid,
+                    commit_micros: micros,
+                    op: DdlOp::DropTable(name.clone()),
+                };
+                let install = move || {
+                    self.inner.catalog.write().tables.remove(name);
+                };
+                Ok((batch, entry, install))
+            },
+            DdlKind::Ddl,
+        )?;
+        self.ddl_durable(gtid, lsn).await
+    }
+
+    /// Adds a column at the end. Existing rows read the column's default (NULL when it
+    /// has none); they are not rewritten. A NOT NULL column without a default can only
+    /// be added to an empty table. Tables keyed on all columns cannot grow a column
+    /// (it would change every row's key).
+    pub async fn add_column(
+        &self,
+        table: &QualName,
+        col: ColumnDef,
+    ) -> Result<CommitInfo, StoreError> {
+        let (gtid, lsn) = self.inner.append(
+            |_, gtid, micros| {
+                let t = self.table_ref(table)?;
+                if !t.def.explicit_key {
+                    return Err(StoreError::NotSupported(format!(
+                        "ADD COLUMN on table {table}, which has no PRIMARY KEY and keys on all its columns"
+                    )));
+                }
+                if t.def.column_index(&col.name).is_some() {
+                    return Err(StoreError::DuplicateColumn {
+                        table: table.clone(),
+                        column: col.name.clone(),
+                    });
+                }
+                let col = normalize_column(table, col.clone())?;
+                if !col.nullable && col.default.is_none() {
+                    let prefix = layout::row_prefix(t.id);
+                    let mut rows = self.inner.engine.scan(layout::prefix_range(&prefix), false);
+                    if rows.next().transpose()?.is_some() {
+                        return Err(StoreError::InvalidTableDef {
+                            table: table.clone(),
+                            reason: format!(
+                                "column {} is NOT NULL without a default and the table has rows",
+                                col.name
+                            ),
+                        });
+                    }
+                }
+                let mut def = (*t.def).clone();
+                def.columns.push(col.clone());
+                let version = t.version + 1;
+                let mut batch = WriteBatch::new();
+                batch.put(
+                    layout::table_key(t.id),
+                    codec::encode_table(t.id, version, &def),
+                );
+                let entry = LogEntry::Ddl {
+                    gtid,
+                    commit_micros: micros,
+                    op: DdlOp::AddColumn {
+                        table: table.clone(),
+                        column: col,
+                    },
+                };
+                let install = move || {
+                    self.inner.catalog.write().tables.insert(
+                        table.clone(),
+                        TableRef {
+                            id: t.id,
+                            version,
+                            def: Arc::new(def),
+                        },
+                    );
+                };
+                Ok((batch, entry, install))
+            },
+            DdlKind::Ddl,
+        )?;
+        self.ddl_durable(gtid, lsn).await
+    }
+
+    pub async fn create_sequence(&self, def: SequenceDef) -> Result<CommitInfo, StoreError> {
+        def.validate()?;
+        let (gtid, lsn) = self.inner.append(
+            |_, gtid, micros| {
+                if self.inner.sequences.read().contains_key(&def.name) {
+                    return Err(StoreError::DuplicateSequence(def.name.clone()));
+                }
+                let mut batch = WriteBatch::new();
+                batch.put(
+                    layout::sequence_key(&def.name),
+                    codec::encode_sequence(&def, Some(def.start)),
+                );
+                let entry = LogEntry::Ddl {
+                    gtid,
+                    commit_micros: micros,
+                    op: DdlOp::CreateSequence(def.clone()),
+                };
+                let install = move || {
+                    self.inner.sequences.write().insert(
+                        def.name.clone(),
+                        Arc::new(Mutex::new(SequenceState::new(def))),
+                    );
+                };
+                Ok((batch, entry, install))
+            },
+            DdlKind::Ddl,
+        )?;
+        self.ddl_durable(gtid, lsn).await
+    }
+
+    pub async fn drop_sequence(&self, name: &QualName) -> Result<CommitInfo, StoreError> {
+        let (gtid, lsn) = self.inner.append(
+            |_, gtid, micros| {
+                if !self.inner.sequences.read().contains_key(name) {
+                    return Err(StoreError::UndefinedSequence(name.clone()));
+                }
+                let mut batch = WriteBatch::new();
+                batch.delete(layout::sequence_key(name));
+                let entry = LogEntry::Ddl {
+                    gtid,
+                    commit_micros: micros,
+                    op: DdlOp::DropSequence(name.clone()),
+                };
+                let install = move || {
+                    self.inner.sequences.write().remove(name);
+                };
+                Ok((batch, entry, install))
+            },
+            DdlKind::Ddl,
+        )?;
+        self.ddl_durable(gtid, lsn).await
+    }
+
+    pub fn sequence(&self, name: &QualName) -> Option<SequenceDef> {
+        self.inner
+            .sequences
+            .read()
+            .get(name)
+            .map(|s| s.lock().def.clone())
+    }
+
+    pub fn sequences(&self) -> Vec<SequenceDef> {
+        self.inner
+            .sequences
+            .read()
+            .values()
+            .map(|s| s.lock().def.clone())
+            .collect()
+    }
+
+    /// The next value of a sequence. Not transactional (a rollback does not return
+    /// it). Every [`BLOCK_SIZE`] values it durably records where the next block starts
+    /// (a log record plus a flush, on the calling thread); the other calls touch only
+    /// memory.
+    pub fn next_val(&self, name: &QualName) -> Result<i64, StoreError> {
+        let seq = self
+            .inner
+            .sequences
+            .read()
+            .get(name)
+            .cloned()
+            .ok_or_else(|| StoreError::UndefinedSequence(name.clone()))?;
+        let mut state = seq.lock();
+        if state.left_in_block == 0 && state.next.is_some() {
+            let restart_at = state.next_block_start();
+            let def = state.def.clone();
+            let (_, lsn) = self.inner.append(
+                |_, gtid, micros| {
+                    // A DROP SEQUENCE may have won the race for the commit mutex.
+                    let current = self.inner.sequences.read().get(name).cloned();
+                    if !current.is_some_and(|c| Arc::ptr_eq(&c, &seq)) {
+                        return Err(StoreError::UndefinedSequence(name.clone()));
+                    }
+                    let mut batch = WriteBatch::new();
+                    batch.put(
+                        layout::sequence_key(name),
+                        codec::encode_sequence(&def, restart_at),
+                    );
+                    let entry = LogEntry::SequenceBlock {
+                        gtid,
+                        commit_micros: micros,
+                        name: name.clone(),
+                        restart_at,
+                    };
+                    Ok((batch, entry, || {}))
+                },
+                DdlKind::Sequence,
+            )?;
+            // The reservation must be durable before any value of the block is handed
+            // out, or a crash could hand the same values out again.
+            self.inner.flush_through(lsn)?;
+            state.restart_at = restart_at;
+            state.left_in_block = BLOCK_SIZE;
+        }
+        state.take()
+    }
+
+    // ---- committed reads -----------------------------------------------------------
+
+    /// The committed row with primary key `key`.
+    pub fn get(&self, table: &QualName, key: &[Value]) -> Result<Option<Row>, StoreError> {
+        let t = self.table_ref(table)?;
+        let key = coerce_key(&t.def, key, false)?;
+        self.inner.get_row(&t, &encode_key(&key))
+    }
+
+    /// Committed rows in `range`, in key order.
+    pub fn scan(&self, table: &QualName, range: KeyRange) -> Result<RowIter, StoreError> {
+        let t = self.table_ref(table)?;
+        Ok(RowIter {
+            inner: self.inner.scan_rows(&t, &range, false)?,
+            def: t.def,
+        })
+    }
+
+    // ---- transactions --------------------------------------------------------------
+
+    /// Starts a transaction.
+    pub fn begin(&self) -> Txn {
+        let id = self.inner.next_txn_id.fetch_add(1, Ordering::Relaxed);
+        Txn::new(self.clone(), id)
+    }
+
+    // ---- commit log ----------------------------------------------------------------
+
+    /// Up to `limit` log records from LSN `from` on, in LSN order.
+    pub fn log_range(&self, from: Lsn, limit: usize) -> Result<Vec<LogRecord>, StoreError> {
+        let range = (
+            Bound::Included(layout::log_key(from)),
+            prefix_successor(&[layout::LOG_PREFIX]).map_or(Bound::Unbounded, Bound::Excluded),
+        );
+        self.inner
+            .engine
+            .scan(range, false)
+            .take(limit)
+            .map(|kv| kv.and_then(|(k, v)| codec::decode_record(&k, &v)))
+            .collect()
+    }
+
+    /// The LSN of the last committed record (0 when the log is empty).
+    pub fn last_lsn(&self) -> Lsn {
+        Lsn(self.inner.applied_lsn.load(Ordering::Acquire))
+    }
+
+    /// The highest LSN known to be flushed.
+    pub fn flushed_lsn(&self) -> Lsn {
+        Lsn(self.inner.flushed_lsn.load(Ordering::Acquire))
+    }
+
+    /// The highest seq of `origin` committed here (0 when none).
+    pub fn high_water(&self, origin: NodeId) -> Result<u64, StoreError> {
+        if origin == self.node_id() {
+            return Ok(self.inner.commit.lock().last_seq);
+        }
+        let key = layout::high_water_key(origin);
+        match self.inner.engine.get(&key)? {
+            Some(v) => u64_value(&key, &v),
+            None => Ok(0),
+        }
+    }
+
+    pub fn stats(&self) -> StoreStats {
+        let c = &self.inner.counters;
+        StoreStats {
+            commits: c.commits.load(Ordering::Relaxed),
+            flushes: c.flushes.load(Ordering::Relaxed),
+            rows_written: c.rows_written.load(Ordering::Relaxed),
+            log_bytes_written: c.log_bytes.load(Ordering::Relaxed),
+            last_lsn: self.last_lsn(),
+            flushed_lsn: self.flushed_lsn(),
+            locks_held: self.inner.locks.held_count() as u64,
+        }
+    }
+
+    /// DDL is always durable before it is acknowledged.
+    async fn ddl_durable(&self, gtid: Gtid, lsn: Lsn) -> Result<CommitInfo, StoreError> {
+        self.inner.wait_durable(lsn).await?;
+        Ok(CommitInfo {
+            gtid,
+            lsn,
+            durable: true,
+        })
+    }
+}
+
+/// Which counter a commit counts under.
+#[derive(Clone, Copy)]
+pub(crate) enum DdlKind {
+    Txn,
+    Ddl,
+    Sequence,
+}
+
+/// What a commit closure returns: the batch, the log entry, and what to change in
+/// memory once the batch is applied (run while the commit mutex is still held, so the
+/// next commit sees the new catalog).
+pub(crate) type Prepared<I> = (WriteBatch, LogEntry, I);
+
+impl Inner {
+    /// The write step of every commit: under the commit mutex, assigns the next LSN and
+    /// Gtid, lets `prepare` build the batch and log entry (it may refuse), adds the log
+    /// record and this origin's high-water, and applies it all as one atomic batch.
+    pub(crate) fn append<P, I>(&self, prepare: P, kind: DdlKind) -> Result<(Gtid, Lsn), StoreError>
+    where
+        P: FnOnce(&mut CommitState, Gtid, i64) -> Result<Prepared<I>, StoreError>,
+        I: FnOnce(),
+    {
+        let mut state = self.commit.lock();
+        let lsn = state.last_lsn.next();
+        let gtid = Gtid::new(self.opts.node_id, state.last_seq + 1);
+        let (mut batch, entry, install) = prepare(&mut state, gtid, now_micros())?;
+        let record = LogRecord {
+            lsn,
+            epoch: Epoch(self.epoch.load(Ordering::Acquire)),
+            entry,
+        };
+        let bytes = codec::encode_record(&record);
+        let log_bytes = bytes.len() as u64;
+        batch.put(layout::log_key(lsn), bytes);
+        batch.put(
+            layout::high_water_key(self.opts.node_id),
+            gtid.seq.to_be_bytes().to_vec(),
+        );
+        // Write: rows, catalog, log record and high-water in one atomic batch. It is
+        // visible to readers from here on, durable only after the flush.
+        self.engine.apply(batch)?;
+        state.last_lsn = lsn;
+        state.last_seq = gtid.seq;
+        install();
+        self.applied_lsn.store(lsn.0, Ordering::Release);
+        drop(state);
+        self.counters.commits.fetch_add(1, Ordering::Relaxed);
+        self.counters
+            .log_bytes
+            .fetch_add(log_bytes, Ordering::Relaxed);
+        match kind {
+            DdlKind::Txn => self.metrics.commits_txn.increment(1),
+            DdlKind::Ddl => self.metrics.commits_ddl.increment(1),
+            DdlKind::Sequence => self.metrics.commits_seq.increment(1),
+        }
+        Ok((gtid, lsn))
+    }
+
+    /// Group commit: returns once everything up to `lsn` is flushed.
+    ///
+    /// The first committer to get here leads: it notes how far the engine has been
+    /// applied, flushes, and advances `flushed_lsn` to that point. Committers that
+    /// queued behind it on the flush lock re-check and usually find themselves
+    /// covered; the rest lead the next flush, which covers everything applied
+    /// meanwhile. So one flush serves as many commits as applied during the previous
+    /// one.
+    pub(crate) async fn wait_durable(&self, lsn: Lsn) -> Result<(), StoreError> {
+        if self.flushed_lsn.load(Ordering::Acquire) >= lsn.0 {
+            return Ok(());
+        }
+        let _leader = self.flush_lock.lock().await;
+        if self.flushed_lsn.load(Ordering::Acquire) >= lsn.0 {
+            // A flush that finished while we queued covered us.
+            return Ok(());
+        }
+        // Every batch up to `upto` was applied before this load, so the flush below
+        // covers it (and `lsn` ≤ `upto`, since our own batch is applied).
+        let upto = self.applied_lsn.load(Ordering::Acquire);
+        let engine = self.engine.clone();
+        let started = Instant::now();
+        // Flush: a blocking fsync, run on tokio's blocking pool and awaited here (as
+        // tokio::fs does) so the async workers keep applying other commits meanwhile.
+        tokio::task::spawn_blocking(move || engine.flush())
+            .await
+            .map_err(|e| StoreError::io("flush", e))??;
+        // Advance: only now may anyone acknowledge commits up to `upto` as durable.
+        self.flushed_lsn.fetch_max(upto, Ordering::AcqRel);
+        self.count_flush(started);
+        Ok(())
+    }
+
+    /// The blocking form of [`Inner::wait_durable`], for sequence reservations.
+    pub(crate) fn flush_through(&self, lsn: Lsn) -> Result<(), StoreError> {
+        if self.flushed_lsn.load(Ordering::Acquire) >= lsn.0 {
+            return Ok(());
+        }
+        let upto = self.applied_lsn.load(Ordering::Acquire);
+        let started = Instant::now();
+        self.engine.flush()?;
+        self.flushed_lsn.fetch_max(upto, Ordering::AcqRel);
+        self.count_flush(started);
+        Ok(())
+    }
+
+    fn count_flush(&self, started: Instant) {
+        self.counters.flushes.fetch_add(1, Ordering::Relaxed);
+        self.metrics.flushes.increment(1);
+        self.metrics
+            .flush_seconds
+            .record(started.elapsed().as_secs_f64());
+    }
+
+    pub(crate) fn record_txn_commit(&self, rows: u64, started: Instant) {
+        self.counters
+            .rows_written
+            .fetch_add(rows, Ordering::Relaxed);
+        self.metrics.rows_written.increment(rows);
+        self.metrics
+            .commit_seconds
+            .record(started.elapsed().as_secs_f64());
+    }
+
+    /// Checks, under the commit mutex, that a transaction's pinned table is still the
+    /// catalog's (same id and version).
+    pub(crate) fn check_table_current(&self, t: &TableRef) -> Result<(), StoreError> {
+        match self.catalog.read().tables.get(&t.def.name) {
+            Some(cur) if cur.id == t.id && cur.version == t.version => Ok(()),
+            _ => Err(StoreError::TableChanged(t.def.name.clone())),
+        }
+    }
+
+    /// The committed row under an encoded key.
+    pub(crate) fn get_row(&self, t: &TableRef, enc_key: &[u8]) -> Result<Option<Row>, StoreError> {
+        let key = layout::row_key(t.id, enc_key);
+        match self.engine.get(&key)? {
+            Some(v) => decode_stored_row(&t.def, &key, &v).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// Raw committed `(row key, value)` pairs of `range`.
+    pub(crate) fn scan_rows(
+        &self,
+        t: &TableRef,
+        range: &KeyRange,
+        reverse: bool,
+    ) -> Result<KvIter, StoreError> {
+        match table_byte_range(t, range)? {
+            Some(r) => Ok(self.engine.scan(r, reverse)),
+            None => Ok(Box::new(std::iter::empty())),
+        }
+    }
+
+    pub(crate) fn release_locks<'a>(
+        &self,
+        txn: u64,
+        keys: impl IntoIterator<Item = &'a crate::locks::LockKey>,
+    ) {
+        self.locks.release_all(txn, keys);
+    }
+}
+
+/// The byte range of a key range inside one table's rows; `None` when empty.
+pub(crate) fn table_byte_range(
+    t: &TableRef,
+    range: &KeyRange,
+) -> Result<Option<(Bound<Vec<u8>>, Bound<Vec<u8>>)>, StoreError> {
+    let range = KeyRange {
+        lower: map_bound(&range.lower, |v| coerce_key(&t.def, v, true))?,
+        upper: map_bound(&range.upper, |v| coerce_key(&t.def, v, true))?,
+    };
+    let Some((lower, upper)) = range.to_bytes() else {
+        return Ok(None);
+    };
+    let prefix = layout::row_prefix(t.id);
+    let with_prefix = |b: Vec<u8>| layout::row_key(t.id, &b);
+    let lower = match lower {
+        Bound::Unbounded => Bound::Included(prefix.clone()),
+        Bound::Included(b) => Bound::Included(with_prefix(b)),
+        Bound::Excluded(b) => Bound::Excluded(with_prefix(b)),
+    };
+    let upper = match upper {
+        Bound::Unbounded => prefix_successor(&prefix).map_or(Bound::Unbounded, Bound::Excluded),
+        Bound::Included(b) => Bound::Included(with_prefix(b)),
+        Bound::Excluded(b) => Bound::Excluded(with_prefix(b)),
+    };
+    Ok(Some((lower, upper)))
+}
+
+fn map_bound(
+    b: &Bound<Vec<Value>>,
+    f: impl FnOnce(&[Value]) -> Result<Vec<Value>, StoreError>,
+) -> Result<Bound<Vec<Value>>, StoreError> {
+    Ok(match b {
+        Bound::Unbounded => Bound::Unbounded,
+        Bound::Included(v) => Bound::Included(f(v)?),
+        Bound::Excluded(v) => Bound::Excluded(f(v)?),
+    })
+}
+
+/// Coerces key values to the key columns' types. `prefix` allows fewer values than
+/// key columns (range bounds); a point key must be complete.
+pub(crate) fn coerce_key(
+    def: &TableDef,
+    key: &[Value],
+    prefix: bool,
+) -> Result<Vec<Value>, StoreError> {
+    let n = def.primary_key.len();
+    if key.len() > n || (!prefix && key.len() != n) {
+        return Err(StoreError::WrongArity {
+            table: def.name.clone(),
+            what: "key values",
+            expected: n,
+            got: key.len(),
+        });
+    }
+    key.iter()
+        .zip(&def.primary_key)
+        .map(|(v, &i)| {
+            let col = &def.columns[i];
+            coerce(v.clone(), &col.data_type).map_err(|source| StoreError::InvalidValue {
+                table: def.name.clone(),
+                column: col.name.clone(),
+                source,
+            })
+        })
+        .collect()
+}
+
+/// Validates and coerces a full row for `def`: arity, types, lengths, NOT NULL.
+pub(crate) fn validate_row(def: &TableDef, row: Row) -> Result<Row, StoreError> {
+    if row.len() != def.columns.len() {
+        return Err(StoreError::WrongArity {
+            table: def.name.clone(),
+            what: "column values",
+            expected: def.columns.len(),
+            got: row.len(),
+        });
+    }
+    row.into_iter()
+        .zip(&def.columns)
+        .map(|(v, col)| {
+            let v = coerce(v, &col.data_type).map_err(|source| StoreError::InvalidValue {
+                table: def.name.clone(),
+                column: col.name.clone(),
+                source,
+            })?;
+            if v.is_null() && !col.nullable {
+                return Err(StoreError::NotNullViolation {
+                    table: def.name.clone(),
+                    column: col.name.clone(),
+                });
+            }
+            Ok(v)
+        })
+        .collect()
+}
+
+/// A key for messages: `1, 'a'`.
+pub(crate) fn key_text(key: &[Value]) -> String {
+    key.iter()
+        .map(Value::to_sql_literal)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn normalize_column(table: &QualName, mut col: ColumnDef) -> Result<ColumnDef, StoreError> {
+    if let Some(d) = col.default.take() {
+        let d = coerce(d, &col.data_type).map_err(|source| StoreError::InvalidValue {
+            table: table.clone(),
+            column: col.name.clone(),
+            source,
+        })?;
+        col.default = if d.is_null() { None } else { Some(d) };
+    }
+    Ok(col)
+}
+
+fn normalize_table_def(mut def: TableDef) -> Result<TableDef, StoreError> {
+    let bad = |reason: String| StoreError::InvalidTableDef {
+        table: def.name.clone(),
+        reason,
+    };
+    if def.columns.is_empty() {
+        return Err(bad("a table needs at least one column".into()));
+    }
+    let mut seen: Vec<&Ident> = Vec::new();
+    for c in &def.columns {
+        if seen.contains(&&c.name) {
+            return Err(StoreError::DuplicateColumn {
+                table: def.name.clone(),
+                column: c.name.clone(),
+            });
+        }
+        seen.push(&c.name);
+    }
+    if def.explicit_key {
+        if def.primary_key.is_empty() {
+            return Err(bad("PRIMARY KEY names no column".into()));
+        }
+        let mut sorted = def.primary_key.clone();
+        sorted.sort_unstable();
+        sorted.dedup();
+        if sorted.len() != def.primary_key.len() {
+            return Err(bad("a column appears twice in the PRIMARY KEY".into()));
+        }
+        if let Some(&i) = def.primary_key.iter().find(|&&i| i >= def.columns.len()) {
+            return Err(bad(format!("PRIMARY KEY column {i} does not exist")));
+        }
+        for &i in &def.primary_key {
+            def.columns[i].nullable = false;
+        }
+    } else {
+        def.primary_key = (0..def.columns.len()).collect();
+    }
+    let name = def.name.clone();
+    def.columns = def
+        .columns
+        .into_iter()
+        .map(|c| normalize_column(&name, c))
+        .collect::<Result<_, _>>()?;
+    Ok(def)
+}
+
+fn u64_value(key: &[u8], v: &[u8]) -> Result<u64, StoreError> {
+    let bytes: [u8; 8] = v
+        .try_into()
+        .map_err(|_| StoreError::corrupt(key, format!("expected 8 bytes, found {}", v.len())))?;
+    Ok(u64::from_be_bytes(bytes))
+}
+
+/// Refuses a keyspace of another format; marks an empty one as ours.
+fn check_format(engine: &dyn KvEngine) -> Result<(), StoreError> {
+    match engine.get(FORMAT_KEY)? {
+        Some(v) => {
+            let version = v
+                .strip_prefix(FORMAT_MAGIC)
+                .and_then(|rest| <[u8; 4]>::try_from(rest).ok())
+                .map(u32::from_be_bytes)
+                .ok_or_else(|| {
+                    StoreError::IncompatibleFormat(format!(
+                        "the format marker reads {:?}, which is not a hawser store's",
+                        printable_key(&v)
+                    ))
+                })?;
+            if version == FORMAT_VERSION {
+                Ok(())
+            } else if version > FORMAT_VERSION {
+                Err(StoreError::IncompatibleFormat(format!(
+                    "written by a newer hawser (store format {version}; this build reads format {FORMAT_VERSION})"
+                )))
+            } else {
+                Err(StoreError::IncompatibleFormat(format!(
+                    "unknown store format {version} (this build reads format {FORMAT_VERSION})"
+                )))
+            }
+        }
+        None => {
+            let any = engine
+                .scan((Bound::Unbounded, Bound::Unbounded), false)
+                .next()
+                .transpose()?;
+            if let Some((k, _)) = any {
+                return Err(StoreError::IncompatibleFormat(format!(
+                    "it holds data (first key {}) but no hawser format marker",
+                    printable_key(&k)
+                )));
+            }
+            let mut batch = WriteBatch::new();
+            batch.put(FORMAT_KEY.to_vec(), layout::format_value());
+            engine.apply(batch)?;
+            engine.flush()
+        }
+    }
+}

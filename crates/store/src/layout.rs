@@ -1,0 +1,95 @@
+//! Where everything lives in the one keyspace (`docs/storage.md` has the table).
+//!
+//! ```text
+//! F "format"                     → magic + format version (u32 BE); written once, never rewritten
+//! M "next_table_id"              → u64 BE, the next table id to assign
+//! T <table id u64 BE>            → catalog entry of a table (id, version, definition)
+//! S <encode_key(owner, name)>    → sequence definition and restart point
+//! R <table id u64 BE> <encode_key(pk)> → row
+//! L <lsn u64 BE>                 → commit log record
+//! H <origin node id u64 BE>      → highest seq of that origin committed here
+//! ```
+//!
+//! Rows sit under a numeric table id assigned at CREATE TABLE and never reused, so a
+//! DROP followed by a CREATE of the same name never sees the old rows. Big-endian
+//! numbers make byte order numeric order, so the log scans in LSN order.
+
+use hawser_core::key::{encode_key, prefix_successor};
+use hawser_core::{Lsn, NodeId, QualName, Value};
+use std::ops::Bound;
+
+pub(crate) const FORMAT_KEY: &[u8] = b"Fformat";
+pub(crate) const NEXT_TABLE_ID_KEY: &[u8] = b"Mnext_table_id";
+pub(crate) const TABLE_PREFIX: u8 = b'T';
+pub(crate) const SEQUENCE_PREFIX: u8 = b'S';
+pub(crate) const ROW_PREFIX: u8 = b'R';
+pub(crate) const LOG_PREFIX: u8 = b'L';
+pub(crate) const HIGH_WATER_PREFIX: u8 = b'H';
+
+/// What the format key holds before the version number.
+pub(crate) const FORMAT_MAGIC: &[u8] = b"hawser-store";
+/// The on-disk format this build reads and writes.
+pub const FORMAT_VERSION: u32 = 1;
+
+pub(crate) fn format_value() -> Vec<u8> {
+    let mut v = FORMAT_MAGIC.to_vec();
+    v.extend_from_slice(&FORMAT_VERSION.to_be_bytes());
+    v
+}
+
+pub(crate) fn table_key(id: u64) -> Vec<u8> {
+    let mut k = vec![TABLE_PREFIX];
+    k.extend_from_slice(&id.to_be_bytes());
+    k
+}
+
+pub(crate) fn sequence_key(name: &QualName) -> Vec<u8> {
+    let mut k = vec![SEQUENCE_PREFIX];
+    k.extend(encode_key(&[
+        name.owner
+            .as_ref()
+            .map_or(Value::Null, |o| Value::Text(o.as_str().to_string())),
+        Value::Text(name.name.as_str().to_string()),
+    ]));
+    k
+}
+
+pub(crate) fn row_prefix(table_id: u64) -> Vec<u8> {
+    let mut k = Vec::with_capacity(9);
+    k.push(ROW_PREFIX);
+    k.extend_from_slice(&table_id.to_be_bytes());
+    k
+}
+
+/// The row key for an already encoded primary key.
+pub(crate) fn row_key(table_id: u64, encoded_pk: &[u8]) -> Vec<u8> {
+    let mut k = row_prefix(table_id);
+    k.extend_from_slice(encoded_pk);
+    k
+}
+
+pub(crate) fn log_key(lsn: Lsn) -> Vec<u8> {
+    let mut k = vec![LOG_PREFIX];
+    k.extend_from_slice(&lsn.0.to_be_bytes());
+    k
+}
+
+pub(crate) fn high_water_key(origin: NodeId) -> Vec<u8> {
+    let mut k = vec![HIGH_WATER_PREFIX];
+    k.extend_from_slice(&origin.0.to_be_bytes());
+    k
+}
+
+/// The byte range of every key that starts with `prefix`.
+pub(crate) fn prefix_range(prefix: &[u8]) -> (Bound<Vec<u8>>, Bound<Vec<u8>>) {
+    (
+        Bound::Included(prefix.to_vec()),
+        prefix_successor(prefix).map_or(Bound::Unbounded, Bound::Excluded),
+    )
+}
+
+/// Reads a big-endian u64 that follows a one-byte prefix.
+pub(crate) fn suffix_u64(key: &[u8]) -> Option<u64> {
+    let bytes: [u8; 8] = key.get(1..9)?.try_into().ok()?;
+    Some(u64::from_be_bytes(bytes))
+}
