@@ -1,1 +1,341 @@
-//! hawser-client
+//! A typed client for hawser's gRPC API, used by the CLI, the tests, the chaos tools and
+//! the benchmarks.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), hawser_client::ClientError> {
+//! let mut client = hawser_client::Client::connect("127.0.0.1:7420").await?;
+//! let out = client.execute("select count(*) from dual").await?;
+//! println!("{:?}", out.results[0].rows);
+//! # Ok(()) }
+//! ```
+//!
+//! Every call has a deadline (the `timeout` given at connect, 30 s by default): a dead
+//! or partitioned node gives an error instead of a hang.
+
+use std::time::Duration;
+
+use hawser_core::{Row, Value};
+use hawser_proto::v1::{self, admin_client::AdminClient, client_client::ClientClient};
+use hawser_proto::{row_from_pb, row_to_pb, ConvertError};
+use thiserror::Error;
+use tokio::sync::mpsc;
+use tonic::transport::{Channel, Endpoint};
+
+pub use hawser_proto::v1::{StatusResponse, Warning};
+
+/// Largest message the client sends or accepts.
+pub const MAX_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
+
+/// What can go wrong talking to a node.
+#[derive(Debug, Error)]
+pub enum ClientError {
+    #[error("bad address {addr:?}: {source}")]
+    BadAddress {
+        addr: String,
+        source: tonic::transport::Error,
+    },
+    #[error("cannot connect to {addr}: {source}")]
+    Connect {
+        addr: String,
+        source: tonic::transport::Error,
+    },
+    /// The server answered with a gRPC error status.
+    #[error("{}", status_text(.0))]
+    Status(#[from] tonic::Status),
+    #[error("the server sent a malformed value: {0}")]
+    Convert(#[from] ConvertError),
+    #[error("the session stream ended")]
+    SessionClosed,
+}
+
+fn status_text(s: &tonic::Status) -> String {
+    match sqlstate(s) {
+        Some(code) => format!("error[{code}]: {}", s.message()),
+        None => format!("{:?}: {}", s.code(), s.message()),
+    }
+}
+
+/// The SQLSTATE a server attached to an error status, if any.
+pub fn sqlstate(status: &tonic::Status) -> Option<&str> {
+    status
+        .metadata()
+        .get("hawser-sqlstate")
+        .and_then(|v| v.to_str().ok())
+}
+
+impl ClientError {
+    /// Whether trying the same call again may succeed (lock timeouts, unavailable nodes).
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            ClientError::Connect { .. } | ClientError::SessionClosed => true,
+            ClientError::Status(s) => matches!(
+                s.code(),
+                tonic::Code::Unavailable | tonic::Code::Aborted | tonic::Code::DeadlineExceeded
+            ),
+            _ => false,
+        }
+    }
+}
+
+/// One statement's result, decoded.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StatementResult {
+    pub tag: String,
+    pub columns: Vec<v1::Column>,
+    pub rows: Vec<Row>,
+    pub rows_affected: u64,
+    pub warnings: Vec<Warning>,
+}
+
+/// The outcome of a script: the results of the statements that ran and the error that
+/// stopped it, if one did.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ScriptOutcome {
+    pub results: Vec<StatementResult>,
+    pub error: Option<v1::SqlError>,
+    pub in_transaction: bool,
+}
+
+impl ScriptOutcome {
+    fn decode(resp: v1::ExecuteResponse) -> Result<Self, ClientError> {
+        let results = resp
+            .results
+            .into_iter()
+            .map(|r| {
+                Ok(StatementResult {
+                    rows: r.rows.iter().map(row_from_pb).collect::<Result<_, _>>()?,
+                    tag: r.tag,
+                    columns: r.columns,
+                    rows_affected: r.rows_affected,
+                    warnings: r.warnings,
+                })
+            })
+            .collect::<Result<_, ClientError>>()?;
+        Ok(ScriptOutcome {
+            results,
+            error: resp.error,
+            in_transaction: resp.in_transaction,
+        })
+    }
+
+    /// Turns a statement error into `Err`, for callers that treat any failure alike.
+    pub fn into_result(self) -> Result<Vec<StatementResult>, v1::SqlError> {
+        match self.error {
+            Some(e) => Err(e),
+            None => Ok(self.results),
+        }
+    }
+}
+
+/// A row operation for [`Client::write`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum RowOp {
+    Insert { table: String, row: Row },
+    Upsert { table: String, row: Row },
+    Delete { table: String, key: Row },
+}
+
+/// Where a committed write landed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WriteOutcome {
+    pub origin: u64,
+    pub seq: u64,
+    pub lsn: u64,
+    pub durable: bool,
+    pub warnings: Vec<Warning>,
+}
+
+/// A connection to one hawser node.
+#[derive(Clone)]
+pub struct Client {
+    client: ClientClient<Channel>,
+    admin: AdminClient<Channel>,
+    timeout: Duration,
+}
+
+impl Client {
+    /// Connects to `addr` (`host:port` or `http://host:port`) with a 30 s deadline per call.
+    pub async fn connect(addr: &str) -> Result<Self, ClientError> {
+        Self::connect_with_timeout(addr, Duration::from_secs(30)).await
+    }
+
+    /// Connects with the given per-call deadline (also the connect timeout).
+    pub async fn connect_with_timeout(addr: &str, timeout: Duration) -> Result<Self, ClientError> {
+        let uri = if addr.contains("://") {
+            addr.to_string()
+        } else {
+            format!("http://{addr}")
+        };
+        let endpoint = Endpoint::from_shared(uri)
+            .map_err(|source| ClientError::BadAddress {
+                addr: addr.to_string(),
+                source,
+            })?
+            .connect_timeout(timeout)
+            .tcp_nodelay(true);
+        let channel = endpoint
+            .connect()
+            .await
+            .map_err(|source| ClientError::Connect {
+                addr: addr.to_string(),
+                source,
+            })?;
+        Ok(Self::from_channel(channel, timeout))
+    }
+
+    /// Wraps an existing channel (for in-memory transports in tests).
+    pub fn from_channel(channel: Channel, timeout: Duration) -> Self {
+        Client {
+            client: ClientClient::new(channel.clone())
+                .max_decoding_message_size(MAX_MESSAGE_BYTES)
+                .max_encoding_message_size(MAX_MESSAGE_BYTES),
+            admin: AdminClient::new(channel)
+                .max_decoding_message_size(MAX_MESSAGE_BYTES)
+                .max_encoding_message_size(MAX_MESSAGE_BYTES),
+            timeout,
+        }
+    }
+
+    fn request<T>(&self, msg: T) -> tonic::Request<T> {
+        let mut req = tonic::Request::new(msg);
+        req.set_timeout(self.timeout);
+        req
+    }
+
+    /// Runs a script; statements outside BEGIN ... COMMIT commit one by one.
+    pub async fn execute(&mut self, sql: &str) -> Result<ScriptOutcome, ClientError> {
+        let req = self.request(v1::ExecuteRequest {
+            sql: sql.to_string(),
+        });
+        ScriptOutcome::decode(self.client.execute(req).await?.into_inner())
+    }
+
+    /// Opens an interactive session whose transaction state lasts until it is dropped.
+    pub async fn session(&mut self) -> Result<Session, ClientError> {
+        let (tx, rx) = mpsc::channel(4);
+        // No deadline on the stream itself: a session lives as long as the user wants it.
+        let responses = self
+            .client
+            .session(tokio_stream::wrappers::ReceiverStream::new(rx))
+            .await?
+            .into_inner();
+        Ok(Session {
+            tx,
+            responses,
+            timeout: self.timeout,
+        })
+    }
+
+    /// Applies `ops` as one transaction.
+    pub async fn write(&mut self, ops: Vec<RowOp>) -> Result<WriteOutcome, ClientError> {
+        let ops = ops
+            .into_iter()
+            .map(|op| {
+                let (table, op) = match op {
+                    RowOp::Insert { table, row } => {
+                        (table, v1::row_op::Op::Insert(row_to_pb(&row)))
+                    }
+                    RowOp::Upsert { table, row } => {
+                        (table, v1::row_op::Op::Upsert(row_to_pb(&row)))
+                    }
+                    RowOp::Delete { table, key } => {
+                        (table, v1::row_op::Op::DeleteKey(row_to_pb(&key)))
+                    }
+                };
+                v1::RowOp {
+                    table,
+                    op: Some(op),
+                }
+            })
+            .collect();
+        let resp = self
+            .client
+            .write(self.request(v1::WriteRequest { ops }))
+            .await?
+            .into_inner();
+        Ok(WriteOutcome {
+            origin: resp.origin,
+            seq: resp.seq,
+            lsn: resp.lsn,
+            durable: resp.durable,
+            warnings: resp.warnings,
+        })
+    }
+
+    /// Reads the row with primary key `key`.
+    pub async fn get(&mut self, table: &str, key: &[Value]) -> Result<Option<Row>, ClientError> {
+        let req = self.request(v1::GetRequest {
+            table: table.into(),
+            key: Some(row_to_pb(key)),
+        });
+        let resp = self.client.get(req).await?.into_inner();
+        Ok(resp.row.as_ref().map(row_from_pb).transpose()?)
+    }
+
+    /// Reads up to `limit` rows with `start <= key < end` in key order (empty bound =
+    /// unbounded); the flag says whether more rows follow.
+    pub async fn scan(
+        &mut self,
+        table: &str,
+        start: &[Value],
+        end: &[Value],
+        limit: u32,
+    ) -> Result<(Vec<Row>, bool), ClientError> {
+        let req = self.request(v1::ScanRequest {
+            table: table.into(),
+            start: Some(row_to_pb(start)),
+            end: Some(row_to_pb(end)),
+            limit,
+        });
+        let resp = self.client.scan(req).await?.into_inner();
+        let rows = resp
+            .rows
+            .iter()
+            .map(row_from_pb)
+            .collect::<Result<_, _>>()?;
+        Ok((rows, resp.more))
+    }
+
+    /// Describes a table.
+    pub async fn describe(&mut self, table: &str) -> Result<v1::DescribeResponse, ClientError> {
+        let req = self.request(v1::DescribeRequest {
+            table: table.into(),
+        });
+        Ok(self.client.describe(req).await?.into_inner())
+    }
+
+    /// What the node knows about itself.
+    pub async fn status(&mut self) -> Result<StatusResponse, ClientError> {
+        Ok(self
+            .admin
+            .status(self.request(v1::StatusRequest {}))
+            .await?
+            .into_inner())
+    }
+}
+
+/// An interactive SQL session (`BEGIN` ... `COMMIT` across calls).
+pub struct Session {
+    tx: mpsc::Sender<v1::ExecuteRequest>,
+    responses: tonic::Streaming<v1::ExecuteResponse>,
+    timeout: Duration,
+}
+
+impl Session {
+    /// Runs a script within the session.
+    pub async fn execute(&mut self, sql: &str) -> Result<ScriptOutcome, ClientError> {
+        self.tx
+            .send(v1::ExecuteRequest {
+                sql: sql.to_string(),
+            })
+            .await
+            .map_err(|_| ClientError::SessionClosed)?;
+        let next = tokio::time::timeout(self.timeout, self.responses.message())
+            .await
+            .map_err(|_| tonic::Status::deadline_exceeded("no answer from the session"))?;
+        match next? {
+            Some(resp) => ScriptOutcome::decode(resp),
+            None => Err(ClientError::SessionClosed),
+        }
+    }
+}
