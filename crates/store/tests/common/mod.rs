@@ -1,0 +1,126 @@
+//! Shared fixtures: a database on either engine that a test can reopen, and tables.
+
+#![allow(dead_code)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use hawser_core::{ColumnDef, DataType, Ident, NodeId, QualName, TableDef, Value};
+use hawser_store::{Database, DbOptions, KvEngine, MemEngine, SledEngine};
+use tempfile::TempDir;
+
+pub enum Kind {
+    Mem(Arc<MemEngine>),
+    Sled(TempDir),
+}
+
+/// A database plus what is needed to reopen it on the same data.
+pub struct Fixture {
+    pub db: Option<Database>,
+    pub kind: Kind,
+    pub opts: DbOptions,
+}
+
+pub fn opts() -> DbOptions {
+    let mut o = DbOptions::new(NodeId(7));
+    o.lock_timeout = Duration::from_secs(20);
+    o
+}
+
+impl Fixture {
+    pub fn mem(opts: DbOptions) -> Self {
+        let engine = Arc::new(MemEngine::new());
+        let db = Database::open(engine.clone() as Arc<dyn KvEngine>, opts.clone()).unwrap();
+        Self {
+            db: Some(db),
+            kind: Kind::Mem(engine),
+            opts,
+        }
+    }
+
+    pub fn sled(opts: DbOptions) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let db = Database::open_sled(dir.path(), opts.clone()).unwrap();
+        Self {
+            db: Some(db),
+            kind: Kind::Sled(dir),
+            opts,
+        }
+    }
+
+    pub fn db(&self) -> &Database {
+        self.db.as_ref().unwrap()
+    }
+
+    /// Closes the database (every clone must be gone) and opens it again on the same data.
+    pub fn reopen(&mut self) -> &Database {
+        self.db = None;
+        let db = match &self.kind {
+            Kind::Mem(engine) => {
+                Database::open(engine.clone() as Arc<dyn KvEngine>, self.opts.clone()).unwrap()
+            }
+            Kind::Sled(dir) => {
+                // sled releases its directory lock once the last handle is dropped.
+                let engine = SledEngine::open(dir.path()).unwrap();
+                Database::open(Arc::new(engine), self.opts.clone()).unwrap()
+            }
+        };
+        self.db = Some(db);
+        self.db()
+    }
+}
+
+pub fn col(name: &str, ty: DataType, nullable: bool) -> ColumnDef {
+    ColumnDef {
+        name: Ident::unquoted(name),
+        data_type: ty,
+        nullable,
+        default: None,
+    }
+}
+
+/// `accounts(id INTEGER PRIMARY KEY, name VARCHAR(10) NOT NULL, balance DECIMAL(10,2))`.
+pub fn accounts() -> TableDef {
+    TableDef {
+        name: QualName::bare("accounts"),
+        columns: vec![
+            col("id", DataType::Integer, false),
+            col("name", DataType::Varchar(10), false),
+            col(
+                "balance",
+                DataType::Decimal {
+                    precision: Some(10),
+                    scale: 2,
+                },
+                true,
+            ),
+        ],
+        primary_key: vec![0],
+        explicit_key: true,
+    }
+}
+
+pub fn accounts_name() -> QualName {
+    QualName::bare("accounts")
+}
+
+pub fn account(id: i64, name: &str, balance: &str) -> Vec<Value> {
+    vec![
+        Value::Int(id),
+        Value::Text(name.into()),
+        Value::Decimal(balance.parse().unwrap()),
+    ]
+}
+
+/// `counters(k INTEGER PRIMARY KEY, n BIGINT NOT NULL)`.
+pub fn counters() -> TableDef {
+    TableDef {
+        name: QualName::bare("counters"),
+        columns: vec![
+            col("k", DataType::Integer, false),
+            col("n", DataType::BigInt, false),
+        ],
+        primary_key: vec![0],
+        explicit_key: true,
+    }
+}
