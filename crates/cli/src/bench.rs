@@ -1,0 +1,652 @@
+//! `hawser bench`: the load generator — single-row upserts of random keys from many
+//! clients, reporting commit throughput and latency.
+//!
+//! Each client task has its own connection and does one `Write` at a time, so the number
+//! of commits in flight equals `--clients`; how far throughput grows with clients shows how
+//! well the node groups commits into flushes. The run has three phases on one clock:
+//!
+//! ```text
+//!   start ── warm-up ──► measure_from ── duration ──► end
+//!            (commits       (latency recorded per client in an
+//!             not counted)   hdrhistogram, merged at the end)
+//! ```
+//!
+//! A commit counts in the measurement when it was sent after `measure_from`; writes still
+//! in flight at `end` are abandoned, so the run never outlasts its duration. An error that
+//! carries no SQLSTATE may mean the server is gone: the client then tries a fresh
+//! connection, and if that fails too the whole run stops and exits with status 1.
+
+use std::io::{IsTerminal, Write};
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use hawser_client::{Client, ClientError, RowOp};
+use hawser_core::Value;
+use hawser_proto::v1;
+use hdrhistogram::Histogram;
+use rand::distributions::Alphanumeric;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use serde_json::json;
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::output::Format;
+
+/// Arguments of `hawser bench`.
+#[derive(clap::Args, Debug)]
+pub struct BenchArgs {
+    /// The node to load.
+    #[arg(
+        long,
+        value_name = "HOST:PORT",
+        env = "HAWSER_HOST",
+        default_value = "127.0.0.1:7420"
+    )]
+    pub host: String,
+    /// Concurrent clients, each with its own connection and one commit in flight.
+    #[arg(long, value_name = "N", default_value_t = 16,
+          value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub clients: u32,
+    /// How long to measure, after the warm-up (`10s`, `1m`, or plain seconds).
+    #[arg(long, value_name = "SECS", default_value = "10s", value_parser = parse_duration)]
+    pub duration: Duration,
+    /// Length of the random text written per row, in bytes.
+    #[arg(long, value_name = "B", default_value_t = 100,
+          value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub value_size: u32,
+    /// Size of the key space: keys are drawn uniformly from [0, N).
+    #[arg(long, value_name = "N", default_value_t = 100_000,
+          value_parser = clap::value_parser!(i64).range(1..))]
+    pub keys: i64,
+    /// Table to write, created as `(k BIGINT PRIMARY KEY, v VARCHAR(B))` if missing.
+    #[arg(long, value_name = "NAME", default_value = "bench")]
+    pub table: String,
+    /// How to print the result.
+    #[arg(long, value_enum, default_value_t = Format::Table)]
+    pub format: Format,
+    /// Load applied before measuring starts, not counted.
+    #[arg(long, value_name = "SECS", default_value = "1s", value_parser = parse_duration)]
+    pub warmup: Duration,
+}
+
+/// A duration as humantime writes it (`500ms`, `10s`, `1m 30s`) or plain seconds (`10`,
+/// `2.5`).
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    if let Ok(secs) = s.trim().parse::<f64>() {
+        return Duration::try_from_secs_f64(secs).map_err(|e| format!("{s:?}: {e}"));
+    }
+    humantime::parse_duration(s).map_err(|e| format!("{s:?}: {e}"))
+}
+
+/// How many commit errors each client remembers to report.
+const ERRORS_KEPT_PER_CLIENT: usize = 3;
+/// How many commit errors the report shows.
+const ERRORS_REPORTED: usize = 5;
+/// How long a client waits for a fresh connection before declaring the server gone.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+/// Highest latency the histograms hold exactly (one hour, in µs); higher ones saturate.
+const MAX_LATENCY_US: u64 = 3_600_000_000;
+
+/// Runs `hawser bench`. Exit status 1 when the server cannot be reached or goes away
+/// during the run, or when no commit succeeded.
+pub async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
+    if !is_plain_table_name(&args.table) {
+        anyhow::bail!(
+            "--table {:?} must be a plain name such as bench or owner.bench",
+            args.table
+        );
+    }
+    let value_size = args.value_size as usize;
+    let mut admin = match Client::connect(&args.host).await {
+        Ok(client) => client,
+        Err(e) => {
+            eprintln!(
+                "error: cannot connect to hawser at {}: {}",
+                args.host,
+                error_chain(&e)
+            );
+            return Ok(ExitCode::FAILURE);
+        }
+    };
+    if let Err(problem) = prepare_table(&mut admin, &args.table, value_size).await {
+        eprintln!("error: {problem}");
+        return Ok(ExitCode::FAILURE);
+    }
+    // Connections are opened before the clock starts, so their setup is not measured.
+    let mut clients = Vec::with_capacity(args.clients as usize);
+    for _ in 0..args.clients {
+        let client = Client::connect(&args.host)
+            .await
+            .with_context(|| format!("cannot open client connections to {}", args.host))?;
+        clients.push(client);
+    }
+
+    let start = Instant::now();
+    let workload = Arc::new(Workload {
+        host: args.host.clone(),
+        table: args.table.clone(),
+        keys: args.keys,
+        value_size,
+        measure_from: start + args.warmup,
+        end: start + args.warmup + args.duration,
+    });
+    let progress = Arc::new(Progress::default());
+    let cancel = CancellationToken::new();
+    let mut tasks = JoinSet::new();
+    for client in clients {
+        tasks.spawn(client_loop(
+            client,
+            workload.clone(),
+            progress.clone(),
+            cancel.clone(),
+        ));
+    }
+
+    let show_progress = std::io::stderr().is_terminal();
+    let mut ticker =
+        tokio::time::interval_at(start + Duration::from_secs(1), Duration::from_secs(1));
+    let mut last_tick = (start, 0u64);
+    let mut runs = Vec::with_capacity(args.clients as usize);
+    loop {
+        tokio::select! {
+            joined = tasks.join_next() => match joined {
+                None => break,
+                Some(joined) => {
+                    let run = joined.context("a bench client task failed")?;
+                    if run.fatal.is_some() {
+                        // The server is gone: stop the others instead of letting each
+                        // find out on its own.
+                        cancel.cancel();
+                    }
+                    runs.push(run);
+                }
+            },
+            now = ticker.tick(), if show_progress => {
+                let commits = progress.commits.load(Ordering::Relaxed);
+                let rate = (commits - last_tick.1) as f64
+                    / now.duration_since(last_tick.0).as_secs_f64().max(1e-3);
+                last_tick = (now, commits);
+                let phase = if now < workload.measure_from { "warm-up" } else { "measuring" };
+                eprint!(
+                    "\r\x1b[2K{phase} {:>5.1}s  commits {commits}  {rate:.0}/s  errors {}",
+                    now.duration_since(start).as_secs_f64(),
+                    progress.errors.load(Ordering::Relaxed),
+                );
+            }
+        }
+    }
+    if show_progress {
+        eprint!("\r\x1b[2K");
+    }
+    let finished = Instant::now().min(workload.end);
+    let measured = finished.saturating_duration_since(workload.measure_from);
+    let report = Report::merge(args.clients, measured, &runs)?;
+
+    let mut out = std::io::stdout();
+    match args.format {
+        Format::Json => writeln!(out, "{}", report.json())?,
+        Format::Table => write!(out, "{}", report.text(&args.table, value_size, args.keys))?,
+    }
+    out.flush()?;
+    for e in &report.first_errors {
+        eprintln!("commit error: {e}");
+    }
+    if let Some(fatal) = runs.iter().find_map(|r| r.fatal.as_deref()) {
+        eprintln!(
+            "error: the server at {} stopped answering: {fatal}",
+            args.host
+        );
+        return Ok(ExitCode::FAILURE);
+    }
+    if report.commits == 0 && report.errors > 0 {
+        eprintln!("error: every commit failed");
+        return Ok(ExitCode::FAILURE);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Whether `name` is `table` or `owner.table` with plain identifiers, so that it can be
+/// spliced into the CREATE TABLE statement as is.
+fn is_plain_table_name(name: &str) -> bool {
+    let parts: Vec<&str> = name.split('.').collect();
+    parts.len() <= 2
+        && parts.iter().all(|p| {
+            let mut chars = p.chars();
+            chars
+                .next()
+                .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+                && chars.all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '$')
+        })
+}
+
+/// Creates the bench table if it does not exist, or checks that the one there fits.
+async fn prepare_table(client: &mut Client, table: &str, value_size: usize) -> Result<(), String> {
+    match client.describe(table).await {
+        Ok(described) => check_table(&described, value_size),
+        Err(ClientError::Status(s)) if hawser_client::sqlstate(&s) == Some("42P01") => {
+            let sql =
+                format!("CREATE TABLE {table} (k BIGINT PRIMARY KEY, v VARCHAR({value_size}))");
+            let outcome = client
+                .execute(&sql)
+                .await
+                .map_err(|e| format!("cannot create table {table}: {}", error_chain(&e)))?;
+            match outcome.error {
+                Some(e) => Err(format!(
+                    "cannot create table {table}: error[{}]: {}",
+                    e.code, e.message
+                )),
+                None => Ok(()),
+            }
+        }
+        Err(e) => Err(format!(
+            "cannot describe table {table}: {}",
+            error_chain(&e)
+        )),
+    }
+}
+
+/// Checks that an existing table has the shape the workload writes:
+/// `(k <integer> PRIMARY KEY, v CHAR/VARCHAR(n ≥ value_size))`.
+fn check_table(d: &v1::DescribeResponse, value_size: usize) -> Result<(), String> {
+    let shape = "it needs (k BIGINT PRIMARY KEY, v VARCHAR(n)); drop it or pick another --table";
+    let [k, v] = d.columns.as_slice() else {
+        return Err(format!(
+            "table {} has {} columns: {shape}",
+            d.table,
+            d.columns.len()
+        ));
+    };
+    let int_type = ["TINYINT", "SMALLINT", "INTEGER", "BIGINT"].contains(&k.data_type.as_str());
+    if !k.name.eq_ignore_ascii_case("k") || !int_type || d.primary_key != ["k"] {
+        return Err(format!(
+            "table {} does not have k as an integer key: {shape}",
+            d.table
+        ));
+    }
+    let width = v
+        .data_type
+        .strip_prefix("VARCHAR(")
+        .or_else(|| v.data_type.strip_prefix("CHAR("))
+        .and_then(|rest| rest.strip_suffix(')'))
+        .and_then(|n| n.parse::<usize>().ok());
+    match width {
+        Some(n) if v.name.eq_ignore_ascii_case("v") && n >= value_size => Ok(()),
+        Some(n) if v.name.eq_ignore_ascii_case("v") => Err(format!(
+            "column v of table {} holds {n} characters, less than --value-size {value_size}",
+            d.table
+        )),
+        _ => Err(format!("table {} has no text column v: {shape}", d.table)),
+    }
+}
+
+/// An error and its causes, `: `-separated.
+fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !text.contains(&cause_text) {
+            text.push_str(": ");
+            text.push_str(&cause_text);
+        }
+        source = cause.source();
+    }
+    text
+}
+
+/// What every client does, and when.
+struct Workload {
+    host: String,
+    table: String,
+    keys: i64,
+    value_size: usize,
+    measure_from: Instant,
+    end: Instant,
+}
+
+/// Live totals over all clients and phases, for the progress line.
+#[derive(Default)]
+struct Progress {
+    commits: AtomicU64,
+    errors: AtomicU64,
+}
+
+/// What one client measured.
+struct ClientRun {
+    latency_us: Histogram<u64>,
+    commits: u64,
+    errors: u64,
+    not_durable: u64,
+    first_errors: Vec<String>,
+    /// Why the client concluded the server is gone, if it did.
+    fatal: Option<String>,
+}
+
+fn new_histogram() -> Histogram<u64> {
+    // Both bounds are constants within hdrhistogram's limits (low ≥ 1, high ≥ 2·low,
+    // sigfig ≤ 5), so creation cannot fail.
+    Histogram::new_with_bounds(1, MAX_LATENCY_US, 3).expect("valid histogram bounds")
+}
+
+/// One client: upsert a random key, wait for the commit, record, repeat until `end`.
+async fn client_loop(
+    mut client: Client,
+    work: Arc<Workload>,
+    progress: Arc<Progress>,
+    cancel: CancellationToken,
+) -> ClientRun {
+    let mut rng = StdRng::from_entropy();
+    let mut run = ClientRun {
+        latency_us: new_histogram(),
+        commits: 0,
+        errors: 0,
+        not_durable: 0,
+        first_errors: Vec::new(),
+        fatal: None,
+    };
+    loop {
+        let key = rng.gen_range(0..work.keys);
+        let value: String = (&mut rng)
+            .sample_iter(&Alphanumeric)
+            .take(work.value_size)
+            .map(char::from)
+            .collect();
+        let op = RowOp::Upsert {
+            table: work.table.clone(),
+            row: vec![Value::Int(key), Value::Text(value)],
+        };
+        let sent = Instant::now();
+        let result = tokio::select! {
+            // Checked first so that a stopped run does not start one more commit.
+            biased;
+            _ = cancel.cancelled() => break,
+            _ = tokio::time::sleep_until(work.end) => break,
+            result = client.write(vec![op]) => result,
+        };
+        let measured = sent >= work.measure_from;
+        match result {
+            Ok(outcome) => {
+                progress.commits.fetch_add(1, Ordering::Relaxed);
+                if measured {
+                    let us = u64::try_from(sent.elapsed().as_micros()).unwrap_or(u64::MAX);
+                    run.latency_us.saturating_record(us.max(1));
+                    run.commits += 1;
+                    run.not_durable += u64::from(!outcome.durable);
+                }
+            }
+            Err(e) => {
+                progress.errors.fetch_add(1, Ordering::Relaxed);
+                if measured {
+                    run.errors += 1;
+                }
+                if run.first_errors.len() < ERRORS_KEPT_PER_CLIENT {
+                    run.first_errors.push(error_chain(&e));
+                }
+                if may_mean_server_gone(&e) {
+                    match Client::connect_with_timeout(&work.host, PROBE_TIMEOUT).await {
+                        Ok(fresh) => client = fresh,
+                        Err(probe) => {
+                            run.fatal = Some(error_chain(&probe));
+                            break;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    run
+}
+
+/// Errors the server itself reports carry a SQLSTATE; one without may be a dead
+/// connection or server.
+fn may_mean_server_gone(e: &ClientError) -> bool {
+    match e {
+        ClientError::Status(s) => hawser_client::sqlstate(s).is_none(),
+        ClientError::Connect { .. } | ClientError::SessionClosed => true,
+        ClientError::BadAddress { .. } | ClientError::Convert(_) => false,
+    }
+}
+
+/// The merged result of a run.
+struct Report {
+    clients: u32,
+    measured: Duration,
+    commits: u64,
+    errors: u64,
+    not_durable: u64,
+    latency_us: Histogram<u64>,
+    first_errors: Vec<String>,
+}
+
+impl Report {
+    fn merge(clients: u32, measured: Duration, runs: &[ClientRun]) -> anyhow::Result<Report> {
+        let mut report = Report {
+            clients,
+            measured,
+            commits: 0,
+            errors: 0,
+            not_durable: 0,
+            latency_us: new_histogram(),
+            first_errors: Vec::new(),
+        };
+        for run in runs {
+            report.commits += run.commits;
+            report.errors += run.errors;
+            report.not_durable += run.not_durable;
+            report
+                .latency_us
+                .add(&run.latency_us)
+                .context("merge latency histograms")?;
+            for e in &run.first_errors {
+                if report.first_errors.len() < ERRORS_REPORTED {
+                    report.first_errors.push(e.clone());
+                }
+            }
+        }
+        Ok(report)
+    }
+
+    fn commits_per_sec(&self) -> f64 {
+        let secs = self.measured.as_secs_f64();
+        if secs > 0.0 {
+            self.commits as f64 / secs
+        } else {
+            0.0
+        }
+    }
+
+    /// Latency percentiles in µs: p50, p99, p999, max, mean (all 0 with no commits).
+    fn latency(&self) -> (u64, u64, u64, u64, f64) {
+        let h = &self.latency_us;
+        if h.is_empty() {
+            return (0, 0, 0, 0, 0.0);
+        }
+        (
+            h.value_at_quantile(0.5),
+            h.value_at_quantile(0.99),
+            h.value_at_quantile(0.999),
+            h.max(),
+            h.mean(),
+        )
+    }
+
+    fn json(&self) -> serde_json::Value {
+        let (p50, p99, p999, max, mean) = self.latency();
+        json!({
+            "clients": self.clients,
+            "duration_s": self.measured.as_secs_f64(),
+            "commits": self.commits,
+            "errors": self.errors,
+            "commits_per_sec": self.commits_per_sec(),
+            "durable": self.commits > 0 && self.not_durable == 0,
+            "latency_us": {"p50": p50, "p99": p99, "p999": p999, "max": max, "mean": mean},
+        })
+    }
+
+    fn text(&self, table: &str, value_size: usize, keys: i64) -> String {
+        let (p50, p99, p999, max, mean) = self.latency();
+        let durable = match (self.commits, self.not_durable) {
+            (0, _) => "-".to_string(),
+            (_, 0) => "all".to_string(),
+            (_, n) => format!("{} of {}", self.commits - n, self.commits),
+        };
+        format!(
+            "bench: {clients} clients, {secs:.1} s, table {table}, {value_size} B values, \
+             {keys} keys\n\
+             commits        {commits}\n\
+             commits/s      {rate:.1}\n\
+             errors         {errors}\n\
+             durable        {durable}\n\
+             latency (µs)   p50 {p50}  p99 {p99}  p999 {p999}  max {max}  mean {mean:.0}\n",
+            clients = self.clients,
+            secs = self.measured.as_secs_f64(),
+            commits = self.commits,
+            rate = self.commits_per_sec(),
+            errors = self.errors,
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_accept_humantime_and_plain_seconds() {
+        assert_eq!(parse_duration("10s"), Ok(Duration::from_secs(10)));
+        assert_eq!(parse_duration("1m 30s"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("10"), Ok(Duration::from_secs(10)));
+        assert_eq!(parse_duration("2.5"), Ok(Duration::from_millis(2500)));
+        assert!(parse_duration("-1").is_err());
+        assert!(parse_duration("soon").is_err());
+    }
+
+    #[test]
+    fn table_names_must_be_plain() {
+        assert!(is_plain_table_name("bench"));
+        assert!(is_plain_table_name("app.bench_2"));
+        assert!(!is_plain_table_name(""));
+        assert!(!is_plain_table_name("1bench"));
+        assert!(!is_plain_table_name("a.b.c"));
+        assert!(!is_plain_table_name("bench; drop table x"));
+    }
+
+    fn described(columns: &[(&str, &str)], key: &[&str]) -> v1::DescribeResponse {
+        v1::DescribeResponse {
+            table: "bench".into(),
+            columns: columns
+                .iter()
+                .map(|(name, ty)| v1::Column {
+                    name: name.to_string(),
+                    data_type: ty.to_string(),
+                    nullable: true,
+                })
+                .collect(),
+            primary_key: key.iter().map(|k| k.to_string()).collect(),
+        }
+    }
+
+    #[test]
+    fn an_existing_table_must_fit_the_workload() {
+        let good = described(&[("k", "BIGINT"), ("v", "VARCHAR(100)")], &["k"]);
+        assert_eq!(check_table(&good, 100), Ok(()));
+        assert!(check_table(&good, 101)
+            .unwrap_err()
+            .contains("less than --value-size 101"));
+        let three = described(
+            &[("k", "BIGINT"), ("v", "VARCHAR(9)"), ("w", "DATE")],
+            &["k"],
+        );
+        assert!(check_table(&three, 1).unwrap_err().contains("3 columns"));
+        let keyed_on_v = described(&[("k", "BIGINT"), ("v", "VARCHAR(100)")], &["v"]);
+        assert!(check_table(&keyed_on_v, 1).is_err());
+        let not_text = described(&[("k", "BIGINT"), ("v", "DATE")], &["k"]);
+        assert!(check_table(&not_text, 1)
+            .unwrap_err()
+            .contains("no text column v"));
+    }
+
+    fn client_run(latencies: &[u64], errors: u64, not_durable: u64) -> ClientRun {
+        let mut latency_us = new_histogram();
+        for &l in latencies {
+            latency_us.saturating_record(l);
+        }
+        ClientRun {
+            latency_us,
+            commits: latencies.len() as u64,
+            errors,
+            not_durable,
+            first_errors: (0..errors).map(|i| format!("e{i}")).collect(),
+            fatal: None,
+        }
+    }
+
+    #[test]
+    fn report_merges_clients_and_computes_rate_and_percentiles() {
+        let a = client_run(&(1..=500).collect::<Vec<_>>(), 4, 0);
+        let b = client_run(&(501..=1000).collect::<Vec<_>>(), 3, 0);
+        let report = Report::merge(2, Duration::from_secs(2), &[a, b]).unwrap();
+        assert_eq!(report.commits, 1000);
+        assert_eq!(report.errors, 7);
+        assert_eq!(report.first_errors.len(), ERRORS_REPORTED);
+        assert_eq!(report.commits_per_sec(), 500.0);
+        let (p50, p99, p999, max, mean) = report.latency();
+        assert_eq!(p50, 500);
+        assert_eq!(p99, 990);
+        assert_eq!(p999, 999);
+        assert_eq!(max, 1000);
+        assert!((mean - 500.5).abs() < 1.0);
+
+        let j = report.json();
+        assert_eq!(j["clients"], 2);
+        assert_eq!(j["commits"], 1000);
+        assert_eq!(j["commits_per_sec"], 500.0);
+        assert_eq!(j["durable"], true);
+        assert_eq!(j["latency_us"]["p99"], 990);
+        assert!(report
+            .text("bench", 100, 10)
+            .contains("commits/s      500.0\n"));
+    }
+
+    #[test]
+    fn an_empty_run_reports_zeros_not_nan() {
+        let report = Report::merge(1, Duration::ZERO, &[client_run(&[], 2, 0)]).unwrap();
+        assert_eq!(report.commits_per_sec(), 0.0);
+        assert_eq!(report.latency(), (0, 0, 0, 0, 0.0));
+        assert_eq!(report.json()["durable"], false);
+        assert!(report.text("bench", 1, 1).contains("durable        -\n"));
+    }
+
+    #[test]
+    fn non_durable_commits_are_reported() {
+        let report =
+            Report::merge(1, Duration::from_secs(1), &[client_run(&[5, 6], 0, 1)]).unwrap();
+        assert_eq!(report.json()["durable"], false);
+        assert!(report
+            .text("bench", 1, 1)
+            .contains("durable        1 of 2\n"));
+    }
+
+    #[test]
+    fn only_errors_without_sqlstate_suggest_a_dead_server() {
+        let mut status = tonic_status_with_sqlstate("23505");
+        assert!(!may_mean_server_gone(&ClientError::Status(status.clone())));
+        status.metadata_mut().remove("hawser-sqlstate");
+        assert!(may_mean_server_gone(&ClientError::Status(status)));
+        assert!(may_mean_server_gone(&ClientError::SessionClosed));
+    }
+
+    fn tonic_status_with_sqlstate(code: &str) -> tonic::Status {
+        let mut status = tonic::Status::invalid_argument("duplicate key");
+        status
+            .metadata_mut()
+            .insert("hawser-sqlstate", code.parse().unwrap());
+        status
+    }
+}

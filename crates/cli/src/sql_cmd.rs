@@ -1,0 +1,665 @@
+//! `hawser sql`: runs SQL against one node, from the command line or in an interactive
+//! shell.
+//!
+//! Everything goes through one [`Session`], so a transaction opened by one `-e` (or one
+//! line of the shell) is still open for the next. Scripts run in order: every `-e` in the
+//! order given, then the `-f` file, then — when neither is given — standard input: the
+//! interactive shell on a terminal, otherwise the whole input as one script. The first
+//! statement error stops the run with exit status 1.
+//!
+//! The shell's line editing (rustyline) blocks, so it runs on a thread of its own that hands
+//! complete statements to the async side and waits for the answer before it prompts again:
+//!
+//! ```text
+//!   line editor thread ── Statement(sql) ──► session task ── Execute ──► node
+//!                      ◄── in_transaction ──
+//! ```
+
+use std::io::{self, IsTerminal, Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::mpsc as std_mpsc;
+
+use anyhow::Context;
+use hawser_client::{Client, ClientError, ScriptOutcome, Session, StatementResult};
+use hawser_proto::v1;
+use rustyline::error::ReadlineError;
+use serde_json::json;
+use tokio::sync::mpsc;
+
+use crate::output::{self, Align, Format};
+
+/// Arguments of `hawser sql`.
+#[derive(clap::Args, Debug)]
+pub struct SqlArgs {
+    /// The node to connect to.
+    #[arg(
+        long,
+        value_name = "HOST:PORT",
+        env = "HAWSER_HOST",
+        default_value = "127.0.0.1:7420"
+    )]
+    pub host: String,
+    /// A script to run (statements separated by `;`). Repeatable: each runs in the same
+    /// session, in the order given, before any -f file.
+    #[arg(short = 'e', long = "execute", value_name = "SQL")]
+    pub execute: Vec<String>,
+    /// A file of statements to run after the -e scripts.
+    #[arg(short = 'f', long = "file", value_name = "FILE")]
+    pub file: Option<PathBuf>,
+    /// How to print results.
+    #[arg(long, value_enum, default_value_t = Format::Table)]
+    pub format: Format,
+}
+
+/// A script and where it came from, for error messages.
+struct Script {
+    source: String,
+    sql: String,
+}
+
+/// Runs `hawser sql`. Exit status 1 on a statement error, a lost or refused connection, or
+/// an unreadable file.
+pub async fn run(args: SqlArgs) -> anyhow::Result<ExitCode> {
+    let mut scripts: Vec<Script> = args
+        .execute
+        .iter()
+        .enumerate()
+        .map(|(i, sql)| Script {
+            source: format!("-e #{}", i + 1),
+            sql: sql.clone(),
+        })
+        .collect();
+    // Read the file before connecting, so a typo in its name costs no connection.
+    if let Some(path) = &args.file {
+        let sql = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read SQL file {}", path.display()))?;
+        scripts.push(Script {
+            source: path.display().to_string(),
+            sql,
+        });
+    }
+    let interactive = scripts.is_empty() && io::stdin().is_terminal();
+    if scripts.is_empty() && !interactive {
+        let mut sql = String::new();
+        io::stdin()
+            .read_to_string(&mut sql)
+            .context("cannot read SQL from standard input")?;
+        scripts.push(Script {
+            source: "standard input".into(),
+            sql,
+        });
+    }
+
+    let mut session = match open_session(&args.host).await {
+        Ok(session) => session,
+        Err(e) => {
+            eprintln!(
+                "error: cannot connect to hawser at {}: {}",
+                args.host,
+                error_chain(&e)
+            );
+            return Ok(ExitCode::FAILURE);
+        }
+    };
+    let mut printer = Printer {
+        format: args.format,
+        out: io::stdout(),
+    };
+
+    if interactive {
+        return shell(&mut session, &mut printer, &args.host).await;
+    }
+    let numbered = scripts.len() > 1;
+    let mut in_transaction = false;
+    for script in &scripts {
+        let outcome = match session.execute(&script.sql).await {
+            Ok(outcome) => outcome,
+            Err(e) => {
+                eprintln!(
+                    "error: lost connection to {}: {}",
+                    args.host,
+                    error_chain(&e)
+                );
+                return Ok(ExitCode::FAILURE);
+            }
+        };
+        in_transaction = outcome.in_transaction;
+        let source = numbered.then_some(script.source.as_str());
+        if !printer.outcome(&outcome, source)? {
+            return Ok(ExitCode::FAILURE);
+        }
+    }
+    if in_transaction {
+        eprintln!("warning: the input ended inside a transaction; it was rolled back");
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn open_session(host: &str) -> Result<Session, ClientError> {
+    Client::connect(host).await?.session().await
+}
+
+/// An error and its causes, `: `-separated (tonic hides the useful part in the sources).
+fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !text.contains(&cause_text) {
+            text.push_str(": ");
+            text.push_str(&cause_text);
+        }
+        source = cause.source();
+    }
+    text
+}
+
+/// Prints results in the chosen format: results on stdout, warnings and errors on stderr.
+struct Printer<W: Write> {
+    format: Format,
+    out: W,
+}
+
+impl<W: Write> Printer<W> {
+    /// Prints what a script did, then the error that stopped it if any; returns whether the
+    /// script succeeded. `source` names the script in the error when there are several.
+    fn outcome(&mut self, outcome: &ScriptOutcome, source: Option<&str>) -> io::Result<bool> {
+        for result in &outcome.results {
+            self.result(result)?;
+        }
+        self.out.flush()?;
+        match &outcome.error {
+            Some(e) => {
+                eprintln!("{}", error_line(e, source));
+                Ok(false)
+            }
+            None => Ok(true),
+        }
+    }
+
+    fn result(&mut self, r: &StatementResult) -> io::Result<()> {
+        match self.format {
+            Format::Json => writeln!(self.out, "{}", result_json(r)),
+            Format::Table => {
+                self.out.write_all(result_text(r).as_bytes())?;
+                for w in &r.warnings {
+                    eprintln!("warning[{}]: {}", w.code, w.message);
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+/// The text form of one result: a table and a `(N rows)` footer for a query, the tag and
+/// the count for DML (`INSERT 3`), the tag alone for anything else.
+fn result_text(r: &StatementResult) -> String {
+    if r.columns.is_empty() && r.tag != "SELECT" {
+        return match r.tag.as_str() {
+            "INSERT" | "UPDATE" | "DELETE" => format!("{} {}\n", r.tag, r.rows_affected),
+            tag => format!("{tag}\n"),
+        };
+    }
+    let headers: Vec<String> = r.columns.iter().map(|c| c.name.clone()).collect();
+    let aligns: Vec<Align> = (0..headers.len())
+        .map(|i| {
+            let mut values = r
+                .rows
+                .iter()
+                .filter_map(|row| row.get(i))
+                .filter(|v| !v.is_null());
+            let mut any = false;
+            let numeric = values.all(|v| {
+                any = true;
+                output::is_numeric(v)
+            });
+            if any && numeric {
+                Align::Right
+            } else {
+                Align::Left
+            }
+        })
+        .collect();
+    let rows: Vec<Vec<String>> = r
+        .rows
+        .iter()
+        .map(|row| row.iter().map(output::cell_text).collect())
+        .collect();
+    let mut text = output::render_table(&headers, &aligns, &rows);
+    let n = r.rows.len();
+    text.push_str(&format!(
+        "({n} {})\n\n",
+        if n == 1 { "row" } else { "rows" }
+    ));
+    text
+}
+
+/// The JSON form of one result, one line.
+fn result_json(r: &StatementResult) -> serde_json::Value {
+    json!({
+        "tag": r.tag,
+        "columns": r.columns.iter()
+            .map(|c| json!({"name": c.name, "type": c.data_type}))
+            .collect::<Vec<_>>(),
+        "rows": r.rows.iter()
+            .map(|row| row.iter().map(output::value_json).collect::<Vec<_>>())
+            .collect::<Vec<_>>(),
+        "rows_affected": r.rows_affected,
+        "warnings": r.warnings.iter()
+            .map(|w| json!({"code": w.code, "message": w.message}))
+            .collect::<Vec<_>>(),
+    })
+}
+
+/// `error[CODE]: message (statement N, line L, column C)`, each part of the position only
+/// where the server knew it; `source` names the script when there are several.
+fn error_line(e: &v1::SqlError, source: Option<&str>) -> String {
+    let mut place = Vec::new();
+    if e.statement > 0 {
+        place.push(format!("statement {}", e.statement));
+    }
+    if let Some(line) = e.line {
+        place.push(format!("line {line}"));
+    }
+    if let Some(column) = e.column {
+        place.push(format!("column {column}"));
+    }
+    let mut text = format!("error[{}]: {}", e.code, e.message);
+    match (source, place.is_empty()) {
+        (Some(src), true) => text.push_str(&format!(" (in {src})")),
+        (Some(src), false) => text.push_str(&format!(" (in {src}: {})", place.join(", "))),
+        (None, false) => text.push_str(&format!(" ({})", place.join(", "))),
+        (None, true) => {}
+    }
+    text
+}
+
+// ------------------------------------------------------------------ the interactive shell
+
+const HELP: &str = "\
+Type SQL statements ending with `;` (they may span lines); BEGIN ... COMMIT spans statements.
+  \\q, quit, exit, Ctrl-D   leave (an open transaction is rolled back)
+  Ctrl-C                   discard the statement being typed
+  \\?, help                 this text";
+
+/// A shell command recognised at the start of a statement.
+#[derive(Debug, PartialEq, Eq)]
+enum Meta {
+    Quit,
+    Help,
+}
+
+fn meta_command(line: &str) -> Option<Meta> {
+    let word = line.trim().trim_end_matches(';').trim_end();
+    match word.to_ascii_lowercase().as_str() {
+        "\\q" | "quit" | "exit" => Some(Meta::Quit),
+        "\\?" | "help" => Some(Meta::Help),
+        _ => None,
+    }
+}
+
+/// Runs the interactive shell until the user leaves or the connection is lost.
+async fn shell<W: Write>(
+    session: &mut Session,
+    printer: &mut Printer<W>,
+    host: &str,
+) -> anyhow::Result<ExitCode> {
+    eprintln!("connected to hawser at {host}; \\? for help, \\q to leave");
+    let (inputs_tx, mut inputs) = mpsc::channel::<String>(1);
+    let (states, states_rx) = std_mpsc::channel::<bool>();
+    let editor = std::thread::Builder::new()
+        .name("line-editor".into())
+        .spawn(move || line_editor(history_file(), inputs_tx, states_rx))
+        .context("cannot start the line editor")?;
+
+    let mut lost = false;
+    let mut in_transaction = false;
+    while let Some(sql) = inputs.recv().await {
+        match session.execute(&sql).await {
+            Ok(outcome) => {
+                in_transaction = outcome.in_transaction;
+                printer.outcome(&outcome, None)?;
+            }
+            Err(e) => {
+                eprintln!("error: lost connection to {host}: {}", error_chain(&e));
+                lost = true;
+                break;
+            }
+        }
+        if states.send(in_transaction).is_err() {
+            break; // The editor is gone; its error, if any, comes from the join below.
+        }
+    }
+    // Dropping our ends stops the editor if it is waiting for us; it then saves history.
+    drop(states);
+    drop(inputs);
+    let joined = tokio::task::spawn_blocking(move || editor.join()).await?;
+    match joined {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => return Err(e).context("line editor failed"),
+        Err(_) => anyhow::bail!("the line editor panicked"),
+    }
+    if lost {
+        return Ok(ExitCode::FAILURE);
+    }
+    if in_transaction {
+        eprintln!("warning: the open transaction was rolled back");
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `~/.hawser_history` when the home directory is known and the file can be written;
+/// otherwise the shell keeps history for the session only.
+fn history_file() -> Option<PathBuf> {
+    let path = Path::new(&std::env::var_os("HOME")?).join(".hawser_history");
+    std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .open(&path)
+        .ok()?;
+    Some(path)
+}
+
+/// The blocking side of the shell: reads lines until a statement is complete, hands it over
+/// and waits for the transaction state to show in the next prompt.
+fn line_editor(
+    history: Option<PathBuf>,
+    inputs: mpsc::Sender<String>,
+    states: std_mpsc::Receiver<bool>,
+) -> rustyline::Result<()> {
+    let mut editor = rustyline::DefaultEditor::new()?;
+    if let Some(path) = &history {
+        // A missing or unreadable history file only means no history yet.
+        let _ = editor.load_history(path);
+    }
+    let mut buffer = String::new();
+    let mut in_transaction = false;
+    loop {
+        let prompt = prompt(in_transaction, !buffer.is_empty());
+        let line = match editor.readline(prompt) {
+            Ok(line) => line,
+            Err(ReadlineError::Interrupted) => {
+                buffer.clear();
+                continue;
+            }
+            Err(ReadlineError::Eof) => break,
+            Err(e) => return Err(e),
+        };
+        if buffer.is_empty() {
+            match meta_command(&line) {
+                Some(Meta::Quit) => break,
+                Some(Meta::Help) => {
+                    eprintln!("{HELP}");
+                    continue;
+                }
+                None => {}
+            }
+            if line.trim().is_empty() {
+                continue;
+            }
+        } else {
+            buffer.push('\n');
+        }
+        buffer.push_str(&line);
+        if !statement_complete(&buffer) {
+            continue;
+        }
+        let _ = editor.add_history_entry(buffer.as_str());
+        if inputs.blocking_send(std::mem::take(&mut buffer)).is_err() {
+            break;
+        }
+        match states.recv() {
+            Ok(state) => in_transaction = state,
+            Err(_) => break, // The session ended (connection lost).
+        }
+    }
+    if let Some(path) = &history {
+        // History is a convenience: failing to save it must not fail the session.
+        let _ = editor.save_history(path);
+    }
+    Ok(())
+}
+
+/// `hawser> `, `hawser*> ` inside a transaction, and a continuation prompt of the same width
+/// while a statement is incomplete.
+fn prompt(in_transaction: bool, continuing: bool) -> &'static str {
+    match (in_transaction, continuing) {
+        (false, false) => "hawser> ",
+        (true, false) => "hawser*> ",
+        (false, true) => "     -> ",
+        (true, true) => "     *> ",
+    }
+}
+
+/// Whether `sql` ends with a `;` that is outside quotes and comments (comments and blanks
+/// may follow it). Understands `'...'` with `''` escapes, `"..."` identifiers, `-- ...`
+/// line comments and nested `/* ... */` block comments.
+fn statement_complete(sql: &str) -> bool {
+    #[derive(PartialEq)]
+    enum State {
+        Code,
+        Single,
+        Double,
+        Line,
+        Block(u32),
+    }
+    let mut state = State::Code;
+    let mut ends_with_semicolon = false;
+    let mut chars = sql.chars().peekable();
+    while let Some(c) = chars.next() {
+        match state {
+            State::Code => match c {
+                ';' => ends_with_semicolon = true,
+                '\'' => state = State::Single,
+                '"' => state = State::Double,
+                '-' if chars.peek() == Some(&'-') => {
+                    chars.next();
+                    state = State::Line;
+                }
+                '/' if chars.peek() == Some(&'*') => {
+                    chars.next();
+                    state = State::Block(1);
+                }
+                c if c.is_whitespace() => {}
+                _ => ends_with_semicolon = false,
+            },
+            // A doubled quote inside a literal closes and reopens it, which this handles
+            // as two transitions with the same result.
+            State::Single if c == '\'' => state = State::Code,
+            State::Double if c == '"' => state = State::Code,
+            State::Line if c == '\n' => state = State::Code,
+            State::Block(depth) => {
+                if c == '*' && chars.peek() == Some(&'/') {
+                    chars.next();
+                    state = if depth == 1 {
+                        State::Code
+                    } else {
+                        State::Block(depth - 1)
+                    };
+                } else if c == '/' && chars.peek() == Some(&'*') {
+                    chars.next();
+                    state = State::Block(depth + 1);
+                }
+            }
+            State::Single | State::Double | State::Line => {}
+        }
+        if matches!(state, State::Single | State::Double) {
+            ends_with_semicolon = false;
+        }
+    }
+    ends_with_semicolon && matches!(state, State::Code | State::Line)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hawser_core::Value;
+
+    #[test]
+    fn a_statement_is_complete_at_a_semicolon_outside_quotes_and_comments() {
+        assert!(statement_complete("select 1;"));
+        assert!(statement_complete("select 1;  \n"));
+        assert!(statement_complete("select 1; -- trailing comment"));
+        assert!(statement_complete("select 1; /* note */"));
+        assert!(statement_complete("insert into t values ('a;b');"));
+        assert!(statement_complete("insert into t values ('it''s');"));
+        assert!(statement_complete("select 1; select 2;"));
+
+        assert!(!statement_complete("select 1"));
+        assert!(!statement_complete("select 1; select 2"));
+        assert!(!statement_complete("insert into t values ('a;"));
+        assert!(!statement_complete("insert into t values ('it'';"));
+        assert!(!statement_complete("select \"odd;"));
+        assert!(!statement_complete("select 1 -- not the end;"));
+        assert!(!statement_complete("select 1 /* ; */"));
+        assert!(!statement_complete("select 1; /* unfinished"));
+        assert!(!statement_complete("select 1 /* outer /* inner */ ; */"));
+        assert!(statement_complete("select 1 /* outer /* inner */ */;"));
+        assert!(!statement_complete(""));
+    }
+
+    #[test]
+    fn a_comment_line_then_a_statement_completes_on_a_later_line() {
+        assert!(!statement_complete("-- first a comment;"));
+        assert!(statement_complete("-- first a comment;\nselect 1;"));
+    }
+
+    #[test]
+    fn meta_commands_are_recognised() {
+        assert_eq!(meta_command("\\q"), Some(Meta::Quit));
+        assert_eq!(meta_command("  QUIT; "), Some(Meta::Quit));
+        assert_eq!(meta_command("exit"), Some(Meta::Quit));
+        assert_eq!(meta_command("help"), Some(Meta::Help));
+        assert_eq!(meta_command("select 1;"), None);
+        assert_eq!(meta_command("exit_code;"), None);
+    }
+
+    fn column(name: &str, data_type: &str) -> v1::Column {
+        v1::Column {
+            name: name.into(),
+            data_type: data_type.into(),
+            nullable: true,
+        }
+    }
+
+    fn select_result() -> StatementResult {
+        StatementResult {
+            tag: "SELECT".into(),
+            columns: vec![column("id", "BIGINT"), column("name", "VARCHAR(10)")],
+            rows: vec![
+                vec![Value::Int(1), Value::Text("alice".into())],
+                vec![Value::Int(20), Value::Null],
+            ],
+            rows_affected: 2,
+            warnings: vec![],
+        }
+    }
+
+    #[test]
+    fn select_prints_a_table_with_a_row_count() {
+        let expected = concat!(
+            " id | name\n",
+            "----+-------\n",
+            "  1 | alice\n",
+            " 20 | NULL\n",
+            "(2 rows)\n",
+            "\n",
+        );
+        assert_eq!(result_text(&select_result()), expected);
+        let one = StatementResult {
+            rows: vec![vec![Value::Int(1)]],
+            ..select_result()
+        };
+        assert!(result_text(&one).ends_with("(1 row)\n\n"));
+    }
+
+    #[test]
+    fn dml_prints_tag_and_count_and_ddl_the_tag() {
+        let insert = StatementResult {
+            tag: "INSERT".into(),
+            columns: vec![],
+            rows: vec![],
+            rows_affected: 3,
+            warnings: vec![],
+        };
+        assert_eq!(result_text(&insert), "INSERT 3\n");
+        let create = StatementResult {
+            tag: "CREATE TABLE".into(),
+            rows_affected: 0,
+            ..insert
+        };
+        assert_eq!(result_text(&create), "CREATE TABLE\n");
+    }
+
+    #[test]
+    fn json_result_has_columns_rows_count_and_warnings() {
+        let mut r = select_result();
+        r.warnings.push(v1::Warning {
+            code: "01004".into(),
+            message: "truncated".into(),
+        });
+        let line = result_json(&r).to_string();
+        assert!(!line.contains('\n'));
+        let parsed: serde_json::Value = serde_json::from_str(&line).unwrap();
+        assert_eq!(
+            parsed,
+            json!({
+                "tag": "SELECT",
+                "columns": [{"name": "id", "type": "BIGINT"}, {"name": "name", "type": "VARCHAR(10)"}],
+                "rows": [[1, "alice"], [20, null]],
+                "rows_affected": 2,
+                "warnings": [{"code": "01004", "message": "truncated"}],
+            })
+        );
+    }
+
+    #[test]
+    fn errors_name_code_and_position_where_known() {
+        let e = v1::SqlError {
+            code: "42601".into(),
+            message: "syntax error".into(),
+            statement: 2,
+            line: Some(3),
+            column: Some(7),
+        };
+        assert_eq!(
+            error_line(&e, None),
+            "error[42601]: syntax error (statement 2, line 3, column 7)"
+        );
+        assert_eq!(
+            error_line(&e, Some("-e #2")),
+            "error[42601]: syntax error (in -e #2: statement 2, line 3, column 7)"
+        );
+        let bare = v1::SqlError {
+            statement: 0,
+            line: None,
+            column: None,
+            ..e
+        };
+        assert_eq!(error_line(&bare, None), "error[42601]: syntax error");
+    }
+
+    #[test]
+    fn printer_reports_failure_after_printing_earlier_results() {
+        let outcome = ScriptOutcome {
+            results: vec![select_result()],
+            error: Some(v1::SqlError {
+                code: "42P01".into(),
+                message: "no such table".into(),
+                statement: 2,
+                line: None,
+                column: None,
+            }),
+            in_transaction: false,
+        };
+        let mut printer = Printer {
+            format: Format::Json,
+            out: Vec::new(),
+        };
+        assert!(!printer.outcome(&outcome, None).unwrap());
+        let text = String::from_utf8(printer.out).unwrap();
+        assert_eq!(text.lines().count(), 1);
+        assert!(text.contains("\"alice\""));
+    }
+}
