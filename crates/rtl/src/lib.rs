@@ -7,7 +7,7 @@
 //!
 //! * [`change`]: the input model both the commit log's full-image row changes and the
 //!   lighter statement-level form convert into;
-//! * [`compile`]: the pair rules, the net result and the "not compilable" verdict;
+//! * [`mod@compile`]: the pair rules, the net result and the "not compilable" verdict;
 //! * [`script`]: the front-end of `hawser rtl compile`, which reads CREATE TABLE and
 //!   single-row DML in log order and renders the net result as SQL or JSON.
 //!
@@ -22,4 +22,4 @@ pub use compile::{
     compile, compile_changes, Compilation, CompileError, Compiler, Counts, NetOp, NetTable,
     NotCompilable, Outcome, Reason,
 };
-pub use script::{compile_script, ScriptError, ScriptOutput};
+pub use script::{compile_script, ScriptError, ScriptOutput, ScriptProblem};
