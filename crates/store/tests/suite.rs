@@ -512,9 +512,7 @@ async fn a_reopened_database_has_everything_committed(mut f: Fixture) {
             txn.commit().await.unwrap();
         }
         let mut open = db.begin();
-        open.insert(&t, account(100, "pending", "1"))
-            .await
-            .unwrap();
+        open.insert(&t, account(100, "pending", "1")).await.unwrap();
         // Dropped without commit.
     }
     let before = f.db().last_lsn();

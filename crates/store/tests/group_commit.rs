@@ -1,0 +1,136 @@
+//! Group commit, proven with an engine whose flush can be held open: commits that
+//! apply while one flush runs share the next one, and none is acknowledged before the
+//! flush that covers it has finished.
+
+mod common;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{mpsc, Arc};
+use std::time::{Duration, Instant};
+
+use common::{counters, opts};
+use hawser_core::{Lsn, QualName, Value};
+use hawser_store::{Database, KvEngine, KvIter, MemEngine, StoreError, WriteBatch};
+use parking_lot::Mutex;
+
+/// A memory engine that counts flushes and can hold the next flush until released.
+#[derive(Default)]
+struct GatedEngine {
+    inner: MemEngine,
+    flushes: AtomicU64,
+    gate: Mutex<Option<(tokio::sync::oneshot::Sender<()>, mpsc::Receiver<()>)>>,
+}
+
+impl GatedEngine {
+    /// Holds the next flush: `entered` fires when it starts, sending on the returned
+    /// channel lets it finish.
+    fn arm(&self) -> (tokio::sync::oneshot::Receiver<()>, mpsc::Sender<()>) {
+        let (entered_tx, entered_rx) = tokio::sync::oneshot::channel();
+        let (release_tx, release_rx) = mpsc::channel();
+        *self.gate.lock() = Some((entered_tx, release_rx));
+        (entered_rx, release_tx)
+    }
+}
+
+impl KvEngine for GatedEngine {
+    fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        self.inner.get(key)
+    }
+    fn scan(
+        &self,
+        range: (std::ops::Bound<Vec<u8>>, std::ops::Bound<Vec<u8>>),
+        reverse: bool,
+    ) -> KvIter {
+        self.inner.scan(range, reverse)
+    }
+    fn apply(&self, batch: WriteBatch) -> Result<(), StoreError> {
+        self.inner.apply(batch)
+    }
+    fn flush(&self) -> Result<(), StoreError> {
+        let gate = self.gate.lock().take();
+        if let Some((entered, release)) = gate {
+            let _ = entered.send(());
+            release
+                .recv_timeout(Duration::from_secs(30))
+                .expect("the test releases the flush");
+        }
+        self.flushes.fetch_add(1, Ordering::SeqCst);
+        Ok(())
+    }
+}
+
+async fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !cond() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::task::yield_now().await;
+    }
+}
+
+fn increment(db: &Database, key: i64) -> tokio::task::JoinHandle<hawser_store::CommitInfo> {
+    let db = db.clone();
+    tokio::spawn(async move {
+        let t = QualName::bare("counters");
+        let mut txn = db.begin();
+        txn.insert(&t, vec![Value::Int(key), Value::Int(0)])
+            .await
+            .unwrap();
+        txn.commit().await.unwrap()
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn commits_that_apply_during_a_flush_share_the_next_one() {
+    let engine = Arc::new(GatedEngine::default());
+    let db = Database::open(engine.clone() as Arc<dyn KvEngine>, opts()).unwrap();
+    db.create_table(counters()).await.unwrap();
+    let base_flushes = engine.flushes.load(Ordering::SeqCst);
+    let base_lsn = db.last_lsn();
+
+    let (entered, release) = engine.arm();
+    let first = increment(&db, 0);
+    entered.await.unwrap();
+    // The first commit's flush is running; fifteen more commit meanwhile.
+    let rest: Vec<_> = (1..16).map(|k| increment(&db, k)).collect();
+    wait_until("fifteen commits applied", || {
+        db.last_lsn() == Lsn(base_lsn.0 + 16)
+    })
+    .await;
+    assert!(
+        !first.is_finished(),
+        "acknowledged before its flush finished"
+    );
+    assert!(
+        rest.iter().all(|h| !h.is_finished()),
+        "acknowledged before any flush covered it"
+    );
+    assert_eq!(db.flushed_lsn(), base_lsn);
+
+    release.send(()).unwrap();
+    let info = first.await.unwrap();
+    assert!(info.durable);
+    for h in rest {
+        assert!(h.await.unwrap().durable);
+    }
+    assert_eq!(
+        engine.flushes.load(Ordering::SeqCst) - base_flushes,
+        2,
+        "sixteen commits, two flushes"
+    );
+    assert_eq!(db.flushed_lsn(), Lsn(base_lsn.0 + 16));
+    // CREATE TABLE's flush plus the two above.
+    assert_eq!(db.stats().flushes, 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn non_durable_commits_do_not_wait_for_a_flush() {
+    let engine = Arc::new(GatedEngine::default());
+    let mut o = opts();
+    o.durable_commits = false;
+    let db = Database::open(engine.clone() as Arc<dyn KvEngine>, o).unwrap();
+    db.create_table(counters()).await.unwrap();
+    let base = engine.flushes.load(Ordering::SeqCst);
+    let info = increment(&db, 1).await.unwrap();
+    assert!(!info.durable);
+    assert_eq!(engine.flushes.load(Ordering::SeqCst), base);
+}
