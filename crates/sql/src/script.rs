@@ -1,0 +1,231 @@
+//! Splitting a script into statements with sqlparser.
+//!
+//! The whole script is parsed before any of it runs, so a syntax error anywhere runs
+//! nothing. sqlparser's `GenericDialect` is the one that accepts hawser's inputs as
+//! written, including the Sybase forms `insert T values (1, 10)` and `delete T where
+//! k = 1` (its MsSql dialect refuses the latter).
+//!
+//! Replication DDL (`CREATE / ALTER / DROP REPLICATION`) and `CALL` are recognised by
+//! their first tokens and kept as [`Parsed::Rejected`]: they belong to the cluster
+//! control plane, which a single node does not run yet, and their grammar is not
+//! sqlparser's. Their tokens are skipped up to the next `;`.
+
+use sqlparser::ast::Statement;
+use sqlparser::dialect::GenericDialect;
+use sqlparser::keywords::Keyword;
+use sqlparser::parser::{Parser, ParserError};
+use sqlparser::tokenizer::{Location, Token};
+
+use crate::error::{Error, ErrorKind};
+
+/// One statement of a script.
+#[derive(Debug)]
+pub enum Parsed {
+    Sql(Box<Statement>),
+    /// A statement recognised but not run here; the text says why.
+    Rejected(String),
+}
+
+/// A statement with where it starts in the script.
+#[derive(Debug)]
+pub struct ScriptStatement {
+    pub parsed: Parsed,
+    pub at: Location,
+}
+
+/// A script that does not parse: the 1-based statement and the error.
+#[derive(Debug)]
+pub struct ScriptError {
+    pub statement: usize,
+    pub error: Error,
+}
+
+const REPLICATION_REJECTED: &str =
+    "replication DDL needs the cluster control plane, which this node does not run yet";
+const CALL_REJECTED: &str =
+    "built-in procedures (CALL) need the cluster control plane, which this node does not run yet";
+
+/// Parses every statement of `text`.
+pub fn parse_script(text: &str) -> Result<Vec<ScriptStatement>, ScriptError> {
+    let dialect = GenericDialect {};
+    let mut parser = Parser::new(&dialect)
+        .try_with_sql(text)
+        .map_err(|e| ScriptError {
+            statement: statement_at(text, &e),
+            error: syntax(e),
+        })?;
+    let mut out = Vec::new();
+    loop {
+        while parser.consume_token(&Token::SemiColon) {}
+        let first = parser.peek_token();
+        if first.token == Token::EOF {
+            break;
+        }
+        let at = first.span.start;
+        let fail = |error: Error, n: usize| ScriptError {
+            statement: n + 1,
+            error,
+        };
+        if let Some(reason) = rejected(&parser) {
+            // Skip to the end of the statement; its grammar is not sqlparser's.
+            loop {
+                match parser.peek_token().token {
+                    Token::SemiColon | Token::EOF => break,
+                    _ => parser.advance_token(),
+                }
+            }
+            out.push(ScriptStatement {
+                parsed: Parsed::Rejected(reason.to_string()),
+                at,
+            });
+            continue;
+        }
+        let stmt = parser
+            .parse_statement()
+            .map_err(|e| fail(syntax(e), out.len()))?;
+        let next = parser.peek_token();
+        if !matches!(next.token, Token::SemiColon | Token::EOF) {
+            let error = Error::from(ErrorKind::Syntax(format!(
+                "expected ; or the end of the script, found {}",
+                next.token
+            )))
+            .or_at(next.span.start);
+            return Err(fail(error, out.len()));
+        }
+        out.push(ScriptStatement {
+            parsed: Parsed::Sql(Box::new(stmt)),
+            at,
+        });
+    }
+    Ok(out)
+}
+
+/// Whether the statement ahead is one this node recognises but does not run.
+fn rejected(parser: &Parser<'_>) -> Option<&'static str> {
+    let [first, second] = parser.peek_tokens_ref::<2>();
+    let Token::Word(w) = &first.token else {
+        return None;
+    };
+    match w.keyword {
+        Keyword::CALL => Some(CALL_REJECTED),
+        Keyword::CREATE | Keyword::ALTER | Keyword::DROP => match &second.token {
+            Token::Word(w2) if w2.value.eq_ignore_ascii_case("replication") => {
+                Some(REPLICATION_REJECTED)
+            }
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+/// A parser error as a syntax error, its "at Line: N, Column: M" turned into a location.
+fn syntax(e: ParserError) -> Error {
+    let text = match e {
+        ParserError::TokenizerError(s) | ParserError::ParserError(s) => s,
+        ParserError::RecursionLimitExceeded => "statement nested too deeply".to_string(),
+    };
+    let (message, at) = split_location(&text);
+    let err = Error::from(ErrorKind::Syntax(message));
+    match at {
+        Some(loc) => err.or_at(loc),
+        None => err,
+    }
+}
+
+/// Splits `"... at Line: 3, Column: 7"` into the message and the location.
+fn split_location(text: &str) -> (String, Option<Location>) {
+    let Some(i) = text.rfind("Line: ") else {
+        return (text.to_string(), None);
+    };
+    let tail = &text[i + "Line: ".len()..];
+    let mut nums = tail
+        .split(|c: char| !c.is_ascii_digit())
+        .filter(|s| !s.is_empty())
+        .map(|s| s.parse::<u64>());
+    match (nums.next(), nums.next()) {
+        (Some(Ok(line)), Some(Ok(column))) => {
+            let message = text[..i].trim_end().trim_end_matches(" at").trim_end();
+            (message.to_string(), Some(Location::new(line, column)))
+        }
+        _ => (text.to_string(), None),
+    }
+}
+
+/// For a tokenizer error (nothing parsed yet): the statement holding its location,
+/// counted by the semicolons before it.
+fn statement_at(text: &str, e: &ParserError) -> usize {
+    let ParserError::TokenizerError(s) = e else {
+        return 1;
+    };
+    let Some(loc) = split_location(s).1 else {
+        return 1;
+    };
+    let mut n = 1;
+    for (i, line) in text.lines().enumerate() {
+        let line_no = i as u64 + 1;
+        if line_no > loc.line {
+            break;
+        }
+        let upto = if line_no == loc.line {
+            line.chars()
+                .take(loc.column.saturating_sub(1) as usize)
+                .collect::<String>()
+        } else {
+            line.to_string()
+        };
+        n += upto.matches(';').count();
+    }
+    n
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn statements_split_with_their_locations() {
+        let s =
+            parse_script("select 1;\n  insert T values (1, 10); ;delete T where k = 1").unwrap();
+        assert_eq!(s.len(), 3);
+        assert_eq!(s[1].at, Location::new(2, 3));
+        assert!(matches!(s[2].parsed, Parsed::Sql(_)));
+    }
+
+    #[test]
+    fn replication_ddl_and_call_are_recognised_not_parsed() {
+        let s = parse_script(
+            "CREATE REPLICATION r ELEMENT e DATASTORE MASTER a ON \"h\" SUBSCRIBER b ON \"h2\";\n\
+             call ttRepSyncSet(0x01, 45, 1); select 1",
+        )
+        .unwrap();
+        assert_eq!(s.len(), 3);
+        assert!(matches!(&s[0].parsed, Parsed::Rejected(r) if r.contains("replication DDL")));
+        assert!(matches!(&s[1].parsed, Parsed::Rejected(r) if r.contains("CALL")));
+        assert_eq!(s[1].at, Location::new(2, 1));
+    }
+
+    #[test]
+    fn syntax_errors_carry_statement_line_and_column() {
+        let e = parse_script("select 1;\nselect from where;").unwrap_err();
+        assert_eq!(e.statement, 2);
+        assert_eq!(e.error.kind.code(), "42601");
+        assert_eq!(e.error.at.map(|l| l.line), Some(2));
+        assert!(
+            !e.error.kind.to_string().contains("Line:"),
+            "{}",
+            e.error.kind
+        );
+        let e = parse_script("select 1; select 'unterminated").unwrap_err();
+        assert_eq!(e.statement, 2);
+        assert_eq!(e.error.at.map(|l| l.column), Some(18));
+        let e = parse_script("select 1 select 2").unwrap_err();
+        assert_eq!(e.statement, 1);
+    }
+
+    #[test]
+    fn location_suffix_is_split_off() {
+        let (m, at) = split_location("Expected: FROM, found: where at Line: 1, Column: 10");
+        assert_eq!(m, "Expected: FROM, found: where");
+        assert_eq!(at, Some(Location::new(1, 10)));
+    }
+}
