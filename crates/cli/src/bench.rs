@@ -35,7 +35,7 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::output::Format;
+use crate::output::{connect_error_text, error_text, Format};
 
 /// Arguments of `hawser bench`.
 #[derive(clap::Args, Debug)]
@@ -105,11 +105,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
     let mut admin = match Client::connect(&args.host).await {
         Ok(client) => client,
         Err(e) => {
-            eprintln!(
-                "error: cannot connect to hawser at {}: {}",
-                args.host,
-                error_chain(&e)
-            );
+            eprintln!("error: {}", connect_error_text(&args.host, &e));
             return Ok(ExitCode::FAILURE);
         }
     };
@@ -234,7 +230,7 @@ async fn prepare_table(client: &mut Client, table: &str, value_size: usize) -> R
             let outcome = client
                 .execute(&sql)
                 .await
-                .map_err(|e| format!("cannot create table {table}: {}", error_chain(&e)))?;
+                .map_err(|e| format!("cannot create table {table}: {}", error_text(&e)))?;
             match outcome.error {
                 Some(e) => Err(format!(
                     "cannot create table {table}: error[{}]: {}",
@@ -243,10 +239,7 @@ async fn prepare_table(client: &mut Client, table: &str, value_size: usize) -> R
                 None => Ok(()),
             }
         }
-        Err(e) => Err(format!(
-            "cannot describe table {table}: {}",
-            error_chain(&e)
-        )),
+        Err(e) => Err(format!("cannot describe table {table}: {}", error_text(&e))),
     }
 }
 
@@ -282,21 +275,6 @@ fn check_table(d: &v1::DescribeResponse, value_size: usize) -> Result<(), String
         )),
         _ => Err(format!("table {} has no text column v: {shape}", d.table)),
     }
-}
-
-/// An error and its causes, `: `-separated.
-fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(cause) = source {
-        let cause_text = cause.to_string();
-        if !text.contains(&cause_text) {
-            text.push_str(": ");
-            text.push_str(&cause_text);
-        }
-        source = cause.source();
-    }
-    text
 }
 
 /// What every client does, and when.
@@ -385,13 +363,13 @@ async fn client_loop(
                     run.errors += 1;
                 }
                 if run.first_errors.len() < ERRORS_KEPT_PER_CLIENT {
-                    run.first_errors.push(error_chain(&e));
+                    run.first_errors.push(error_text(&e));
                 }
                 if may_mean_server_gone(&e) {
                     match Client::connect_with_timeout(&work.host, PROBE_TIMEOUT).await {
                         Ok(fresh) => client = fresh,
                         Err(probe) => {
-                            run.fatal = Some(error_chain(&probe));
+                            run.fatal = Some(error_text(&probe));
                             break;
                         }
                     }

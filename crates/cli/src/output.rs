@@ -5,7 +5,10 @@
 //! `hawser bench` agree on how a value looks. Everything here is pure (strings in, strings
 //! out) so it is tested without a server.
 
+use std::error::Error;
+
 use chrono::DateTime;
+use hawser_client::ClientError;
 use hawser_core::Value;
 use serde_json::Value as Json;
 
@@ -139,6 +142,35 @@ fn iso_timestamp(us: i64) -> String {
     }
 }
 
+/// One line about a failed call: the client's message, then the causes it wraps (tonic
+/// keeps the useful part, such as "Connection refused", in the sources), `: `-separated.
+/// A gRPC status already prints its message, so only the status's own causes follow it.
+pub fn error_text(e: &ClientError) -> String {
+    let mut text = e.to_string();
+    let mut source = match e {
+        ClientError::Status(status) => status.source(),
+        other => other.source(),
+    };
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !text.contains(&cause_text) {
+            text.push_str(": ");
+            text.push_str(&cause_text);
+        }
+        source = cause.source();
+    }
+    text
+}
+
+/// Why a command could not reach `host`, naming it once.
+pub fn connect_error_text(host: &str, e: &ClientError) -> String {
+    match e {
+        // These already name the address.
+        ClientError::Connect { .. } | ClientError::BadAddress { .. } => error_text(e),
+        other => format!("cannot connect to {host}: {}", error_text(other)),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -215,6 +247,15 @@ mod tests {
             serde_json::json!("NaN")
         );
         assert_eq!(value_json(&Value::Date(0)), serde_json::json!("1970-01-01"));
+    }
+
+    #[test]
+    fn error_text_shows_a_status_message_once() {
+        let status = tonic::Status::aborted("lock timeout");
+        assert_eq!(
+            error_text(&ClientError::Status(status)),
+            "Aborted: lock timeout"
+        );
     }
 
     #[test]

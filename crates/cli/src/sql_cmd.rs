@@ -27,7 +27,7 @@ use rustyline::error::ReadlineError;
 use serde_json::json;
 use tokio::sync::mpsc;
 
-use crate::output::{self, Align, Format};
+use crate::output::{self, connect_error_text, error_text, Align, Format};
 
 /// Arguments of `hawser sql`.
 #[derive(clap::Args, Debug)]
@@ -94,11 +94,7 @@ pub async fn run(args: SqlArgs) -> anyhow::Result<ExitCode> {
     let mut session = match open_session(&args.host).await {
         Ok(session) => session,
         Err(e) => {
-            eprintln!(
-                "error: cannot connect to hawser at {}: {}",
-                args.host,
-                error_chain(&e)
-            );
+            eprintln!("error: {}", connect_error_text(&args.host, &e));
             return Ok(ExitCode::FAILURE);
         }
     };
@@ -116,11 +112,7 @@ pub async fn run(args: SqlArgs) -> anyhow::Result<ExitCode> {
         let outcome = match session.execute(&script.sql).await {
             Ok(outcome) => outcome,
             Err(e) => {
-                eprintln!(
-                    "error: lost connection to {}: {}",
-                    args.host,
-                    error_chain(&e)
-                );
+                eprintln!("{}", session_failure_text(&args.host, &e));
                 return Ok(ExitCode::FAILURE);
             }
         };
@@ -140,19 +132,15 @@ async fn open_session(host: &str) -> Result<Session, ClientError> {
     Client::connect(host).await?.session().await
 }
 
-/// An error and its causes, `: `-separated (tonic hides the useful part in the sources).
-fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(cause) = source {
-        let cause_text = cause.to_string();
-        if !text.contains(&cause_text) {
-            text.push_str(": ");
-            text.push_str(&cause_text);
+/// Why a session call failed. Any failure ends the session's stream, and with it the
+/// transaction; a status the server attached a SQLSTATE to reads `error[CODE]: message`.
+fn session_failure_text(host: &str, e: &ClientError) -> String {
+    match e {
+        ClientError::Status(s) if hawser_client::sqlstate(s).is_some() => {
+            format!("{e} (the session with {host} ended)")
         }
-        source = cause.source();
+        _ => format!("error: the session with {host} ended: {}", error_text(e)),
     }
-    text
 }
 
 /// Prints results in the chosen format: results on stdout, warnings and errors on stderr.
@@ -322,7 +310,7 @@ async fn shell<W: Write>(
                 printer.outcome(&outcome, None)?;
             }
             Err(e) => {
-                eprintln!("error: lost connection to {host}: {}", error_chain(&e));
+                eprintln!("{}", session_failure_text(host, &e));
                 lost = true;
                 break;
             }
@@ -428,7 +416,7 @@ fn prompt(in_transaction: bool, continuing: bool) -> &'static str {
         (false, false) => "hawser> ",
         (true, false) => "hawser*> ",
         (false, true) => "     -> ",
-        (true, true) => "     *> ",
+        (true, true) => "      *> ",
     }
 }
 
@@ -630,6 +618,11 @@ mod tests {
         assert_eq!(
             error_line(&e, Some("-e #2")),
             "error[42601]: syntax error (in -e #2: statement 2, line 3, column 7)"
+        );
+        let status = ClientError::SessionClosed;
+        assert_eq!(
+            session_failure_text("h:1", &status),
+            "error: the session with h:1 ended: the session stream ended"
         );
         let bare = v1::SqlError {
             statement: 0,
