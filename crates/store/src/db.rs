@@ -33,7 +33,7 @@ use hawser_core::{ColumnDef, Epoch, Gtid, Ident, Lsn, NodeId, QualName, Row, Tab
 use parking_lot::{Mutex, RwLock};
 
 use crate::codec;
-use crate::engine::{KvEngine, KvIter, MemEngine, SledEngine, WriteBatch};
+use crate::engine::{ByteRange, KvEngine, KvIter, MemEngine, SledEngine, WriteBatch};
 use crate::error::{printable_key, StoreError};
 use crate::layout::{self, FORMAT_KEY, FORMAT_MAGIC, FORMAT_VERSION, NEXT_TABLE_ID_KEY};
 use crate::locks::LockManager;
@@ -129,7 +129,7 @@ impl KeyRange {
     }
 
     /// The encoded byte range (without the table prefix); `None` when provably empty.
-    pub(crate) fn to_bytes(&self) -> Option<(Bound<Vec<u8>>, Bound<Vec<u8>>)> {
+    pub(crate) fn to_bytes(&self) -> Option<ByteRange> {
         let lower = match &self.lower {
             Bound::Unbounded => Bound::Unbounded,
             Bound::Included(v) => Bound::Included(encode_key(v)),
@@ -944,7 +944,7 @@ impl Inner {
 pub(crate) fn table_byte_range(
     t: &TableRef,
     range: &KeyRange,
-) -> Result<Option<(Bound<Vec<u8>>, Bound<Vec<u8>>)>, StoreError> {
+) -> Result<Option<ByteRange>, StoreError> {
     let range = KeyRange {
         lower: map_bound(&range.lower, |v| coerce_key(&t.def, v, true))?,
         upper: map_bound(&range.upper, |v| coerce_key(&t.def, v, true))?,

@@ -20,6 +20,9 @@ use parking_lot::RwLock;
 
 use crate::error::StoreError;
 
+/// A range of keys: lower and upper bound.
+pub type ByteRange = (Bound<Vec<u8>>, Bound<Vec<u8>>);
+
 /// An iterator over `(key, value)` pairs of one scan, in the scan's order.
 pub type KvIter = Box<dyn Iterator<Item = Result<(Vec<u8>, Vec<u8>), StoreError>> + Send>;
 
@@ -75,7 +78,7 @@ pub trait KvEngine: Send + Sync + 'static {
     fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError>;
 
     /// The pairs whose keys fall in `range`, ascending, or descending when `reverse`.
-    fn scan(&self, range: (Bound<Vec<u8>>, Bound<Vec<u8>>), reverse: bool) -> KvIter;
+    fn scan(&self, range: ByteRange, reverse: bool) -> KvIter;
 
     /// Applies `batch` atomically; it is visible to every reader once this returns and
     /// survives a crash either whole or not at all.
@@ -109,7 +112,7 @@ impl KvEngine for SledEngine {
             .map_err(|e| StoreError::io("read", e))
     }
 
-    fn scan(&self, range: (Bound<Vec<u8>>, Bound<Vec<u8>>), reverse: bool) -> KvIter {
+    fn scan(&self, range: ByteRange, reverse: bool) -> KvIter {
         if range_is_empty(&range) {
             return Box::new(std::iter::empty());
         }
@@ -163,7 +166,7 @@ impl KvEngine for MemEngine {
         Ok(self.map.read().get(key).cloned())
     }
 
-    fn scan(&self, range: (Bound<Vec<u8>>, Bound<Vec<u8>>), reverse: bool) -> KvIter {
+    fn scan(&self, range: ByteRange, reverse: bool) -> KvIter {
         if range_is_empty(&range) {
             return Box::new(std::iter::empty());
         }
@@ -197,7 +200,7 @@ impl KvEngine for MemEngine {
 
 /// Whether a byte range holds no key at all. `BTreeMap::range` panics on a range whose
 /// start is after its end, so both engines check first.
-pub(crate) fn range_is_empty(range: &(Bound<Vec<u8>>, Bound<Vec<u8>>)) -> bool {
+pub(crate) fn range_is_empty(range: &ByteRange) -> bool {
     use Bound::*;
     match range {
         (Included(a), Included(b)) => a > b,

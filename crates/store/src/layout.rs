@@ -18,6 +18,8 @@ use hawser_core::key::{encode_key, prefix_successor};
 use hawser_core::{Lsn, NodeId, QualName, Value};
 use std::ops::Bound;
 
+use crate::engine::ByteRange;
+
 pub(crate) const FORMAT_KEY: &[u8] = b"Fformat";
 pub(crate) const NEXT_TABLE_ID_KEY: &[u8] = b"Mnext_table_id";
 pub(crate) const TABLE_PREFIX: u8 = b'T';
@@ -81,7 +83,7 @@ pub(crate) fn high_water_key(origin: NodeId) -> Vec<u8> {
 }
 
 /// The byte range of every key that starts with `prefix`.
-pub(crate) fn prefix_range(prefix: &[u8]) -> (Bound<Vec<u8>>, Bound<Vec<u8>>) {
+pub(crate) fn prefix_range(prefix: &[u8]) -> ByteRange {
     (
         Bound::Included(prefix.to_vec()),
         prefix_successor(prefix).map_or(Bound::Unbounded, Bound::Excluded),

@@ -33,7 +33,7 @@ pub mod sequence;
 pub mod txn;
 
 pub use db::{CommitInfo, Database, DbOptions, KeyRange, RowIter, StoreStats};
-pub use engine::{KvEngine, KvIter, MemEngine, SledEngine, WriteBatch};
+pub use engine::{ByteRange, KvEngine, KvIter, MemEngine, SledEngine, WriteBatch};
 pub use error::StoreError;
 pub use log::{DdlOp, LogEntry, LogRecord};
 pub use sequence::SequenceDef;

@@ -64,11 +64,14 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
             match op {
                 Op::Insert(k, v) => {
                     let r = txn.insert(&t, vec![Value::Int(k), Value::Int(v)]).await;
-                    if pending.contains_key(&k) {
-                        prop_assert_eq!(r.unwrap_err().code(), "23505");
-                    } else {
-                        r.unwrap();
-                        pending.insert(k, v);
+                    match pending.entry(k) {
+                        std::collections::btree_map::Entry::Occupied(_) => {
+                            prop_assert_eq!(r.unwrap_err().code(), "23505");
+                        }
+                        std::collections::btree_map::Entry::Vacant(e) => {
+                            r.unwrap();
+                            e.insert(v);
+                        }
                     }
                 }
                 Op::Update(k, nk, v) => {

@@ -1,0 +1,2 @@
+//! hawser's control plane.
+pub mod state;
