@@ -1,1 +1,83 @@
-fn main() {}
+//! `hawser`: one binary for running a node and for talking to one.
+//!
+//! Each subcommand lives in its own module; this file only parses the command line,
+//! sets up logging, runs the chosen command and turns its outcome into an exit status.
+
+mod bench;
+mod demo;
+mod output;
+mod rtl_cmd;
+mod scheme_cmd;
+mod sql_cmd;
+mod start;
+mod status;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// hawser: a consensus-managed database replication cluster.
+///
+/// Every node runs `hawser start`: a gRPC agent with an embedded database of typed tables.
+/// The other commands talk to a running node (`--host HOST:PORT`, or HAWSER_HOST).
+#[derive(Parser, Debug)]
+#[command(
+    name = "hawser",
+    version,
+    propagate_version = true,
+    max_term_width = 100
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Run a node in the foreground until SIGTERM or Ctrl-C.
+    Start(start::StartArgs),
+    /// Run SQL against a node: statements with -e, a file with -f, or an interactive shell.
+    Sql(sql_cmd::SqlArgs),
+    /// Show what a node knows about itself.
+    Status(status::StatusArgs),
+    /// Measure commit throughput and latency with a single-row upsert workload.
+    Bench(bench::BenchArgs),
+    /// Start a local demo node in a temporary directory, load example data, open a shell.
+    Demo(demo::DemoArgs),
+    /// Check and format replication schemes (TimesTen CREATE/ALTER/DROP REPLICATION), offline.
+    Scheme(scheme_cmd::SchemeArgs),
+    /// Sybase RTL net-row compilation of DML runs, offline.
+    Rtl(rtl_cmd::RtlArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async move {
+        match cli.command {
+            Command::Start(args) => start::run(args).await,
+            Command::Sql(args) => sql_cmd::run(args).await,
+            Command::Status(args) => status::run(args).await,
+            Command::Bench(args) => bench::run(args).await,
+            Command::Demo(args) => demo::run(args).await,
+            Command::Scheme(args) => scheme_cmd::run(args).await,
+            Command::Rtl(args) => rtl_cmd::run(args).await,
+        }
+    });
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,166 @@
+//! `hawser start`: run one node in the foreground.
+//!
+//! Settings come from, lowest precedence first: built-in defaults, `--config FILE`
+//! (TOML), `HAWSER_*` environment variables, flags. When the node is ready it prints one
+//! line to stdout — `ready name=N node_id=I grpc=ADDR http=ADDR` — so scripts and tests
+//! that start it on port 0 learn the bound addresses; logs go to stderr.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Args, ValueEnum};
+use hawser_node::NodeConfig;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tracing::info;
+
+#[derive(Args, Debug)]
+pub struct StartArgs {
+    /// TOML file with node settings (keys as in `NodeConfig`: name, listen, http,
+    /// data_dir, durable_commits, lock_timeout, max_message_bytes).
+    #[arg(long, env = "HAWSER_CONFIG")]
+    config: Option<PathBuf>,
+    /// Store name replication schemes use for this node [default: hawser].
+    #[arg(long, env = "HAWSER_NAME")]
+    name: Option<String>,
+    /// gRPC listen address; port 0 picks a free port [default: 127.0.0.1:7420].
+    #[arg(long, env = "HAWSER_LISTEN")]
+    listen: Option<SocketAddr>,
+    /// HTTP address for /healthz, /readyz, /metrics, /status [default: 127.0.0.1:7421].
+    #[arg(long, env = "HAWSER_HTTP")]
+    http: Option<SocketAddr>,
+    /// Data directory, created if missing [default: ./hawser-data].
+    #[arg(long = "data", env = "HAWSER_DATA")]
+    data_dir: Option<PathBuf>,
+    /// Whether commits wait for their flush to disk [default: true].
+    #[arg(long, env = "HAWSER_DURABLE_COMMITS")]
+    durable_commits: Option<bool>,
+    /// How long a transaction waits for a row lock, e.g. 10s or 500ms [default: 10s].
+    #[arg(long, env = "HAWSER_LOCK_TIMEOUT", value_parser = humantime::parse_duration)]
+    lock_timeout: Option<Duration>,
+    /// Largest gRPC message accepted, in bytes [default: 16777216].
+    #[arg(long, env = "HAWSER_MAX_MESSAGE_BYTES")]
+    max_message_bytes: Option<usize>,
+    /// Log format on stderr.
+    #[arg(long, env = "HAWSER_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
+    /// Log filter (tracing env-filter syntax), e.g. info or hawser_store=debug.
+    #[arg(long, env = "HAWSER_LOG", default_value = "info")]
+    log: String,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+impl StartArgs {
+    /// Layers file, environment and flags over the defaults.
+    fn config(&self) -> anyhow::Result<NodeConfig> {
+        let mut c = match &self.config {
+            Some(path) => {
+                let text = std::fs::read_to_string(path)
+                    .with_context(|| format!("read config file {}", path.display()))?;
+                NodeConfig::from_toml(&text)
+                    .with_context(|| format!("config file {}", path.display()))?
+            }
+            None => NodeConfig::default(),
+        };
+        if let Some(v) = &self.name {
+            c.name = v.clone();
+        }
+        if let Some(v) = self.listen {
+            c.listen = v;
+        }
+        if let Some(v) = self.http {
+            c.http = v;
+        }
+        if let Some(v) = &self.data_dir {
+            c.data_dir = v.clone();
+        }
+        if let Some(v) = self.durable_commits {
+            c.durable_commits = v;
+        }
+        if let Some(v) = self.lock_timeout {
+            c.lock_timeout = v;
+        }
+        if let Some(v) = self.max_message_bytes {
+            c.max_message_bytes = v;
+        }
+        c.validate()?;
+        Ok(c)
+    }
+}
+
+fn init_logging(format: LogFormat, filter: &str) -> anyhow::Result<()> {
+    let filter = tracing_subscriber::EnvFilter::try_new(filter)
+        .with_context(|| format!("bad log filter {filter:?}"))?;
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+    Ok(())
+}
+
+pub async fn run(args: StartArgs) -> anyhow::Result<ExitCode> {
+    let config = args.config()?;
+    init_logging(args.log_format, &args.log)?;
+    let metrics = metrics_exporter_prometheus::PrometheusBuilder::new()
+        .install_recorder()
+        .context("install the metrics recorder")?;
+    let grpc = TcpListener::bind(config.listen)
+        .await
+        .with_context(|| format!("bind gRPC address {}", config.listen))?;
+    let http = TcpListener::bind(config.http)
+        .await
+        .with_context(|| format!("bind HTTP address {}", config.http))?;
+    let (grpc_addr, http_addr) = (grpc.local_addr()?, http.local_addr()?);
+
+    let shutdown = CancellationToken::new();
+    let signals = shutdown.clone();
+    tokio::spawn(async move {
+        wait_for_signal().await;
+        info!("shutdown requested");
+        signals.cancel();
+    });
+
+    let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
+    let name = config.name.clone();
+    tokio::spawn(async move {
+        if let Ok(node_id) = ready_rx.await {
+            println!("ready name={name} node_id={node_id} grpc={grpc_addr} http={http_addr}");
+        }
+    });
+    hawser_node::run(config, grpc, http, Some(metrics), shutdown, Some(ready_tx)).await?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Resolves on SIGTERM or SIGINT (Ctrl-C).
+async fn wait_for_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = tokio::signal::ctrl_c() => {}
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}

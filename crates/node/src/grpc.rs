@@ -1,0 +1,371 @@
+//! The gRPC services `hawser.v1.Client` and `hawser.v1.Admin`.
+//!
+//! Thin on purpose (the tonic examples' shape): decode the request into domain types,
+//! call the SQL engine or the store, map the outcome back. Errors a caller can act on
+//! become INVALID_ARGUMENT / NOT_FOUND / ABORTED with the SQLSTATE in the
+//! `hawser-sqlstate` metadata key; nothing the caller could fix becomes INTERNAL.
+
+use std::ops::Bound;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use hawser_core::coerce::coerce;
+use hawser_core::{QualName, Row, TableDef, Value};
+use hawser_proto::v1::{self, admin_server::Admin, client_server::Client};
+use hawser_proto::{row_from_pb, row_to_pb};
+use hawser_store::{KeyRange, StoreError};
+use tokio_stream::{wrappers::ReceiverStream, Stream, StreamExt};
+use tonic::{Request, Response, Status, Streaming};
+use tracing::{debug, warn};
+
+use crate::NodeState;
+
+/// Largest number of rows one Scan returns.
+pub const MAX_SCAN_ROWS: u32 = 10_000;
+
+/// Implements both services over one node's state.
+#[derive(Clone)]
+pub struct Services {
+    pub(crate) state: Arc<NodeState>,
+}
+
+fn status_with_code(code: tonic::Code, sqlstate: &str, message: String) -> Status {
+    let mut status = Status::new(code, message);
+    if let Ok(v) = sqlstate.parse() {
+        status.metadata_mut().insert("hawser-sqlstate", v);
+    }
+    status
+}
+
+/// Maps a store error to the gRPC code a caller can act on.
+fn store_status(e: &StoreError) -> Status {
+    let code = e.code();
+    let grpc = match code {
+        "42P01" | "42703" => tonic::Code::NotFound,
+        "55P03" | "40001" => tonic::Code::Aborted,
+        "58030" => tonic::Code::Unavailable,
+        "XX001" => tonic::Code::DataLoss,
+        _ => tonic::Code::InvalidArgument,
+    };
+    status_with_code(grpc, code, e.to_string())
+}
+
+fn bad_request(message: String) -> Status {
+    status_with_code(tonic::Code::InvalidArgument, "22023", message)
+}
+
+fn pb_result(r: &hawser_sql::StatementResult) -> v1::StatementResult {
+    v1::StatementResult {
+        tag: r.tag.clone(),
+        columns: r
+            .columns
+            .iter()
+            .map(|c| v1::Column {
+                name: c.name.clone(),
+                data_type: c.data_type.clone(),
+                nullable: true,
+            })
+            .collect(),
+        rows: r.rows.iter().map(|row| row_to_pb(row)).collect(),
+        rows_affected: r.rows_affected,
+        warnings: r
+            .warnings
+            .iter()
+            .map(|w| v1::Warning {
+                code: w.code.clone(),
+                message: w.message.clone(),
+            })
+            .collect(),
+    }
+}
+
+fn pb_outcome(o: &hawser_sql::ScriptOutcome, in_transaction: bool) -> v1::ExecuteResponse {
+    v1::ExecuteResponse {
+        results: o.results.iter().map(pb_result).collect(),
+        error: o.error.as_ref().map(|e| v1::SqlError {
+            code: e.code.clone(),
+            message: e.message.clone(),
+            statement: e.statement as u32,
+            line: e.line,
+            column: e.column,
+        }),
+        in_transaction,
+    }
+}
+
+impl Services {
+    fn table(&self, name: &str) -> Result<Arc<TableDef>, Status> {
+        let qn = QualName::parse_unquoted(name.trim());
+        self.state
+            .db
+            .table(&qn)
+            .ok_or_else(|| store_status(&StoreError::UndefinedTable(qn)))
+    }
+
+    /// Decodes a row or key and coerces it to `types`' column types.
+    fn typed_row(
+        &self,
+        table: &TableDef,
+        row: Option<&v1::Row>,
+        columns: &[usize],
+        what: &str,
+    ) -> Result<Row, Status> {
+        let row = row_from_pb(row.unwrap_or(&v1::Row::default()))
+            .map_err(|e| bad_request(format!("{what} for table {}: {e}", table.name)))?;
+        if row.len() != columns.len() {
+            return Err(bad_request(format!(
+                "{what} for table {} has {} values, the table needs {}",
+                table.name,
+                row.len(),
+                columns.len()
+            )));
+        }
+        row.into_iter()
+            .zip(columns)
+            .map(|(v, &i)| {
+                let col = &table.columns[i];
+                coerce(v, &col.data_type).map_err(|e| {
+                    status_with_code(
+                        tonic::Code::InvalidArgument,
+                        e.code(),
+                        format!("column {} of table {}: {e}", col.name, table.name),
+                    )
+                })
+            })
+            .collect()
+    }
+
+    fn all_columns(table: &TableDef) -> Vec<usize> {
+        (0..table.columns.len()).collect()
+    }
+}
+
+type SessionStream = Pin<Box<dyn Stream<Item = Result<v1::ExecuteResponse, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl Client for Services {
+    async fn execute(
+        &self,
+        request: Request<v1::ExecuteRequest>,
+    ) -> Result<Response<v1::ExecuteResponse>, Status> {
+        let sql = request.into_inner().sql;
+        let mut session = self.state.sql.session();
+        let outcome = session.execute(&sql).await;
+        let mut resp = pb_outcome(&outcome, false);
+        if session.in_transaction() {
+            // One-shot calls cannot keep a transaction: roll it back and say so.
+            resp.results.last_mut().into_iter().for_each(|r| {
+                r.warnings.push(v1::Warning {
+                    code: "25P01".into(),
+                    message: "the transaction left open at the end of the script was rolled \
+                              back; use a session (hawser sql) to keep one open"
+                        .into(),
+                })
+            });
+        }
+        Ok(Response::new(resp))
+    }
+
+    type SessionStream = SessionStream;
+
+    async fn session(
+        &self,
+        request: Request<Streaming<v1::ExecuteRequest>>,
+    ) -> Result<Response<Self::SessionStream>, Status> {
+        let mut inbound = request.into_inner();
+        let (tx, rx) = tokio::sync::mpsc::channel(4);
+        let state = self.state.clone();
+        let shutdown = state.shutdown.clone();
+        let tasks = state.tasks.clone();
+        // The session task owns the SQL session; dropping it rolls back an open
+        // transaction. It ends with the client's stream or at shutdown.
+        tasks.spawn(async move {
+            let mut session = state.sql.session();
+            state
+                .sessions
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            loop {
+                let next = tokio::select! {
+                    biased;
+                    _ = shutdown.cancelled() => break,
+                    next = inbound.next() => next,
+                };
+                let req = match next {
+                    Some(Ok(req)) => req,
+                    Some(Err(e)) => {
+                        debug!(error = %e, "session stream failed");
+                        break;
+                    }
+                    None => break,
+                };
+                let outcome = session.execute(&req.sql).await;
+                let resp = pb_outcome(&outcome, session.in_transaction());
+                if tx.send(Ok(resp)).await.is_err() {
+                    break;
+                }
+            }
+            state
+                .sessions
+                .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+
+    async fn write(
+        &self,
+        request: Request<v1::WriteRequest>,
+    ) -> Result<Response<v1::WriteResponse>, Status> {
+        let ops = request.into_inner().ops;
+        if ops.is_empty() {
+            return Err(bad_request("a write needs at least one operation".into()));
+        }
+        let mut txn = self.state.db.begin();
+        for (i, op) in ops.iter().enumerate() {
+            let table = self.table(&op.table)?;
+            match &op.op {
+                Some(v1::row_op::Op::Insert(row)) => {
+                    let row =
+                        self.typed_row(&table, Some(row), &Self::all_columns(&table), "row")?;
+                    txn.insert(&table.name, row)
+                        .await
+                        .map_err(|e| store_status(&e))?;
+                }
+                Some(v1::row_op::Op::Upsert(row)) => {
+                    let row =
+                        self.typed_row(&table, Some(row), &Self::all_columns(&table), "row")?;
+                    let key = table.key_of(&row);
+                    let existing = txn
+                        .lock_and_get(&table.name, &key)
+                        .await
+                        .map_err(|e| store_status(&e))?;
+                    match existing {
+                        Some(_) => txn.update(&table.name, &key, row).await.map(|_| ()),
+                        None => txn.insert(&table.name, row).await,
+                    }
+                    .map_err(|e| store_status(&e))?;
+                }
+                Some(v1::row_op::Op::DeleteKey(key)) => {
+                    let key = self.typed_row(&table, Some(key), &table.primary_key, "key")?;
+                    txn.delete(&table.name, &key)
+                        .await
+                        .map_err(|e| store_status(&e))?;
+                }
+                None => return Err(bad_request(format!("operation {} has no kind set", i + 1))),
+            }
+        }
+        let info = txn.commit().await.map_err(|e| {
+            warn!(error = %e, "typed write failed to commit");
+            store_status(&e)
+        })?;
+        Ok(Response::new(v1::WriteResponse {
+            origin: info.gtid.origin.0,
+            seq: info.gtid.seq,
+            lsn: info.lsn.0,
+            durable: info.durable,
+            warnings: vec![],
+        }))
+    }
+
+    async fn get(
+        &self,
+        request: Request<v1::GetRequest>,
+    ) -> Result<Response<v1::GetResponse>, Status> {
+        let req = request.into_inner();
+        let table = self.table(&req.table)?;
+        let key = self.typed_row(&table, req.key.as_ref(), &table.primary_key, "key")?;
+        let row = self
+            .state
+            .db
+            .get(&table.name, &key)
+            .map_err(|e| store_status(&e))?;
+        Ok(Response::new(v1::GetResponse {
+            row: row.as_deref().map(row_to_pb),
+        }))
+    }
+
+    async fn scan(
+        &self,
+        request: Request<v1::ScanRequest>,
+    ) -> Result<Response<v1::ScanResponse>, Status> {
+        let req = request.into_inner();
+        let table = self.table(&req.table)?;
+        let bound = |row: Option<&v1::Row>, what: &str| -> Result<Vec<Value>, Status> {
+            let n = row.map_or(0, |r| r.values.len());
+            if n > table.primary_key.len() {
+                return Err(bad_request(format!(
+                    "scan {what} bound has {n} values, table {} has {} key columns",
+                    table.name,
+                    table.primary_key.len()
+                )));
+            }
+            self.typed_row(&table, row, &table.primary_key[..n], what)
+        };
+        let start = bound(req.start.as_ref(), "start")?;
+        let end = bound(req.end.as_ref(), "end")?;
+        let limit = match req.limit {
+            0 => MAX_SCAN_ROWS,
+            n => n.min(MAX_SCAN_ROWS),
+        } as usize;
+        let lower = if start.is_empty() {
+            Bound::Unbounded
+        } else {
+            Bound::Included(start)
+        };
+        let upper = if end.is_empty() {
+            Bound::Unbounded
+        } else {
+            Bound::Excluded(end)
+        };
+        let range = KeyRange::new(lower, upper);
+        let iter = self
+            .state
+            .db
+            .scan(&table.name, range)
+            .map_err(|e| store_status(&e))?;
+        let mut rows = Vec::new();
+        let mut more = false;
+        for row in iter {
+            let row = row.map_err(|e| store_status(&e))?;
+            if rows.len() == limit {
+                more = true;
+                break;
+            }
+            rows.push(row_to_pb(&row));
+        }
+        Ok(Response::new(v1::ScanResponse { rows, more }))
+    }
+
+    async fn describe(
+        &self,
+        request: Request<v1::DescribeRequest>,
+    ) -> Result<Response<v1::DescribeResponse>, Status> {
+        let table = self.table(&request.into_inner().table)?;
+        Ok(Response::new(v1::DescribeResponse {
+            table: table.name.to_string(),
+            columns: table
+                .columns
+                .iter()
+                .map(|c| v1::Column {
+                    name: c.name.to_string(),
+                    data_type: c.data_type.to_string(),
+                    nullable: c.nullable,
+                })
+                .collect(),
+            primary_key: table
+                .primary_key
+                .iter()
+                .map(|&i| table.columns[i].name.to_string())
+                .collect(),
+        }))
+    }
+}
+
+#[tonic::async_trait]
+impl Admin for Services {
+    async fn status(
+        &self,
+        _request: Request<v1::StatusRequest>,
+    ) -> Result<Response<v1::StatusResponse>, Status> {
+        Ok(Response::new(self.state.status()))
+    }
+}

@@ -1,0 +1,56 @@
+//! The node's HTTP port: probes for Kubernetes, Prometheus metrics, status as JSON.
+//!
+//! | path       | answers                                                    |
+//! |------------|------------------------------------------------------------|
+//! | `/healthz` | 200 while the process serves at all (liveness)             |
+//! | `/readyz`  | 200 once the database is open and gRPC is serving, else 503 |
+//! | `/metrics` | Prometheus text format                                     |
+//! | `/status`  | the same status `hawser status --format json` prints       |
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::Router;
+
+use crate::NodeState;
+
+pub(crate) fn router(state: Arc<NodeState>) -> Router {
+    Router::new()
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .route("/status", get(status))
+        .with_state(state)
+}
+
+async fn readyz(State(state): State<Arc<NodeState>>) -> Response {
+    if state.ready.load(Ordering::Acquire) {
+        (StatusCode::OK, "ready\n").into_response()
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "starting\n").into_response()
+    }
+}
+
+async fn metrics(State(state): State<Arc<NodeState>>) -> Response {
+    match &state.metrics {
+        Some(handle) => (
+            [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+            handle.render(),
+        )
+            .into_response(),
+        None => (
+            StatusCode::NOT_FOUND,
+            "metrics are not enabled in this process\n",
+        )
+            .into_response(),
+    }
+}
+
+async fn status(State(state): State<Arc<NodeState>>) -> Response {
+    let s = state.status();
+    axum::Json(crate::status_json(&s)).into_response()
+}

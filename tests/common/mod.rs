@@ -1,0 +1,176 @@
+//! Harness for end-to-end tests: real `hawser` processes on free ports in temporary
+//! directories, killed when the test ends, pass or fail.
+//!
+//! These files are compiled as integration tests of the `hawser-cli` package (see its
+//! Cargo.toml), which is how they get the path of the freshly built binary.
+
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+/// The `hawser` binary under test.
+pub fn hawser_bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_hawser"))
+}
+
+/// A running `hawser start`; SIGKILLed on drop if still running.
+pub struct Node {
+    child: Option<Child>,
+    pub name: String,
+    pub data_dir: PathBuf,
+    pub grpc: String,
+    pub http: String,
+    pub node_id: u64,
+    log: PathBuf,
+}
+
+impl Node {
+    /// Starts a node named `name` with its data in `data_dir`, on free ports, and waits
+    /// (at most 60 s) for its ready line.
+    pub fn start(name: &str, data_dir: &Path) -> Node {
+        Self::start_with(name, data_dir, &[])
+    }
+
+    pub fn start_with(name: &str, data_dir: &Path, extra: &[&str]) -> Node {
+        let log = data_dir.with_extension(format!("{}.log", std::process::id()));
+        let log_file = std::fs::File::create(&log).expect("create node log");
+        let mut child = Command::new(hawser_bin())
+            .args([
+                "start",
+                "--name",
+                name,
+                "--listen",
+                "127.0.0.1:0",
+                "--http",
+                "127.0.0.1:0",
+            ])
+            .arg("--data")
+            .arg(data_dir)
+            .args(extra)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::from(log_file))
+            .spawn()
+            .expect("spawn hawser start");
+        let stdout = child.stdout.take().expect("stdout");
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let mut line = String::new();
+            let _ = BufReader::new(stdout).read_line(&mut line);
+            let _ = tx.send(line);
+        });
+        let line = match rx.recv_timeout(Duration::from_secs(60)) {
+            Ok(line) if line.starts_with("ready ") => line,
+            other => {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!(
+                    "node {name} did not become ready ({other:?}); log:\n{}",
+                    std::fs::read_to_string(&log).unwrap_or_default()
+                );
+            }
+        };
+        let field = |k: &str| {
+            line.split_whitespace()
+                .find_map(|kv| kv.strip_prefix(k).and_then(|v| v.strip_prefix('=')))
+                .unwrap_or_else(|| panic!("no {k} in ready line {line:?}"))
+                .to_string()
+        };
+        Node {
+            name: name.into(),
+            data_dir: data_dir.into(),
+            grpc: field("grpc"),
+            http: field("http"),
+            node_id: field("node_id").parse().expect("node id"),
+            child: Some(child),
+            log,
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("running").id()
+    }
+
+    /// SIGKILL, no chance to flush or clean up.
+    pub fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// SIGTERM and wait (at most 20 s) for the process to exit; returns its exit
+    /// status, or `None` if it had to be killed.
+    pub fn terminate(&mut self) -> Option<std::process::ExitStatus> {
+        let mut c = self.child.take()?;
+        let pid = c.id().to_string();
+        let _ = Command::new("kill").arg(&pid).status();
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(c.wait());
+        });
+        match rx.recv_timeout(Duration::from_secs(20)) {
+            Ok(status) => status.ok(),
+            Err(_) => {
+                let _ = Command::new("kill").args(["-9", &pid]).status();
+                None
+            }
+        }
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Runs `hawser ARGS...` (a client command) and returns its output.
+    pub fn cli(&self, args: &[&str]) -> Output {
+        Command::new(hawser_bin())
+            .args(args)
+            .env("HAWSER_HOST", &self.grpc)
+            .stdin(Stdio::null())
+            .output()
+            .expect("run hawser")
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+/// A blocking HTTP GET on loopback, returning (status code, body).
+pub fn http_get(addr: &str, path: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).expect("connect http");
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(
+        s,
+        "GET {path} HTTP/1.0\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut buf = String::new();
+    s.read_to_string(&mut buf).expect("read http");
+    let code = buf
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = buf
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    (code, body)
+}
+
+pub fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+pub fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}

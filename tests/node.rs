@@ -1,0 +1,228 @@
+//! End-to-end: one real `hawser start` process, driven through the CLI, the client
+//! library and the HTTP port.
+
+mod common;
+
+use common::{http_get, stderr, stdout, Node};
+use hawser_client::{Client, RowOp};
+use hawser_core::Value;
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+#[test]
+fn sql_cli_runs_statements_reports_errors_and_data_survives_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut node = Node::start("ds1", &dir.path().join("ds1"));
+
+    // The Sybase forms from the RTL reference run as written.
+    let out = node.cli(&[
+        "sql",
+        "-e",
+        "create table t (k int primary key, c int)",
+        "-e",
+        "insert t values (1, 10); insert into t values (2, 20), (3, 30)",
+        "-e",
+        "update t set c = c + 1 where k = 1; delete t where k = 3",
+        "-e",
+        "select k, c from t order by k",
+    ]);
+    assert!(
+        out.status.success(),
+        "stdout:\n{}\nstderr:\n{}",
+        stdout(&out),
+        stderr(&out)
+    );
+    let text = stdout(&out);
+    assert!(text.contains("11") && text.contains("20"), "{text}");
+    assert!(text.contains("(2 rows)"), "{text}");
+
+    // JSON output: one object per statement per line.
+    let out = node.cli(&[
+        "sql",
+        "--format",
+        "json",
+        "-e",
+        "select k, c from t where k = 2",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let line = stdout(&out);
+    let v: serde_json::Value = serde_json::from_str(line.trim()).expect("one JSON object");
+    assert_eq!(v["rows"], serde_json::json!([[2, 20]]));
+    assert_eq!(v["columns"][0]["name"], "k");
+
+    // A BEGIN in one -e and a COMMIT in another share one session.
+    let out = node.cli(&[
+        "sql",
+        "-e",
+        "begin",
+        "-e",
+        "insert into t values (4, 40)",
+        "-e",
+        "commit",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+
+    // Errors: exit status 1, error[SQLSTATE] on stderr, nothing changed.
+    let out = node.cli(&["sql", "-e", "insert into t values (1, 99)"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("error[23505]"), "{}", stderr(&out));
+    let out = node.cli(&["sql", "-e", "select * from nosuch"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("error[42P01]"), "{}", stderr(&out));
+    let out = node.cli(&["sql", "-e", "selec 1"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("error[42601]"), "{}", stderr(&out));
+
+    // Clean shutdown on SIGTERM, then everything is still there after a restart.
+    let status = node.terminate().expect("node exits on SIGTERM");
+    assert!(
+        status.success(),
+        "exit status {status:?}; log:\n{}",
+        node.log()
+    );
+    let node = Node::start("ds1", &dir.path().join("ds1"));
+    let out = node.cli(&[
+        "sql",
+        "--format",
+        "json",
+        "-e",
+        "select k, c from t order by k",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let v: serde_json::Value = serde_json::from_str(stdout(&out).trim()).unwrap();
+    assert_eq!(v["rows"], serde_json::json!([[1, 11], [2, 20], [4, 40]]));
+}
+
+#[test]
+fn client_library_typed_rows_status_and_http_endpoints() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start("ds2", &dir.path().join("ds2"));
+    runtime().block_on(async {
+        let mut c = Client::connect(&node.grpc).await.unwrap();
+        let out = c
+            .execute("create table kv (k bigint primary key, v varchar(20) not null)")
+            .await
+            .unwrap();
+        assert!(out.error.is_none(), "{out:?}");
+        for k in 0..10i64 {
+            c.write(vec![RowOp::Upsert {
+                table: "kv".into(),
+                row: vec![Value::Int(k), Value::Text(format!("v{k}"))],
+            }])
+            .await
+            .unwrap();
+        }
+        // Upsert replaces; delete removes.
+        c.write(vec![
+            RowOp::Upsert {
+                table: "kv".into(),
+                row: vec![Value::Int(3), Value::Text("three".into())],
+            },
+            RowOp::Delete {
+                table: "kv".into(),
+                key: vec![Value::Int(9)],
+            },
+        ])
+        .await
+        .unwrap();
+        assert_eq!(
+            c.get("kv", &[Value::Int(3)]).await.unwrap(),
+            Some(vec![Value::Int(3), Value::Text("three".into())])
+        );
+        assert_eq!(c.get("kv", &[Value::Int(9)]).await.unwrap(), None);
+        let (rows, more) = c
+            .scan("kv", &[Value::Int(2)], &[Value::Int(6)], 3)
+            .await
+            .unwrap();
+        assert_eq!(
+            rows.iter().map(|r| r[0].clone()).collect::<Vec<_>>(),
+            vec![Value::Int(2), Value::Int(3), Value::Int(4)]
+        );
+        assert!(more);
+
+        // Bad input is refused with the SQLSTATE, and changes nothing.
+        let err = c
+            .write(vec![
+                RowOp::Insert {
+                    table: "kv".into(),
+                    row: vec![Value::Int(100), Value::Text("ok".into())],
+                },
+                RowOp::Insert {
+                    table: "kv".into(),
+                    row: vec![Value::Int(101), Value::Null],
+                },
+            ])
+            .await
+            .unwrap_err();
+        let hawser_client::ClientError::Status(status) = &err else {
+            panic!("{err}")
+        };
+        assert_eq!(hawser_client::sqlstate(status), Some("23502"), "{err}");
+        assert_eq!(c.get("kv", &[Value::Int(100)]).await.unwrap(), None);
+        let err = c.get("nosuch", &[Value::Int(1)]).await.unwrap_err();
+        assert!(err.to_string().contains("42P01"), "{err}");
+
+        let s = c.status().await.unwrap();
+        assert_eq!(s.name, "ds2");
+        assert_eq!(s.node_id, node.node_id);
+        assert!(s.commits >= 12, "{s:?}");
+        assert!(s.tables.iter().any(|t| t.name == "kv"));
+    });
+
+    let out = node.cli(&["status", "--format", "json"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let v: serde_json::Value = serde_json::from_str(stdout(&out).trim()).unwrap();
+    assert_eq!(v["name"], "ds2");
+    assert_eq!(v["node_id"], node.node_id);
+
+    assert_eq!(http_get(&node.http, "/healthz").0, 200);
+    assert_eq!(http_get(&node.http, "/readyz").0, 200);
+    let (code, metrics) = http_get(&node.http, "/metrics");
+    assert_eq!(code, 200);
+    assert!(metrics.contains("hawser_store_commits_total"), "{metrics}");
+    let (code, body) = http_get(&node.http, "/status");
+    assert_eq!(code, 200);
+    assert!(body.contains("\"name\":\"ds2\""), "{body}");
+}
+
+#[test]
+fn a_bad_configuration_is_refused_with_the_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new(common::hawser_bin())
+        .args(["start", "--name", "9lives", "--data"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("identifier"), "{}", stderr(&out));
+
+    // A data directory belongs to the store that created it.
+    let mut node = Node::start("first", &dir.path().join("d"));
+    node.terminate();
+    let out = std::process::Command::new(common::hawser_bin())
+        .args([
+            "start",
+            "--name",
+            "second",
+            "--listen",
+            "127.0.0.1:0",
+            "--http",
+            "127.0.0.1:0",
+            "--data",
+        ])
+        .arg(dir.path().join("d"))
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("belongs to store"),
+        "{}",
+        stderr(&out)
+    );
+}

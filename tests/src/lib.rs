@@ -1,1 +1,0 @@
-//! Helpers for end-to-end tests that start real `hawser` processes.
