@@ -40,7 +40,11 @@ async fn create_table_with_every_type_and_read_values_back() {
     assert_eq!(types, vec!["DECIMAL(10,2)", "CHAR(4)", "VARCHAR(10)"]);
     // CHAR compares blank-padded, DATE compares with a date literal in text.
     assert_eq!(
-        query(&mut s, "select i from all_types where c = 'ab' and dt = '2026-01-02'").await,
+        query(
+            &mut s,
+            "select i from all_types where c = 'ab' and dt = '2026-01-02'"
+        )
+        .await,
         vec![vec![int(1)]]
     );
 }
@@ -127,10 +131,7 @@ async fn update_with_expressions_and_key_change() {
         vec!["1|1|a", "2|3|b!", "3|4|c!"]
     );
     ok(&mut s, "update t set k = k + 10 where k = 1").await;
-    assert_eq!(
-        text(&mut s, "select k from t").await,
-        vec!["2", "3", "11"]
-    );
+    assert_eq!(text(&mut s, "select k from t").await, vec!["2", "3", "11"]);
     let r = ok(&mut s, "update t set c = 0").await;
     assert_eq!(r[0].rows_affected, 3);
 }
@@ -251,12 +252,19 @@ async fn aggregates_with_group_by_and_having() {
     );
     // Over no rows: one row, COUNT 0 and SUM NULL; with GROUP BY, no rows.
     assert_eq!(
-        text(&mut s, "select count(*), sum(qty) from sales where id > 100").await,
+        text(
+            &mut s,
+            "select count(*), sum(qty) from sales where id > 100"
+        )
+        .await,
         vec!["0|NULL"]
     );
-    assert!(text(&mut s, "select region, count(*) from sales where id > 100 group by region")
-        .await
-        .is_empty());
+    assert!(text(
+        &mut s,
+        "select region, count(*) from sales where id > 100 group by region"
+    )
+    .await
+    .is_empty());
     let e = fails(&mut s, "select region, count(*) from sales").await;
     assert_eq!(e.code, "42803");
     let e = fails(&mut s, "select id from sales where count(*) > 1").await;
@@ -270,7 +278,11 @@ async fn select_without_from_and_from_dual() {
     assert_eq!(r[0].rows, vec![vec![int(2)]]);
     assert_eq!(r[0].columns[0].name, "1 + 1");
     assert_eq!(
-        text(&mut s, "select 'a' || 'b' as x, 7 / 2, 7.0 / 2, -3 % 2, 1 = 1.0 from dual").await,
+        text(
+            &mut s,
+            "select 'a' || 'b' as x, 7 / 2, 7.0 / 2, -3 % 2, 1 = 1.0 from dual"
+        )
+        .await,
         vec!["ab|3|3.5|-1|TRUE"]
     );
     assert_eq!(
@@ -294,7 +306,10 @@ async fn sequences_nextval_currval_cycle_and_exhaustion() {
     let e = fails(&mut s, "select s.currval from dual").await;
     assert_eq!(e.code, "55000");
     assert_eq!(text(&mut s, "select s.nextval from dual").await, vec!["1"]);
-    assert_eq!(text(&mut s, "SELECT S.NEXTVAL, s.currval FROM dual").await, vec!["2|2"]);
+    assert_eq!(
+        text(&mut s, "SELECT S.NEXTVAL, s.currval FROM dual").await,
+        vec!["2|2"]
+    );
     assert_eq!(text(&mut s, "select s.currval from dual").await, vec!["2"]);
     ok(
         &mut s,
@@ -316,9 +331,18 @@ async fn sequences_nextval_currval_cycle_and_exhaustion() {
     };
     assert_eq!(got, vec!["2", "3", "1", "2"]);
 
-    assert_eq!(text(&mut s, "select down.nextval from dual").await, vec!["10"]);
-    assert_eq!(text(&mut s, "select down.nextval from dual").await, vec!["5"]);
-    assert_eq!(text(&mut s, "select down.nextval from dual").await, vec!["0"]);
+    assert_eq!(
+        text(&mut s, "select down.nextval from dual").await,
+        vec!["10"]
+    );
+    assert_eq!(
+        text(&mut s, "select down.nextval from dual").await,
+        vec!["5"]
+    );
+    assert_eq!(
+        text(&mut s, "select down.nextval from dual").await,
+        vec!["0"]
+    );
     let e = fails(&mut s, "insert into t values (down.nextval, 'z')").await;
     assert_eq!(e.code, "2200H");
     assert_eq!(text(&mut s, "select count(*) from t").await, vec!["2"]);
@@ -340,7 +364,10 @@ async fn alter_table_add_column_and_drop_table() {
          insert into t values (2, 2, 'y')",
     )
     .await;
-    assert_eq!(text(&mut s, "select * from t").await, vec!["1|1|x", "2|2|y"]);
+    assert_eq!(
+        text(&mut s, "select * from t").await,
+        vec!["1|1|x", "2|2|y"]
+    );
     ok(&mut s, "drop table t").await;
     assert_eq!(fails(&mut s, "select * from t").await.code, "42P01");
     ok(&mut s, "drop table if exists t").await;
@@ -363,10 +390,20 @@ async fn tables_without_primary_key_and_composite_keys() {
         text(&mut s, "select * from nokey").await,
         vec!["1|x", "1|y", "2|x"]
     );
-    assert_eq!(fails(&mut s, "insert into nokey values (1, 'x')").await.code, "23505");
+    assert_eq!(
+        fails(&mut s, "insert into nokey values (1, 'x')")
+            .await
+            .code,
+        "23505"
+    );
     assert_eq!(
         text(&mut s, "select * from comp").await,
         vec!["0|9|5", "1|1|4", "1|2|3"]
     );
-    assert_eq!(fails(&mut s, "insert into comp values (1, 1, 0)").await.code, "23505");
+    assert_eq!(
+        fails(&mut s, "insert into comp values (1, 1, 0)")
+            .await
+            .code,
+        "23505"
+    );
 }
