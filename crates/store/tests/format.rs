@@ -1,0 +1,79 @@
+//! A data directory of another format, or with corrupt bytes, is refused with a clear
+//! error and left untouched.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::{accounts, accounts_name, opts};
+use hawser_core::Value;
+use hawser_store::{Database, KvEngine, MemEngine, WriteBatch};
+
+fn engine_with(pairs: &[(&[u8], &[u8])]) -> Arc<MemEngine> {
+    let engine = Arc::new(MemEngine::new());
+    let mut b = WriteBatch::new();
+    for (k, v) in pairs {
+        b.put(k.to_vec(), v.to_vec());
+    }
+    engine.apply(b).unwrap();
+    engine
+}
+
+fn open(engine: &Arc<MemEngine>) -> Result<Database, hawser_store::StoreError> {
+    Database::open(engine.clone() as Arc<dyn KvEngine>, opts())
+}
+
+#[test]
+fn a_newer_format_is_refused_and_not_rewritten() {
+    let mut marker = b"hawser-store".to_vec();
+    marker.extend_from_slice(&99u32.to_be_bytes());
+    let engine = engine_with(&[(b"Fformat", &marker)]);
+    let err = open(&engine).unwrap_err();
+    assert_eq!(err.code(), "XX001");
+    assert!(err.to_string().contains("newer hawser"), "{err}");
+    assert!(err.to_string().contains("99"), "{err}");
+    assert_eq!(engine.get(b"Fformat").unwrap(), Some(marker));
+}
+
+#[test]
+fn foreign_data_without_a_marker_is_refused() {
+    let engine = engine_with(&[(b"something", b"else")]);
+    let err = open(&engine).unwrap_err();
+    assert!(err.to_string().contains("no hawser format marker"), "{err}");
+    assert_eq!(engine.get(b"Fformat").unwrap(), None, "nothing written");
+    let engine = engine_with(&[(b"Fformat", b"sqlite 3")]);
+    assert!(open(&engine).is_err());
+}
+
+#[tokio::test]
+async fn a_corrupt_row_is_reported_with_its_key() {
+    let engine = Arc::new(MemEngine::new());
+    let db = open(&engine).unwrap();
+    db.create_table(accounts()).await.unwrap();
+    let mut txn = db.begin();
+    txn.insert(&accounts_name(), common::account(1, "ann", "1"))
+        .await
+        .unwrap();
+    txn.commit().await.unwrap();
+    // Overwrite the row's value with garbage.
+    let row_key = engine
+        .scan(
+            (std::ops::Bound::Unbounded, std::ops::Bound::Unbounded),
+            false,
+        )
+        .map(|kv| kv.unwrap().0)
+        .find(|k| k.first() == Some(&b'R'))
+        .unwrap();
+    let mut b = WriteBatch::new();
+    b.put(row_key, vec![1, 2, 3]);
+    engine.apply(b).unwrap();
+    let err = db.get(&accounts_name(), &[Value::Int(1)]).unwrap_err();
+    assert_eq!(err.code(), "XX001");
+    assert!(err.to_string().contains("data corrupted at key R"), "{err}");
+    // A corrupt catalog entry stops the open instead of dropping the table silently.
+    let mut b = WriteBatch::new();
+    b.put(vec![b'T', 0, 0, 0, 0, 0, 0, 0, 1], vec![9; 5]);
+    engine.apply(b).unwrap();
+    drop(db);
+    assert_eq!(open(&engine).unwrap_err().code(), "XX001");
+}
