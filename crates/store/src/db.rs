@@ -627,20 +627,17 @@ impl Database {
     }
 
     pub fn sequence(&self, name: &QualName) -> Option<SequenceDef> {
-        self.inner
-            .sequences
-            .read()
-            .get(name)
-            .map(|s| s.lock().def.clone())
+        // Clone the handle and drop the map lock before locking the sequence: NEXTVAL
+        // holds a sequence's lock while it waits for the commit mutex, and DDL holds
+        // the commit mutex while it waits for the map's write lock.
+        let seq = self.inner.sequences.read().get(name).cloned()?;
+        let def = seq.lock().def.clone();
+        Some(def)
     }
 
     pub fn sequences(&self) -> Vec<SequenceDef> {
-        self.inner
-            .sequences
-            .read()
-            .values()
-            .map(|s| s.lock().def.clone())
-            .collect()
+        let all: Vec<_> = self.inner.sequences.read().values().cloned().collect();
+        all.iter().map(|s| s.lock().def.clone()).collect()
     }
 
     /// The next value of a sequence. Not transactional (a rollback does not return
