@@ -127,7 +127,8 @@ pub fn resolve(
     for (k, constraints) in preds.columns.iter().enumerate() {
         let column = &table.columns[table.primary_key[k]];
         let mut eq: Option<Value> = None;
-        let (mut lo, mut hi): (Option<(Value, bool)>, Option<(Value, bool)>) = (None, None);
+        let mut lo: Option<(Value, bool)> = None;
+        let mut hi: Option<(Value, bool)> = None;
         for (op, e) in constraints {
             let v = e.eval(&[], ctx)?;
             if v.is_null() {

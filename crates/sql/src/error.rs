@@ -99,7 +99,8 @@ impl ErrorKind {
 #[derive(Debug, Error)]
 #[error("{kind}")]
 pub struct Error {
-    pub kind: ErrorKind,
+    /// Boxed: errors travel through every `Result` of the crate and should stay small.
+    pub kind: Box<ErrorKind>,
     pub at: Option<Location>,
 }
 
@@ -116,7 +117,7 @@ impl Error {
 impl<E: Into<ErrorKind>> From<E> for Error {
     fn from(kind: E) -> Self {
         Error {
-            kind: kind.into(),
+            kind: Box::new(kind.into()),
             at: None,
         }
     }

@@ -790,7 +790,7 @@ pub fn plan_query(q: &ast::Query, catalog: &dyn Catalog) -> Result<SelectPlan> {
         }
         None
     } else {
-        let to_group = |e: &Expr| regroup(e, &group_by, calls.len(), &binder);
+        let to_group = |e: &Expr| regroup(e, &group_by, &binder);
         outputs = outputs.iter().map(to_group).collect::<Result<_>>()?;
         let having = having.as_ref().map(to_group).transpose()?;
         Some(Aggregate {
@@ -890,11 +890,11 @@ fn output_name(e: &ast::Expr) -> String {
 /// Rebinds an output of an aggregate query to the grouped row: group expressions
 /// become their group column, aggregates their result column; any other column
 /// reference is an error (42803).
-fn regroup(e: &Expr, group_by: &[Expr], n_calls: usize, binder: &Binder<'_>) -> Result<Expr> {
+fn regroup(e: &Expr, group_by: &[Expr], binder: &Binder<'_>) -> Result<Expr> {
     if let Some(i) = group_by.iter().position(|g| g == e) {
         return Ok(Expr::Column(i));
     }
-    let re = |x: &Expr| regroup(x, group_by, n_calls, binder);
+    let re = |x: &Expr| regroup(x, group_by, binder);
     let bx = |x: &Expr| re(x).map(Box::new);
     Ok(match e {
         Expr::Column(i) if *i >= AGG_BASE => Expr::Column(group_by.len() + (i - AGG_BASE)),
@@ -1457,7 +1457,7 @@ fn literal(v: &ast::Value) -> Result<Value> {
 
 fn hex(h: &str) -> Result<Vec<u8>> {
     let bad = || ErrorKind::InvalidText(format!("invalid hexadecimal literal X'{h}'"));
-    if h.len() % 2 != 0 {
+    if !h.len().is_multiple_of(2) {
         return Err(bad().into());
     }
     (0..h.len())
