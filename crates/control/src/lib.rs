@@ -1,2 +1,4 @@
 //! hawser's control plane.
 pub mod state;
+pub mod store;
+pub mod types;
