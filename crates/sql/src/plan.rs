@@ -1560,3 +1560,130 @@ fn agg_type(call: &AggCall, input: &[String]) -> String {
         },
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use sqlparser::dialect::GenericDialect;
+    use sqlparser::parser::Parser;
+
+    use super::*;
+
+    struct Tables(HashMap<QualName, Arc<TableDef>>);
+
+    impl Catalog for Tables {
+        fn table(&self, name: &QualName) -> Option<Arc<TableDef>> {
+            self.0.get(name).cloned()
+        }
+    }
+
+    fn catalog() -> Tables {
+        let col = |n: &str, t| ColumnDef {
+            name: Ident::unquoted(n),
+            data_type: t,
+            nullable: true,
+            default: None,
+        };
+        let t = TableDef {
+            name: QualName::bare("t"),
+            columns: vec![
+                col("k", DataType::Integer),
+                col("c", DataType::Char(3)),
+                col("nextval", DataType::Integer),
+            ],
+            primary_key: vec![0],
+            explicit_key: true,
+        };
+        Tables(HashMap::from([(t.name.clone(), Arc::new(t))]))
+    }
+
+    fn plan_sql(sql: &str) -> Result<Plan> {
+        let stmts = Parser::parse_sql(&GenericDialect {}, sql).expect("parses");
+        plan(&stmts[0], &catalog())
+    }
+
+    fn select(sql: &str) -> SelectPlan {
+        match plan_sql(sql).expect("plans") {
+            Plan::Select(s) => s,
+            other => panic!("not a select: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn create_table_maps_keys_and_nullability() {
+        let Plan::CreateTable(def) =
+            plan_sql("create table x (a int, b varchar2(5) not null, primary key (b, a))")
+                .expect("plans")
+        else {
+            panic!("not a create table");
+        };
+        assert_eq!(def.primary_key, vec![1, 0]);
+        assert!(def.explicit_key);
+        assert!(def.columns.iter().all(|c| !c.nullable));
+        let Plan::CreateTable(def) = plan_sql("create table x (a int, b int)").expect("plans")
+        else {
+            panic!("not a create table");
+        };
+        assert_eq!(def.primary_key, vec![0, 1]);
+        assert!(!def.explicit_key);
+    }
+
+    #[test]
+    fn where_on_the_key_becomes_key_predicates() {
+        let s = select("select c from t where k = 1 + 1 and c = 'a'");
+        let access = s.source.expect("a table");
+        assert_eq!(access.keys.columns[0].len(), 1);
+        // The CHAR(3) literal is padded at plan time.
+        let mut padded = false;
+        s.filter.expect("filter").walk(&mut |e| {
+            if *e == Expr::Literal(Value::Text("a  ".into())) {
+                padded = true;
+            }
+        });
+        assert!(padded);
+    }
+
+    #[test]
+    fn order_by_alias_position_and_hidden_expression() {
+        let s = select("select k as x, c from t order by x desc, 2, k + 1");
+        assert_eq!(s.columns.len(), 2);
+        assert_eq!(s.outputs.len(), 3, "k + 1 is a hidden sort column");
+        let cols: Vec<usize> = s.order_by.iter().map(|k| k.column).collect();
+        assert_eq!(cols, vec![0, 1, 2]);
+        assert!(s.order_by[0].desc && !s.order_by[0].nulls_first);
+    }
+
+    #[test]
+    fn aggregates_rebind_to_the_grouped_row() {
+        let s = select("select c, count(*), max(k) + 1 from t group by c having count(*) > 1");
+        let agg = s.aggregate.expect("aggregate");
+        assert_eq!(agg.calls.len(), 2, "COUNT(*) is computed once");
+        assert_eq!(s.outputs[0], Expr::Column(0));
+        assert_eq!(s.outputs[1], Expr::Column(1));
+        assert_eq!(s.columns[1].data_type, "BIGINT");
+        let e = plan_sql("select k, count(*) from t").unwrap_err();
+        assert_eq!(e.kind.code(), "42803");
+        assert!(e.kind.to_string().contains("column k"), "{}", e.kind);
+    }
+
+    #[test]
+    fn nextval_resolves_to_a_sequence_unless_the_table_has_such_a_column() {
+        let s = select("select s.nextval, t.nextval from t");
+        assert!(
+            matches!(&s.outputs[0], Expr::Sequence { op: SeqOp::NextVal, name } if name.name.as_str() == "s")
+        );
+        assert_eq!(s.outputs[1], Expr::Column(2));
+        assert_eq!(s.columns[0].name, "s.nextval");
+    }
+
+    #[test]
+    fn unknown_names_point_at_themselves() {
+        let e = plan_sql("select k from t where zz = 1").unwrap_err();
+        assert_eq!(e.kind.code(), "42703");
+        assert_eq!(e.at, Some(Location::new(1, 23)));
+        let e = plan_sql("select * from nope").unwrap_err();
+        assert_eq!(e.kind.code(), "42P01");
+        assert_eq!(e.at, Some(Location::new(1, 15)));
+    }
+}
