@@ -172,7 +172,7 @@ pub(crate) struct TableRef {
 
 #[derive(Default)]
 pub(crate) struct Catalog {
-    tables: BTreeMap<QualName, TableRef>,
+    pub(crate) tables: BTreeMap<QualName, TableRef>,
 }
 
 /// What the commit mutex guards.
@@ -186,6 +186,7 @@ struct Metrics {
     commits_txn: metrics::Counter,
     commits_ddl: metrics::Counter,
     commits_seq: metrics::Counter,
+    commits_replicated: metrics::Counter,
     flushes: metrics::Counter,
     rows_written: metrics::Counter,
     commit_seconds: metrics::Histogram,
@@ -214,6 +215,7 @@ impl Metrics {
             commits_txn: metrics::counter!("hawser_store_commits_total", "kind" => "txn"),
             commits_ddl: metrics::counter!("hawser_store_commits_total", "kind" => "ddl"),
             commits_seq: metrics::counter!("hawser_store_commits_total", "kind" => "sequence"),
+            commits_replicated: metrics::counter!("hawser_store_commits_total", "kind" => "replicated"),
             flushes: metrics::counter!("hawser_store_flushes_total"),
             rows_written: metrics::counter!("hawser_store_rows_written_total"),
             commit_seconds: metrics::histogram!("hawser_store_commit_seconds"),
@@ -233,7 +235,7 @@ struct Counters {
 pub(crate) struct Inner {
     pub(crate) engine: Arc<dyn KvEngine>,
     pub(crate) opts: DbOptions,
-    catalog: RwLock<Catalog>,
+    pub(crate) catalog: RwLock<Catalog>,
     sequences: RwLock<BTreeMap<QualName, Arc<Mutex<SequenceState>>>>,
     commit: Mutex<CommitState>,
     /// Highest LSN whose batch has been applied to the engine.
@@ -244,7 +246,12 @@ pub(crate) struct Inner {
     flush_lock: tokio::sync::Mutex<()>,
     pub(crate) locks: LockManager,
     epoch: AtomicU64,
-    next_txn_id: AtomicU64,
+    pub(crate) next_txn_id: AtomicU64,
+    /// Held by the one replicated apply in progress: only applies advance other
+    /// origins' high-water marks, so what an apply reads of them stays true until it
+    /// has written its batch.
+    pub(crate) apply_lock: tokio::sync::Mutex<()>,
+    pub(crate) apply_metrics: crate::apply::ApplyMetrics,
     counters: Counters,
     metrics: Metrics,
 }
@@ -370,6 +377,8 @@ impl Database {
             locks: LockManager::default(),
             epoch: AtomicU64::new(0),
             next_txn_id: AtomicU64::new(1),
+            apply_lock: tokio::sync::Mutex::new(()),
+            apply_metrics: crate::apply::ApplyMetrics::new(),
             counters: Counters::default(),
             metrics: Metrics::new(),
         };
@@ -751,6 +760,31 @@ impl Database {
         }
     }
 
+    /// The high-water mark of every origin with a transaction committed here: this
+    /// node's own and every origin it applied from (DESIGN.md §2). A receiver answers
+    /// a sender's `Hello` with these.
+    pub fn high_waters(&self) -> Result<BTreeMap<NodeId, u64>, StoreError> {
+        let mut marks = BTreeMap::new();
+        for kv in self
+            .inner
+            .engine
+            .scan(layout::prefix_range(&[layout::HIGH_WATER_PREFIX]), false)
+        {
+            let (k, v) = kv?;
+            let origin = layout::suffix_u64(&k)
+                .filter(|_| k.len() == 9)
+                .ok_or_else(|| StoreError::corrupt(&k, "malformed high-water key"))?;
+            marks.insert(NodeId(origin), u64_value(&k, &v)?);
+        }
+        // The commit state is authoritative for this node's own origin (it is updated
+        // under the commit mutex, in step with the batch that writes the key).
+        let own = self.inner.commit.lock().last_seq;
+        if own > 0 {
+            marks.insert(self.node_id(), own);
+        }
+        Ok(marks)
+    }
+
     pub fn stats(&self) -> StoreStats {
         let c = &self.inner.counters;
         StoreStats {
@@ -787,6 +821,14 @@ pub(crate) enum DdlKind {
 /// memory once the batch is applied (run while the commit mutex is still held, so the
 /// next commit sees the new catalog).
 pub(crate) type Prepared<I> = (WriteBatch, LogEntry, I);
+
+/// What a replicated apply hands [`Inner::append_foreign`]: its row writes, its log
+/// records in order (epoch and entry) and the high-water of each origin it advanced.
+pub(crate) struct ForeignAppend {
+    pub batch: WriteBatch,
+    pub records: Vec<(Epoch, LogEntry)>,
+    pub high_water: BTreeMap<NodeId, u64>,
+}
 
 impl Inner {
     /// The write step of every commit: under the commit mutex, assigns the next LSN and
@@ -831,6 +873,66 @@ impl Inner {
             DdlKind::Sequence => self.metrics.commits_seq.increment(1),
         }
         Ok((gtid, lsn))
+    }
+
+    /// The write step of a replicated apply: like [`Inner::append`], but for records of
+    /// other origins. Under the commit mutex `prepare` gets this node's own high-water
+    /// (the commit state's `last_seq`) and builds the row batch, the records (their
+    /// original Gtids and epochs) and the new high-water of each origin it applied;
+    /// each record takes the next local LSN, and rows, records and high-waters are
+    /// applied as one atomic batch. Returns the last LSN written (`None` when
+    /// `prepare` produced no record) and `prepare`'s extra result.
+    pub(crate) fn append_foreign<P, T>(&self, prepare: P) -> Result<(Option<Lsn>, T), StoreError>
+    where
+        P: FnOnce(u64) -> Result<(ForeignAppend, T), StoreError>,
+    {
+        let mut state = self.commit.lock();
+        let (append, extra) = prepare(state.last_seq)?;
+        let ForeignAppend {
+            mut batch,
+            records,
+            high_water,
+        } = append;
+        if records.is_empty() {
+            return Ok((None, extra));
+        }
+        let count = records.len() as u64;
+        let mut lsn = state.last_lsn;
+        let mut log_bytes = 0;
+        for (epoch, entry) in records {
+            lsn = lsn.next();
+            let bytes = codec::encode_record(&LogRecord { lsn, epoch, entry });
+            log_bytes += bytes.len() as u64;
+            batch.put(layout::log_key(lsn), bytes);
+        }
+        for (origin, seq) in &high_water {
+            batch.put(layout::high_water_key(*origin), seq.to_be_bytes().to_vec());
+        }
+        // Write: rows, log records and high-waters in one atomic batch, visible from
+        // here on, durable only after the flush.
+        self.engine.apply(batch)?;
+        state.last_lsn = lsn;
+        if let Some(&own) = high_water.get(&self.opts.node_id) {
+            // This node's own transactions, received back (after a duplicate): local
+            // commits continue after them.
+            state.last_seq = state.last_seq.max(own);
+        }
+        self.applied_lsn.store(lsn.0, Ordering::Release);
+        drop(state);
+        self.counters.commits.fetch_add(count, Ordering::Relaxed);
+        self.counters
+            .log_bytes
+            .fetch_add(log_bytes, Ordering::Relaxed);
+        self.metrics.commits_replicated.increment(count);
+        Ok((Some(lsn), extra))
+    }
+
+    /// Counts row writes of a replicated apply with the other row writes.
+    pub(crate) fn count_rows_written(&self, rows: u64) {
+        self.counters
+            .rows_written
+            .fetch_add(rows, Ordering::Relaxed);
+        self.metrics.rows_written.increment(rows);
     }
 
     /// Group commit: returns once everything up to `lsn` is flushed.
@@ -1099,7 +1201,7 @@ fn normalize_table_def(mut def: TableDef) -> Result<TableDef, StoreError> {
     Ok(def)
 }
 
-fn u64_value(key: &[u8], v: &[u8]) -> Result<u64, StoreError> {
+pub(crate) fn u64_value(key: &[u8], v: &[u8]) -> Result<u64, StoreError> {
     let bytes: [u8; 8] = v
         .try_into()
         .map_err(|_| StoreError::corrupt(key, format!("expected 8 bytes, found {}", v.len())))?;

@@ -237,7 +237,7 @@ mod tests {
             keys((Excluded(vec![1]), Included(vec![3])), true),
             vec![3, 2]
         );
-        assert_eq!(keys((Included(vec![3]), Excluded(vec![1])), false), vec![]);
+        assert!(keys((Included(vec![3]), Excluded(vec![1])), false).is_empty());
     }
 
     #[test]

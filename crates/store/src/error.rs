@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use hawser_core::coerce::CoerceError;
-use hawser_core::{Ident, QualName};
+use hawser_core::{Gtid, Ident, QualName};
 use thiserror::Error;
 
 /// Any failure of the store.
@@ -66,6 +66,19 @@ pub enum StoreError {
     TableChanged(QualName),
     #[error("not supported: {0}")]
     NotSupported(String),
+    /// A replicated transaction could not be applied here (a table it names does not
+    /// exist, a row does not fit the table, ...). Nothing of its batch was applied.
+    #[error("replicated transaction {gtid}: {source}")]
+    Replicated {
+        gtid: Gtid,
+        #[source]
+        source: Box<StoreError>,
+    },
+    /// A replicated batch that breaks the apply contract: an origin's transactions out
+    /// of seq order, a change without the image it needs, a compilation that does not
+    /// belong to its run. A sender's or caller's bug; nothing was applied.
+    #[error("replicated batch refused: {0}")]
+    InvalidBatch(String),
     /// The engine failed to read, write or flush.
     #[error("storage i/o failed during {context}: {source}")]
     Io {
@@ -99,6 +112,8 @@ impl StoreError {
             StoreError::LockTimeout { .. } => "55P03",
             StoreError::TableChanged(_) => "40001",
             StoreError::NotSupported(_) => "0A000",
+            StoreError::Replicated { source, .. } => source.code(),
+            StoreError::InvalidBatch(_) => "08P01",
             StoreError::Io { .. } => "58030",
             StoreError::Corrupt { .. } | StoreError::IncompatibleFormat(_) => "XX001",
         }
@@ -106,10 +121,11 @@ impl StoreError {
 
     /// Whether running the same transaction again may succeed without changing it.
     pub fn is_retryable(&self) -> bool {
-        matches!(
-            self,
-            StoreError::LockTimeout { .. } | StoreError::TableChanged(_)
-        )
+        match self {
+            StoreError::LockTimeout { .. } | StoreError::TableChanged(_) => true,
+            StoreError::Replicated { source, .. } => source.is_retryable(),
+            _ => false,
+        }
     }
 
     pub(crate) fn io(

@@ -19,9 +19,12 @@
 //! * [`db`]: [`Database`], the catalog, committed reads, commit and group flush.
 //! * [`txn`]: [`Txn`], buffered writes under exclusive row locks.
 //! * [`log`]: what a commit log record holds.
+//! * [`apply`]: transactions from other origins, applied in log order or as the net
+//!   operations of an RTL compilation, idempotently and with the DB2 exception rules.
 //! * [`sequence`]: CREATE SEQUENCE semantics.
 //! * [`error`]: [`StoreError`] with SQLSTATE codes.
 
+pub mod apply;
 mod codec;
 pub mod db;
 pub mod engine;
@@ -32,6 +35,7 @@ pub mod log;
 pub mod sequence;
 pub mod txn;
 
+pub use apply::{ApplyInfo, ReplicatedTxn};
 pub use db::{CommitInfo, Database, DbOptions, KeyRange, RowIter, StoreStats};
 pub use engine::{ByteRange, KvEngine, KvIter, MemEngine, SledEngine, WriteBatch};
 pub use error::StoreError;
