@@ -1,4 +1,43 @@
-//! hawser's control plane.
+//! hawser's control plane: the cluster's authoritative configuration in a Raft group.
+//!
+//! Which nodes exist, the replication schemes, and per element which node masters it
+//! under which epoch live in an openraft 0.9 group spanning the nodes (DESIGN.md §1,
+//! §2, §5). Row data never goes through Raft.
+//!
+//! ```text
+//!   ControlPlane (plane) ── propose / join / remove / state / metrics
+//!        │                        ▲
+//!        ▼                        │ applied ClusterState (watch)
+//!   openraft::Raft ── store: LogStore + StateMachineStore ── KvEngine (sled | memory)
+//!        │   ▲                         └── state: pure ClusterState, Command, apply
+//!        ▼   │
+//!   network: PeerPool, NetworkFactory ──gRPC──► service: PeerService (peers-only)
+//! ```
+//!
+//! * [`state`]: the pure cluster state machine, unit-tested without I/O.
+//! * [`store`]: openraft storage-v2 over the store's [`hawser_store::KvEngine`].
+//! * [`network`] and [`service`]: the peers-only `hawser.raft.v1.RaftPeer` service.
+//! * [`plane`]: [`ControlPlane`], what the node holds.
+//! * [`types`]: the openraft type configuration.
+//!
+//! `docs/control.md` records the layout, the RPCs, the timing settings and the
+//! decisions.
+
+pub mod network;
+pub mod plane;
+pub mod service;
 pub mod state;
 pub mod store;
 pub mod types;
+
+/// Code generated from `proto/hawser/v1/raft.proto`.
+#[allow(clippy::all, missing_docs)]
+pub mod pb {
+    tonic::include_proto!("hawser.raft.v1");
+}
+
+pub use network::PeerError;
+pub use plane::{
+    ControlConfig, ControlMetrics, ControlPlane, JoinReply, JoinRequest, PlaneError, RaftRole,
+};
+pub use state::{ClusterState, Command, ControlError, NodeInfo, Response};

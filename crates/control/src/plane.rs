@@ -1,0 +1,797 @@
+//! [`ControlPlane`]: the handle a node holds on the cluster's Raft group.
+//!
+//! ```text
+//!   node ──propose(cmd)──► validate ──► leader here? ── client_write ──► Raft log
+//!                                         │ no
+//!                                         └─ ForwardPropose ─► leader (≤ 3 hops)
+//!   joining node ── JoinCluster ─► any member ─► leader: RegisterNode, add learner,
+//!                                                promote to voter while voters < 5
+//!   peers ◄── raft_service() (tonic, added to the node's gRPC server) ──► Raft
+//!   state() / subscribe() ◄── applied ClusterState      metrics() ◄── Raft metrics
+//! ```
+//!
+//! The control plane binds no socket and spawns nothing of its own beyond openraft's
+//! tasks: the node serves [`ControlPlane::raft_service`] on its gRPC listener and calls
+//! [`ControlPlane::shutdown`] on the way out. Membership changes (join, remove) are
+//! made by the Raft leader only, one at a time.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use hawser_core::{Ident, NodeId};
+use hawser_store::KvEngine;
+use openraft::error::{ClientWriteError, InitializeError, RaftError};
+use openraft::{ChangeMembers, Config, ServerState, SnapshotPolicy};
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+use tokio::sync::watch;
+
+use crate::network::{CallError, NetworkFactory, PeerError, PeerPool, Rpc};
+use crate::pb::raft_peer_server::RaftPeerServer;
+use crate::service::PeerService;
+use crate::state::{self, ClusterState, Command, ControlError, NodeInfo, Response};
+use crate::store;
+use crate::types::{BasicNode, Raft, RaftMetrics, RaftNodeId};
+
+/// How many times a proposal or join follows "the leader is over there" before it gives
+/// up with a retryable error.
+const MAX_HOPS: usize = 3;
+
+/// Settings of one node's control plane. [`ControlConfig::new`] fills in the defaults.
+#[derive(Debug, Clone)]
+pub struct ControlConfig {
+    pub node_id: NodeId,
+    /// This node's database name in replication schemes.
+    pub store_name: Ident,
+    /// The advertised host name.
+    pub host: String,
+    /// `host:port` where peers reach this node's gRPC server (and the peer service).
+    pub grpc_addr: String,
+    /// `host:port` of this node's HTTP server.
+    pub http_addr: String,
+    /// Leader heartbeat; also openraft's deadline for an AppendEntries call.
+    pub heartbeat_interval: Duration,
+    /// Election timeout range; a vote call's deadline is the minimum.
+    pub election_timeout_min: Duration,
+    pub election_timeout_max: Duration,
+    /// Deadline of one snapshot chunk.
+    pub install_snapshot_timeout: Duration,
+    /// Deadline of a call this node makes on behalf of a caller (join, forwarded
+    /// proposal, remove); a join waits for the new learner to catch up within it.
+    pub request_timeout: Duration,
+    /// How often to retry a peer that could not be reached.
+    pub unreachable_backoff: Duration,
+    /// Build a snapshot after this many applied entries.
+    pub snapshot_every: u64,
+    /// Entries kept in the log behind the last snapshot (for followers slightly behind).
+    pub max_in_snapshot_log_to_keep: u64,
+    /// Joining nodes become voters until there are this many; learners after.
+    pub max_voters: usize,
+}
+
+impl ControlConfig {
+    /// A configuration with hawser's defaults: 100 ms heartbeat, 300–600 ms election
+    /// timeout (about one second from a leader's death to a new leader on a LAN).
+    pub fn new(
+        node_id: NodeId,
+        store_name: Ident,
+        host: impl Into<String>,
+        grpc_addr: impl Into<String>,
+        http_addr: impl Into<String>,
+    ) -> Self {
+        Self {
+            node_id,
+            store_name,
+            host: host.into(),
+            grpc_addr: grpc_addr.into(),
+            http_addr: http_addr.into(),
+            heartbeat_interval: Duration::from_millis(100),
+            election_timeout_min: Duration::from_millis(300),
+            election_timeout_max: Duration::from_millis(600),
+            install_snapshot_timeout: Duration::from_secs(5),
+            request_timeout: Duration::from_secs(10),
+            unreachable_backoff: Duration::from_millis(200),
+            snapshot_every: 1000,
+            max_in_snapshot_log_to_keep: 1000,
+            max_voters: 5,
+        }
+    }
+
+    /// Explains a bad combination of settings.
+    pub fn validate(&self) -> Result<(), PlaneError> {
+        let bad = |m: String| Err(PlaneError::Config(m));
+        if self.node_id.0 == 0 {
+            return bad("node id 0 is reserved; use 1 or more".into());
+        }
+        if self.election_timeout_min <= self.heartbeat_interval {
+            return bad(format!(
+                "election timeout minimum {:?} must exceed the heartbeat interval {:?}",
+                self.election_timeout_min, self.heartbeat_interval
+            ));
+        }
+        if self.election_timeout_max <= self.election_timeout_min {
+            return bad(format!(
+                "election timeout maximum {:?} must exceed its minimum {:?}",
+                self.election_timeout_max, self.election_timeout_min
+            ));
+        }
+        if self.max_voters == 0 {
+            return bad("max_voters must be at least 1".into());
+        }
+        if self.snapshot_every == 0 {
+            return bad("snapshot_every must be at least 1".into());
+        }
+        Ok(())
+    }
+
+    fn raft_config(&self) -> Result<Config, PlaneError> {
+        let ms = |d: Duration| d.as_millis() as u64;
+        let config = Config {
+            cluster_name: "hawser".into(),
+            heartbeat_interval: ms(self.heartbeat_interval),
+            election_timeout_min: ms(self.election_timeout_min),
+            election_timeout_max: ms(self.election_timeout_max),
+            install_snapshot_timeout: ms(self.install_snapshot_timeout),
+            snapshot_policy: SnapshotPolicy::LogsSinceLast(self.snapshot_every),
+            max_in_snapshot_log_to_keep: self.max_in_snapshot_log_to_keep,
+            // JSON encodes bytes several times larger; keep a chunk well under
+            // MAX_MESSAGE_BYTES.
+            snapshot_max_chunk_size: 1024 * 1024,
+            ..Config::default()
+        };
+        config
+            .validate()
+            .map_err(|e| PlaneError::Config(e.to_string()))
+    }
+
+    fn node_info(&self) -> NodeInfo {
+        NodeInfo {
+            id: self.node_id,
+            store: self.store_name.clone(),
+            host: self.host.clone(),
+            grpc_addr: self.grpc_addr.clone(),
+            http_addr: self.http_addr.clone(),
+            voter: false,
+        }
+    }
+}
+
+/// Why a control-plane call failed.
+#[derive(Debug, Error)]
+pub enum PlaneError {
+    /// The command does not fit the cluster state; nothing changed. Not retryable.
+    #[error("refused: {0}")]
+    Rejected(ControlError),
+    /// No leader could take the request now (an election is running, the leader is
+    /// unreachable, leadership moved during the call). Retry; `leader_addr` is where the
+    /// leader was last seen, if anywhere.
+    #[error("no Raft leader available ({reason}); retry")]
+    Unavailable {
+        leader_addr: Option<String>,
+        reason: String,
+    },
+    /// A member refused to let this node join because its Raft state was lost.
+    #[error("{0}")]
+    LostState(PeerError),
+    /// A bad setting.
+    #[error("invalid control-plane configuration: {0}")]
+    Config(String),
+    /// The Raft storage failed to open.
+    #[error("raft storage: {0}")]
+    Storage(Box<crate::types::StorageError>),
+    /// Raft stopped (shut down or a fatal storage error): the node must restart.
+    #[error("raft stopped: {0}")]
+    Fatal(String),
+}
+
+impl PlaneError {
+    /// Whether the same call may succeed later unchanged.
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, PlaneError::Unavailable { .. })
+    }
+
+    /// The leader's address, when the error knows it.
+    pub fn leader_addr(&self) -> Option<&str> {
+        match self {
+            PlaneError::Unavailable { leader_addr, .. } => leader_addr.as_deref(),
+            _ => None,
+        }
+    }
+
+    fn from_peer(e: PeerError) -> Self {
+        match e {
+            PeerError::Rejected(e) => PlaneError::Rejected(e),
+            PeerError::NotLeader { addr, .. } => PlaneError::Unavailable {
+                leader_addr: addr,
+                reason: "the leader moved".into(),
+            },
+            PeerError::LostState(_) => PlaneError::LostState(e),
+            PeerError::Failed(m) => PlaneError::Fatal(m),
+        }
+    }
+
+    fn from_call(e: CallError) -> Self {
+        PlaneError::Unavailable {
+            leader_addr: None,
+            reason: e.to_string(),
+        }
+    }
+}
+
+/// What a join request carries.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct JoinRequest {
+    pub node: NodeInfo,
+    /// Whether the joining node's Raft storage is empty (never initialized or joined).
+    pub fresh: bool,
+}
+
+/// What a successful join returns.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JoinReply {
+    /// The leader that admitted the node.
+    pub leader: NodeId,
+    /// Whether the node became a voter (else it is a learner).
+    pub voter: bool,
+}
+
+/// This node's Raft role.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum RaftRole {
+    Leader,
+    Follower,
+    Candidate,
+    Learner,
+    Shutdown,
+}
+
+/// A summary of this node's Raft progress.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ControlMetrics {
+    pub node: NodeId,
+    pub role: RaftRole,
+    pub term: u64,
+    pub leader: Option<NodeId>,
+    /// Index of the last entry in this node's log.
+    pub last_log_index: Option<u64>,
+    /// Index of the last entry applied to the state machine (committed, by Raft's rules).
+    pub last_applied: Option<u64>,
+    /// Last log index included in the latest snapshot.
+    pub snapshot_index: Option<u64>,
+    pub voters: BTreeSet<NodeId>,
+    pub learners: BTreeSet<NodeId>,
+    /// On the leader: time since a quorum last acknowledged it.
+    pub millis_since_quorum_ack: Option<u64>,
+    /// On the leader: per follower, the index it has replicated up to.
+    pub replication: BTreeMap<NodeId, Option<u64>>,
+}
+
+/// Shared by the handle and the peer service.
+pub(crate) struct Inner {
+    pub(crate) cfg: ControlConfig,
+    pub(crate) raft: Raft,
+    sm: store::StateMachineStore,
+    peers: PeerPool,
+    /// Serializes membership changes on this node (when it leads).
+    membership: tokio::sync::Mutex<()>,
+}
+
+/// One node's handle on the cluster's control plane.
+#[derive(Clone)]
+pub struct ControlPlane {
+    inner: Arc<Inner>,
+}
+
+impl ControlPlane {
+    /// Opens the Raft log and state machine in `engine` and starts Raft. Takes no
+    /// socket: serve [`ControlPlane::raft_service`] on the node's gRPC server. A node
+    /// restarted on the same engine resumes with its old identity and state.
+    pub async fn start(cfg: ControlConfig, engine: Arc<dyn KvEngine>) -> Result<Self, PlaneError> {
+        cfg.validate()?;
+        let config = Arc::new(cfg.raft_config()?);
+        let (log, sm) = store::open(engine).map_err(|e| PlaneError::Storage(Box::new(e)))?;
+        let peers = PeerPool::new(cfg.election_timeout_min);
+        let network = NetworkFactory::new(peers.clone(), cfg.unreachable_backoff);
+        let raft = Raft::new(cfg.node_id.0, config, network, log, sm.clone())
+            .await
+            .map_err(|e| PlaneError::Fatal(e.to_string()))?;
+        Ok(Self {
+            inner: Arc::new(Inner {
+                cfg,
+                raft,
+                sm,
+                peers,
+                membership: tokio::sync::Mutex::new(()),
+            }),
+        })
+    }
+
+    /// The peers-only gRPC service to add to the node's server.
+    pub fn raft_service(&self) -> RaftPeerServer<PeerService> {
+        RaftPeerServer::new(PeerService {
+            inner: self.inner.clone(),
+        })
+        .max_decoding_message_size(crate::network::MAX_MESSAGE_BYTES)
+        .max_encoding_message_size(crate::network::MAX_MESSAGE_BYTES)
+    }
+
+    /// Bootstraps a new cluster with this node as its only voter, then registers the
+    /// node. On a cluster that exists already it only makes sure the node is
+    /// registered: running it again is harmless.
+    pub async fn initialize(&self) -> Result<(), PlaneError> {
+        let raft = &self.inner.raft;
+        let initialized = raft
+            .is_initialized()
+            .await
+            .map_err(|e| PlaneError::Fatal(e.to_string()))?;
+        if !initialized {
+            let members = BTreeMap::from([(
+                self.inner.cfg.node_id.0,
+                BasicNode::new(&self.inner.cfg.grpc_addr),
+            )]);
+            match raft.initialize(members).await {
+                Ok(()) | Err(RaftError::APIError(InitializeError::NotAllowed(_))) => {}
+                Err(e) => return Err(PlaneError::Fatal(e.to_string())),
+            }
+        }
+        self.ensure_registered().await
+    }
+
+    /// Proposes this node's registry entry unless the registry already has it as is.
+    async fn ensure_registered(&self) -> Result<(), PlaneError> {
+        let me = self.inner.cfg.node_info();
+        let known = self.state().nodes.get(&me.id).cloned();
+        if known.is_some_and(|n| NodeInfo { voter: false, ..n } == me) {
+            return Ok(());
+        }
+        self.propose(Command::RegisterNode(me)).await.map(|_| ())
+    }
+
+    /// Asks the cluster to admit this node, through each of `members` (`host:port` of
+    /// their gRPC servers) in turn until one answers. The node must already serve
+    /// [`ControlPlane::raft_service`], since the leader starts replicating to it before
+    /// this returns. A node that is a member already is re-registered (a restart).
+    /// Callers retry a retryable error (no leader yet, members unreachable).
+    pub async fn join(&self, members: &[String]) -> Result<JoinReply, PlaneError> {
+        let fresh = !self
+            .inner
+            .raft
+            .is_initialized()
+            .await
+            .map_err(|e| PlaneError::Fatal(e.to_string()))?;
+        let request = JoinRequest {
+            node: self.inner.cfg.node_info(),
+            fresh,
+        };
+        let mut targets: Vec<String> = members.to_vec();
+        let mut last = PlaneError::Unavailable {
+            leader_addr: None,
+            reason: "no member to ask".into(),
+        };
+        let mut i = 0;
+        while i < targets.len() && i < members.len() + MAX_HOPS {
+            let addr = targets[i].clone();
+            i += 1;
+            let reply: Result<Result<JoinReply, PeerError>, CallError> = self
+                .inner
+                .peers
+                .call(
+                    &addr,
+                    Rpc::JoinCluster,
+                    &request,
+                    self.inner.cfg.request_timeout,
+                )
+                .await;
+            match reply {
+                Ok(Ok(joined)) => return Ok(joined),
+                Ok(Err(PeerError::NotLeader {
+                    addr: Some(leader), ..
+                })) => {
+                    if !targets.contains(&leader) {
+                        targets.push(leader);
+                    }
+                    last = PlaneError::Unavailable {
+                        leader_addr: targets.last().cloned(),
+                        reason: format!("{addr} is not the leader"),
+                    };
+                }
+                Ok(Err(e @ (PeerError::Rejected(_) | PeerError::LostState(_)))) => {
+                    return Err(PlaneError::from_peer(e))
+                }
+                Ok(Err(e)) => last = PlaneError::from_peer(e),
+                Err(e) => last = PlaneError::from_call(e),
+            }
+        }
+        Err(last)
+    }
+
+    /// Proposes `cmd`: validated against this node's state first, then committed
+    /// through the Raft leader, wherever it is. Returns the cluster state version after
+    /// the command; [`ControlPlane::wait_for_version`] waits until this node has
+    /// applied it.
+    pub async fn propose(&self, cmd: Command) -> Result<u64, PlaneError> {
+        state::validate(&self.state(), &cmd).map_err(PlaneError::Rejected)?;
+        let mut target: Option<String> = None;
+        let mut last_leader = None;
+        for _ in 0..MAX_HOPS {
+            let result = match &target {
+                None => self.inner.propose_here(cmd.clone()).await,
+                Some(addr) => match self
+                    .inner
+                    .peers
+                    .call::<_, Result<Response, PeerError>>(
+                        addr,
+                        Rpc::ForwardPropose,
+                        &cmd,
+                        self.inner.cfg.request_timeout,
+                    )
+                    .await
+                {
+                    Ok(reply) => reply,
+                    // The outcome is unknown: the leader may have committed it.
+                    Err(e) => {
+                        return Err(PlaneError::Unavailable {
+                            leader_addr: Some(addr.clone()),
+                            reason: e.to_string(),
+                        })
+                    }
+                },
+            };
+            match result {
+                Ok(Response::Applied { version }) => return Ok(version),
+                Ok(Response::Rejected(e)) => return Err(PlaneError::Rejected(e)),
+                Ok(Response::Empty) => {
+                    return Err(PlaneError::Fatal("a command produced no response".into()))
+                }
+                Err(PeerError::NotLeader {
+                    addr: Some(addr), ..
+                }) => {
+                    last_leader = Some(addr.clone());
+                    target = Some(addr);
+                }
+                Err(PeerError::NotLeader { addr: None, .. }) => {
+                    self.inner.wait_for_leader().await?;
+                    target = None;
+                }
+                Err(e) => return Err(PlaneError::from_peer(e)),
+            }
+        }
+        Err(PlaneError::Unavailable {
+            leader_addr: last_leader,
+            reason: "the leader could not be reached".into(),
+        })
+    }
+
+    /// Takes node `id` out of the cluster: out of the Raft membership, then out of the
+    /// registry. Refused while the node masters an element. Runs on the leader, wherever
+    /// it is called.
+    pub async fn remove_node(&self, id: NodeId) -> Result<(), PlaneError> {
+        state::validate(&self.state(), &Command::RemoveNode { node: id })
+            .map_err(PlaneError::Rejected)?;
+        let mut target: Option<String> = None;
+        for _ in 0..MAX_HOPS {
+            let result = match &target {
+                None => self.inner.handle_remove(id.0).await,
+                Some(addr) => self
+                    .inner
+                    .peers
+                    .call::<_, Result<(), PeerError>>(
+                        addr,
+                        Rpc::RemoveNode,
+                        &id.0,
+                        self.inner.cfg.request_timeout,
+                    )
+                    .await
+                    .map_err(PlaneError::from_call)?,
+            };
+            match result {
+                Ok(()) => return Ok(()),
+                Err(PeerError::NotLeader {
+                    addr: Some(addr), ..
+                }) => target = Some(addr),
+                Err(PeerError::NotLeader { addr: None, .. }) => {
+                    self.inner.wait_for_leader().await?;
+                    target = None;
+                }
+                Err(e) => return Err(PlaneError::from_peer(e)),
+            }
+        }
+        Err(PlaneError::Unavailable {
+            leader_addr: target,
+            reason: "the leader could not be reached".into(),
+        })
+    }
+
+    /// The cluster state as this node has applied it.
+    pub fn state(&self) -> Arc<ClusterState> {
+        self.inner.sm.state()
+    }
+
+    /// A watch of the applied cluster state; it changes after every applied batch.
+    pub fn subscribe(&self) -> watch::Receiver<Arc<ClusterState>> {
+        self.inner.sm.subscribe()
+    }
+
+    /// Waits until this node has applied cluster state `version` (from
+    /// [`ControlPlane::propose`]) or `timeout` passes; returns the state it saw.
+    pub async fn wait_for_version(
+        &self,
+        version: u64,
+        timeout: Duration,
+    ) -> Result<Arc<ClusterState>, PlaneError> {
+        let mut rx = self.subscribe();
+        let wait = async {
+            loop {
+                let state = rx.borrow_and_update().clone();
+                if state.version >= version {
+                    return Ok(state);
+                }
+                if rx.changed().await.is_err() {
+                    return Err(PlaneError::Fatal("the state machine stopped".into()));
+                }
+            }
+        };
+        tokio::time::timeout(timeout, wait)
+            .await
+            .unwrap_or_else(|_| {
+                Err(PlaneError::Unavailable {
+                    leader_addr: None,
+                    reason: format!("state version {version} not applied within {timeout:?}"),
+                })
+            })
+    }
+
+    /// This node's Raft progress now.
+    pub fn metrics(&self) -> ControlMetrics {
+        summarize(&self.inner.raft.metrics().borrow())
+    }
+
+    /// openraft's own metrics channel (for waiting on conditions and for exporters).
+    pub fn raft_metrics(&self) -> watch::Receiver<RaftMetrics> {
+        self.inner.raft.metrics()
+    }
+
+    /// The Raft instance, for what this handle does not wrap (`ensure_linearizable`
+    /// before granting a lease or deciding a failover, `wait()` in tests).
+    pub fn raft(&self) -> &Raft {
+        &self.inner.raft
+    }
+
+    /// Confirms with a quorum that this node still leads and that its state includes
+    /// everything committed before the call. openraft 0.9 keeps an isolated leader
+    /// believing it leads; call this before acting as leader (leases, failover).
+    pub async fn ensure_leader(&self) -> Result<(), PlaneError> {
+        match self.inner.raft.ensure_linearizable().await {
+            Ok(_) => Ok(()),
+            Err(RaftError::APIError(e)) => Err(PlaneError::Unavailable {
+                leader_addr: None,
+                reason: e.to_string(),
+            }),
+            Err(RaftError::Fatal(e)) => Err(PlaneError::Fatal(e.to_string())),
+        }
+    }
+
+    /// Stops Raft. The peer service answers with errors afterwards; the node stops its
+    /// gRPC server itself.
+    pub async fn shutdown(&self) -> Result<(), PlaneError> {
+        self.inner
+            .raft
+            .shutdown()
+            .await
+            .map_err(|e| PlaneError::Fatal(e.to_string()))
+    }
+}
+
+fn summarize(m: &RaftMetrics) -> ControlMetrics {
+    let membership = m.membership_config.membership();
+    let voters: BTreeSet<NodeId> = membership.voter_ids().map(NodeId).collect();
+    let learners = membership.learner_ids().map(NodeId).collect();
+    ControlMetrics {
+        node: NodeId(m.id),
+        role: match m.state {
+            ServerState::Leader => RaftRole::Leader,
+            ServerState::Follower => RaftRole::Follower,
+            ServerState::Candidate => RaftRole::Candidate,
+            ServerState::Learner => RaftRole::Learner,
+            ServerState::Shutdown => RaftRole::Shutdown,
+        },
+        term: m.current_term,
+        leader: m.current_leader.map(NodeId),
+        last_log_index: m.last_log_index,
+        last_applied: m.last_applied.map(|l| l.index),
+        snapshot_index: m.snapshot.map(|l| l.index),
+        voters,
+        learners,
+        millis_since_quorum_ack: m.millis_since_quorum_ack,
+        replication: m
+            .replication
+            .iter()
+            .flatten()
+            .map(|(id, l)| (NodeId(*id), l.map(|l| l.index)))
+            .collect(),
+    }
+}
+
+impl Inner {
+    /// Commits `cmd` if this node leads; otherwise says who does.
+    pub(crate) async fn propose_here(&self, cmd: Command) -> Result<Response, PeerError> {
+        self.raft
+            .client_write(cmd)
+            .await
+            .map(|r| r.data)
+            .map_err(write_error)
+    }
+
+    async fn wait_for_leader(&self) -> Result<(), PlaneError> {
+        // Twice the longest election timeout covers one failed election round.
+        let timeout = self.cfg.election_timeout_max * 2;
+        self.raft
+            .wait(Some(timeout))
+            .metrics(|m| m.current_leader.is_some(), "a leader is known")
+            .await
+            .map(|_| ())
+            .map_err(|e| PlaneError::Unavailable {
+                leader_addr: None,
+                reason: e.to_string(),
+            })
+    }
+
+    fn leader_hint(&self) -> PeerError {
+        let m = self.raft.metrics().borrow().clone();
+        let addr = m.current_leader.and_then(|id| {
+            m.membership_config
+                .membership()
+                .get_node(&id)
+                .map(|n| n.addr.clone())
+        });
+        PeerError::NotLeader {
+            leader: m.current_leader,
+            addr,
+        }
+    }
+
+    fn is_leader(&self) -> bool {
+        let m = self.raft.metrics().borrow().clone();
+        m.state == ServerState::Leader
+    }
+
+    /// A member's answer to JoinCluster: the leader admits the node, another member
+    /// forwards the request to the leader.
+    pub(crate) async fn handle_join(&self, join: JoinRequest) -> Result<JoinReply, PeerError> {
+        if !self.is_leader() {
+            let PeerError::NotLeader {
+                addr: Some(addr), ..
+            } = self.leader_hint()
+            else {
+                return Err(self.leader_hint());
+            };
+            if addr == self.cfg.grpc_addr {
+                return Err(self.leader_hint());
+            }
+            return self
+                .peers
+                .call::<_, Result<JoinReply, PeerError>>(
+                    &addr,
+                    Rpc::JoinCluster,
+                    &join,
+                    self.cfg.request_timeout,
+                )
+                .await
+                .unwrap_or_else(|e| Err(PeerError::Failed(e.to_string())));
+        }
+        let _one_at_a_time = self.membership.lock().await;
+        let id = join.node.id.0;
+        let membership = self.raft.metrics().borrow().membership_config.clone();
+        let is_member = membership.membership().get_node(&id).is_some();
+        if join.fresh && is_member {
+            return Err(PeerError::LostState(id));
+        }
+        let state = self.sm.state();
+        let cmd = Command::RegisterNode(join.node.clone());
+        state::validate(&state, &cmd).map_err(PeerError::Rejected)?;
+        match self.propose_here(cmd).await? {
+            Response::Rejected(e) => return Err(PeerError::Rejected(e)),
+            Response::Applied { .. } | Response::Empty => {}
+        }
+        let deadline = self.cfg.request_timeout;
+        if !is_member {
+            // Blocks until the learner has caught up closely; bounded, since an
+            // unreachable learner would block it for ever.
+            tokio::time::timeout(
+                deadline,
+                self.raft
+                    .add_learner(id, BasicNode::new(&join.node.grpc_addr), true),
+            )
+            .await
+            .map_err(|_| {
+                PeerError::Failed(format!("node {id} did not catch up within {deadline:?}"))
+            })?
+            .map_err(write_error)?;
+        }
+        let voters: BTreeSet<u64> = self
+            .raft
+            .metrics()
+            .borrow()
+            .membership_config
+            .membership()
+            .voter_ids()
+            .collect();
+        let voter = if voters.contains(&id) {
+            true
+        } else if voters.len() < self.cfg.max_voters {
+            tokio::time::timeout(
+                deadline,
+                self.raft
+                    .change_membership(ChangeMembers::AddVoterIds(BTreeSet::from([id])), true),
+            )
+            .await
+            .map_err(|_| {
+                PeerError::Failed(format!(
+                    "promoting node {id} did not commit within {deadline:?}"
+                ))
+            })?
+            .map_err(write_error)?;
+            true
+        } else {
+            false
+        };
+        tracing::info!(node = id, voter, "node joined the cluster");
+        Ok(JoinReply {
+            leader: self.cfg.node_id,
+            voter,
+        })
+    }
+
+    /// Takes a node out of the membership and the registry (on the leader), and
+    /// promotes a learner if that leaves fewer voters than wanted.
+    pub(crate) async fn handle_remove(&self, id: RaftNodeId) -> Result<(), PeerError> {
+        if !self.is_leader() {
+            return Err(self.leader_hint());
+        }
+        let _one_at_a_time = self.membership.lock().await;
+        let cmd = Command::RemoveNode { node: NodeId(id) };
+        state::validate(&self.sm.state(), &cmd).map_err(PeerError::Rejected)?;
+        let membership = self.raft.metrics().borrow().membership_config.clone();
+        let voters: BTreeSet<u64> = membership.membership().voter_ids().collect();
+        let learners: Vec<u64> = membership.membership().learner_ids().collect();
+        if voters.contains(&id) {
+            self.raft
+                .change_membership(ChangeMembers::RemoveVoters(BTreeSet::from([id])), true)
+                .await
+                .map_err(write_error)?;
+        }
+        if membership.membership().get_node(&id).is_some() {
+            self.raft
+                .change_membership(ChangeMembers::RemoveNodes(BTreeSet::from([id])), false)
+                .await
+                .map_err(write_error)?;
+        }
+        match self.propose_here(cmd).await? {
+            Response::Rejected(e) => return Err(PeerError::Rejected(e)),
+            Response::Applied { .. } | Response::Empty => {}
+        }
+        let remaining = voters.len() - usize::from(voters.contains(&id));
+        if remaining < self.cfg.max_voters {
+            if let Some(&learner) = learners.iter().find(|&&l| l != id) {
+                self.raft
+                    .change_membership(ChangeMembers::AddVoterIds(BTreeSet::from([learner])), true)
+                    .await
+                    .map_err(write_error)?;
+            }
+        }
+        tracing::info!(node = id, "node removed from the cluster");
+        Ok(())
+    }
+}
+
+/// Maps openraft's write errors: "forward to leader" becomes [`PeerError::NotLeader`].
+fn write_error(e: RaftError<RaftNodeId, ClientWriteError<RaftNodeId, BasicNode>>) -> PeerError {
+    match e {
+        RaftError::APIError(ClientWriteError::ForwardToLeader(f)) => PeerError::NotLeader {
+            leader: f.leader_id,
+            addr: f.leader_node.map(|n| n.addr),
+        },
+        other => PeerError::Failed(other.to_string()),
+    }
+}

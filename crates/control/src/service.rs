@@ -1,0 +1,69 @@
+//! The server side of the peers-only `hawser.raft.v1.RaftPeer` service.
+//!
+//! Thin on purpose: decode the JSON payload, hand it to the local Raft instance or to
+//! the control plane, encode `Result<reply, error>` back. A payload that does not
+//! decode is `INVALID_ARGUMENT`; everything else, errors included, is a normal reply so
+//! that openraft's and hawser's error types reach the caller intact.
+
+use std::sync::Arc;
+
+use openraft::raft::{AppendEntriesRequest, InstallSnapshotRequest, VoteRequest};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use tonic::{Request, Response, Status};
+
+use crate::pb::raft_peer_server::RaftPeer;
+use crate::pb::Payload;
+use crate::plane::{Inner, JoinRequest};
+use crate::state::Command;
+use crate::types::{RaftNodeId, TypeConfig};
+
+/// The peer service of one node; the node adds [`crate::ControlPlane::raft_service`] to
+/// its gRPC server.
+pub struct PeerService {
+    pub(crate) inner: Arc<Inner>,
+}
+
+fn decode<T: DeserializeOwned>(req: Request<Payload>) -> Result<T, Status> {
+    serde_json::from_slice(&req.into_inner().json)
+        .map_err(|e| Status::invalid_argument(format!("undecodable peer message: {e}")))
+}
+
+fn encode<T: Serialize>(reply: &T) -> Result<Response<Payload>, Status> {
+    serde_json::to_vec(reply)
+        .map(|json| Response::new(Payload { json }))
+        .map_err(|e| Status::internal(format!("cannot encode a peer reply: {e}")))
+}
+
+#[tonic::async_trait]
+impl RaftPeer for PeerService {
+    async fn append_entries(&self, req: Request<Payload>) -> Result<Response<Payload>, Status> {
+        let rpc: AppendEntriesRequest<TypeConfig> = decode(req)?;
+        encode(&self.inner.raft.append_entries(rpc).await)
+    }
+
+    async fn vote(&self, req: Request<Payload>) -> Result<Response<Payload>, Status> {
+        let rpc: VoteRequest<RaftNodeId> = decode(req)?;
+        encode(&self.inner.raft.vote(rpc).await)
+    }
+
+    async fn install_snapshot(&self, req: Request<Payload>) -> Result<Response<Payload>, Status> {
+        let rpc: InstallSnapshotRequest<TypeConfig> = decode(req)?;
+        encode(&self.inner.raft.install_snapshot(rpc).await)
+    }
+
+    async fn join_cluster(&self, req: Request<Payload>) -> Result<Response<Payload>, Status> {
+        let join: JoinRequest = decode(req)?;
+        encode(&self.inner.handle_join(join).await)
+    }
+
+    async fn forward_propose(&self, req: Request<Payload>) -> Result<Response<Payload>, Status> {
+        let cmd: Command = decode(req)?;
+        encode(&self.inner.propose_here(cmd).await)
+    }
+
+    async fn remove_node(&self, req: Request<Payload>) -> Result<Response<Payload>, Status> {
+        let id: RaftNodeId = decode(req)?;
+        encode(&self.inner.handle_remove(id).await)
+    }
+}
