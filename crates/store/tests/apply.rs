@@ -1,0 +1,501 @@
+//! Receiver-side apply, run once against each engine: idempotence by Gtid, the DB2
+//! exception rules, gaps and order per origin, refused batches that change nothing,
+//! log records with the original Gtid, high-water marks across reopen, row locks
+//! against local transactions, and bulk apply of compiled runs.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use common::{counters, opts, Fixture};
+use hawser_core::{
+    ChangeOp, Epoch, Gtid, Lsn, NodeId, QualName, Row, RowChange, TableDef, Transaction, Value,
+};
+use hawser_store::{Database, KeyRange, LogEntry, LogRecord, ReplicatedTxn, StoreError};
+
+macro_rules! on_both_engines {
+    ($($name:ident),* $(,)?) => {
+        mod mem_engine {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $name() {
+                    super::$name(super::Fixture::mem(super::opts())).await;
+                }
+            )*
+        }
+        mod sled_engine {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $name() {
+                    super::$name(super::Fixture::sled(super::opts())).await;
+                }
+            )*
+        }
+    };
+}
+
+on_both_engines!(
+    a_batch_applied_twice_changes_nothing_the_second_time,
+    insert_of_an_existing_key_is_applied_as_an_update,
+    update_of_a_missing_row_is_applied_as_an_insert,
+    delete_of_a_missing_row_is_ignored,
+    key_changing_updates_follow_the_rules_at_both_keys,
+    gaps_advance_the_high_water_and_older_seqs_are_skipped,
+    an_origin_out_of_order_within_a_batch_is_refused,
+    an_unknown_table_refuses_the_whole_batch,
+    log_records_carry_the_original_gtid_and_epoch,
+    high_water_marks_survive_reopen,
+    apply_waits_for_a_local_transaction_holding_the_row,
+    a_compiled_run_writes_net_rows_and_every_record,
+    a_run_that_does_not_compile_is_applied_in_log_order,
+    a_partly_applied_run_is_finished_in_log_order,
+    a_compilation_of_another_run_is_refused,
+);
+
+const ORIGIN: NodeId = NodeId(100);
+
+fn t() -> QualName {
+    QualName::bare("counters")
+}
+
+fn row(k: i64, n: i64) -> Row {
+    vec![Value::Int(k), Value::Int(n)]
+}
+
+fn ins(k: i64, n: i64) -> RowChange {
+    RowChange {
+        table: t(),
+        op: ChangeOp::Insert,
+        key: vec![Value::Int(k)],
+        before: None,
+        after: Some(row(k, n)),
+    }
+}
+
+/// An update of row `k` (holding `before` at the origin) to `(new_k, n)`.
+fn upd(k: i64, before: i64, new_k: i64, n: i64) -> RowChange {
+    RowChange {
+        table: t(),
+        op: ChangeOp::Update,
+        key: vec![Value::Int(k)],
+        before: Some(row(k, before)),
+        after: Some(row(new_k, n)),
+    }
+}
+
+fn del(k: i64, before: i64) -> RowChange {
+    RowChange {
+        table: t(),
+        op: ChangeOp::Delete,
+        key: vec![Value::Int(k)],
+        before: Some(row(k, before)),
+        after: None,
+    }
+}
+
+fn rtxn(origin: NodeId, seq: u64, changes: Vec<RowChange>) -> ReplicatedTxn {
+    ReplicatedTxn {
+        txn: Transaction {
+            gtid: Gtid::new(origin, seq),
+            commit_micros: 1_000 + seq as i64,
+            changes,
+        },
+        epoch: Epoch(3),
+    }
+}
+
+async fn setup(f: &Fixture) -> &Database {
+    let db = f.db();
+    db.create_table(counters()).await.unwrap();
+    db
+}
+
+fn rows(db: &Database) -> Vec<Row> {
+    db.scan(&t(), KeyRange::all())
+        .unwrap()
+        .map(Result::unwrap)
+        .collect()
+}
+
+fn records(db: &Database) -> Vec<LogRecord> {
+    db.log_range(Lsn(1), usize::MAX).unwrap()
+}
+
+/// The transaction records of the log (DDL left out).
+fn txn_records(db: &Database) -> Vec<(Lsn, Epoch, Transaction)> {
+    records(db)
+        .into_iter()
+        .filter_map(|r| match r.entry {
+            LogEntry::Txn(t) => Some((r.lsn, r.epoch, t)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Inserts `(k, n)` in a local transaction.
+async fn local_insert(db: &Database, k: i64, n: i64) {
+    let mut txn = db.begin();
+    txn.insert(&t(), row(k, n)).await.unwrap();
+    txn.commit().await.unwrap();
+}
+
+async fn a_batch_applied_twice_changes_nothing_the_second_time(f: Fixture) {
+    let db = setup(&f).await;
+    let batch = vec![
+        rtxn(ORIGIN, 1, vec![ins(1, 10), ins(2, 20)]),
+        rtxn(ORIGIN, 2, vec![upd(1, 10, 1, 11), del(2, 20)]),
+        rtxn(NodeId(200), 1, vec![ins(3, 30)]),
+    ];
+    let first = db.apply_replicated(batch.clone()).await.unwrap();
+    assert_eq!((first.applied, first.skipped), (3, 0));
+    assert_eq!(first.row_changes, 5);
+    assert!(first.durable && !first.compiled);
+    let after_first = (rows(db), records(db));
+    assert_eq!(after_first.0, vec![row(1, 11), row(3, 30)]);
+    let second = db.apply_replicated(batch).await.unwrap();
+    assert_eq!((second.applied, second.skipped), (0, 3));
+    assert_eq!(second.rows_written, 0);
+    assert_eq!(second.last_lsn, Lsn::ZERO);
+    assert_eq!((rows(db), records(db)), after_first);
+    assert_eq!(second.high_water, first.high_water);
+    assert_eq!(second.high_water[&ORIGIN], 2);
+    assert_eq!(second.high_water[&NodeId(200)], 1);
+}
+
+async fn insert_of_an_existing_key_is_applied_as_an_update(f: Fixture) {
+    let db = setup(&f).await;
+    local_insert(db, 1, 5).await;
+    let info = db
+        .apply_replicated(vec![rtxn(ORIGIN, 1, vec![ins(1, 10)])])
+        .await
+        .unwrap();
+    assert_eq!(info.applied, 1);
+    assert_eq!(rows(db), vec![row(1, 10)]);
+    // Recorded as what happened here: an update of the row that was here.
+    let (_, _, txn) = txn_records(db).pop().unwrap();
+    assert_eq!(txn.changes.len(), 1);
+    let c = &txn.changes[0];
+    assert_eq!(c.op, ChangeOp::Update);
+    assert_eq!(c.before, Some(row(1, 5)));
+    assert_eq!(c.after, Some(row(1, 10)));
+}
+
+async fn update_of_a_missing_row_is_applied_as_an_insert(f: Fixture) {
+    let db = setup(&f).await;
+    db.apply_replicated(vec![rtxn(ORIGIN, 1, vec![upd(4, 40, 4, 41)])])
+        .await
+        .unwrap();
+    assert_eq!(rows(db), vec![row(4, 41)]);
+    let (_, _, txn) = txn_records(db).pop().unwrap();
+    assert_eq!(txn.changes[0].op, ChangeOp::Insert);
+    assert_eq!(txn.changes[0].before, None);
+    assert_eq!(txn.changes[0].after, Some(row(4, 41)));
+}
+
+async fn delete_of_a_missing_row_is_ignored(f: Fixture) {
+    let db = setup(&f).await;
+    local_insert(db, 1, 5).await;
+    let info = db
+        .apply_replicated(vec![rtxn(ORIGIN, 1, vec![del(9, 90), del(1, 5)])])
+        .await
+        .unwrap();
+    assert_eq!(info.applied, 1);
+    assert_eq!(
+        info.rows_written, 1,
+        "only the row that was here is deleted"
+    );
+    assert!(rows(db).is_empty());
+    let (_, _, txn) = txn_records(db).pop().unwrap();
+    assert_eq!(txn.changes, vec![del(1, 5)]);
+    assert_eq!(db.high_water(ORIGIN).unwrap(), 1);
+}
+
+async fn key_changing_updates_follow_the_rules_at_both_keys(f: Fixture) {
+    let db = setup(&f).await;
+    local_insert(db, 1, 10).await;
+    local_insert(db, 2, 20).await;
+    local_insert(db, 3, 30).await;
+    db.apply_replicated(vec![
+        // Old key here, new key free: the row moves.
+        rtxn(ORIGIN, 1, vec![upd(1, 10, 5, 11)]),
+        // Old key here, new key taken here: the old goes, the new is overwritten.
+        rtxn(ORIGIN, 2, vec![upd(2, 20, 3, 21)]),
+        // Old key missing, new key free: an insert at the new key.
+        rtxn(ORIGIN, 3, vec![upd(7, 70, 8, 71)]),
+        // Old key missing, new key taken: the row there is overwritten.
+        rtxn(ORIGIN, 4, vec![upd(9, 90, 5, 91)]),
+    ])
+    .await
+    .unwrap();
+    assert_eq!(rows(db), vec![row(3, 21), row(5, 91), row(8, 71)]);
+    let txns: Vec<Vec<RowChange>> = txn_records(db)
+        .into_iter()
+        .filter(|(_, _, t)| t.gtid.origin == ORIGIN)
+        .map(|(_, _, t)| t.changes)
+        .collect();
+    assert_eq!(txns[0], vec![upd(1, 10, 5, 11)]);
+    assert_eq!(txns[1], vec![del(2, 20), upd(3, 30, 3, 21)]);
+    assert_eq!(txns[2], vec![ins(8, 71)]);
+    assert_eq!(txns[3], vec![upd(5, 11, 5, 91)]);
+}
+
+async fn gaps_advance_the_high_water_and_older_seqs_are_skipped(f: Fixture) {
+    let db = setup(&f).await;
+    let info = db
+        .apply_replicated(vec![
+            rtxn(ORIGIN, 1, vec![ins(1, 10)]),
+            rtxn(ORIGIN, 5, vec![ins(5, 50)]),
+        ])
+        .await
+        .unwrap();
+    assert_eq!(info.applied, 2);
+    assert_eq!(db.high_water(ORIGIN).unwrap(), 5);
+    // A transaction inside the gap arriving later is already covered by the mark.
+    let late = db
+        .apply_replicated(vec![
+            rtxn(ORIGIN, 3, vec![ins(3, 30)]),
+            rtxn(ORIGIN, 6, vec![ins(6, 60)]),
+        ])
+        .await
+        .unwrap();
+    assert_eq!((late.applied, late.skipped), (1, 1));
+    assert_eq!(rows(db), vec![row(1, 10), row(5, 50), row(6, 60)]);
+    assert_eq!(db.high_water(ORIGIN).unwrap(), 6);
+}
+
+async fn an_origin_out_of_order_within_a_batch_is_refused(f: Fixture) {
+    let db = setup(&f).await;
+    let before = records(db);
+    for batch in [
+        vec![
+            rtxn(ORIGIN, 2, vec![ins(2, 20)]),
+            rtxn(ORIGIN, 1, vec![ins(1, 10)]),
+        ],
+        vec![
+            rtxn(ORIGIN, 1, vec![ins(1, 10)]),
+            rtxn(NodeId(200), 1, vec![ins(2, 20)]),
+            rtxn(ORIGIN, 1, vec![ins(3, 30)]),
+        ],
+    ] {
+        let err = db.apply_replicated(batch).await.unwrap_err();
+        assert!(matches!(err, StoreError::InvalidBatch(_)), "{err}");
+        assert!(err.to_string().contains("out of order"), "{err}");
+    }
+    assert!(rows(db).is_empty());
+    assert_eq!(records(db), before);
+    assert_eq!(db.high_water(ORIGIN).unwrap(), 0);
+    // Different origins interleave freely.
+    db.apply_replicated(vec![
+        rtxn(ORIGIN, 1, vec![ins(1, 10)]),
+        rtxn(NodeId(200), 7, vec![ins(2, 20)]),
+        rtxn(ORIGIN, 2, vec![ins(3, 30)]),
+    ])
+    .await
+    .unwrap();
+    assert_eq!(rows(db).len(), 3);
+}
+
+async fn an_unknown_table_refuses_the_whole_batch(f: Fixture) {
+    let db = setup(&f).await;
+    let before = records(db);
+    let mut stray = ins(1, 10);
+    stray.table = QualName::bare("nowhere");
+    let err = db
+        .apply_replicated(vec![
+            rtxn(ORIGIN, 1, vec![ins(1, 10)]),
+            rtxn(ORIGIN, 2, vec![ins(2, 20), stray]),
+        ])
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), "42P01");
+    let msg = err.to_string();
+    assert!(
+        msg.contains("100:2") && msg.contains("nowhere"),
+        "the error names the Gtid and the table: {msg}"
+    );
+    assert!(rows(db).is_empty());
+    assert_eq!(records(db), before);
+    assert_eq!(db.high_water(ORIGIN).unwrap(), 0);
+    // A row that does not fit the table is refused the same way.
+    let mut wide = ins(1, 10);
+    wide.after = Some(vec![Value::Int(1), Value::Int(2), Value::Int(3)]);
+    let err = db
+        .apply_replicated(vec![rtxn(ORIGIN, 1, vec![wide])])
+        .await
+        .unwrap_err();
+    assert!(matches!(err, StoreError::Replicated { .. }), "{err}");
+    assert_eq!(records(db), before);
+}
+
+async fn log_records_carry_the_original_gtid_and_epoch(f: Fixture) {
+    let db = setup(&f).await;
+    local_insert(db, 1, 10).await;
+    let own_before = db.high_water(db.node_id()).unwrap();
+    let last = db.last_lsn();
+    let info = db
+        .apply_replicated(vec![
+            rtxn(ORIGIN, 41, vec![ins(2, 20)]),
+            rtxn(ORIGIN, 42, vec![]),
+        ])
+        .await
+        .unwrap();
+    assert_eq!(info.last_lsn, Lsn(last.0 + 2));
+    let recs = txn_records(db);
+    let applied: Vec<_> = recs.iter().filter(|r| r.2.gtid.origin == ORIGIN).collect();
+    assert_eq!(applied.len(), 2);
+    assert_eq!(applied[0].0, Lsn(last.0 + 1));
+    assert_eq!(applied[0].1, Epoch(3));
+    assert_eq!(applied[0].2.gtid, Gtid::new(ORIGIN, 41));
+    assert_eq!(applied[0].2.commit_micros, 1_041);
+    assert_eq!(applied[1].2.gtid, Gtid::new(ORIGIN, 42));
+    assert!(applied[1].2.changes.is_empty());
+    // Applying does not consume this node's own seqs: local Gtids stay dense.
+    assert_eq!(db.high_water(db.node_id()).unwrap(), own_before);
+    local_insert(db, 3, 30).await;
+    let (_, _, mine) = txn_records(db).pop().unwrap();
+    assert_eq!(mine.gtid, Gtid::new(db.node_id(), own_before + 1));
+}
+
+async fn high_water_marks_survive_reopen(mut f: Fixture) {
+    setup(&f).await;
+    f.db()
+        .apply_replicated(vec![
+            rtxn(ORIGIN, 3, vec![ins(1, 10)]),
+            rtxn(NodeId(200), 9, vec![ins(2, 20)]),
+        ])
+        .await
+        .unwrap();
+    let marks = f.db().high_waters().unwrap();
+    let last = f.db().last_lsn();
+    let db = f.reopen();
+    assert_eq!(db.high_waters().unwrap(), marks);
+    assert_eq!(
+        marks,
+        BTreeMap::from([(opts().node_id, 1), (ORIGIN, 3), (NodeId(200), 9)])
+    );
+    assert_eq!(db.last_lsn(), last);
+    let again = db
+        .apply_replicated(vec![rtxn(ORIGIN, 3, vec![ins(1, 99)])])
+        .await
+        .unwrap();
+    assert_eq!(again.skipped, 1);
+    assert_eq!(rows(db), vec![row(1, 10), row(2, 20)]);
+}
+
+async fn apply_waits_for_a_local_transaction_holding_the_row(f: Fixture) {
+    let db = setup(&f).await;
+    local_insert(db, 1, 10).await;
+    let mut local = db.begin();
+    local
+        .update(&t(), &[Value::Int(1)], row(1, 11))
+        .await
+        .unwrap();
+    let mut applier = {
+        let db = db.clone();
+        tokio::spawn(async move {
+            db.apply_replicated(vec![rtxn(ORIGIN, 1, vec![upd(1, 11, 1, 12)])])
+                .await
+        })
+    };
+    // The apply needs the row lock the local transaction holds: it must still be
+    // waiting when this deadline passes (without the lock it finishes in microseconds).
+    let waited = tokio::time::timeout(Duration::from_millis(300), &mut applier).await;
+    assert!(waited.is_err(), "apply overtook a local transaction");
+    assert_eq!(db.high_water(ORIGIN).unwrap(), 0);
+    local.commit().await.unwrap();
+    applier.await.unwrap().unwrap();
+    assert_eq!(rows(db), vec![row(1, 12)]);
+    let (_, _, applied) = txn_records(db).pop().unwrap();
+    assert_eq!(applied.changes[0].before, Some(row(1, 11)));
+}
+
+/// A run over keys 1..=3: 1 is inserted and updated twice, 2 is updated then deleted,
+/// 3 is deleted and inserted again.
+fn run() -> Vec<ReplicatedTxn> {
+    vec![
+        rtxn(ORIGIN, 1, vec![ins(1, 10), upd(2, 20, 2, 21)]),
+        rtxn(ORIGIN, 2, vec![upd(1, 10, 1, 11), del(3, 30)]),
+        rtxn(ORIGIN, 3, vec![upd(1, 11, 1, 12), del(2, 21)]),
+        rtxn(ORIGIN, 4, vec![ins(3, 33)]),
+    ]
+}
+
+fn compile(db: &Database, run: &[ReplicatedTxn]) -> hawser_rtl::Compilation {
+    let catalog: Vec<TableDef> = db.tables().iter().map(|t| (**t).clone()).collect();
+    let txns: Vec<Transaction> = run.iter().map(|r| r.txn.clone()).collect();
+    hawser_rtl::compile(&txns, &catalog).unwrap()
+}
+
+async fn a_compiled_run_writes_net_rows_and_every_record(f: Fixture) {
+    let db = setup(&f).await;
+    local_insert(db, 2, 20).await;
+    local_insert(db, 3, 30).await;
+    let run = run();
+    let compiled = compile(db, &run);
+    assert!(compiled.is_compiled());
+    let info = db.apply_compiled(&run, &compiled).await.unwrap();
+    assert!(info.compiled);
+    assert_eq!((info.applied, info.row_changes), (4, 7));
+    assert_eq!(info.rows_written, 3, "one write per key");
+    assert_eq!(rows(db), vec![row(1, 12), row(3, 33)]);
+    let applied: Vec<_> = txn_records(db)
+        .into_iter()
+        .filter(|r| r.2.gtid.origin == ORIGIN)
+        .collect();
+    let gtids: Vec<u64> = applied.iter().map(|r| r.2.gtid.seq).collect();
+    assert_eq!(gtids, vec![1, 2, 3, 4]);
+    // Records hold the changes as they happened here, in log order.
+    assert_eq!(applied[1].2.changes, vec![upd(1, 10, 1, 11), del(3, 30)]);
+    assert_eq!(db.high_water(ORIGIN).unwrap(), 4);
+    // The same run again is skipped whole.
+    let again = db.apply_compiled(&run, &compiled).await.unwrap();
+    assert_eq!(
+        (again.applied, again.skipped, again.rows_written),
+        (0, 4, 0)
+    );
+    assert_eq!(rows(db), vec![row(1, 12), row(3, 33)]);
+}
+
+async fn a_run_that_does_not_compile_is_applied_in_log_order(f: Fixture) {
+    let db = setup(&f).await;
+    // insert followed by insert of the same key is not an RTL pair.
+    let run = vec![
+        rtxn(ORIGIN, 1, vec![ins(1, 10)]),
+        rtxn(ORIGIN, 2, vec![ins(1, 11), ins(2, 20)]),
+    ];
+    let compiled = compile(db, &run);
+    assert!(!compiled.is_compiled());
+    let info = db.apply_compiled(&run, &compiled).await.unwrap();
+    assert!(!info.compiled);
+    assert_eq!(info.applied, 2);
+    assert_eq!(rows(db), vec![row(1, 11), row(2, 20)]);
+}
+
+async fn a_partly_applied_run_is_finished_in_log_order(f: Fixture) {
+    let db = setup(&f).await;
+    local_insert(db, 2, 20).await;
+    local_insert(db, 3, 30).await;
+    let run = run();
+    // The first two transactions arrived earlier, in log order.
+    db.apply_replicated(run[..2].to_vec()).await.unwrap();
+    let compiled = compile(db, &run);
+    let info = db.apply_compiled(&run, &compiled).await.unwrap();
+    assert!(
+        !info.compiled,
+        "net operations must not land inside the run"
+    );
+    assert_eq!((info.applied, info.skipped), (2, 2));
+    assert_eq!(rows(db), vec![row(1, 12), row(3, 33)]);
+}
+
+async fn a_compilation_of_another_run_is_refused(f: Fixture) {
+    let db = setup(&f).await;
+    let run = run();
+    let compiled = compile(db, &run[..2]);
+    let err = db.apply_compiled(&run, &compiled).await.unwrap_err();
+    assert!(matches!(err, StoreError::InvalidBatch(_)), "{err}");
+    assert_eq!(err.code(), "08P01");
+    assert!(rows(db).is_empty());
+    assert_eq!(db.stats().locks_held, 0);
+}
