@@ -72,6 +72,32 @@ pub struct BenchArgs {
     /// Load applied before measuring starts, not counted.
     #[arg(long, value_name = "SECS", default_value = "1s", value_parser = parse_duration)]
     pub warmup: Duration,
+    /// Before the load, measure how many write+fdatasync calls per second the disk under
+    /// DIR sustains (the physical limit of one commit per flush), for comparison. Only
+    /// meaningful when DIR is on the node's disk.
+    #[arg(long, value_name = "DIR")]
+    pub fsync_probe: Option<std::path::PathBuf>,
+}
+
+/// How long the fsync probe runs.
+const FSYNC_PROBE_TIME: Duration = Duration::from_secs(3);
+
+/// Writes 4 KiB and `fdatasync`s it in a loop in a temporary file under `dir` for
+/// `time`; returns syncs per second.
+fn fsync_probe(dir: &std::path::Path, time: Duration) -> anyhow::Result<f64> {
+    use std::io::{Seek, SeekFrom};
+    let mut file = tempfile::tempfile_in(dir)
+        .with_context(|| format!("create a probe file in {}", dir.display()))?;
+    let block = vec![0xA5u8; 4096];
+    let start = Instant::now();
+    let mut syncs = 0u64;
+    while start.elapsed() < time {
+        file.seek(SeekFrom::Start(0))?;
+        file.write_all(&block)?;
+        file.sync_data().context("fdatasync the probe file")?;
+        syncs += 1;
+    }
+    Ok(syncs as f64 / start.elapsed().as_secs_f64())
 }
 
 /// A duration as humantime writes it (`500ms`, `10s`, `1m 30s`) or plain seconds (`10`,
@@ -113,6 +139,14 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
         eprintln!("error: {problem}");
         return Ok(ExitCode::FAILURE);
     }
+    let fsyncs_per_sec = match &args.fsync_probe {
+        Some(dir) => {
+            let dir = dir.clone();
+            Some(tokio::task::spawn_blocking(move || fsync_probe(&dir, FSYNC_PROBE_TIME)).await??)
+        }
+        None => None,
+    };
+    let before = admin.status().await.context("status before the run")?;
     // Connections are opened before the clock starts, so their setup is not measured.
     let mut clients = Vec::with_capacity(args.clients as usize);
     for _ in 0..args.clients {
@@ -181,7 +215,13 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
     }
     let finished = Instant::now().min(workload.end);
     let measured = finished.saturating_duration_since(workload.measure_from);
-    let report = Report::merge(args.clients, measured, &runs)?;
+    let mut report = Report::merge(args.clients, measured, &runs)?;
+    report.fsyncs_per_sec = fsyncs_per_sec;
+    if let Ok(after) = admin.status().await {
+        let commits = after.commits.saturating_sub(before.commits);
+        let flushes = after.flushes.saturating_sub(before.flushes);
+        report.server = Some((commits, flushes));
+    }
 
     let mut out = std::io::stdout();
     match args.format {
@@ -399,6 +439,10 @@ struct Report {
     not_durable: u64,
     latency_us: Histogram<u64>,
     first_errors: Vec<String>,
+    /// The disk's write+fdatasync rate, when probed.
+    fsyncs_per_sec: Option<f64>,
+    /// Commits and flushes the server counted over the whole run (warm-up included).
+    server: Option<(u64, u64)>,
 }
 
 impl Report {
@@ -411,6 +455,8 @@ impl Report {
             not_durable: 0,
             latency_us: new_histogram(),
             first_errors: Vec::new(),
+            fsyncs_per_sec: None,
+            server: None,
         };
         for run in runs {
             report.commits += run.commits;
@@ -463,7 +509,38 @@ impl Report {
             "commits_per_sec": self.commits_per_sec(),
             "durable": self.commits > 0 && self.not_durable == 0,
             "latency_us": {"p50": p50, "p99": p99, "p999": p999, "max": max, "mean": mean},
+            "fsyncs_per_sec": self.fsyncs_per_sec,
+            "commits_per_fsync_limit": self.fsyncs_per_sec.map(|f| self.commits_per_sec() / f),
+            "server_commits": self.server.map(|s| s.0),
+            "server_flushes": self.server.map(|s| s.1),
+            "commits_per_flush": self.commits_per_flush(),
         })
+    }
+
+    /// The group-commit factor the server saw: commits per disk flush.
+    fn commits_per_flush(&self) -> Option<f64> {
+        self.server
+            .filter(|s| s.1 > 0)
+            .map(|(c, f)| c as f64 / f as f64)
+    }
+
+    fn extra_text(&self) -> String {
+        let mut out = String::new();
+        if let Some((commits, flushes)) = self.server {
+            let factor = self
+                .commits_per_flush()
+                .map_or("-".into(), |f| format!("{f:.1}"));
+            out.push_str(&format!(
+                "server         {commits} commits in {flushes} flushes ({factor} commits per flush)\n"
+            ));
+        }
+        if let Some(f) = self.fsyncs_per_sec {
+            out.push_str(&format!(
+                "disk           {f:.0} fsyncs/s; commits/s is {:.2}x that limit\n",
+                self.commits_per_sec() / f
+            ));
+        }
+        out
     }
 
     fn text(&self, table: &str, value_size: usize, keys: i64) -> String {
@@ -480,7 +557,9 @@ impl Report {
              commits/s      {rate:.1}\n\
              errors         {errors}\n\
              durable        {durable}\n\
-             latency (µs)   p50 {p50}  p99 {p99}  p999 {p999}  max {max}  mean {mean:.0}\n",
+             latency (µs)   p50 {p50}  p99 {p99}  p999 {p999}  max {max}  mean {mean:.0}\n\
+             {extra}",
+            extra = self.extra_text(),
             clients = self.clients,
             secs = self.measured.as_secs_f64(),
             commits = self.commits,
