@@ -1,0 +1,255 @@
+//! In-process clusters: real tonic servers on loopback ports, memory engines, fast Raft
+//! timing. Every wait is bounded and waits on a condition.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use hawser_control::{ClusterState, Command, ControlConfig, ControlPlane, PlaneError};
+use hawser_core::{Ident, NodeId, QualName};
+use hawser_store::{KvEngine, MemEngine};
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+use tokio_stream::wrappers::TcpListenerStream;
+
+const WAIT: Duration = Duration::from_secs(10);
+
+struct TestNode {
+    plane: ControlPlane,
+    addr: String,
+    stop: Option<oneshot::Sender<()>>,
+    server: tokio::task::JoinHandle<()>,
+}
+
+impl TestNode {
+    async fn start(id: u64, snapshot_every: u64) -> TestNode {
+        Self::start_as(id, id, snapshot_every).await
+    }
+
+    /// A node with id `id` and store name `store{store}`.
+    async fn start_as(id: u64, store: u64, snapshot_every: u64) -> TestNode {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let mut cfg = ControlConfig::new(
+            NodeId(id),
+            Ident::unquoted(&format!("store{store}")),
+            "127.0.0.1",
+            addr.clone(),
+            format!("127.0.0.1:{}", 18000 + id),
+        );
+        cfg.heartbeat_interval = Duration::from_millis(50);
+        cfg.election_timeout_min = Duration::from_millis(200);
+        cfg.election_timeout_max = Duration::from_millis(400);
+        cfg.snapshot_every = snapshot_every;
+        cfg.max_in_snapshot_log_to_keep = 0;
+        let engine: Arc<dyn KvEngine> = Arc::new(MemEngine::new());
+        let plane = ControlPlane::start(cfg, engine).await.unwrap();
+        let (stop, stopped) = oneshot::channel::<()>();
+        let service = plane.raft_service();
+        let server = tokio::spawn(async move {
+            tonic::transport::Server::builder()
+                .add_service(service)
+                .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async {
+                    let _ = stopped.await;
+                })
+                .await
+                .unwrap();
+        });
+        TestNode {
+            plane,
+            addr,
+            stop: Some(stop),
+            server,
+        }
+    }
+
+    async fn kill(&mut self) {
+        self.plane.shutdown().await.unwrap();
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        (&mut self.server).await.unwrap();
+    }
+}
+
+/// Waits until `pred` holds for the node's applied state.
+async fn wait_state(plane: &ControlPlane, what: &str, pred: impl Fn(&ClusterState) -> bool) {
+    let mut rx = plane.subscribe();
+    let found = tokio::time::timeout(WAIT, async {
+        loop {
+            if pred(&rx.borrow_and_update()) {
+                return;
+            }
+            rx.changed().await.unwrap();
+        }
+    })
+    .await;
+    assert!(found.is_ok(), "timed out waiting for {what}");
+}
+
+async fn join_retrying(node: &TestNode, members: &[String]) {
+    let joined = tokio::time::timeout(WAIT, async {
+        loop {
+            match node.plane.join(members).await {
+                Ok(reply) => return reply,
+                Err(e) if e.is_retryable() => {
+                    // Bounded by the outer timeout; wait for a leader to show up.
+                    tokio::task::yield_now().await;
+                }
+                Err(e) => panic!("join refused: {e}"),
+            }
+        }
+    })
+    .await
+    .expect("join within the deadline");
+    assert!(joined.voter);
+}
+
+fn scheme_ddl(name: &str) -> Command {
+    Command::from_ddl(&format!(
+        "CREATE REPLICATION {name} ELEMENT e TABLE t MASTER store1 SUBSCRIBER store2 RETURN TWOSAFE;"
+    ))
+    .unwrap()
+    .remove(0)
+}
+
+async fn propose_retrying(plane: &ControlPlane, cmd: Command) -> u64 {
+    tokio::time::timeout(WAIT, async {
+        loop {
+            match plane.propose(cmd.clone()).await {
+                Ok(v) => return v,
+                Err(e) if e.is_retryable() => tokio::task::yield_now().await,
+                Err(e) => panic!("proposal failed: {e}"),
+            }
+        }
+    })
+    .await
+    .expect("proposal within the deadline")
+}
+
+async fn three_nodes(snapshot_every: u64) -> Vec<TestNode> {
+    let mut nodes = Vec::new();
+    for id in 1..=3 {
+        nodes.push(TestNode::start(id, snapshot_every).await);
+    }
+    nodes[0].plane.initialize().await.unwrap();
+    // Initializing again is a harmless no-op.
+    nodes[0].plane.initialize().await.unwrap();
+    let seeds = vec![nodes[0].addr.clone()];
+    join_retrying(&nodes[1], &seeds).await;
+    // The third node joins through a follower, which forwards to the leader.
+    join_retrying(&nodes[2], &[nodes[1].addr.clone()]).await;
+    for n in &nodes {
+        wait_state(&n.plane, "three registered voters", |s| {
+            s.nodes.len() == 3 && s.nodes.values().all(|n| n.voter)
+        })
+        .await;
+    }
+    nodes
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_nodes_form_a_cluster_and_a_follower_proposal_reaches_all() {
+    let nodes = three_nodes(1000).await;
+    let leader = nodes[0].plane.metrics().leader.expect("a leader");
+    let follower = nodes
+        .iter()
+        .find(|n| n.plane.metrics().node != leader)
+        .unwrap();
+    let version = propose_retrying(&follower.plane, scheme_ddl("r1")).await;
+    for n in &nodes {
+        let st = n.plane.wait_for_version(version, WAIT).await.unwrap();
+        assert!(st.schemes.contains_key(&QualName::bare("r1")));
+    }
+    // Bad DDL is refused with the checker's finding and is not retryable.
+    let bad = Command::from_ddl(
+        "CREATE REPLICATION r2 ELEMENT e TABLE t MASTER store1 SUBSCRIBER store1;",
+    )
+    .unwrap()
+    .remove(0);
+    match follower.plane.propose(bad).await {
+        Err(PlaneError::Rejected(e)) => assert!(e.to_string().contains("TT8106"), "{e}"),
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    // A new node that claims a live member's store name is refused.
+    let mut twin = TestNode::start_as(9, 1, 1000).await;
+    match twin.plane.join(&[nodes[0].addr.clone()]).await {
+        Err(PlaneError::Rejected(e)) => assert!(e.to_string().contains("clashes"), "{e}"),
+        other => panic!("expected an identity clash, got {other:?}"),
+    }
+    twin.kill().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_leader_is_elected_after_the_leader_stops_and_proposals_still_work() {
+    let mut nodes = three_nodes(1000).await;
+    let version = propose_retrying(&nodes[2].plane, scheme_ddl("before")).await;
+    for n in &nodes {
+        n.plane.wait_for_version(version, WAIT).await.unwrap();
+    }
+    let old = nodes[0].plane.metrics().leader.expect("a leader");
+    let idx = nodes
+        .iter()
+        .position(|n| n.plane.metrics().node == old)
+        .unwrap();
+    nodes[idx].kill().await;
+    let survivors: Vec<&TestNode> = nodes
+        .iter()
+        .filter(|n| n.plane.metrics().node != old)
+        .collect();
+    for n in &survivors {
+        n.plane
+            .raft()
+            .wait(Some(WAIT))
+            .metrics(
+                |m| m.current_leader.is_some_and(|l| l != old.0),
+                "a new leader",
+            )
+            .await
+            .unwrap();
+    }
+    let version = propose_retrying(&survivors[0].plane, scheme_ddl("after")).await;
+    for n in &survivors {
+        let st = n.plane.wait_for_version(version, WAIT).await.unwrap();
+        assert!(st.schemes.contains_key(&QualName::bare("after")));
+        assert!(st.schemes.contains_key(&QualName::bare("before")));
+    }
+    for n in nodes.iter_mut().filter(|n| n.plane.metrics().node != old) {
+        n.kill().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_joining_after_the_log_was_purged_receives_a_snapshot() {
+    // A snapshot every 3 entries and no log kept behind it.
+    let mut nodes = three_nodes(3).await;
+    let mut version = 0;
+    for i in 0..8 {
+        version = propose_retrying(&nodes[1].plane, scheme_ddl(&format!("s{i}"))).await;
+    }
+    let leader = nodes[0].plane.metrics().leader.unwrap();
+    let leader_node = nodes
+        .iter()
+        .find(|n| n.plane.metrics().node == leader)
+        .unwrap();
+    leader_node
+        .plane
+        .raft()
+        .wait(Some(WAIT))
+        .metrics(|m| m.purged.is_some_and(|p| p.index > 3), "the log purged")
+        .await
+        .unwrap();
+    let fourth = TestNode::start(4, 3).await;
+    join_retrying(&fourth, &[nodes[2].addr.clone()]).await;
+    let st = fourth.plane.wait_for_version(version, WAIT).await.unwrap();
+    assert_eq!(st.schemes.len(), 8);
+    assert!(st.nodes.contains_key(&NodeId(4)));
+    let m = fourth.plane.metrics();
+    assert!(
+        m.snapshot_index.is_some(),
+        "the fourth node was brought up by a snapshot: {m:?}"
+    );
+    nodes.push(fourth);
+    for n in &mut nodes {
+        n.kill().await;
+    }
+}
