@@ -253,3 +253,34 @@ async fn a_node_joining_after_the_log_was_purged_receives_a_snapshot() {
         n.kill().await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_restarted_on_its_sled_directory_keeps_its_identity_and_state() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = ControlConfig::new(
+        NodeId(1),
+        Ident::unquoted("store1"),
+        "127.0.0.1",
+        "127.0.0.1:1",
+        "127.0.0.1:2",
+    );
+    let version = {
+        let engine: Arc<dyn KvEngine> =
+            Arc::new(hawser_store::SledEngine::open(dir.path()).unwrap());
+        let plane = ControlPlane::start(cfg.clone(), engine).await.unwrap();
+        plane.initialize().await.unwrap();
+        let v = propose_retrying(&plane, scheme_ddl("kept")).await;
+        plane.shutdown().await.unwrap();
+        v
+    };
+    let engine: Arc<dyn KvEngine> = Arc::new(hawser_store::SledEngine::open(dir.path()).unwrap());
+    let plane = ControlPlane::start(cfg, engine).await.unwrap();
+    let st = plane.state();
+    assert!(st.version >= version);
+    assert!(st.schemes.contains_key(&QualName::bare("kept")));
+    assert_eq!(st.nodes[&NodeId(1)].store.as_str(), "store1");
+    // Still a one-voter cluster: it elects itself and takes proposals, no init needed.
+    let v = propose_retrying(&plane, scheme_ddl("after_restart")).await;
+    assert!(v > version);
+    plane.shutdown().await.unwrap();
+}
