@@ -58,7 +58,7 @@ fn next_txn(seq: u64, state: &mut BTreeMap<i64, i64>) -> Transaction {
                     after: Some(row(v)),
                 }
             }
-            Some(old) if (h >> 32) % 4 == 0 => {
+            Some(old) if (h >> 32).is_multiple_of(4) => {
                 state.remove(&k);
                 RowChange {
                     table: t.clone(),
