@@ -273,7 +273,18 @@ async fn a_node_restarted_on_its_sled_directory_keeps_its_identity_and_state() {
         plane.shutdown().await.unwrap();
         v
     };
-    let engine: Arc<dyn KvEngine> = Arc::new(hawser_store::SledEngine::open(dir.path()).unwrap());
+    // openraft's state-machine task lets go of the engine (and so of sled's directory
+    // lock) shortly after shutdown returns: poll the open, bounded by the deadline.
+    let engine: Arc<dyn KvEngine> = tokio::time::timeout(WAIT, async {
+        loop {
+            match hawser_store::SledEngine::open(dir.path()) {
+                Ok(engine) => return Arc::new(engine),
+                Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
+            }
+        }
+    })
+    .await
+    .expect("the sled directory is released after shutdown");
     let plane = ControlPlane::start(cfg, engine).await.unwrap();
     let st = plane.state();
     assert!(st.version >= version);
