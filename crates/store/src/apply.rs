@@ -25,6 +25,9 @@
 //! recorded as an update with the row it replaced — so that rolling back a divergent
 //! transaction from before-images restores exactly what this node held.
 //!
+//! DDL from another origin ([`Database::apply_replicated_ddl`]) runs through the same
+//! catalog code as local DDL, keeping its original Gtid, with the same idempotence.
+//!
 //! One apply runs at a time (the apply lock): only applies advance other origins'
 //! high-water marks, so the marks an apply reads stay true until its batch is written.
 //! Row locks keep an apply from interleaving with local transactions on the same rows,
@@ -39,13 +42,13 @@ use hawser_rtl::{Compilation, NetOp, NetTable};
 
 use crate::codec;
 use crate::db::{
-    coerce_key, key_text, u64_value, validate_row, Database, ForeignAppend, Inner, TableRef,
+    coerce_key, key_text, u64_value, validate_row, Database, ForeignAppend, Inner, Origin, TableRef,
 };
 use crate::engine::WriteBatch;
 use crate::error::StoreError;
 use crate::layout;
 use crate::locks::{LockKey, TxnId};
-use crate::log::LogEntry;
+use crate::log::{DdlOp, LogEntry};
 
 /// One transaction as a receiver gets it: committed at its origin (`txn.gtid`) under
 /// the element epoch `epoch`.
@@ -169,6 +172,80 @@ impl Database {
             .all(|op| !matches!(op, NetOp::Update { after: None, .. }));
         let net = whole_rows.then_some(tables);
         self.apply_internal(run, net).await
+    }
+
+    /// Applies a DDL statement received from another origin (a [`LogEntry::Ddl`] read
+    /// from the sender's log), with the same idempotence as row changes: at or below
+    /// its origin's high-water it is skipped. Otherwise it runs here as it ran at the
+    /// origin and its log record keeps the original Gtid, epoch and commit time; the
+    /// catalog change, the record and the high-water are one atomic batch, flushed
+    /// before return (DDL always is). A statement that fails here (the table exists
+    /// already, ...) is [`StoreError::Replicated`] naming the Gtid; nothing changes.
+    pub async fn apply_replicated_ddl(
+        &self,
+        entry: &LogEntry,
+        epoch: Epoch,
+    ) -> Result<ApplyInfo, StoreError> {
+        let LogEntry::Ddl {
+            gtid,
+            commit_micros,
+            op,
+        } = entry
+        else {
+            return Err(StoreError::InvalidBatch(format!(
+                "transaction {} is not a DDL statement",
+                entry.gtid()
+            )));
+        };
+        let gtid = *gtid;
+        // One apply at a time, as for row changes: the mark read here stays true.
+        let _serial = self.inner.apply_lock.lock().await;
+        if gtid.seq <= self.high_water(gtid.origin)? {
+            self.inner.apply_metrics.skipped.increment(1);
+            let durable = self.inner.opts.durable_commits;
+            if durable {
+                self.inner.wait_durable(self.last_lsn()).await?;
+            }
+            return Ok(ApplyInfo {
+                applied: 0,
+                skipped: 1,
+                row_changes: 0,
+                rows_written: 0,
+                compiled: false,
+                last_lsn: Lsn::ZERO,
+                durable,
+                high_water: self.high_waters()?,
+            });
+        }
+        let origin = Origin::Replicated {
+            gtid,
+            epoch,
+            commit_micros: *commit_micros,
+        };
+        let done = match op {
+            DdlOp::CreateTable(def) => self.create_table_as(def.clone(), origin).await,
+            DdlOp::DropTable(name) => self.drop_table_as(name, origin).await,
+            DdlOp::AddColumn { table, column } => {
+                self.add_column_as(table, column.clone(), origin).await
+            }
+            DdlOp::CreateSequence(def) => self.create_sequence_as(def.clone(), origin).await,
+            DdlOp::DropSequence(name) => self.drop_sequence_as(name, origin).await,
+        }
+        .map_err(|source| StoreError::Replicated {
+            gtid,
+            source: Box::new(source),
+        })?;
+        self.inner.apply_metrics.applied.increment(1);
+        Ok(ApplyInfo {
+            applied: 1,
+            skipped: 0,
+            row_changes: 0,
+            rows_written: 0,
+            compiled: false,
+            last_lsn: done.lsn,
+            durable: done.durable,
+            high_water: self.high_waters()?,
+        })
     }
 
     async fn apply_internal(

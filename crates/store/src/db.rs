@@ -449,9 +449,17 @@ impl Database {
     /// Creates a table. A table declared without a primary key (`explicit_key` false)
     /// keys on all its columns; explicit key columns become NOT NULL.
     pub async fn create_table(&self, def: TableDef) -> Result<CommitInfo, StoreError> {
+        self.create_table_as(def, Origin::Local).await
+    }
+
+    pub(crate) async fn create_table_as(
+        &self,
+        def: TableDef,
+        origin: Origin,
+    ) -> Result<CommitInfo, StoreError> {
         let def = normalize_table_def(def)?;
         let name = def.name.clone();
-        let (gtid, lsn) = self.inner.append(
+        let (gtid, lsn) = self.inner.append_as(
             |state, gtid, micros| {
                 if self.inner.catalog.read().tables.contains_key(&name) {
                     return Err(StoreError::DuplicateTable(name.clone()));
@@ -482,13 +490,22 @@ impl Database {
                 Ok((batch, entry, install))
             },
             DdlKind::Ddl,
+            origin,
         )?;
         self.ddl_durable(gtid, lsn).await
     }
 
     /// Drops a table and all its rows.
     pub async fn drop_table(&self, name: &QualName) -> Result<CommitInfo, StoreError> {
-        let (gtid, lsn) = self.inner.append(
+        self.drop_table_as(name, Origin::Local).await
+    }
+
+    pub(crate) async fn drop_table_as(
+        &self,
+        name: &QualName,
+        origin: Origin,
+    ) -> Result<CommitInfo, StoreError> {
+        let (gtid, lsn) = self.inner.append_as(
             |_, gtid, micros| {
                 let t = self.table_ref(name)?;
                 let mut batch = WriteBatch::new();
@@ -508,6 +525,7 @@ impl Database {
                 Ok((batch, entry, install))
             },
             DdlKind::Ddl,
+            origin,
         )?;
         self.ddl_durable(gtid, lsn).await
     }
@@ -521,7 +539,16 @@ impl Database {
         table: &QualName,
         col: ColumnDef,
     ) -> Result<CommitInfo, StoreError> {
-        let (gtid, lsn) = self.inner.append(
+        self.add_column_as(table, col, Origin::Local).await
+    }
+
+    pub(crate) async fn add_column_as(
+        &self,
+        table: &QualName,
+        col: ColumnDef,
+        origin: Origin,
+    ) -> Result<CommitInfo, StoreError> {
+        let (gtid, lsn) = self.inner.append_as(
             |_, gtid, micros| {
                 let t = self.table_ref(table)?;
                 if !t.def.explicit_key {
@@ -578,13 +605,22 @@ impl Database {
                 Ok((batch, entry, install))
             },
             DdlKind::Ddl,
+            origin,
         )?;
         self.ddl_durable(gtid, lsn).await
     }
 
     pub async fn create_sequence(&self, def: SequenceDef) -> Result<CommitInfo, StoreError> {
+        self.create_sequence_as(def, Origin::Local).await
+    }
+
+    pub(crate) async fn create_sequence_as(
+        &self,
+        def: SequenceDef,
+        origin: Origin,
+    ) -> Result<CommitInfo, StoreError> {
         def.validate()?;
-        let (gtid, lsn) = self.inner.append(
+        let (gtid, lsn) = self.inner.append_as(
             |_, gtid, micros| {
                 if self.inner.sequences.read().contains_key(&def.name) {
                     return Err(StoreError::DuplicateSequence(def.name.clone()));
@@ -608,12 +644,21 @@ impl Database {
                 Ok((batch, entry, install))
             },
             DdlKind::Ddl,
+            origin,
         )?;
         self.ddl_durable(gtid, lsn).await
     }
 
     pub async fn drop_sequence(&self, name: &QualName) -> Result<CommitInfo, StoreError> {
-        let (gtid, lsn) = self.inner.append(
+        self.drop_sequence_as(name, Origin::Local).await
+    }
+
+    pub(crate) async fn drop_sequence_as(
+        &self,
+        name: &QualName,
+        origin: Origin,
+    ) -> Result<CommitInfo, StoreError> {
+        let (gtid, lsn) = self.inner.append_as(
             |_, gtid, micros| {
                 if !self.inner.sequences.read().contains_key(name) {
                     return Err(StoreError::UndefinedSequence(name.clone()));
@@ -631,6 +676,7 @@ impl Database {
                 Ok((batch, entry, install))
             },
             DdlKind::Ddl,
+            origin,
         )?;
         self.ddl_durable(gtid, lsn).await
     }
@@ -809,6 +855,19 @@ impl Database {
     }
 }
 
+/// Whose commit a DDL statement is.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Origin {
+    /// This node's: the next Gtid of this node, the current epoch, the time now.
+    Local,
+    /// Another origin's, received by replication: its own Gtid, epoch and time.
+    Replicated {
+        gtid: Gtid,
+        epoch: Epoch,
+        commit_micros: i64,
+    },
+}
+
 /// Which counter a commit counts under.
 #[derive(Clone, Copy)]
 pub(crate) enum DdlKind {
@@ -839,27 +898,53 @@ impl Inner {
         P: FnOnce(&mut CommitState, Gtid, i64) -> Result<Prepared<I>, StoreError>,
         I: FnOnce(),
     {
+        self.append_as(prepare, kind, Origin::Local)
+    }
+
+    /// [`Inner::append`] for a commit of either origin: a local one takes the next
+    /// Gtid of this node and the current epoch, a replicated one (DDL received from
+    /// another origin) keeps its Gtid, epoch and commit time. Either way the record's
+    /// origin gets its high-water in the same batch.
+    pub(crate) fn append_as<P, I>(
+        &self,
+        prepare: P,
+        kind: DdlKind,
+        origin: Origin,
+    ) -> Result<(Gtid, Lsn), StoreError>
+    where
+        P: FnOnce(&mut CommitState, Gtid, i64) -> Result<Prepared<I>, StoreError>,
+        I: FnOnce(),
+    {
         let mut state = self.commit.lock();
         let lsn = state.last_lsn.next();
-        let gtid = Gtid::new(self.opts.node_id, state.last_seq + 1);
-        let (mut batch, entry, install) = prepare(&mut state, gtid, now_micros())?;
-        let record = LogRecord {
-            lsn,
-            epoch: Epoch(self.epoch.load(Ordering::Acquire)),
-            entry,
+        let (gtid, epoch, micros) = match origin {
+            Origin::Local => (
+                Gtid::new(self.opts.node_id, state.last_seq + 1),
+                Epoch(self.epoch.load(Ordering::Acquire)),
+                now_micros(),
+            ),
+            Origin::Replicated {
+                gtid,
+                epoch,
+                commit_micros,
+            } => (gtid, epoch, commit_micros),
         };
+        let (mut batch, entry, install) = prepare(&mut state, gtid, micros)?;
+        let record = LogRecord { lsn, epoch, entry };
         let bytes = codec::encode_record(&record);
         let log_bytes = bytes.len() as u64;
         batch.put(layout::log_key(lsn), bytes);
         batch.put(
-            layout::high_water_key(self.opts.node_id),
+            layout::high_water_key(gtid.origin),
             gtid.seq.to_be_bytes().to_vec(),
         );
         // Write: rows, catalog, log record and high-water in one atomic batch. It is
         // visible to readers from here on, durable only after the flush.
         self.engine.apply(batch)?;
         state.last_lsn = lsn;
-        state.last_seq = gtid.seq;
+        if gtid.origin == self.opts.node_id {
+            state.last_seq = state.last_seq.max(gtid.seq);
+        }
         install();
         self.applied_lsn.store(lsn.0, Ordering::Release);
         drop(state);

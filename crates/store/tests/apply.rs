@@ -8,11 +8,12 @@ mod common;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use common::{counters, opts, Fixture};
+use common::{col, counters, opts, Fixture};
 use hawser_core::{
-    ChangeOp, Epoch, Gtid, Lsn, NodeId, QualName, Row, RowChange, TableDef, Transaction, Value,
+    ChangeOp, DataType, Epoch, Gtid, Lsn, NodeId, QualName, Row, RowChange, TableDef, Transaction,
+    Value,
 };
-use hawser_store::{Database, KeyRange, LogEntry, LogRecord, ReplicatedTxn, StoreError};
+use hawser_store::{Database, DdlOp, KeyRange, LogEntry, LogRecord, ReplicatedTxn, StoreError};
 
 macro_rules! on_both_engines {
     ($($name:ident),* $(,)?) => {
@@ -51,6 +52,8 @@ on_both_engines!(
     a_run_that_does_not_compile_is_applied_in_log_order,
     a_partly_applied_run_is_finished_in_log_order,
     a_compilation_of_another_run_is_refused,
+    replicated_ddl_runs_once_with_its_original_gtid,
+    replicated_ddl_that_fails_here_changes_nothing,
 );
 
 const ORIGIN: NodeId = NodeId(100);
@@ -498,4 +501,68 @@ async fn a_compilation_of_another_run_is_refused(f: Fixture) {
     assert_eq!(err.code(), "08P01");
     assert!(rows(db).is_empty());
     assert_eq!(db.stats().locks_held, 0);
+}
+
+fn ddl(seq: u64, op: DdlOp) -> LogEntry {
+    LogEntry::Ddl {
+        gtid: Gtid::new(ORIGIN, seq),
+        commit_micros: 500 + seq as i64,
+        op,
+    }
+}
+
+async fn replicated_ddl_runs_once_with_its_original_gtid(mut f: Fixture) {
+    let db = f.db();
+    let create = ddl(1, DdlOp::CreateTable(counters()));
+    let info = db.apply_replicated_ddl(&create, Epoch(2)).await.unwrap();
+    assert_eq!((info.applied, info.skipped), (1, 0));
+    assert!(info.durable);
+    assert!(db.table(&t()).is_some());
+    let again = db.apply_replicated_ddl(&create, Epoch(2)).await.unwrap();
+    assert_eq!((again.applied, again.skipped), (0, 1));
+    // Row changes and DDL of one origin share its high-water.
+    db.apply_replicated(vec![rtxn(ORIGIN, 2, vec![ins(1, 10)])])
+        .await
+        .unwrap();
+    let add = ddl(
+        3,
+        DdlOp::AddColumn {
+            table: t(),
+            column: col("note", DataType::Varchar(8), true),
+        },
+    );
+    db.apply_replicated_ddl(&add, Epoch(2)).await.unwrap();
+    assert_eq!(db.high_water(ORIGIN).unwrap(), 3);
+    let recs = records(db);
+    assert_eq!(recs.len(), 3);
+    assert_eq!((recs[0].epoch, &recs[0].entry), (Epoch(2), &create));
+    assert_eq!(recs[2].entry, add);
+    // Nothing of this node's own origin was used up.
+    assert_eq!(db.high_water(db.node_id()).unwrap(), 0);
+    let db = f.reopen();
+    assert_eq!(db.table(&t()).unwrap().columns.len(), 3);
+    assert_eq!(
+        rows(db),
+        vec![vec![Value::Int(1), Value::Int(10), Value::Null]]
+    );
+    let drop = ddl(4, DdlOp::DropTable(t()));
+    db.apply_replicated_ddl(&drop, Epoch(2)).await.unwrap();
+    assert!(db.table(&t()).is_none());
+    assert_eq!(db.high_waters().unwrap(), BTreeMap::from([(ORIGIN, 4)]));
+}
+
+async fn replicated_ddl_that_fails_here_changes_nothing(f: Fixture) {
+    let db = setup(&f).await;
+    let before = records(db);
+    let err = db
+        .apply_replicated_ddl(&ddl(1, DdlOp::CreateTable(counters())), Epoch(1))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), "42P07");
+    assert!(err.to_string().contains("100:1"), "{err}");
+    assert_eq!(records(db), before);
+    assert_eq!(db.high_water(ORIGIN).unwrap(), 0);
+    let txn = LogEntry::Txn(rtxn(ORIGIN, 1, vec![]).txn);
+    let err = db.apply_replicated_ddl(&txn, Epoch(1)).await.unwrap_err();
+    assert!(matches!(err, StoreError::InvalidBatch(_)), "{err}");
 }
