@@ -4,7 +4,8 @@
 //! reservation — becomes one [`LogRecord`] under the next LSN, written in the same
 //! atomic batch as the changes it describes. Each record also takes the next `seq` of
 //! its origin, so `Gtid`s are dense per origin. Replication reads this log to ship
-//! commits; a later receiver-side apply will append records of other origins here too.
+//! commits; receiver-side apply ([`crate::apply`]) appends records of other origins here
+//! too, under new local LSNs with their original Gtids and epochs.
 
 use hawser_core::{ColumnDef, Epoch, Gtid, Lsn, QualName, TableDef, Transaction};
 
