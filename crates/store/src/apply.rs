@@ -30,6 +30,8 @@
 //!
 //! One apply runs at a time (the apply lock): only applies advance other origins'
 //! high-water marks, so the marks an apply reads stay true until its batch is written.
+//! It is released before the flush, so the next batch is written while this one
+//! flushes and one flush often covers both.
 //! Row locks keep an apply from interleaving with local transactions on the same rows,
 //! and are held until the batch is durable, as a local commit holds its own.
 
@@ -258,7 +260,7 @@ impl Database {
         check_order(batch)?;
         // One apply at a time: the high-water marks read below stay true until this
         // apply has written its batch.
-        let _serial = inner.apply_lock.lock().await;
+        let serial = inner.apply_lock.lock().await;
         let marks = self.high_waters()?;
         let fresh: Vec<&ReplicatedTxn> = batch
             .iter()
@@ -281,6 +283,9 @@ impl Database {
         }
         let (last_lsn, outcome) =
             inner.append_foreign(|own_seq| write(inner, own_seq, &prepared))?;
+        // The marks are written: the next apply may build its batch while this one
+        // waits for the flush (which then often covers both).
+        drop(serial);
         let durable = inner.opts.durable_commits;
         if durable {
             // Flush (shared with concurrent commits) and advance. With nothing applied
