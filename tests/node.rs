@@ -226,3 +226,33 @@ fn a_bad_configuration_is_refused_with_the_reason() {
         stderr(&out)
     );
 }
+
+#[test]
+fn an_oversized_request_is_refused_and_changes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start_with(
+        "big",
+        &dir.path().join("big"),
+        &["--max-message-bytes", "65536"],
+    );
+    runtime().block_on(async {
+        let mut c = Client::connect(&node.grpc).await.unwrap();
+        let out = c
+            .execute("create table t (k int primary key, v varchar(4000))")
+            .await
+            .unwrap();
+        assert!(out.error.is_none(), "{out:?}");
+        // About 200 KB of SQL: over the node's 64 KiB limit.
+        let values: Vec<String> = (0..100)
+            .map(|k| format!("({k}, '{}')", "x".repeat(2000)))
+            .collect();
+        let sql = format!("insert into t values {}", values.join(", "));
+        let err = c.execute(&sql).await.unwrap_err();
+        let hawser_client::ClientError::Status(status) = &err else {
+            panic!("{err}")
+        };
+        assert_eq!(status.code(), tonic::Code::OutOfRange, "{status:?}");
+        let out = c.execute("select count(*) from t").await.unwrap();
+        assert_eq!(out.results[0].rows[0][0], Value::Int(0));
+    });
+}
