@@ -1,0 +1,16 @@
+//! Generates the data-plane service from `proto/hawser/v1/replication.proto`. Uses the
+//! protoc inside the `protoc-bin-vendored` crate unless `PROTOC` names another, so a
+//! machine without a system protoc builds hawser.
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../proto");
+    let proto = root.join("hawser/v1/replication.proto");
+    println!("cargo:rerun-if-changed={}", proto.display());
+    let mut config = tonic_prost_build::Config::new();
+    match std::env::var_os("PROTOC") {
+        Some(protoc) => config.protoc_executable(protoc),
+        None => config.protoc_executable(protoc_bin_vendored::protoc_bin_path()?),
+    };
+    tonic_prost_build::configure().compile_with_config(config, &[proto], &[root])?;
+    Ok(())
+}
