@@ -13,7 +13,9 @@
 //! ```
 //!
 //! * [`returns`]: return-service accounting, a pure state machine.
+//! * [`codec`]: log records to batch bytes and back, with compression.
 
+pub mod codec;
 pub mod returns;
 
 pub use returns::{
