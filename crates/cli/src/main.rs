@@ -4,6 +4,7 @@
 //! sets up logging, runs the chosen command and turns its outcome into an exit status.
 
 mod bench;
+mod cluster_cmd;
 mod demo;
 mod output;
 mod rtl_cmd;
@@ -38,13 +39,18 @@ enum Command {
     Start(start::StartArgs),
     /// Run SQL against a node: statements with -e, a file with -f, or an interactive shell.
     Sql(sql_cmd::SqlArgs),
-    /// Show what a node knows about itself.
+    /// Show what a node knows about itself and the cluster.
     Status(status::StatusArgs),
+    /// Bootstrap the cluster on one node (once; running it again changes nothing).
+    Init(cluster_cmd::InitArgs),
+    /// Manage cluster members.
+    Node(cluster_cmd::NodeArgs),
     /// Measure commit throughput and latency with a single-row upsert workload.
     Bench(bench::BenchArgs),
     /// Start a local demo node in a temporary directory, load example data, open a shell.
     Demo(demo::DemoArgs),
-    /// Check and format replication schemes (TimesTen CREATE/ALTER/DROP REPLICATION), offline.
+    /// Replication schemes (TimesTen CREATE/ALTER/DROP REPLICATION): check and format
+    /// offline, show the cluster's.
     Scheme(scheme_cmd::SchemeArgs),
     /// Sybase RTL net-row compilation of DML runs, offline.
     Rtl(rtl_cmd::RtlArgs),
@@ -67,6 +73,8 @@ fn main() -> ExitCode {
             Command::Start(args) => start::run(args).await,
             Command::Sql(args) => sql_cmd::run(args).await,
             Command::Status(args) => status::run(args).await,
+            Command::Init(args) => cluster_cmd::init(args).await,
+            Command::Node(args) => cluster_cmd::node(args).await,
             Command::Bench(args) => bench::run(args).await,
             Command::Demo(args) => demo::run(args).await,
             Command::Scheme(args) => scheme_cmd::run(args).await,

@@ -2,7 +2,8 @@
 //!
 //! `check` validates files of CREATE / ALTER / DROP REPLICATION statements and reports
 //! problems like a compiler (`FILE:LINE:COL: error[CODE]: message` with a caret);
-//! `fmt` prints the canonical form that `SHOW`-style output uses.
+//! `fmt` prints the canonical form that `SHOW`-style output uses. `show` is the one
+//! online subcommand: it asks a node for the cluster's effective schemes.
 
 use std::io::Read;
 use std::path::PathBuf;
@@ -32,6 +33,15 @@ enum SchemeCommand {
     Fmt {
         /// File to format; `-` reads standard input.
         file: PathBuf,
+    },
+    /// Print the cluster's effective schemes (after every ALTER and failover) as
+    /// canonical CREATE REPLICATION statements, as the node asked has applied them.
+    Show {
+        /// Node to ask.
+        #[arg(long, env = "HAWSER_HOST", default_value = "127.0.0.1:7420")]
+        host: String,
+        /// Only this scheme ([owner.]name); all schemes when left out.
+        name: Option<String>,
     },
 }
 
@@ -76,6 +86,23 @@ pub async fn run(args: SchemeArgs) -> anyhow::Result<ExitCode> {
             } else {
                 ExitCode::FAILURE
             })
+        }
+        SchemeCommand::Show { host, name } => {
+            let mut client = hawser_client::Client::connect(&host)
+                .await
+                .with_context(|| format!("connect to {host}"))?;
+            let reply = client
+                .show_schemes(name.as_deref())
+                .await
+                .with_context(|| format!("schemes of {host}"))?;
+            for s in &reply.schemes {
+                println!("-- {} (version {})", s.name, s.version);
+                print!("{}", s.ddl);
+                if !s.ddl.ends_with('\n') {
+                    println!();
+                }
+            }
+            Ok(ExitCode::SUCCESS)
         }
         SchemeCommand::Fmt { file } => {
             let (name, source) = read_input(&file)?;

@@ -20,7 +20,9 @@ use tracing::info;
 #[derive(Args, Debug)]
 pub struct StartArgs {
     /// TOML file with node settings (keys as in `NodeConfig`: name, listen, http,
-    /// data_dir, durable_commits, lock_timeout, max_message_bytes).
+    /// data_dir, durable_commits, lock_timeout, max_message_bytes, join, advertise,
+    /// raft_heartbeat, raft_election_min, raft_election_max, raft_snapshot_every,
+    /// raft_log_keep).
     #[arg(long, env = "HAWSER_CONFIG")]
     config: Option<PathBuf>,
     /// Store name replication schemes use for this node [default: hawser].
@@ -44,6 +46,31 @@ pub struct StartArgs {
     /// Largest gRPC message accepted, in bytes [default: 16777216].
     #[arg(long, env = "HAWSER_MAX_MESSAGE_BYTES")]
     max_message_bytes: Option<usize>,
+    /// Cluster members to join through, HOST:PORT of their gRPC servers, comma-separated;
+    /// the node keeps trying until one admits it. Leave out on the first node and run
+    /// `hawser init` on it instead.
+    #[arg(long, env = "HAWSER_JOIN", value_delimiter = ',')]
+    join: Option<Vec<String>>,
+    /// The gRPC HOST:PORT peers and clients should use for this node [default: the bound
+    /// gRPC address]. Needed when listening on 0.0.0.0 or behind NAT.
+    #[arg(long, env = "HAWSER_ADVERTISE")]
+    advertise: Option<String>,
+    /// Raft leader heartbeat interval, e.g. 100ms [default: 100ms].
+    #[arg(long, env = "HAWSER_RAFT_HEARTBEAT", value_parser = humantime::parse_duration)]
+    raft_heartbeat: Option<Duration>,
+    /// Raft election timeout, lower bound; must exceed the heartbeat [default: 300ms].
+    #[arg(long, env = "HAWSER_RAFT_ELECTION_MIN", value_parser = humantime::parse_duration)]
+    raft_election_min: Option<Duration>,
+    /// Raft election timeout, upper bound [default: 600ms].
+    #[arg(long, env = "HAWSER_RAFT_ELECTION_MAX", value_parser = humantime::parse_duration)]
+    raft_election_max: Option<Duration>,
+    /// Build a Raft snapshot every this many applied entries [default: 1000].
+    #[arg(long, env = "HAWSER_RAFT_SNAPSHOT_EVERY")]
+    raft_snapshot_every: Option<u64>,
+    /// Raft log entries kept behind a snapshot for followers slightly behind; 0 purges
+    /// the log at every snapshot [default: 1000].
+    #[arg(long, env = "HAWSER_RAFT_LOG_KEEP")]
+    raft_log_keep: Option<u64>,
     /// Log format on stderr.
     #[arg(long, env = "HAWSER_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     log_format: LogFormat,
@@ -90,6 +117,31 @@ impl StartArgs {
         }
         if let Some(v) = self.max_message_bytes {
             c.max_message_bytes = v;
+        }
+        if let Some(v) = &self.join {
+            c.join = v
+                .iter()
+                .map(|m| m.trim().to_string())
+                .filter(|m| !m.is_empty())
+                .collect();
+        }
+        if let Some(v) = &self.advertise {
+            c.advertise = Some(v.clone());
+        }
+        if let Some(v) = self.raft_heartbeat {
+            c.raft_heartbeat = v;
+        }
+        if let Some(v) = self.raft_election_min {
+            c.raft_election_min = v;
+        }
+        if let Some(v) = self.raft_election_max {
+            c.raft_election_max = v;
+        }
+        if let Some(v) = self.raft_snapshot_every {
+            c.raft_snapshot_every = v;
+        }
+        if let Some(v) = self.raft_log_keep {
+            c.raft_log_keep = v;
         }
         c.validate()?;
         Ok(c)

@@ -1,4 +1,5 @@
-//! `hawser status`: what a node knows about itself, for people or as JSON.
+//! `hawser status`: what a node knows about itself and the cluster, for people or as
+//! JSON (fields in docs/status.md).
 
 use std::process::ExitCode;
 
@@ -75,7 +76,78 @@ pub async fn run(args: StatusArgs) -> anyhow::Result<ExitCode> {
                     s.sequences.join(", ")
                 }
             );
+            if let Some(c) = &s.cluster {
+                print_cluster(c);
+            }
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+fn print_cluster(c: &hawser_client::ClusterStatus) {
+    println!();
+    if !c.initialized {
+        println!(
+            "cluster     not initialized (run `hawser init` on one node, or start with --join)"
+        );
+        return;
+    }
+    let leader = if c.leader_id == 0 {
+        "none known".to_string()
+    } else {
+        format!("{} at {}", c.leader_id, c.leader_addr)
+    };
+    println!("raft        {} in term {}, leader {leader}", c.role, c.term);
+    println!(
+        "raft log    last {} applied {} snapshot {} purged {} (state version {})",
+        c.last_log_index, c.last_applied, c.snapshot_index, c.purged_index, c.state_version
+    );
+    println!();
+    println!(
+        "{:<20} {:<12} {:<22} {:<8} {:<10} {:<12} {:>5}",
+        "NODE", "STORE", "GRPC", "MEMBER", "ROLE", "HEALTH", "LAG"
+    );
+    for n in &c.nodes {
+        println!(
+            "{:<20} {:<12} {:<22} {:<8} {:<10} {:<12} {:>5}",
+            n.id,
+            n.store,
+            n.grpc_addr,
+            n.membership,
+            n.role,
+            n.health,
+            if n.lag_entries < 0 {
+                "-".to_string()
+            } else {
+                n.lag_entries.to_string()
+            }
+        );
+    }
+    if c.schemes.is_empty() {
+        println!();
+        println!("schemes     -");
+        return;
+    }
+    println!();
+    println!(
+        "{:<20} {:<12} {:<10} {:<11} {:<12} {:>5}  SUBSCRIBERS",
+        "SCHEME", "ELEMENT", "KIND", "ROLE", "MASTER", "EPOCH"
+    );
+    for s in &c.schemes {
+        for e in &s.elements {
+            println!(
+                "{:<20} {:<12} {:<10} {:<11} {:<12} {:>5}  {}",
+                s.name,
+                e.name,
+                e.kind,
+                e.owner_role,
+                e.master_store,
+                e.epoch,
+                e.subscribers.join(", ")
+            );
+        }
+        if !s.receivers.is_empty() {
+            println!("{:<20} receivers: {}", "", s.receivers.join(", "));
+        }
+    }
 }

@@ -21,7 +21,10 @@ use thiserror::Error;
 use tokio::sync::mpsc;
 use tonic::transport::{Channel, Endpoint};
 
-pub use hawser_proto::v1::{StatusResponse, Warning};
+pub use hawser_proto::v1::{
+    ClusterNode, ClusterStatus, ElementStatus, InitResponse, SchemeDdl, SchemeStatus,
+    ShowSchemesResponse, StatusResponse, Warning,
+};
 
 /// Largest message the client sends or accepts.
 pub const MAX_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
@@ -304,13 +307,45 @@ impl Client {
         Ok(self.client.describe(req).await?.into_inner())
     }
 
-    /// What the node knows about itself.
+    /// What the node knows about itself and, in `cluster`, about the cluster.
     pub async fn status(&mut self) -> Result<StatusResponse, ClientError> {
         Ok(self
             .admin
             .status(self.request(v1::StatusRequest {}))
             .await?
             .into_inner())
+    }
+
+    /// Bootstraps the cluster on this node (`hawser init`). On a node already in a
+    /// cluster it changes nothing; `initialized_now` says which happened.
+    pub async fn init(&mut self) -> Result<v1::InitResponse, ClientError> {
+        Ok(self
+            .admin
+            .init(self.request(v1::InitRequest {}))
+            .await?
+            .into_inner())
+    }
+
+    /// Takes node `node_id` out of the cluster (through the Raft leader). Fails with
+    /// FAILED_PRECONDITION while the node masters an element, UNAVAILABLE without a
+    /// leader.
+    pub async fn remove_node(&mut self, node_id: u64) -> Result<(), ClientError> {
+        self.admin
+            .remove_node(self.request(v1::RemoveNodeRequest { node_id }))
+            .await?;
+        Ok(())
+    }
+
+    /// The effective replication schemes as this node has applied them, in canonical
+    /// DDL; `name` (`[owner.]name`) selects one, and an unknown name is NOT_FOUND.
+    pub async fn show_schemes(
+        &mut self,
+        name: Option<&str>,
+    ) -> Result<v1::ShowSchemesResponse, ClientError> {
+        let req = self.request(v1::ShowSchemesRequest {
+            name: name.unwrap_or_default().to_string(),
+        });
+        Ok(self.admin.show_schemes(req).await?.into_inner())
     }
 }
 

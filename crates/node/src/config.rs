@@ -30,6 +30,26 @@ pub struct NodeConfig {
     pub lock_timeout: Duration,
     /// Largest gRPC message accepted or sent.
     pub max_message_bytes: usize,
+    /// Members (`host:port` of their gRPC servers) to join the cluster through; empty
+    /// for the first node, which `hawser init` bootstraps.
+    pub join: Vec<String>,
+    /// The gRPC `host:port` peers and clients use to reach this node; defaults to the
+    /// bound gRPC address (which resolves port 0).
+    pub advertise: Option<String>,
+    /// Raft leader heartbeat interval.
+    #[serde(with = "humantime_serde")]
+    pub raft_heartbeat: Duration,
+    /// Raft election timeout, lower bound.
+    #[serde(with = "humantime_serde")]
+    pub raft_election_min: Duration,
+    /// Raft election timeout, upper bound.
+    #[serde(with = "humantime_serde")]
+    pub raft_election_max: Duration,
+    /// Build a Raft snapshot after this many applied entries.
+    pub raft_snapshot_every: u64,
+    /// Raft log entries kept behind the last snapshot (followers slightly behind catch
+    /// up from them; 0 purges the log at every snapshot).
+    pub raft_log_keep: u64,
 }
 
 impl Default for NodeConfig {
@@ -42,6 +62,13 @@ impl Default for NodeConfig {
             durable_commits: true,
             lock_timeout: Duration::from_secs(10),
             max_message_bytes: 16 * 1024 * 1024,
+            join: Vec::new(),
+            advertise: None,
+            raft_heartbeat: Duration::from_millis(100),
+            raft_election_min: Duration::from_millis(300),
+            raft_election_max: Duration::from_millis(600),
+            raft_snapshot_every: 1000,
+            raft_log_keep: 1000,
         }
     }
 }
@@ -91,7 +118,68 @@ impl NodeConfig {
                 self.max_message_bytes
             )));
         }
+        for member in &self.join {
+            check_host_port("join", member)?;
+        }
+        match &self.advertise {
+            Some(a) => check_host_port("advertise", a)?,
+            None if self.listen.ip().is_unspecified() => {
+                return Err(ConfigError(format!(
+                    "listen {} is a wildcard address that peers cannot dial; set advertise \
+                     (--advertise HOST:PORT) to the address they should use",
+                    self.listen
+                )))
+            }
+            None => {}
+        }
+        if self.raft_election_min <= self.raft_heartbeat {
+            return Err(ConfigError(format!(
+                "raft_election_min {:?} must exceed raft_heartbeat {:?}, or followers start \
+                 elections between heartbeats",
+                self.raft_election_min, self.raft_heartbeat
+            )));
+        }
+        if self.raft_election_max <= self.raft_election_min {
+            return Err(ConfigError(format!(
+                "raft_election_max {:?} must exceed raft_election_min {:?}",
+                self.raft_election_max, self.raft_election_min
+            )));
+        }
+        if self.raft_heartbeat.as_millis() == 0 {
+            return Err(ConfigError(
+                "raft_heartbeat must be at least 1ms (Raft timing has millisecond resolution)"
+                    .into(),
+            ));
+        }
+        if self.raft_snapshot_every == 0 {
+            return Err(ConfigError("raft_snapshot_every must be at least 1".into()));
+        }
         Ok(())
+    }
+
+    /// The host part of the advertised address, or of the bound one.
+    pub fn advertised_host(&self, bound: SocketAddr) -> String {
+        match &self.advertise {
+            Some(a) => a
+                .rsplit_once(':')
+                .map(|(h, _)| h.trim_matches(['[', ']']).to_string())
+                .unwrap_or_else(|| a.clone()),
+            None => bound.ip().to_string(),
+        }
+    }
+}
+
+/// A `host:port` with a non-zero port.
+fn check_host_port(what: &str, addr: &str) -> Result<(), ConfigError> {
+    let ok = addr
+        .rsplit_once(':')
+        .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p != 0));
+    if ok {
+        Ok(())
+    } else {
+        Err(ConfigError(format!(
+            "{what} address {addr:?} must be HOST:PORT with a port other than 0"
+        )))
     }
 }
 
@@ -125,5 +213,37 @@ mod tests {
         assert!(c.validate().unwrap_err().0.contains("different ports"));
         c.http = SocketAddr::from(([127, 0, 0, 1], 0));
         assert_eq!(c.validate(), Ok(()));
+
+        c.join = vec!["127.0.0.1:7420".into(), "nohost".into()];
+        assert!(c.validate().unwrap_err().0.contains("\"nohost\""));
+        c.join = vec!["n1:7420".into()];
+        c.advertise = Some("n2:0".into());
+        assert!(c.validate().unwrap_err().0.contains("advertise"));
+        c.advertise = None;
+        c.listen = SocketAddr::from(([0, 0, 0, 0], 7420));
+        assert!(c.validate().unwrap_err().0.contains("--advertise"));
+        c.advertise = Some("n2.example:7420".into());
+        assert_eq!(c.validate(), Ok(()));
+        assert_eq!(c.advertised_host(c.listen), "n2.example");
+
+        c.raft_election_min = c.raft_heartbeat;
+        assert!(c.validate().unwrap_err().0.contains("raft_heartbeat"));
+        c.raft_election_min = Duration::from_millis(300);
+        c.raft_election_max = Duration::from_millis(300);
+        assert!(c.validate().unwrap_err().0.contains("raft_election_max"));
+        c.raft_election_max = Duration::from_millis(600);
+        c.raft_snapshot_every = 0;
+        assert!(c.validate().unwrap_err().0.contains("raft_snapshot_every"));
+    }
+
+    #[test]
+    fn raft_timing_reads_from_toml() {
+        let c = NodeConfig::from_toml(
+            "join = [\"a:1\", \"b:2\"]\nraft_heartbeat = \"50ms\"\nraft_snapshot_every = 3\n",
+        )
+        .unwrap();
+        assert_eq!(c.join, ["a:1", "b:2"]);
+        assert_eq!(c.raft_heartbeat, Duration::from_millis(50));
+        assert_eq!(c.raft_snapshot_every, 3);
     }
 }

@@ -368,4 +368,64 @@ impl Admin for Services {
     ) -> Result<Response<v1::StatusResponse>, Status> {
         Ok(Response::new(self.state.status()))
     }
+
+    async fn init(
+        &self,
+        _request: Request<v1::InitRequest>,
+    ) -> Result<Response<v1::InitResponse>, Status> {
+        let plane = &self.state.plane;
+        let before = plane
+            .raft()
+            .is_initialized()
+            .await
+            .map_err(|e| Status::internal(e.to_string()))?;
+        plane
+            .initialize()
+            .await
+            .map_err(crate::cluster::plane_status)?;
+        let message = if before {
+            "this node is already part of an initialized cluster; nothing changed".to_string()
+        } else {
+            format!(
+                "initialized a new cluster with node {} ({}) as its only voter; start the \
+                 other nodes with --join {}",
+                self.state.node_id, self.state.config.name, self.state.grpc_addr
+            )
+        };
+        Ok(Response::new(v1::InitResponse {
+            initialized_now: !before,
+            message,
+        }))
+    }
+
+    async fn remove_node(
+        &self,
+        request: Request<v1::RemoveNodeRequest>,
+    ) -> Result<Response<v1::RemoveNodeResponse>, Status> {
+        let id = request.into_inner().node_id;
+        if id == 0 {
+            return Err(bad_request("node_id 0 names no node".into()));
+        }
+        self.state
+            .plane
+            .remove_node(hawser_core::NodeId(id))
+            .await
+            .map_err(crate::cluster::plane_status)?;
+        Ok(Response::new(v1::RemoveNodeResponse {}))
+    }
+
+    async fn show_schemes(
+        &self,
+        request: Request<v1::ShowSchemesRequest>,
+    ) -> Result<Response<v1::ShowSchemesResponse>, Status> {
+        let name = request.into_inner().name;
+        let reply = crate::cluster::show_schemes(&self.state.plane, &name);
+        if !name.trim().is_empty() && reply.schemes.is_empty() {
+            return Err(Status::not_found(format!(
+                "replication scheme {} does not exist",
+                name.trim()
+            )));
+        }
+        Ok(Response::new(reply))
+    }
 }

@@ -1,11 +1,13 @@
 //! One hawser node: its configuration, its database, and the servers and tasks around it.
 //!
 //! ```text
-//!            gRPC (hawser.v1.Client/Admin)          HTTP (/healthz /readyz /metrics /status)
+//!   gRPC (hawser.v1.Client/Admin, hawser.raft.v1.RaftPeer)   HTTP (/healthz /readyz /metrics /status)
 //!                        │                                     │
 //!                  grpc::Services ──────── NodeState ───────── http::router
 //!                        │                    │
-//!                hawser_sql::SqlEngine ── hawser_store::Database (sled)
+//!                hawser_sql::SqlEngine ── hawser_store::Database (sled, DATA/db)
+//!                        │ replication DDL (cluster::RaftDdl)
+//!                hawser_control::ControlPlane ── Raft log + state (sled, DATA/raft)
 //! ```
 //!
 //! [`run`] takes already-bound listeners and a shutdown token (the mini-redis
@@ -13,7 +15,10 @@
 //! global metrics recorder, the library owns everything else. Every task it starts is
 //! tracked; if a critical one (a server) ends on its own, `run` cancels the rest and
 //! returns an error so the process exits non-zero — durable state makes a restart safe.
+//! The same holds when Raft stops under the node (a storage error) or the cluster
+//! refuses to let the node join.
 
+pub mod cluster;
 pub mod config;
 mod grpc;
 mod http;
@@ -23,16 +28,17 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use hawser_core::NodeId;
+use hawser_control::{ControlConfig, ControlPlane, PlaneError};
+use hawser_core::{Ident, NodeId};
 use hawser_proto::v1;
 use hawser_sql::SqlEngine;
-use hawser_store::{Database, DbOptions, StoreError};
+use hawser_store::{Database, DbOptions, KvEngine, SledEngine, StoreError};
 use metrics_exporter_prometheus::PrometheusHandle;
 use thiserror::Error;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use tracing::{error, info, instrument};
+use tracing::{error, info, instrument, warn};
 
 pub use config::{ConfigError, NodeConfig};
 pub use grpc::MAX_SCAN_ROWS;
@@ -51,6 +57,10 @@ pub enum NodeError {
     },
     #[error("cannot open the database: {0}")]
     Open(#[source] StoreError),
+    #[error("cannot start the control plane: {0}")]
+    Control(#[source] PlaneError),
+    #[error("the control plane stopped the node: {0}")]
+    ControlFailed(String),
     #[error("{task} failed: {reason}")]
     TaskFailed { task: &'static str, reason: String },
     #[error("{task} stopped unexpectedly")]
@@ -63,6 +73,7 @@ pub(crate) struct NodeState {
     pub(crate) node_id: NodeId,
     pub(crate) db: Database,
     pub(crate) sql: SqlEngine,
+    pub(crate) plane: ControlPlane,
     pub(crate) metrics: Option<PrometheusHandle>,
     pub(crate) started: Instant,
     pub(crate) ready: AtomicBool,
@@ -110,6 +121,7 @@ impl NodeState {
             tables,
             sequences,
             sessions: self.sessions.load(Ordering::Relaxed),
+            cluster: Some(cluster::cluster_status(&self.plane)),
         }
     }
 }
@@ -132,6 +144,50 @@ pub fn status_json(s: &v1::StatusResponse) -> serde_json::Value {
         "sessions": s.sessions,
         "tables": s.tables.iter().map(|t| serde_json::json!({"name": t.name, "columns": t.columns})).collect::<Vec<_>>(),
         "sequences": s.sequences,
+        "cluster": s.cluster.as_ref().map(cluster_json),
+    })
+}
+
+fn cluster_json(c: &v1::ClusterStatus) -> serde_json::Value {
+    let opt = |v: i64| (v >= 0).then_some(v);
+    serde_json::json!({
+        "initialized": c.initialized,
+        "role": c.role,
+        "term": c.term,
+        "leader_id": (c.leader_id != 0).then_some(c.leader_id),
+        "leader_addr": (!c.leader_addr.is_empty()).then_some(&c.leader_addr),
+        "last_log_index": c.last_log_index,
+        "last_applied": c.last_applied,
+        "snapshot_index": c.snapshot_index,
+        "purged_index": c.purged_index,
+        "state_version": c.state_version,
+        "millis_since_quorum_ack": opt(c.millis_since_quorum_ack),
+        "nodes": c.nodes.iter().map(|n| serde_json::json!({
+            "id": n.id,
+            "store": n.store,
+            "host": n.host,
+            "grpc": n.grpc_addr,
+            "http": n.http_addr,
+            "membership": n.membership,
+            "role": n.role,
+            "health": n.health,
+            "matched_index": opt(n.matched_index),
+            "lag_entries": opt(n.lag_entries),
+        })).collect::<Vec<_>>(),
+        "schemes": c.schemes.iter().map(|s| serde_json::json!({
+            "name": s.name,
+            "version": s.version,
+            "receivers": s.receivers,
+            "elements": s.elements.iter().map(|e| serde_json::json!({
+                "name": e.name,
+                "kind": e.kind,
+                "owner_role": e.owner_role,
+                "master_store": e.master_store,
+                "master_node": (e.master_node != 0).then_some(e.master_node),
+                "epoch": e.epoch,
+                "subscribers": e.subscribers,
+            })).collect::<Vec<_>>(),
+        })).collect::<Vec<_>>(),
     })
 }
 
@@ -179,8 +235,17 @@ pub async fn run(
         })?;
     info!(node_id = %node_id, grpc = %grpc_addr, http = %http_addr, data = %config.data_dir.display(), "node starting");
 
+    let plane = start_control(&config, node_id, grpc_addr, http_addr).await?;
+    let store = Ident::unquoted(&config.name);
+    let ddl = Arc::new(cluster::RaftDdl {
+        plane: plane.clone(),
+        db: db.clone(),
+        store,
+    });
+
     let state = Arc::new(NodeState {
-        sql: SqlEngine::new(db.clone()),
+        sql: SqlEngine::with_replication(db.clone(), ddl),
+        plane,
         db,
         node_id,
         metrics,
@@ -212,6 +277,7 @@ pub async fn run(
                 .max_decoding_message_size(max)
                 .max_encoding_message_size(max),
         )
+        .add_service(state.plane.raft_service())
         .serve_with_incoming_shutdown(
             tokio_stream::wrappers::TcpListenerStream::new(grpc_listener),
             async move { grpc_shutdown.cancelled().await },
@@ -220,6 +286,24 @@ pub async fn run(
     let http = axum::serve(http_listener, http::router(state.clone()))
         .with_graceful_shutdown(async move { http_shutdown.cancelled().await });
 
+    // Raft watch and join: a message on `fatal` stops the node with an error.
+    let (fatal_tx, mut fatal_rx) = tokio::sync::mpsc::channel::<String>(2);
+    state.tasks.spawn(cluster::watch_raft(
+        state.plane.clone(),
+        state.shutdown.clone(),
+        fatal_tx.clone(),
+    ));
+    if !state.config.join.is_empty() {
+        state.tasks.spawn(cluster::join_loop(
+            state.plane.clone(),
+            state.config.join.clone(),
+            state.shutdown.clone(),
+            fatal_tx,
+        ));
+    } else {
+        drop(fatal_tx);
+    }
+
     state.ready.store(true, Ordering::Release);
     info!("node ready");
     if let Some(tx) = ready {
@@ -227,8 +311,17 @@ pub async fn run(
         let _ = tx.send(node_id);
     }
 
-    // Both servers are critical: whichever ends first decides how `run` ends.
+    // Both servers and the control plane are critical: whichever ends first decides
+    // how `run` ends.
+    let control_failed = async move {
+        match fatal_rx.recv().await {
+            Some(reason) => reason,
+            // Every sender is gone (the tasks ended normally): nothing to report.
+            None => std::future::pending().await,
+        }
+    };
     let result = tokio::select! {
+        reason = control_failed => Err(NodeError::ControlFailed(reason)),
         r = grpc => match r {
             Ok(()) if state.shutdown.is_cancelled() => Ok(()),
             Ok(()) => Err(NodeError::TaskExited { task: "grpc server" }),
@@ -247,6 +340,47 @@ pub async fn run(
     state.shutdown.cancel();
     state.tasks.close();
     state.tasks.wait().await;
+    if let Err(e) = state.plane.shutdown().await {
+        warn!(error = %e, "Raft did not shut down cleanly");
+    }
     info!("node stopped");
     result
+}
+
+/// Opens the Raft storage in `DATA/raft` and starts the control plane; the node's id
+/// is its Raft id.
+async fn start_control(
+    config: &NodeConfig,
+    node_id: NodeId,
+    grpc_addr: std::net::SocketAddr,
+    http_addr: std::net::SocketAddr,
+) -> Result<ControlPlane, NodeError> {
+    let raft_dir = config.data_dir.join("raft");
+    let engine = tokio::task::spawn_blocking(move || SledEngine::open(&raft_dir))
+        .await
+        .map_err(|e| NodeError::TaskFailed {
+            task: "raft storage open",
+            reason: e.to_string(),
+        })?
+        .map_err(NodeError::Open)?;
+    let engine: Arc<dyn KvEngine> = Arc::new(engine);
+    let advertise = config
+        .advertise
+        .clone()
+        .unwrap_or_else(|| grpc_addr.to_string());
+    let mut cfg = ControlConfig::new(
+        node_id,
+        Ident::unquoted(&config.name),
+        config.advertised_host(grpc_addr),
+        advertise,
+        http_addr.to_string(),
+    );
+    cfg.heartbeat_interval = config.raft_heartbeat;
+    cfg.election_timeout_min = config.raft_election_min;
+    cfg.election_timeout_max = config.raft_election_max;
+    cfg.snapshot_every = config.raft_snapshot_every;
+    cfg.max_in_snapshot_log_to_keep = config.raft_log_keep;
+    ControlPlane::start(cfg, engine)
+        .await
+        .map_err(NodeError::Control)
 }

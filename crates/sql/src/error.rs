@@ -69,11 +69,24 @@ pub enum ErrorKind {
     /// The store refused (its own SQLSTATE: duplicate key, NOT NULL, lock timeout, ...).
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// Replication DDL refused by the node's [`crate::ReplicationDdl`] hook, with the
+    /// code it chose (a scheme checker code such as `TT8106`, or a SQLSTATE).
+    #[error("{}", .0.message)]
+    Replication(ReplicationError),
+}
+
+/// Why the node could not run a replication DDL statement: a code (the scheme checker's,
+/// e.g. `TT8106`, or a SQLSTATE such as `57P03`) and a message.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[error("{code}: {message}")]
+pub struct ReplicationError {
+    pub code: String,
+    pub message: String,
 }
 
 impl ErrorKind {
-    /// The SQLSTATE of this error.
-    pub fn code(&self) -> &'static str {
+    /// The SQLSTATE of this error (for [`ErrorKind::Replication`], the hook's code).
+    pub fn code(&self) -> &str {
         match self {
             ErrorKind::Syntax(_) | ErrorKind::InvalidStatement(_) => "42601",
             ErrorKind::Unsupported(_) => "0A000",
@@ -91,6 +104,7 @@ impl ErrorKind {
             ErrorKind::TransactionState(_) => "25001",
             ErrorKind::Coerce(e) => e.code(),
             ErrorKind::Store(e) => e.code(),
+            ErrorKind::Replication(e) => &e.code,
         }
     }
 }

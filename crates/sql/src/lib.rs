@@ -17,7 +17,10 @@
 //!   transaction stays open, as in Oracle and TimesTen.
 //! * DDL commits on its own in the store and is refused inside a transaction block.
 //! * `seq.NEXTVAL` is not transactional (as in Oracle); `seq.CURRVAL` is per session.
-//! * Replication DDL and `CALL` are refused with 0A000 until the control plane exists.
+//! * Replication DDL (`CREATE / ALTER / DROP REPLICATION`) runs through the
+//!   [`ReplicationDdl`] hook the node gives [`SqlEngine::with_replication`] (it commits
+//!   the change through the cluster's Raft group); an engine without one refuses it with
+//!   0A000. `CALL` is refused with 0A000.
 //!
 //! See `docs/sql.md` for the supported SQL.
 
@@ -31,12 +34,15 @@ pub mod script;
 pub mod types;
 
 use std::collections::HashMap;
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 
 use hawser_core::{QualName, TableDef};
 use hawser_store::{Database, SequenceDef, Txn};
 
-pub use error::SqlError;
+pub use error::{ReplicationError, SqlError};
 pub use outcome::{ColumnMeta, ScriptOutcome, StatementResult, Warning};
 
 use crate::error::{Error, ErrorKind, Result};
@@ -44,21 +50,59 @@ use crate::exec::SeqCtx;
 use crate::plan::{Catalog, Plan};
 use crate::script::{Parsed, ScriptStatement};
 
+/// A boxed future, as [`ReplicationDdl::execute`] returns (no async-trait needed).
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// Runs replication DDL for the SQL engine. The node implements it over the cluster
+/// control plane: the statement is validated, committed through the Raft leader, and
+/// the call returns once this node has applied it.
+pub trait ReplicationDdl: Send + Sync {
+    /// Runs one `CREATE / ALTER / DROP REPLICATION` statement, given as written
+    /// (without its `;`). The result's tag names the statement (`CREATE REPLICATION`).
+    fn execute<'a>(
+        &'a self,
+        ddl: &'a str,
+    ) -> BoxFuture<'a, Result<StatementResult, ReplicationError>>;
+}
+
 /// The SQL engine of one node: hands out sessions over one database.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct SqlEngine {
     db: Database,
+    replication: Option<Arc<dyn ReplicationDdl>>,
+}
+
+impl fmt::Debug for SqlEngine {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SqlEngine")
+            .field("db", &self.db)
+            .field("replication", &self.replication.is_some())
+            .finish()
+    }
 }
 
 impl SqlEngine {
+    /// An engine that refuses replication DDL (0A000).
     pub fn new(db: Database) -> Self {
-        SqlEngine { db }
+        SqlEngine {
+            db,
+            replication: None,
+        }
+    }
+
+    /// An engine that runs replication DDL through `hook`.
+    pub fn with_replication(db: Database, hook: Arc<dyn ReplicationDdl>) -> Self {
+        SqlEngine {
+            db,
+            replication: Some(hook),
+        }
     }
 
     /// A new session (one per client connection).
     pub fn session(&self) -> Session {
         Session {
             db: self.db.clone(),
+            replication: self.replication.clone(),
             txn: None,
             currval: HashMap::new(),
         }
@@ -71,11 +115,20 @@ impl SqlEngine {
 
 /// One client's session: its open transaction, if any, and its CURRVAL values.
 /// Dropping a session rolls back its open transaction.
-#[derive(Debug)]
 pub struct Session {
     db: Database,
+    replication: Option<Arc<dyn ReplicationDdl>>,
     txn: Option<Txn>,
     currval: HashMap<QualName, i64>,
+}
+
+impl fmt::Debug for Session {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Session")
+            .field("in_transaction", &self.txn.is_some())
+            .field("currval", &self.currval)
+            .finish()
+    }
 }
 
 struct DbCatalog<'a>(&'a Database);
@@ -129,6 +182,7 @@ impl Session {
             Parsed::Rejected(reason) => {
                 return Err(Error::from(ErrorKind::Unsupported(reason.clone())).or_at(stmt.at))
             }
+            Parsed::Replication(ddl) => return self.run_replication(ddl).await,
         };
         let plan = plan::plan(ast, &DbCatalog(&self.db))?;
         match &plan {
@@ -194,6 +248,22 @@ impl Session {
                 }
             }
         }
+    }
+
+    async fn run_replication(&mut self, ddl: &str) -> Result<StatementResult> {
+        let Some(hook) = &self.replication else {
+            return Err(ErrorKind::Unsupported(script::REPLICATION_REJECTED.into()).into());
+        };
+        if self.txn.is_some() {
+            return Err(ErrorKind::TransactionState(
+                "replication DDL cannot run inside a transaction block; COMMIT or ROLLBACK first"
+                    .into(),
+            )
+            .into());
+        }
+        hook.execute(ddl)
+            .await
+            .map_err(|e| ErrorKind::Replication(e).into())
     }
 
     async fn run_ddl(&mut self, plan: &Plan) -> Result<StatementResult> {

@@ -5,10 +5,11 @@
 //! written, including the Sybase forms `insert T values (1, 10)` and `delete T where
 //! k = 1` (its MsSql dialect refuses the latter).
 //!
-//! Replication DDL (`CREATE / ALTER / DROP REPLICATION`) and `CALL` are recognised by
-//! their first tokens and kept as [`Parsed::Rejected`]: they belong to the cluster
-//! control plane, which a single node does not run yet, and their grammar is not
-//! sqlparser's. Their tokens are skipped up to the next `;`.
+//! Replication DDL (`CREATE / ALTER / DROP REPLICATION`) is recognised by its first
+//! tokens and kept as [`Parsed::Replication`] with its source text: its grammar is not
+//! sqlparser's but the scheme language's, and it runs through the cluster control plane
+//! (see [`crate::ReplicationDdl`]). `CALL` is kept as [`Parsed::Rejected`] until the
+//! data plane's procedures exist. Their tokens are skipped up to the next `;`.
 
 use sqlparser::ast::Statement;
 use sqlparser::dialect::GenericDialect;
@@ -22,6 +23,8 @@ use crate::error::{Error, ErrorKind};
 #[derive(Debug)]
 pub enum Parsed {
     Sql(Box<Statement>),
+    /// `CREATE / ALTER / DROP REPLICATION`, as written (without the final `;`).
+    Replication(String),
     /// A statement recognised but not run here; the text says why.
     Rejected(String),
 }
@@ -40,8 +43,9 @@ pub struct ScriptError {
     pub error: Error,
 }
 
-const REPLICATION_REJECTED: &str =
-    "replication DDL needs the cluster control plane, which this node does not run yet";
+/// Why replication DDL is refused by an engine without a [`crate::ReplicationDdl`] hook.
+pub const REPLICATION_REJECTED: &str =
+    "replication DDL needs the cluster control plane, which this SQL engine is not connected to";
 const CALL_REJECTED: &str =
     "built-in procedures (CALL) need the cluster control plane, which this node does not run yet";
 
@@ -66,18 +70,24 @@ pub fn parse_script(text: &str) -> Result<Vec<ScriptStatement>, ScriptError> {
             statement: n + 1,
             error,
         };
-        if let Some(reason) = rejected(&parser) {
+        if let Some(kind) = foreign(&parser) {
             // Skip to the end of the statement; its grammar is not sqlparser's.
+            let mut end = at;
             loop {
-                match parser.peek_token().token {
+                let next = parser.peek_token();
+                match next.token {
                     Token::SemiColon | Token::EOF => break,
-                    _ => parser.advance_token(),
+                    _ => {
+                        end = next.span.end;
+                        parser.advance_token();
+                    }
                 }
             }
-            out.push(ScriptStatement {
-                parsed: Parsed::Rejected(reason.to_string()),
-                at,
-            });
+            let parsed = match kind {
+                Foreign::Replication => Parsed::Replication(slice(text, at, end).to_string()),
+                Foreign::Call => Parsed::Rejected(CALL_REJECTED.to_string()),
+            };
+            out.push(ScriptStatement { parsed, at });
             continue;
         }
         let stmt = parser
@@ -100,22 +110,51 @@ pub fn parse_script(text: &str) -> Result<Vec<ScriptStatement>, ScriptError> {
     Ok(out)
 }
 
-/// Whether the statement ahead is one this node recognises but does not run.
-fn rejected(parser: &Parser<'_>) -> Option<&'static str> {
+/// A statement whose grammar is not sqlparser's.
+enum Foreign {
+    Replication,
+    Call,
+}
+
+/// Whether the statement ahead is one sqlparser must not parse.
+fn foreign(parser: &Parser<'_>) -> Option<Foreign> {
     let [first, second] = parser.peek_tokens_ref::<2>();
     let Token::Word(w) = &first.token else {
         return None;
     };
     match w.keyword {
-        Keyword::CALL => Some(CALL_REJECTED),
+        Keyword::CALL => Some(Foreign::Call),
         Keyword::CREATE | Keyword::ALTER | Keyword::DROP => match &second.token {
             Token::Word(w2) if w2.value.eq_ignore_ascii_case("replication") => {
-                Some(REPLICATION_REJECTED)
+                Some(Foreign::Replication)
             }
             _ => None,
         },
         _ => None,
     }
+}
+
+/// The text between two sqlparser locations (1-based line, 1-based column in
+/// characters; `end` is just past the last character).
+fn slice(text: &str, start: Location, end: Location) -> &str {
+    let offset = |loc: Location| -> usize {
+        let mut line = 1u64;
+        let mut column = 1u64;
+        for (i, c) in text.char_indices() {
+            if line == loc.line && column == loc.column {
+                return i;
+            }
+            if c == '\n' {
+                line += 1;
+                column = 1;
+            } else {
+                column += 1;
+            }
+        }
+        text.len()
+    };
+    let (a, b) = (offset(start), offset(end));
+    text.get(a..b.max(a)).unwrap_or("")
 }
 
 /// A parser error as a syntax error, its "at Line: N, Column: M" turned into a location.
@@ -199,7 +238,8 @@ mod tests {
         )
         .unwrap();
         assert_eq!(s.len(), 3);
-        assert!(matches!(&s[0].parsed, Parsed::Rejected(r) if r.contains("replication DDL")));
+        assert!(matches!(&s[0].parsed, Parsed::Replication(t)
+            if t == "CREATE REPLICATION r ELEMENT e DATASTORE MASTER a ON \"h\" SUBSCRIBER b ON \"h2\""));
         assert!(matches!(&s[1].parsed, Parsed::Rejected(r) if r.contains("CALL")));
         assert_eq!(s[1].at, Location::new(2, 1));
     }

@@ -1,0 +1,546 @@
+//! The node's side of the cluster control plane: replication DDL through Raft, the
+//! cluster view for `Status`, Raft metrics, and the `--join` loop.
+//!
+//! ```text
+//!  hawser sql ─► SqlEngine ─► RaftDdl::execute ─► SELF := this store ─► Command::from_ddl
+//!       ─► validate (cluster state) ─► route::plan (this node's catalog) ─► propose
+//!       ─► wait_for_version (this node has applied it) ─► "CREATE REPLICATION"
+//!  raft metrics watch ─► hawser_raft_* gauges / counters, fatal stop on Shutdown
+//!  --join loop ─► ControlPlane::join with backoff while the error is retryable
+//! ```
+//!
+//! What DDL validation checks here: the scheme language's restrictions (syntax,
+//! TimesTen's TT8xxx rules, hawser's HW codes) against the cluster's current schemes, and
+//! the routing plan against the catalogs this node can see — its own catalog for its own
+//! store (DATASTORE INCLUDE / EXCLUDE when this node masters the element) and the
+//! registry for which store is which node. Other stores' catalogs are not known here
+//! (nodes do not report catalogs to the cluster yet), so a DATASTORE element mastered by
+//! another store is checked when that store's node plans its streams.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use hawser_control::state::ReceiverState;
+use hawser_control::{ClusterState, Command, ControlError, ControlPlane, PlaneError, RaftRole};
+use hawser_core::{Ident, QualName};
+use hawser_proto::v1;
+use hawser_scheme::ast::{ElementKind, OwnerRole, StoreName};
+use hawser_scheme::lexer::{tokenize, TokenKind};
+use hawser_scheme::route::{SequenceInfo, StoreCatalog};
+use hawser_scheme::Topology;
+use hawser_sql::{BoxFuture, ReplicationDdl, ReplicationError, StatementResult, Warning};
+use hawser_store::Database;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+/// SQLSTATE of a DDL statement that could not be committed because the cluster has no
+/// reachable Raft leader now: retry (PostgreSQL's `cannot_connect_now`).
+pub const NO_LEADER: &str = "57P03";
+
+/// How long DDL waits for this node to apply its own committed change.
+const APPLY_WAIT: Duration = Duration::from_secs(10);
+
+/// Runs replication DDL through the control plane for the SQL engine.
+pub(crate) struct RaftDdl {
+    pub(crate) plane: ControlPlane,
+    pub(crate) db: Database,
+    pub(crate) store: Ident,
+}
+
+impl ReplicationDdl for RaftDdl {
+    fn execute<'a>(
+        &'a self,
+        ddl: &'a str,
+    ) -> BoxFuture<'a, Result<StatementResult, ReplicationError>> {
+        Box::pin(self.run(ddl))
+    }
+}
+
+impl RaftDdl {
+    async fn run(&self, ddl: &str) -> Result<StatementResult, ReplicationError> {
+        let text = resolve_self(ddl, &self.store);
+        let commands = Command::from_ddl(&text).map_err(rejected)?;
+        let mut result = StatementResult::default();
+        for cmd in commands {
+            result.tag = tag(&cmd).to_string();
+            let state = self.plane.state();
+            hawser_control::state::validate(&state, &cmd).map_err(rejected)?;
+            result.warnings.extend(self.check_routes(&state, &cmd)?);
+            let version = self.plane.propose(cmd).await.map_err(plane_error)?;
+            self.plane
+                .wait_for_version(version, APPLY_WAIT)
+                .await
+                .map_err(plane_error)?;
+        }
+        Ok(result)
+    }
+
+    /// Plans the scheme as it will be after `cmd` against what this node knows;
+    /// returns the plan's warnings.
+    fn check_routes(
+        &self,
+        state: &ClusterState,
+        cmd: &Command,
+    ) -> Result<Vec<Warning>, ReplicationError> {
+        let scheme = match cmd {
+            Command::CreateScheme { scheme } => scheme.clone(),
+            Command::AlterScheme { alter } => {
+                let Some(current) = state.schemes.get(&alter.name) else {
+                    return Ok(Vec::new());
+                };
+                hawser_scheme::apply(&current.scheme, alter)
+                    .map_err(|e| rejected(ControlError::Invalid(vec![e])))?
+            }
+            _ => return Ok(Vec::new()),
+        };
+        let topology = self.topology(state);
+        let plan = hawser_scheme::plan(&scheme, &topology)
+            .map_err(|e| rejected(ControlError::Invalid(e)))?;
+        Ok(plan
+            .warnings
+            .iter()
+            .map(|w| Warning {
+                code: w.code.as_str().to_string(),
+                message: w.message.clone(),
+            })
+            .collect())
+    }
+
+    fn topology(&self, state: &ClusterState) -> Topology {
+        let catalog = StoreCatalog {
+            tables: self.db.tables().iter().map(|t| (**t).clone()).collect(),
+            sequences: self
+                .db
+                .sequences()
+                .into_iter()
+                .map(|s| SequenceInfo {
+                    name: s.name,
+                    cycle: s.cycle,
+                })
+                .collect(),
+        };
+        Topology {
+            catalogs: BTreeMap::from([(self.store.clone(), catalog)]),
+            nodes: state
+                .nodes
+                .values()
+                .map(|n| (n.store.clone(), n.id))
+                .collect(),
+        }
+    }
+}
+
+/// Replaces every `SELF` word of scheme text with `store` (SELF is the database that
+/// runs the statement; the cluster-wide scheme must name it).
+pub fn resolve_self(ddl: &str, store: &Ident) -> String {
+    let (tokens, _) = tokenize(ddl);
+    let name = if store.needs_quotes() {
+        format!("\"{}\"", store.as_str().replace('"', "\"\""))
+    } else {
+        store.as_str().to_string()
+    };
+    let mut out = String::with_capacity(ddl.len());
+    let mut at = 0;
+    for t in tokens {
+        if matches!(&t.kind, TokenKind::Word(w) if w.eq_ignore_ascii_case("self")) {
+            out.push_str(&ddl[at..t.span.start]);
+            out.push_str(&name);
+            at = t.span.end;
+        }
+    }
+    out.push_str(&ddl[at..]);
+    out
+}
+
+fn tag(cmd: &Command) -> &'static str {
+    match cmd {
+        Command::CreateScheme { .. } => "CREATE REPLICATION",
+        Command::AlterScheme { .. } => "ALTER REPLICATION",
+        Command::DropScheme { .. } => "DROP REPLICATION",
+        _ => "REPLICATION",
+    }
+}
+
+/// A refusal with the scheme checker's code where there is one, else a SQLSTATE.
+fn rejected(e: ControlError) -> ReplicationError {
+    let code = match &e {
+        ControlError::Invalid(errors) => errors
+            .first()
+            .map(|f| f.code.as_str())
+            .unwrap_or("42601")
+            .to_string(),
+        ControlError::UnresolvedSelf(_) => hawser_scheme::ErrorCode::UnresolvedSelf
+            .as_str()
+            .to_string(),
+        ControlError::SchemeExists(_) => "42710".into(),
+        ControlError::UnknownScheme(_) | ControlError::UnknownElement { .. } => "42704".into(),
+        _ => "55000".into(),
+    };
+    let message = match &e {
+        // The first finding's code is the error's; the others name theirs.
+        ControlError::Invalid(errors) => errors
+            .iter()
+            .enumerate()
+            .map(|(i, f)| match i {
+                0 => f.message.clone(),
+                _ => format!("[{}] {}", f.code.as_str(), f.message),
+            })
+            .collect::<Vec<_>>()
+            .join("; "),
+        other => other.to_string(),
+    };
+    ReplicationError { code, message }
+}
+
+fn plane_error(e: PlaneError) -> ReplicationError {
+    match e {
+        PlaneError::Rejected(e) => rejected(e),
+        PlaneError::Unavailable {
+            leader_addr,
+            reason,
+        } => ReplicationError {
+            code: NO_LEADER.into(),
+            message: match leader_addr {
+                Some(addr) => format!(
+                    "the cluster cannot commit the change now ({reason}); the Raft leader \
+                     was last seen at {addr}; retry"
+                ),
+                None => {
+                    format!("the cluster has no Raft leader now ({reason}); nothing changed; retry")
+                }
+            },
+        },
+        other => ReplicationError {
+            code: "XX000".into(),
+            message: other.to_string(),
+        },
+    }
+}
+
+/// A control-plane failure as a gRPC status a caller can act on: UNAVAILABLE
+/// (retryable, no leader now), FAILED_PRECONDITION (the cluster state refuses it).
+pub(crate) fn plane_status(e: PlaneError) -> tonic::Status {
+    match &e {
+        PlaneError::Unavailable { .. } => tonic::Status::unavailable(e.to_string()),
+        PlaneError::Rejected(_) | PlaneError::LostState(_) => {
+            tonic::Status::failed_precondition(e.to_string())
+        }
+        PlaneError::Config(_) => tonic::Status::invalid_argument(e.to_string()),
+        PlaneError::Storage(_) | PlaneError::Fatal(_) => tonic::Status::internal(e.to_string()),
+    }
+}
+
+/// A Raft role as status prints it.
+pub fn role_name(role: RaftRole) -> &'static str {
+    match role {
+        RaftRole::Leader => "leader",
+        RaftRole::Follower => "follower",
+        RaftRole::Candidate => "candidate",
+        RaftRole::Learner => "learner",
+        RaftRole::Shutdown => "shutdown",
+    }
+}
+
+/// The cluster as this node sees it, for `Status`.
+pub(crate) fn cluster_status(plane: &ControlPlane) -> v1::ClusterStatus {
+    let m = plane.metrics();
+    let raw = plane.raft_metrics().borrow().clone();
+    let state = plane.state();
+    let me = m.node;
+    let is_leader = m.role == RaftRole::Leader;
+    let last_log = m.last_log_index.unwrap_or(0);
+    let leader_addr = m
+        .leader
+        .and_then(|l| state.nodes.get(&l).map(|n| n.grpc_addr.clone()))
+        .unwrap_or_default();
+    let nodes = state
+        .nodes
+        .values()
+        .map(|n| {
+            let membership = if m.voters.contains(&n.id) {
+                "voter"
+            } else if m.learners.contains(&n.id) {
+                "learner"
+            } else {
+                "none"
+            };
+            let role = if n.id == me {
+                role_name(m.role)
+            } else if Some(n.id) == m.leader {
+                "leader"
+            } else {
+                match membership {
+                    "voter" => "follower",
+                    "learner" => "learner",
+                    _ => "unknown",
+                }
+            };
+            let matched = if is_leader {
+                m.replication.get(&n.id).copied().flatten()
+            } else {
+                None
+            };
+            let health = if n.id == me || (Some(n.id) == m.leader && !is_leader) {
+                "ok"
+            } else if is_leader {
+                match matched {
+                    Some(i) if i >= last_log => "ok",
+                    Some(_) => "lagging",
+                    None => "unreachable",
+                }
+            } else {
+                "unknown"
+            };
+            v1::ClusterNode {
+                id: n.id.0,
+                store: n.store.to_string(),
+                host: n.host.clone(),
+                grpc_addr: n.grpc_addr.clone(),
+                http_addr: n.http_addr.clone(),
+                membership: membership.into(),
+                role: role.into(),
+                matched_index: matched.map_or(-1, |i| i as i64),
+                health: health.into(),
+                lag_entries: match (is_leader, matched) {
+                    (true, Some(i)) => last_log.saturating_sub(i) as i64,
+                    _ => -1,
+                },
+            }
+        })
+        .collect();
+    let schemes = state
+        .schemes
+        .iter()
+        .map(|(name, s)| v1::SchemeStatus {
+            name: name.to_string(),
+            version: s.version,
+            elements: s
+                .scheme
+                .elements
+                .iter()
+                .map(|el| {
+                    let owner = match &el.owner.name {
+                        StoreName::Named(n) => n.to_string(),
+                        StoreName::Local => "SELF".into(),
+                    };
+                    let master = state.master_of(name, &el.name);
+                    v1::ElementStatus {
+                        name: el.name.to_string(),
+                        kind: match el.kind {
+                            ElementKind::Datastore => "DATASTORE",
+                            ElementKind::Table { .. } => "TABLE",
+                            ElementKind::Sequence { .. } => "SEQUENCE",
+                        }
+                        .into(),
+                        owner_role: match el.owner_role {
+                            OwnerRole::Master => "MASTER",
+                            OwnerRole::Propagator => "PROPAGATOR",
+                        }
+                        .into(),
+                        master_store: owner,
+                        master_node: master.and_then(|v| v.node).map_or(0, |n| n.0),
+                        epoch: master.map_or(0, |v| v.epoch.0),
+                        subscribers: el.subscriber_stores().map(|s| s.name.to_string()).collect(),
+                    }
+                })
+                .collect(),
+            receivers: s
+                .receivers
+                .iter()
+                .filter(|(_, st)| **st != ReceiverState::Start)
+                .map(|(store, st)| format!("{store}={}", st.as_str()))
+                .collect(),
+        })
+        .collect();
+    v1::ClusterStatus {
+        initialized: !m.voters.is_empty(),
+        role: role_name(m.role).into(),
+        term: m.term,
+        leader_id: m.leader.map_or(0, |l| l.0),
+        leader_addr,
+        last_log_index: last_log,
+        last_applied: m.last_applied.unwrap_or(0),
+        snapshot_index: m.snapshot_index.unwrap_or(0),
+        state_version: state.version,
+        millis_since_quorum_ack: m.millis_since_quorum_ack.map_or(-1, |v| v as i64),
+        nodes,
+        schemes,
+        purged_index: raw.purged.map_or(0, |l| l.index),
+    }
+}
+
+/// The effective schemes in canonical DDL; `name` selects one (`[owner.]name`).
+pub(crate) fn show_schemes(plane: &ControlPlane, name: &str) -> v1::ShowSchemesResponse {
+    let state = plane.state();
+    let wanted = (!name.trim().is_empty()).then(|| QualName::parse_unquoted(name.trim()));
+    let schemes = state
+        .schemes
+        .iter()
+        .filter(|(qn, _)| match &wanted {
+            None => true,
+            Some(w) if w.owner.is_some() => *qn == w,
+            Some(w) => qn.name == w.name,
+        })
+        .map(|(qn, s)| v1::SchemeDdl {
+            name: qn.to_string(),
+            version: s.version,
+            ddl: s.ddl(),
+        })
+        .collect();
+    v1::ShowSchemesResponse {
+        schemes,
+        state_version: state.version,
+    }
+}
+
+/// Keeps the `hawser_raft_*` metrics up to date from openraft's metrics watch, and
+/// cancels `fatal` if Raft stops while the node is running (a storage error: the node
+/// must exit and restart). Ends at `shutdown`.
+pub(crate) async fn watch_raft(
+    plane: ControlPlane,
+    shutdown: CancellationToken,
+    fatal: tokio::sync::mpsc::Sender<String>,
+) {
+    let mut rx = plane.raft_metrics();
+    let mut leader = None;
+    loop {
+        let (role, stopped) = {
+            let m = rx.borrow_and_update();
+            metrics::gauge!("hawser_raft_term").set(m.current_term as f64);
+            let last_log = m.last_log_index.unwrap_or(0);
+            let applied = m.last_applied.map_or(0, |l| l.index);
+            metrics::gauge!("hawser_raft_last_log_index").set(last_log as f64);
+            metrics::gauge!("hawser_raft_last_applied").set(applied as f64);
+            metrics::gauge!("hawser_raft_apply_lag").set(last_log.saturating_sub(applied) as f64);
+            metrics::gauge!("hawser_raft_is_leader").set(
+                if m.state == openraft::ServerState::Leader {
+                    1.0
+                } else {
+                    0.0
+                },
+            );
+            if m.current_leader != leader {
+                if m.current_leader.is_some() {
+                    metrics::counter!("hawser_raft_leader_changes_total").increment(1);
+                    info!(leader = ?m.current_leader, term = m.current_term, "Raft leader known");
+                }
+                leader = m.current_leader;
+            }
+            let stopped = match &m.running_state {
+                Err(e) => Some(e.to_string()),
+                Ok(()) if m.state == openraft::ServerState::Shutdown => {
+                    Some("Raft shut down".to_string())
+                }
+                Ok(()) => None,
+            };
+            (m.state, stopped)
+        };
+        if let Some(reason) = stopped {
+            if !shutdown.is_cancelled() {
+                let _ = fatal
+                    .send(format!("Raft stopped ({role:?}): {reason}"))
+                    .await;
+            }
+            return;
+        }
+        tokio::select! {
+            biased;
+            _ = shutdown.cancelled() => return,
+            changed = rx.changed() => if changed.is_err() {
+                if !shutdown.is_cancelled() {
+                    let _ = fatal.send("the Raft metrics channel closed".into()).await;
+                }
+                return;
+            },
+        }
+    }
+}
+
+/// Joins the cluster through `members`, retrying with backoff until it succeeds, a
+/// member refuses (an identity clash, lost Raft state: sent to `fatal`, since the node
+/// cannot be part of the cluster) or `shutdown`. If this node's own Raft stops,
+/// [`watch_raft`] reports it.
+pub(crate) async fn join_loop(
+    plane: ControlPlane,
+    members: Vec<String>,
+    shutdown: CancellationToken,
+    fatal: tokio::sync::mpsc::Sender<String>,
+) {
+    let mut backoff = Duration::from_millis(100);
+    let mut attempt = 0u32;
+    loop {
+        attempt += 1;
+        let result = tokio::select! {
+            biased;
+            _ = shutdown.cancelled() => return,
+            r = plane.join(&members) => r,
+        };
+        match result {
+            Ok(reply) => {
+                info!(leader = %reply.leader, voter = reply.voter, attempt, "joined the cluster");
+                return;
+            }
+            // A leader that could not finish the change (a learner slow to catch up, a
+            // membership change that did not commit in time) may finish it next time.
+            Err(e) if e.is_retryable() || matches!(e, PlaneError::Fatal(_)) => {
+                if attempt == 1 || attempt.is_power_of_two() {
+                    info!(error = %e, attempt, "cannot join yet; retrying");
+                }
+            }
+            Err(e) => {
+                warn!(error = %e, "the cluster refused this node");
+                let _ = fatal
+                    .send(format!("the cluster refused to let this node join: {e}"))
+                    .await;
+                return;
+            }
+        }
+        tokio::select! {
+            biased;
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(backoff) => {}
+        }
+        backoff = (backoff * 2).min(Duration::from_secs(2));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn self_is_replaced_by_the_store_name_only_as_a_word() {
+        let store = Ident::unquoted("n1");
+        assert_eq!(
+            resolve_self(
+                "CREATE REPLICATION r ELEMENT e TABLE myself MASTER SELF SUBSCRIBER b -- self\n;",
+                &store
+            ),
+            "CREATE REPLICATION r ELEMENT e TABLE myself MASTER n1 SUBSCRIBER b -- self\n;"
+        );
+        let quoted = Ident::quoted("Mixed");
+        assert_eq!(
+            resolve_self(
+                "ALTER REPLICATION r ALTER ELEMENT e SET MASTER self",
+                &quoted
+            ),
+            "ALTER REPLICATION r ALTER ELEMENT e SET MASTER \"Mixed\""
+        );
+    }
+
+    #[test]
+    fn refusals_carry_the_checker_code() {
+        let e = Command::from_ddl("CREATE REPLICATION r ELEMENT").unwrap_err();
+        let r = rejected(e);
+        assert!(
+            r.code.starts_with("TT") || r.code.starts_with("HW"),
+            "{r:?}"
+        );
+        let r = plane_error(PlaneError::Unavailable {
+            leader_addr: Some("10.0.0.1:7420".into()),
+            reason: "election".into(),
+        });
+        assert_eq!(r.code, NO_LEADER);
+        assert!(r.message.contains("10.0.0.1:7420"), "{}", r.message);
+    }
+}
