@@ -5,20 +5,42 @@
 //! can hold commits until the subscribers have what the scheme promises.
 //!
 //! ```text
-//!  master node                                      receiver node
+//!  master node                                        receiver node
 //!  commit log ─► StreamSender ══ Replicate ══► ReceiverService ─► Database::apply_*
-//!       ▲            │  Hello/Batch/Heartbeat      │  HelloReply/Ack/Heartbeat
-//!       │            ▼                             │
-//!  commit path ◄─ ReturnTracker ◄── acks ◄─────────┘
+//!       ▲            │  Hello / Batch / Heartbeat     │  HelloReply / Ack / Heartbeat
+//!       │            ▼  (SenderStatus watch: acks)    │
+//!  commit path ◄─ ReturnTracker ◄──────────── acks ◄──┘
 //! ```
 //!
 //! * [`returns`]: return-service accounting, a pure state machine.
 //! * [`codec`]: log records to batch bytes and back, with compression.
+//! * [`link`]: what one stream carries (routing plan → filter) and table checking.
+//! * [`sender`]: the sending task, with reconnection, backoff and bounded in-flight data.
+//! * [`receiver`]: the gRPC service that checks senders and applies their batches.
+//! * [`pb`]: the generated `hawser.replication.v1` messages and service (peers only).
 
 pub mod codec;
+pub mod error;
+pub mod link;
+pub mod receiver;
 pub mod returns;
+pub mod sender;
 
+/// Generated code for package `hawser.replication.v1` (peers-only service).
+#[allow(clippy::all, rust_2018_idioms, missing_docs)]
+pub mod pb {
+    tonic::include_proto!("hawser.replication.v1");
+}
+
+/// The `Hello.protocol_version` this build speaks.
+pub const PROTOCOL_VERSION: u32 = 1;
+
+pub use codec::{CodecError, Compression, WireRecord};
+pub use error::StreamError;
+pub use link::{check_table, LinkConfig, LinkError, SenderTuning, TableMismatch};
+pub use receiver::{InboundStatus, ReceiverConfig, ReceiverService};
 pub use returns::{
     AckMarks, Await, Release, ReplicationState, ReturnEvent, ReturnLevel, ReturnOutcome,
     ReturnRoutes, ReturnSettings, ReturnTracker, ReturnWait, Step, SyncOptions, XactState,
 };
+pub use sender::{SenderHandle, SenderState, SenderStatus, StreamSender};

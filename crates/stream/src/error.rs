@@ -1,0 +1,29 @@
+//! Why a stream session ended.
+//!
+//! A sender retries every one of these after a backoff; [`StreamError::Refused`] is the
+//! one a person may need to act on (a table definition, a stale epoch), and its reason
+//! is what status shows.
+
+use thiserror::Error;
+
+use crate::codec::CodecError;
+
+#[derive(Debug, Error)]
+pub enum StreamError {
+    #[error("cannot connect: {0}")]
+    Connect(#[from] tonic::transport::Error),
+    #[error("stream failed: {0}")]
+    Rpc(#[from] tonic::Status),
+    #[error("refused by the receiver: {reason}")]
+    Refused { code: i32, reason: String },
+    #[error("the peer was silent past the timeout")]
+    PeerTimeout,
+    #[error("the stream was closed")]
+    Closed,
+    #[error("protocol violation: {0}")]
+    Protocol(String),
+    #[error("reading the log: {0}")]
+    Store(#[from] hawser_store::StoreError),
+    #[error(transparent)]
+    Codec(#[from] CodecError),
+}

@@ -1,0 +1,467 @@
+//! The sending end of `Replicate`: one task per (this node, receiver) link.
+//!
+//! ```text
+//!  ┌──────── Connecting ──(connect, Hello)──► HelloReply(high-waters) ──► Streaming ─┐
+//!  │               ▲                               │ Refused(reason)                 │
+//!  │               └── Backoff (50 ms … 5 s) ◄─────┴───── error / peer silent ◄──────┘
+//!  └─ shutdown ──► Stopped
+//!
+//!  Streaming: log_range(cursor) ─► LinkConfig::filter (origin, tables, high-water)
+//!             ─► encode ─► compress ─► Batch(through_lsn) ─► in flight (bounded)
+//!             ◄─ Ack(durable, applied, through_lsn) ─ frees in-flight, feeds status
+//!             heartbeat when idle; silence past the peer timeout ends the session
+//! ```
+//!
+//! The cursor resumes at the LSN after the last acknowledged batch (at LSN 1 when the
+//! process starts), and records the receiver already has are skipped by its
+//! high-water marks, so a reconnect re-sends nothing it does not need and the store's
+//! idempotent apply absorbs any overlap. The task owns nothing durable: the log is the
+//! sender's state, the high-water marks the receiver's.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::Arc;
+use std::time::Instant;
+
+use hawser_core::{Lsn, NodeId};
+use hawser_store::{Database, LogEntry};
+use tokio::sync::{mpsc, watch, Notify};
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tonic::transport::Endpoint;
+use tracing::{debug, info, instrument, warn};
+
+use crate::codec::{self, compress, encode_records, Compression, WireRecord};
+use crate::error::StreamError;
+use crate::link::LinkConfig;
+use crate::pb::{self, receiver_message, sender_message};
+use crate::PROTOCOL_VERSION;
+
+/// Where a sender is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SenderState {
+    Connecting,
+    Streaming,
+    /// Waiting before the next attempt; `error` is why the last one ended.
+    Backoff {
+        error: String,
+    },
+    /// The receiver refused the stream; retried after a backoff (the cause may be
+    /// fixed: a table created, an epoch caught up).
+    Refused {
+        reason: String,
+    },
+    Stopped,
+}
+
+/// A sender's status, for `hawser status` and the return-service tracker.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SenderStatus {
+    pub state: SenderState,
+    /// Last message from the receiver.
+    pub last_contact: Option<Instant>,
+    /// Durably received per origin (RETURN RECEIPT).
+    pub acked_durable: BTreeMap<NodeId, u64>,
+    /// Committed per origin (RETURN TWOSAFE).
+    pub acked_applied: BTreeMap<NodeId, u64>,
+    /// This node's log position the receiver has acknowledged.
+    pub acked_lsn: Lsn,
+    /// This node's log position sent.
+    pub sent_lsn: Lsn,
+    /// Log records after `acked_lsn` (what the receiver lacks, as an upper bound).
+    pub lag_records: u64,
+    /// Age of the oldest unacknowledged transaction sent, in microseconds.
+    pub lag_micros: u64,
+    pub transactions_sent: u64,
+    pub batches_sent: u64,
+    pub raw_bytes: u64,
+    pub wire_bytes: u64,
+    pub sessions: u64,
+}
+
+impl SenderStatus {
+    fn new() -> Self {
+        Self {
+            state: SenderState::Connecting,
+            last_contact: None,
+            acked_durable: BTreeMap::new(),
+            acked_applied: BTreeMap::new(),
+            acked_lsn: Lsn::ZERO,
+            sent_lsn: Lsn::ZERO,
+            lag_records: 0,
+            lag_micros: 0,
+            transactions_sent: 0,
+            batches_sent: 0,
+            raw_bytes: 0,
+            wire_bytes: 0,
+            sessions: 0,
+        }
+    }
+}
+
+/// The caller's handle on a running sender.
+#[derive(Debug, Clone)]
+pub struct SenderHandle {
+    status: watch::Receiver<SenderStatus>,
+    wake: Arc<Notify>,
+}
+
+impl SenderHandle {
+    pub fn status(&self) -> watch::Receiver<SenderStatus> {
+        self.status.clone()
+    }
+
+    /// Tells the sender there is new log to ship (the commit path calls this after
+    /// each commit, so shipping does not wait for the poll interval).
+    pub fn wake(&self) {
+        self.wake.notify_one();
+    }
+}
+
+/// Starts senders.
+pub struct StreamSender;
+
+impl StreamSender {
+    /// Spawns the sender of `link` on `tracker`: it streams `db`'s log to the receiver
+    /// at `endpoint` until `shutdown` is cancelled.
+    pub fn spawn(
+        link: LinkConfig,
+        db: Database,
+        endpoint: Endpoint,
+        tracker: &TaskTracker,
+        shutdown: CancellationToken,
+    ) -> SenderHandle {
+        let (status_tx, status) = watch::channel(SenderStatus::new());
+        let wake = Arc::new(Notify::new());
+        let task = Sender {
+            link,
+            db,
+            endpoint,
+            shutdown,
+            status: status_tx,
+            wake: wake.clone(),
+            acked_lsn: Lsn::ZERO,
+        };
+        tracker.spawn(task.run());
+        SenderHandle { status, wake }
+    }
+}
+
+struct Sender {
+    link: LinkConfig,
+    db: Database,
+    endpoint: Endpoint,
+    shutdown: CancellationToken,
+    status: watch::Sender<SenderStatus>,
+    wake: Arc<Notify>,
+    acked_lsn: Lsn,
+}
+
+/// One batch sent and not yet acknowledged.
+struct InFlight {
+    through_lsn: Lsn,
+    wire_bytes: u64,
+    first_commit_micros: Option<i64>,
+}
+
+fn now_micros() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX))
+}
+
+fn from_marks(m: &[pb::OriginMark]) -> BTreeMap<NodeId, u64> {
+    m.iter().map(|m| (NodeId(m.origin), m.seq)).collect()
+}
+
+impl Sender {
+    #[instrument(skip_all, fields(sender = %self.link.sender_store, receiver = %self.link.receiver_store))]
+    async fn run(mut self) {
+        let tuning = self.link.tuning.clone();
+        let mut backoff = tuning.backoff_min;
+        loop {
+            if self.shutdown.is_cancelled() {
+                break;
+            }
+            self.status.send_modify(|s| {
+                s.state = SenderState::Connecting;
+                s.sessions += 1;
+            });
+            let mut streamed = false;
+            let state = match self.session(&mut streamed).await {
+                Ok(()) => break,
+                Err(StreamError::Refused { reason, .. }) => {
+                    warn!(reason = %reason, "receiver refused the stream");
+                    SenderState::Refused { reason }
+                }
+                Err(e) => {
+                    debug!(error = %e, "stream ended");
+                    SenderState::Backoff {
+                        error: e.to_string(),
+                    }
+                }
+            };
+            if streamed {
+                backoff = tuning.backoff_min;
+            }
+            self.status.send_modify(|s| s.state = state);
+            tokio::select! {
+                biased;
+                _ = self.shutdown.cancelled() => break,
+                _ = tokio::time::sleep(backoff) => {}
+            }
+            backoff = (backoff * 2).min(tuning.backoff_max);
+        }
+        self.status.send_modify(|s| s.state = SenderState::Stopped);
+    }
+
+    fn hello(&self) -> pb::Hello {
+        let tables = self
+            .link
+            .tables
+            .iter()
+            .filter_map(|((table, _), element)| {
+                self.db.table(table).map(|def| pb::TableSpec {
+                    element: element.as_str().to_string(),
+                    definition: codec::encode_table_def(&def),
+                })
+            })
+            .collect();
+        pb::Hello {
+            protocol_version: PROTOCOL_VERSION,
+            sender_node: self.link.sender_node.0,
+            sender_store: self.link.sender_store.as_str().to_string(),
+            receiver_store: self.link.receiver_store.as_str().to_string(),
+            scheme_version: self.link.scheme_version,
+            elements: self
+                .link
+                .elements
+                .iter()
+                .map(|(e, epoch)| pb::ElementEpoch {
+                    element: e.as_str().to_string(),
+                    epoch: epoch.0,
+                })
+                .collect(),
+            tables,
+            codec: codec_to_pb(self.link.compression) as i32,
+            table_check: match self.link.table_check {
+                hawser_scheme::ast::TableDefinitionChecking::Exact => pb::TableCheck::Exact,
+                hawser_scheme::ast::TableDefinitionChecking::Relaxed => pb::TableCheck::Relaxed,
+            } as i32,
+        }
+    }
+
+    /// One connection, from connect to its end. `Ok` only on shutdown.
+    async fn session(&mut self, streamed: &mut bool) -> Result<(), StreamError> {
+        let tuning = self.link.tuning.clone();
+        let channel = tokio::time::timeout(tuning.connect_timeout, self.endpoint.connect())
+            .await
+            .map_err(|_| StreamError::PeerTimeout)??;
+        let mut client = pb::replication_client::ReplicationClient::new(channel);
+        let (tx, rx) = mpsc::channel(tuning.max_in_flight_batches + 16);
+        let hello = pb::SenderMessage {
+            msg: Some(sender_message::Msg::Hello(self.hello())),
+        };
+        tx.send(hello).await.map_err(|_| StreamError::Closed)?;
+        let mut inbound = tokio::time::timeout(
+            tuning.connect_timeout,
+            client.replicate(ReceiverStream::new(rx)),
+        )
+        .await
+        .map_err(|_| StreamError::PeerTimeout)??
+        .into_inner();
+        let first = tokio::time::timeout(tuning.connect_timeout, inbound.message())
+            .await
+            .map_err(|_| StreamError::PeerTimeout)??;
+        let mut high_water = match first.and_then(|m| m.msg) {
+            Some(receiver_message::Msg::HelloReply(r)) => from_marks(&r.high_waters),
+            Some(receiver_message::Msg::Refused(r)) => {
+                return Err(StreamError::Refused {
+                    code: r.code,
+                    reason: r.reason,
+                })
+            }
+            _ => {
+                return Err(StreamError::Protocol(
+                    "the first answer must be HelloReply".into(),
+                ))
+            }
+        };
+        *streamed = true;
+        let mut last_contact = Instant::now();
+        let mut last_sent = Instant::now();
+        self.status.send_modify(|s| {
+            s.state = SenderState::Streaming;
+            s.last_contact = Some(last_contact);
+        });
+        info!("streaming");
+        let mut cursor = self.acked_lsn.next();
+        let mut in_flight: VecDeque<InFlight> = VecDeque::new();
+        let mut in_flight_bytes = 0u64;
+        let mut heartbeat = tokio::time::interval(tuning.heartbeat);
+        loop {
+            let room = in_flight.len() < tuning.max_in_flight_batches
+                && in_flight_bytes < tuning.max_in_flight_bytes;
+            tokio::select! {
+                biased;
+                _ = self.shutdown.cancelled() => return Ok(()),
+                msg = inbound.message() => {
+                    let msg = msg?.ok_or(StreamError::Closed)?;
+                    last_contact = Instant::now();
+                    match msg.msg {
+                        Some(receiver_message::Msg::Ack(ack)) => {
+                            let through = Lsn(ack.through_lsn);
+                            while in_flight.front().is_some_and(|f| f.through_lsn <= through) {
+                                if let Some(f) = in_flight.pop_front() {
+                                    in_flight_bytes -= f.wire_bytes;
+                                }
+                            }
+                            self.acked_lsn = self.acked_lsn.max(through);
+                            let applied = from_marks(&ack.applied);
+                            for (o, s) in &applied {
+                                let hw = high_water.entry(*o).or_insert(0);
+                                *hw = (*hw).max(*s);
+                            }
+                            let acked_lsn = self.acked_lsn;
+                            let last = self.db.last_lsn();
+                            let oldest = in_flight.iter().find_map(|f| f.first_commit_micros);
+                            self.status.send_modify(|s| {
+                                s.last_contact = Some(last_contact);
+                                s.acked_lsn = acked_lsn;
+                                s.acked_durable = from_marks(&ack.durable);
+                                s.acked_applied = applied;
+                                s.lag_records = last.0.saturating_sub(acked_lsn.0);
+                                s.lag_micros = oldest.map_or(0, |m| now_micros().saturating_sub(m).max(0) as u64);
+                            });
+                        }
+                        Some(receiver_message::Msg::Heartbeat(_)) => {
+                            self.status.send_modify(|s| s.last_contact = Some(last_contact));
+                        }
+                        Some(receiver_message::Msg::Refused(r)) => {
+                            return Err(StreamError::Refused { code: r.code, reason: r.reason });
+                        }
+                        Some(receiver_message::Msg::HelloReply(_)) | None => {
+                            return Err(StreamError::Protocol("unexpected HelloReply".into()));
+                        }
+                    }
+                }
+                _ = heartbeat.tick() => {
+                    if last_contact.elapsed() > tuning.peer_timeout {
+                        return Err(StreamError::PeerTimeout);
+                    }
+                    if last_sent.elapsed() >= tuning.heartbeat {
+                        let hb = pb::SenderMessage {
+                            msg: Some(sender_message::Msg::Heartbeat(pb::Heartbeat { sent_micros: now_micros() })),
+                        };
+                        // A full channel is traffic enough.
+                        let _ = tx.try_send(hb);
+                        last_sent = Instant::now();
+                    }
+                }
+                _ = self.wake.notified(), if room => {
+                    self.ship(&tx, &mut cursor, &high_water, &mut in_flight, &mut in_flight_bytes, &mut last_sent).await?;
+                }
+                _ = tokio::time::sleep(tuning.poll_interval), if room => {
+                    self.ship(&tx, &mut cursor, &high_water, &mut in_flight, &mut in_flight_bytes, &mut last_sent).await?;
+                }
+            }
+        }
+    }
+
+    /// Reads the log from `cursor` and sends batches while there is log and room.
+    async fn ship(
+        &self,
+        tx: &mpsc::Sender<pb::SenderMessage>,
+        cursor: &mut Lsn,
+        high_water: &BTreeMap<NodeId, u64>,
+        in_flight: &mut VecDeque<InFlight>,
+        in_flight_bytes: &mut u64,
+        last_sent: &mut Instant,
+    ) -> Result<(), StreamError> {
+        let tuning = &self.link.tuning;
+        while in_flight.len() < tuning.max_in_flight_batches
+            && *in_flight_bytes < tuning.max_in_flight_bytes
+        {
+            let records = self.db.log_range(*cursor, tuning.max_batch_records)?;
+            let Some(last) = records.last() else {
+                return Ok(());
+            };
+            let mut through = last.lsn;
+            let mut wire: Vec<WireRecord> = Vec::new();
+            let mut first_commit_micros = None;
+            let mut size = 0usize;
+            for r in &records {
+                if let Some(entry) = self.link.filter(&r.entry, high_water) {
+                    size += entry_size(&entry);
+                    first_commit_micros.get_or_insert(entry.commit_micros());
+                    wire.push(WireRecord {
+                        epoch: r.epoch,
+                        entry,
+                    });
+                }
+                through = r.lsn;
+                if size >= tuning.max_batch_bytes {
+                    break;
+                }
+            }
+            let raw = encode_records(&wire);
+            let payload = compress(self.link.compression, &raw);
+            let batch = pb::Batch {
+                through_lsn: through.0,
+                count: u32::try_from(wire.len()).unwrap_or(u32::MAX),
+                codec: codec_to_pb(self.link.compression) as i32,
+                raw_bytes: raw.len() as u64,
+                payload,
+            };
+            let wire_bytes = batch.payload.len() as u64;
+            let count = wire.len() as u64;
+            tx.send(pb::SenderMessage {
+                msg: Some(sender_message::Msg::Batch(batch)),
+            })
+            .await
+            .map_err(|_| StreamError::Closed)?;
+            *last_sent = Instant::now();
+            *cursor = through.next();
+            in_flight.push_back(InFlight {
+                through_lsn: through,
+                wire_bytes,
+                first_commit_micros,
+            });
+            *in_flight_bytes += wire_bytes;
+            self.status.send_modify(|s| {
+                s.sent_lsn = through;
+                s.batches_sent += 1;
+                s.transactions_sent += count;
+                s.raw_bytes += raw.len() as u64;
+                s.wire_bytes += wire_bytes;
+            });
+        }
+        Ok(())
+    }
+}
+
+/// A cheap estimate of an entry's encoded size, to cut batches.
+fn entry_size(entry: &LogEntry) -> usize {
+    match entry {
+        LogEntry::Txn(t) => t
+            .changes
+            .iter()
+            .map(|c| {
+                32 + [&c.before, &c.after]
+                    .into_iter()
+                    .flatten()
+                    .map(|row| row.len() * 12)
+                    .sum::<usize>()
+            })
+            .sum(),
+        LogEntry::Ddl { .. } | LogEntry::SequenceBlock { .. } => 256,
+    }
+}
+
+fn codec_to_pb(c: Compression) -> pb::Codec {
+    match c {
+        Compression::None => pb::Codec::None,
+        Compression::Lz4 => pb::Codec::Lz4,
+        Compression::Zstd => pb::Codec::Zstd,
+    }
+}

@@ -1,0 +1,482 @@
+//! In-process data-plane tests: real tonic receivers on 127.0.0.1:0, senders reading a
+//! master's commit log, in-memory databases. Every wait is on a condition with a
+//! deadline.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use hawser_core::{ColumnDef, DataType, Epoch, Ident, Lsn, NodeId, QualName, Row, TableDef, Value};
+use hawser_scheme::ast::TableDefinitionChecking;
+use hawser_store::{Database, DbOptions, KeyRange};
+use hawser_stream::codec::{encode_records, encode_table_def, WireRecord};
+use hawser_stream::pb::{self, receiver_message, sender_message};
+use hawser_stream::{
+    Compression, LinkConfig, ReceiverConfig, ReceiverService, SenderHandle, SenderState,
+    SenderStatus, SenderTuning, StreamSender, PROTOCOL_VERSION,
+};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio_stream::wrappers::TcpListenerStream;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tonic::transport::{Endpoint, Server};
+
+const DEADLINE: Duration = Duration::from_secs(20);
+
+fn id(s: &str) -> Ident {
+    Ident::unquoted(s)
+}
+
+fn tab() -> QualName {
+    QualName::parse_unquoted("repl.tab")
+}
+
+fn tab_def() -> TableDef {
+    let col = |n: &str, t: DataType, nullable: bool| ColumnDef {
+        name: id(n),
+        data_type: t,
+        nullable,
+        default: None,
+    };
+    TableDef {
+        name: tab(),
+        columns: vec![
+            col("k", DataType::Integer, false),
+            col("v", DataType::Varchar(200), true),
+        ],
+        primary_key: vec![0],
+        explicit_key: true,
+    }
+}
+
+async fn open(node: u64) -> Result<Database> {
+    let db = Database::open_memory(DbOptions::new(NodeId(node)))?;
+    db.create_table(tab_def()).await?;
+    Ok(db)
+}
+
+async fn write(db: &Database, keys: std::ops::Range<i64>, text: &str) -> Result<()> {
+    for k in keys {
+        let mut t = db.begin();
+        let row = vec![Value::Int(k), Value::Text(format!("{text} {k}"))];
+        if !t.update(&tab(), &[Value::Int(k)], row.clone()).await? {
+            t.insert(&tab(), row).await?;
+        }
+        t.commit().await?;
+    }
+    Ok(())
+}
+
+fn rows(db: &Database) -> Result<Vec<Row>> {
+    Ok(db
+        .scan(&tab(), KeyRange::all())?
+        .collect::<Result<_, _>>()?)
+}
+
+/// Log records of `origin` on `db`.
+fn records_from(db: &Database, origin: NodeId) -> Result<usize> {
+    Ok(db
+        .log_range(Lsn(1), 100_000)?
+        .iter()
+        .filter(|r| r.gtid().origin == origin)
+        .count())
+}
+
+/// A receiver served on its own port until `stop` (which kills it like a crash).
+struct Receiver {
+    addr: SocketAddr,
+    service: ReceiverService,
+    server: JoinHandle<()>,
+    shutdown: CancellationToken,
+    tracker: TaskTracker,
+}
+
+impl Receiver {
+    async fn start(
+        db: &Database,
+        store: &str,
+        epochs: watch::Receiver<BTreeMap<Ident, Epoch>>,
+        addr: Option<SocketAddr>,
+    ) -> Result<Receiver> {
+        let listener = TcpListener::bind(addr.unwrap_or_else(|| "127.0.0.1:0".parse().unwrap()))
+            .await
+            .context("bind receiver")?;
+        let addr = listener.local_addr()?;
+        let shutdown = CancellationToken::new();
+        let tracker = TaskTracker::new();
+        let service = ReceiverService::new(
+            db.clone(),
+            ReceiverConfig::new(id(store)),
+            epochs,
+            tracker.clone(),
+            shutdown.clone(),
+        );
+        let router = Server::builder().add_service(service.clone().into_server());
+        let server = tokio::spawn(async move {
+            let _ = router
+                .serve_with_incoming(TcpListenerStream::new(listener))
+                .await;
+        });
+        Ok(Receiver {
+            addr,
+            service,
+            server,
+            shutdown,
+            tracker,
+        })
+    }
+
+    fn endpoint(&self) -> Endpoint {
+        Endpoint::from_shared(format!("http://{}", self.addr)).unwrap()
+    }
+
+    async fn stop(self) -> SocketAddr {
+        self.server.abort();
+        let _ = self.server.await;
+        self.shutdown.cancel();
+        self.tracker.close();
+        self.tracker.wait().await;
+        self.addr
+    }
+}
+
+fn epochs(epoch: u64) -> watch::Sender<BTreeMap<Ident, Epoch>> {
+    watch::Sender::new(BTreeMap::from([(id("e"), Epoch(epoch))]))
+}
+
+fn link(
+    master: u64,
+    receiver: &str,
+    receiver_node: u64,
+    epoch: u64,
+    codec: Compression,
+) -> LinkConfig {
+    LinkConfig {
+        sender_node: NodeId(master),
+        sender_store: id("master"),
+        receiver_store: id(receiver),
+        receiver_node: NodeId(receiver_node),
+        scheme_version: 1,
+        elements: BTreeMap::from([(id("e"), Epoch(epoch))]),
+        tables: BTreeMap::from([((tab(), NodeId(master)), id("e"))]),
+        replicate_ddl: false,
+        compression: codec,
+        table_check: TableDefinitionChecking::Exact,
+        tuning: SenderTuning {
+            backoff_min: Duration::from_millis(10),
+            backoff_max: Duration::from_millis(200),
+            ..SenderTuning::default()
+        },
+    }
+}
+
+async fn wait_status(
+    handle: &SenderHandle,
+    what: &str,
+    mut cond: impl FnMut(&SenderStatus) -> bool,
+) -> Result<SenderStatus> {
+    let mut rx = handle.status();
+    let waited = tokio::time::timeout(DEADLINE, async {
+        loop {
+            {
+                let s = rx.borrow_and_update();
+                if cond(&s) {
+                    return Ok(s.clone());
+                }
+            }
+            if rx.changed().await.is_err() {
+                bail!("sender ended");
+            }
+        }
+    })
+    .await;
+    match waited {
+        Ok(r) => r,
+        Err(_) => bail!(
+            "timed out waiting for {what}; last status {:?}",
+            rx.borrow()
+        ),
+    }
+}
+
+async fn caught_up(handle: &SenderHandle, master: &Database) -> Result<SenderStatus> {
+    let own = master.high_water(master.node_id())?;
+    wait_status(handle, "the receiver to catch up", |s| {
+        s.acked_applied.get(&master.node_id()).copied().unwrap_or(0) >= own
+            && s.acked_durable.get(&master.node_id()).copied().unwrap_or(0) >= own
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rows_committed_on_the_master_appear_on_two_subscribers() -> Result<()> {
+    let master = open(1).await?;
+    let s1 = open(2).await?;
+    let s2 = open(3).await?;
+    let view = epochs(1);
+    let r1 = Receiver::start(&s1, "s1", view.subscribe(), None).await?;
+    let r2 = Receiver::start(&s2, "s2", view.subscribe(), None).await?;
+    let tracker = TaskTracker::new();
+    let shutdown = CancellationToken::new();
+    write(&master, 0..50, "before").await?;
+    let h1 = StreamSender::spawn(
+        link(1, "s1", 2, 1, Compression::None),
+        master.clone(),
+        r1.endpoint(),
+        &tracker,
+        shutdown.clone(),
+    );
+    let h2 = StreamSender::spawn(
+        link(1, "s2", 3, 1, Compression::Zstd),
+        master.clone(),
+        r2.endpoint(),
+        &tracker,
+        shutdown.clone(),
+    );
+    write(&master, 25..120, "after").await?;
+    h1.wake();
+    h2.wake();
+    let st1 = caught_up(&h1, &master).await?;
+    caught_up(&h2, &master).await?;
+    assert_eq!(rows(&s1)?, rows(&master)?);
+    assert_eq!(rows(&s2)?, rows(&master)?);
+    assert_eq!(rows(&master)?.len(), 120);
+    assert_eq!(st1.state, SenderState::Streaming);
+    // Every master transaction has exactly one log record on the subscriber.
+    assert_eq!(s1.high_water(NodeId(1))?, master.high_water(NodeId(1))?);
+    assert_eq!(records_from(&s1, NodeId(1))?, 145);
+    shutdown.cancel();
+    tracker.close();
+    tracker.wait().await;
+    assert_eq!(h1.status().borrow().state, SenderState::Stopped);
+    r1.stop().await;
+    r2.stop().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compression_shrinks_wire_bytes_for_compressible_rows() -> Result<()> {
+    let master = open(1).await?;
+    let sub = open(2).await?;
+    let view = epochs(1);
+    let r = Receiver::start(&sub, "s1", view.subscribe(), None).await?;
+    let tracker = TaskTracker::new();
+    let shutdown = CancellationToken::new();
+    let filler = "x".repeat(150);
+    write(&master, 0..200, &filler).await?;
+    let h = StreamSender::spawn(
+        link(1, "s1", 2, 1, Compression::Lz4),
+        master.clone(),
+        r.endpoint(),
+        &tracker,
+        shutdown.clone(),
+    );
+    let st = caught_up(&h, &master).await?;
+    assert_eq!(rows(&sub)?, rows(&master)?);
+    assert!(
+        st.raw_bytes > 2 * st.wire_bytes,
+        "lz4 should at least halve repetitive rows: raw {} wire {}",
+        st.raw_bytes,
+        st.wire_bytes
+    );
+    let inbound = r.service.status().borrow().get(&id("master")).cloned();
+    let inbound = inbound.context("receiver status for the master")?;
+    assert_eq!(inbound.wire_bytes, st.wire_bytes);
+    shutdown.cancel();
+    tracker.close();
+    tracker.wait().await;
+    r.stop().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_receiver_catches_up_from_its_high_water() -> Result<()> {
+    let master = open(1).await?;
+    let sub = open(2).await?;
+    let view = epochs(1);
+    let r = Receiver::start(&sub, "s1", view.subscribe(), None).await?;
+    let tracker = TaskTracker::new();
+    let shutdown = CancellationToken::new();
+    let h = StreamSender::spawn(
+        link(1, "s1", 2, 1, Compression::Lz4),
+        master.clone(),
+        r.endpoint(),
+        &tracker,
+        shutdown.clone(),
+    );
+    write(&master, 0..30, "one").await?;
+    caught_up(&h, &master).await?;
+    let sessions = h.status().borrow().sessions;
+    // The receiver goes away; the master keeps committing.
+    let addr = r.stop().await;
+    write(&master, 10..60, "two").await?;
+    wait_status(&h, "the sender to notice", |s| {
+        s.state != SenderState::Streaming
+    })
+    .await?;
+    assert!(sub.high_water(NodeId(1))? < master.high_water(NodeId(1))?);
+    // Back on the same address: the sender reconnects and resumes.
+    let r = Receiver::start(&sub, "s1", view.subscribe(), Some(addr)).await?;
+    let st = caught_up(&h, &master).await?;
+    assert!(st.sessions > sessions);
+    assert_eq!(rows(&sub)?, rows(&master)?);
+    // Nothing applied twice: one record per master transaction.
+    assert_eq!(records_from(&sub, NodeId(1))?, 80);
+    shutdown.cancel();
+    tracker.close();
+    tracker.wait().await;
+    r.stop().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_epoch_sender_is_refused_with_the_reason() -> Result<()> {
+    let master = open(1).await?;
+    let sub = open(2).await?;
+    let view = epochs(3);
+    let r = Receiver::start(&sub, "s1", view.subscribe(), None).await?;
+    let tracker = TaskTracker::new();
+    let shutdown = CancellationToken::new();
+    write(&master, 0..5, "x").await?;
+    let h = StreamSender::spawn(
+        link(1, "s1", 2, 2, Compression::None),
+        master.clone(),
+        r.endpoint(),
+        &tracker,
+        shutdown.clone(),
+    );
+    let st = wait_status(&h, "a refusal", |s| {
+        matches!(s.state, SenderState::Refused { .. })
+    })
+    .await?;
+    let SenderState::Refused { reason } = st.state else {
+        unreachable!()
+    };
+    assert!(
+        reason.contains("epoch 2") && reason.contains("at 3"),
+        "{reason}"
+    );
+    assert!(rows(&sub)?.is_empty());
+    let inbound = r.service.status().borrow().get(&id("master")).cloned();
+    assert_eq!(inbound.and_then(|s| s.refused), Some(reason));
+    shutdown.cancel();
+    tracker.close();
+    tracker.wait().await;
+    r.stop().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mismatched_table_definition_is_refused_under_exact() -> Result<()> {
+    let master = open(1).await?;
+    let sub = Database::open_memory(DbOptions::new(NodeId(2)))?;
+    let mut other = tab_def();
+    other.columns[1].data_type = DataType::Varchar(10);
+    sub.create_table(other).await?;
+    let view = epochs(1);
+    let r = Receiver::start(&sub, "s1", view.subscribe(), None).await?;
+    let tracker = TaskTracker::new();
+    let shutdown = CancellationToken::new();
+    let h = StreamSender::spawn(
+        link(1, "s1", 2, 1, Compression::None),
+        master.clone(),
+        r.endpoint(),
+        &tracker,
+        shutdown.clone(),
+    );
+    let st = wait_status(&h, "a refusal", |s| {
+        matches!(s.state, SenderState::Refused { .. })
+    })
+    .await?;
+    assert!(
+        matches!(&st.state, SenderState::Refused { reason } if reason.contains("EXACT")),
+        "{:?}",
+        st.state
+    );
+    shutdown.cancel();
+    tracker.close();
+    tracker.wait().await;
+    r.stop().await;
+    Ok(())
+}
+
+/// Drives the protocol by hand to send the same batch twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_received_twice_changes_nothing() -> Result<()> {
+    let master = open(1).await?;
+    let sub = open(2).await?;
+    write(&master, 0..10, "x").await?;
+    let view = epochs(1);
+    let r = Receiver::start(&sub, "s1", view.subscribe(), None).await?;
+    let records: Vec<WireRecord> = master
+        .log_range(Lsn(1), 100)?
+        .into_iter()
+        .filter(|r| matches!(r.entry, hawser_store::LogEntry::Txn(_)))
+        .map(|r| WireRecord {
+            epoch: r.epoch,
+            entry: r.entry,
+        })
+        .collect();
+    let raw = encode_records(&records);
+    let batch = pb::Batch {
+        through_lsn: master.last_lsn().0,
+        count: records.len() as u32,
+        codec: pb::Codec::None as i32,
+        raw_bytes: raw.len() as u64,
+        payload: raw,
+    };
+    let hello = pb::Hello {
+        protocol_version: PROTOCOL_VERSION,
+        sender_node: 1,
+        sender_store: "master".into(),
+        receiver_store: "s1".into(),
+        scheme_version: 1,
+        elements: vec![pb::ElementEpoch {
+            element: "e".into(),
+            epoch: 1,
+        }],
+        tables: vec![pb::TableSpec {
+            element: "e".into(),
+            definition: encode_table_def(&tab_def()),
+        }],
+        codec: pb::Codec::None as i32,
+        table_check: pb::TableCheck::Exact as i32,
+    };
+    let msg = |m: sender_message::Msg| pb::SenderMessage { msg: Some(m) };
+    let (tx, rx) = tokio::sync::mpsc::channel(8);
+    tx.send(msg(sender_message::Msg::Hello(hello))).await?;
+    let mut client =
+        pb::replication_client::ReplicationClient::connect(format!("http://{}", r.addr)).await?;
+    let mut inbound = client
+        .replicate(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await?
+        .into_inner();
+    let mut next_ack = async || -> Result<pb::Ack> {
+        loop {
+            let m = tokio::time::timeout(DEADLINE, inbound.message())
+                .await?
+                .context("stream")?
+                .context("stream ended")?;
+            match m.msg {
+                Some(receiver_message::Msg::Ack(a)) => return Ok(a),
+                Some(receiver_message::Msg::Refused(r)) => bail!("refused: {}", r.reason),
+                _ => {}
+            }
+        }
+    };
+    tx.send(msg(sender_message::Msg::Batch(batch.clone())))
+        .await?;
+    let first = next_ack().await?;
+    let after_first = (rows(&sub)?, sub.last_lsn());
+    tx.send(msg(sender_message::Msg::Batch(batch))).await?;
+    let second = next_ack().await?;
+    assert_eq!((rows(&sub)?, sub.last_lsn()), after_first);
+    assert_eq!(first.applied, second.applied);
+    assert_eq!(rows(&sub)?, rows(&master)?);
+    drop(tx);
+    r.stop().await;
+    Ok(())
+}
