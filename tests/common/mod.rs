@@ -10,7 +10,7 @@ use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::mpsc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// The `hawser` binary under test.
 pub fn hawser_bin() -> PathBuf {
@@ -36,15 +36,25 @@ impl Node {
     }
 
     pub fn start_with(name: &str, data_dir: &Path, extra: &[&str]) -> Node {
+        Self::start_at(name, data_dir, "127.0.0.1:0", extra)
+    }
+
+    /// Starts a node whose gRPC server listens on `listen` (a restarted cluster member
+    /// must keep its address: the Raft membership names it), with `extra` flags.
+    pub fn start_at(name: &str, data_dir: &Path, listen: &str, extra: &[&str]) -> Node {
         let log = data_dir.with_extension(format!("{}.log", std::process::id()));
-        let log_file = std::fs::File::create(&log).expect("create node log");
+        let log_file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log)
+            .expect("create node log");
         let mut child = Command::new(hawser_bin())
             .args([
                 "start",
                 "--name",
                 name,
                 "--listen",
-                "127.0.0.1:0",
+                listen,
                 "--http",
                 "127.0.0.1:0",
             ])
@@ -122,6 +132,39 @@ impl Node {
         }
     }
 
+    /// Waits (at most `timeout`) for the process to exit on its own; `None` if it is
+    /// still running then.
+    pub fn wait_exit(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        let c = self.child.as_mut()?;
+        loop {
+            if let Ok(Some(status)) = c.try_wait() {
+                self.child = None;
+                return Some(status);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(POLL);
+        }
+    }
+
+    /// `hawser status --format json` of this node.
+    pub fn status(&self) -> serde_json::Value {
+        let out = self.cli(&["status", "--format", "json"]);
+        assert!(out.status.success(), "status failed: {}", stderr(&out));
+        serde_json::from_slice(&out.stdout).expect("status JSON")
+    }
+
+    /// Like [`Node::status`], `None` if the node does not answer.
+    pub fn try_status(&self) -> Option<serde_json::Value> {
+        let out = self.cli(&["status", "--format", "json"]);
+        if !out.status.success() {
+            return None;
+        }
+        serde_json::from_slice(&out.stdout).ok()
+    }
+
     pub fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
@@ -140,6 +183,25 @@ impl Node {
 impl Drop for Node {
     fn drop(&mut self) {
         self.kill9();
+    }
+}
+
+/// How often [`wait_for`] checks its condition.
+pub const POLL: Duration = Duration::from_millis(50);
+
+/// Checks `probe` every [`POLL`] until it gives a value or `timeout` passes (then the
+/// test fails naming `what`).
+pub fn wait_for<T>(what: &str, timeout: Duration, mut probe: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = probe() {
+            return v;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {timeout:?} waiting for {what}"
+        );
+        std::thread::sleep(POLL);
     }
 }
 

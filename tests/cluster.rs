@@ -1,0 +1,233 @@
+//! End-to-end: a hawser cluster of real processes. Three nodes formed with `--join` and
+//! `hawser init`; replication DDL through a follower seen everywhere; refusals that
+//! change nothing; the Raft leader SIGKILLed and DDL accepted by its successor; every
+//! node restarted on its data; a fourth node that joins after the log was purged gets
+//! the state by snapshot. Every wait is bounded and waits on a condition.
+
+mod common;
+
+use std::path::Path;
+use std::time::Duration;
+
+use common::{stderr, stdout, wait_for, Node};
+use serde_json::Value;
+
+/// Fast Raft timing, and a snapshot (with the log purged) every few entries.
+const RAFT: &[&str] = &[
+    "--raft-heartbeat",
+    "50ms",
+    "--raft-election-min",
+    "200ms",
+    "--raft-election-max",
+    "400ms",
+    "--raft-snapshot-every",
+    "4",
+    "--raft-log-keep",
+    "0",
+];
+
+const WAIT: Duration = Duration::from_secs(20);
+
+fn start(name: &str, dir: &Path, listen: &str, join: Option<&str>) -> Node {
+    let mut args: Vec<&str> = RAFT.to_vec();
+    if let Some(j) = join {
+        args.extend(["--join", j]);
+    }
+    Node::start_at(name, &dir.join(name), listen, &args)
+}
+
+fn cluster(status: &Value) -> &Value {
+    &status["cluster"]
+}
+
+/// The voters a node's status lists.
+fn voters(status: &Value) -> usize {
+    cluster(status)["nodes"]
+        .as_array()
+        .map(|n| n.iter().filter(|n| n["membership"] == "voter").count())
+        .unwrap_or(0)
+}
+
+/// The leader id a node knows, if any.
+fn leader(node: &Node) -> Option<u64> {
+    node.try_status()
+        .and_then(|s| cluster(&s)["leader_id"].as_u64())
+}
+
+fn scheme_show(node: &Node, name: Option<&str>) -> std::process::Output {
+    let mut args = vec!["scheme", "show"];
+    args.extend(name);
+    node.cli(&args)
+}
+
+/// Runs replication DDL through `hawser sql` on `node`, retrying while the cluster has
+/// no leader (57P03); returns the last output.
+fn ddl(node: &Node, text: &str) -> std::process::Output {
+    wait_for("DDL accepted or refused for good", WAIT, || {
+        let out = node.cli(&["sql", "-e", text]);
+        (!stderr(&out).contains("error[57P03]")).then_some(out)
+    })
+}
+
+/// A scheme naming all three stores, with the host spelling the nodes advertise.
+const R1: &str = "CREATE REPLICATION r1 \
+    ELEMENT e TABLE t MASTER n1 ON \"127.0.0.1\" \
+    SUBSCRIBER n2 ON \"127.0.0.1\", n3 ON \"127.0.0.1\"";
+
+#[test]
+fn three_node_cluster_ddl_failover_restart_and_snapshot() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+
+    // Form the cluster: n1 bootstrapped by init, n2 and n3 join through it.
+    let n1 = start("n1", d, "127.0.0.1:0", None);
+    let out = n1.cli(&["init"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains("initialized a new cluster"),
+        "{}",
+        stdout(&out)
+    );
+    let out = n1.cli(&["init"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stdout(&out).contains("nothing changed"), "{}", stdout(&out));
+    let n2 = start("n2", d, "127.0.0.1:0", Some(&n1.grpc));
+    let n3 = start("n3", d, "127.0.0.1:0", Some(&n1.grpc));
+    let mut nodes = vec![n1, n2, n3];
+    for n in &nodes {
+        wait_for("three voters seen by every node", WAIT, || {
+            (voters(&n.status()) == 3).then_some(())
+        });
+    }
+
+    // CREATE REPLICATION through a follower; every node shows the same scheme.
+    let leader_id = leader(&nodes[0]).expect("a leader");
+    let follower = nodes.iter().find(|n| n.node_id != leader_id).unwrap();
+    let out = ddl(follower, R1);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains("CREATE REPLICATION"),
+        "{}",
+        stdout(&out)
+    );
+    // The node that ran it has applied it already.
+    let shown = stdout(&scheme_show(follower, Some("r1")));
+    assert!(shown.contains("MASTER n1"), "{shown}");
+    for n in &nodes {
+        wait_for("r1 on every node", WAIT, || {
+            let text = stdout(&scheme_show(n, None));
+            (text.contains("CREATE REPLICATION r1") && text.contains("SUBSCRIBER n2")).then_some(())
+        });
+        let status = n.status();
+        let scheme = &cluster(&status)["schemes"][0];
+        assert_eq!(scheme["name"], "r1");
+        assert_eq!(scheme["elements"][0]["master_store"], "n1");
+        assert_eq!(scheme["elements"][0]["epoch"], 0);
+    }
+
+    // Invalid DDL: the checker's code, nothing changed.
+    let version = cluster(&follower.status())["state_version"].clone();
+    let out = follower.cli(&[
+        "sql",
+        "-e",
+        "CREATE REPLICATION r2 ELEMENT e TABLE t MASTER n1 SUBSCRIBER n1",
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("error[TT8106]"), "{}", stderr(&out));
+    let out = ddl(follower, R1);
+    assert_eq!(out.status.code(), Some(1), "a second r1 is refused");
+    assert!(stderr(&out).contains("already exists"), "{}", stderr(&out));
+    assert!(!scheme_show(follower, Some("r2")).status.success());
+    assert_eq!(cluster(&follower.status())["state_version"], version);
+
+    // A node whose store name clashes with a member's is refused and stops.
+    std::fs::create_dir_all(d.join("clash")).unwrap();
+    let mut clash = start("n2", &d.join("clash"), "127.0.0.1:0", Some(&nodes[0].grpc));
+    let exit = clash.wait_exit(WAIT).expect("the clashing node stops");
+    assert!(!exit.success(), "the clashing node exits non-zero");
+    assert!(clash.log().contains("clashes"), "{}", clash.log());
+    assert_eq!(voters(&nodes[0].status()), 3);
+
+    // SIGKILL the leader: another node leads and takes DDL.
+    let leader_id = leader(&nodes[0]).expect("a leader");
+    let dead = nodes.iter().position(|n| n.node_id == leader_id).unwrap();
+    let dead_addr = nodes[dead].grpc.clone();
+    nodes[dead].kill9();
+    let survivor = nodes.iter().position(|n| n.node_id != leader_id).unwrap();
+    let new_leader = wait_for("a new leader", WAIT, || {
+        leader(&nodes[survivor]).filter(|&l| l != leader_id)
+    });
+    assert_ne!(new_leader, leader_id);
+    let out = ddl(
+        &nodes[survivor],
+        "CREATE REPLICATION r3 ELEMENT s SEQUENCE q MASTER n2 SUBSCRIBER n3",
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+
+    // The killed node comes back on its data and address and catches up.
+    let name = nodes[dead].name.clone();
+    let join = nodes[survivor].grpc.clone();
+    nodes[dead] = start(
+        &name,
+        d,
+        &dead_addr,
+        (name != "n1").then_some(join.as_str()),
+    );
+    wait_for("the restarted node has r3", WAIT, || {
+        stdout(&scheme_show(&nodes[dead], None))
+            .contains("CREATE REPLICATION r3")
+            .then_some(())
+    });
+
+    // SIGTERM everyone, restart everyone on the same data and addresses: state intact.
+    let addrs: Vec<(String, String)> = nodes
+        .iter()
+        .map(|n| (n.name.clone(), n.grpc.clone()))
+        .collect();
+    for n in &mut nodes {
+        let status = n.terminate().expect("stops on SIGTERM");
+        assert!(status.success(), "clean exit: {status:?}\n{}", n.log());
+    }
+    let seed = addrs[0].1.clone();
+    nodes = addrs
+        .iter()
+        .map(|(name, addr)| start(name, d, addr, (name != "n1").then_some(seed.as_str())))
+        .collect();
+    for n in &nodes {
+        wait_for("a leader after the restart", WAIT, || leader(n));
+        let text = stdout(&scheme_show(n, None));
+        assert!(
+            text.contains("CREATE REPLICATION r1") && text.contains("CREATE REPLICATION r3"),
+            "{text}"
+        );
+        assert_eq!(voters(&n.status()), 3);
+    }
+
+    // The leader has purged its log behind a snapshot: a fourth node gets the state
+    // by snapshot.
+    let leader_id = wait_for("a leader", WAIT, || leader(&nodes[0]));
+    let lead = nodes.iter().find(|n| n.node_id == leader_id).unwrap();
+    let purged = cluster(&lead.status())["purged_index"].as_u64().unwrap();
+    assert!(purged > 0, "the leader's log was purged");
+    let n4 = start("n4", d, "127.0.0.1:0", Some(&nodes[1].grpc));
+    let s4 = wait_for("n4 a voter with the schemes", WAIT, || {
+        let s = n4.try_status()?;
+        let c = cluster(&s);
+        let me = c["nodes"]
+            .as_array()?
+            .iter()
+            .find(|n| n["store"] == "n4")?
+            .clone();
+        (me["membership"] == "voter" && c["schemes"].as_array()?.len() == 2).then_some(s)
+    });
+    assert!(
+        cluster(&s4)["snapshot_index"].as_u64().unwrap() >= purged,
+        "n4 installed a snapshot covering the purged log: {s4}"
+    );
+    let text = stdout(&scheme_show(&n4, Some("r1")));
+    assert!(text.contains("MASTER n1"), "{text}");
+    let (code, metrics) = common::http_get(&n4.http, "/metrics");
+    assert_eq!(code, 200);
+    assert!(metrics.contains("hawser_raft_term"), "{metrics}");
+    assert!(metrics.contains("hawser_raft_apply_lag"), "{metrics}");
+}
