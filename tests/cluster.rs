@@ -230,4 +230,13 @@ fn three_node_cluster_ddl_failover_restart_and_snapshot() {
     assert_eq!(code, 200);
     assert!(metrics.contains("hawser_raft_term"), "{metrics}");
     assert!(metrics.contains("hawser_raft_apply_lag"), "{metrics}");
+    let (_, metrics) = common::http_get(&lead.http, "/metrics");
+    assert!(
+        metrics.contains("hawser_raft_rpc_seconds") && metrics.contains("append_entries"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("hawser_raft_leader_changes_total"),
+        "{metrics}"
+    );
 }

@@ -50,6 +50,20 @@ pub enum Rpc {
     RemoveNode,
 }
 
+impl Rpc {
+    /// The RPC's name as metrics label it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Rpc::AppendEntries => "append_entries",
+            Rpc::Vote => "vote",
+            Rpc::InstallSnapshot => "install_snapshot",
+            Rpc::JoinCluster => "join_cluster",
+            Rpc::ForwardPropose => "forward_propose",
+            Rpc::RemoveNode => "remove_node",
+        }
+    }
+}
+
 /// Why a call to a peer failed before its reply could be read.
 #[derive(Debug, Error)]
 pub enum CallError {
@@ -166,7 +180,20 @@ impl PeerPool {
                 Rpc::RemoveNode => client.remove_node(request).await,
             }
         };
-        match tokio::time::timeout(deadline, call).await {
+        let started = std::time::Instant::now();
+        let outcome = tokio::time::timeout(deadline, call).await;
+        // Every call is timed, failures included; the label sets are small and fixed.
+        metrics::histogram!(
+            "hawser_raft_rpc_seconds",
+            "rpc" => rpc.name(),
+            "outcome" => match &outcome {
+                Ok(Ok(_)) => "ok",
+                Ok(Err(_)) => "error",
+                Err(_) => "deadline",
+            }
+        )
+        .record(started.elapsed().as_secs_f64());
+        match outcome {
             Err(_) => Err(CallError::Deadline {
                 addr: addr.to_string(),
                 deadline,
