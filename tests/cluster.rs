@@ -81,6 +81,16 @@ fn three_node_cluster_ddl_failover_restart_and_snapshot() {
 
     // Form the cluster: n1 bootstrapped by init, n2 and n3 join through it.
     let n1 = start("n1", d, "127.0.0.1:0", None);
+    // Before init there is no cluster to take DDL: a retryable error.
+    let out = n1.cli(&["sql", "-e", R1]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("error[57P03]"), "{}", stderr(&out));
+    // A node started with --join refuses to bootstrap a second cluster.
+    let lost = start("lost", d, "127.0.0.1:0", Some("127.0.0.1:1"));
+    let out = lost.cli(&["init"]);
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("--join"), "{}", stderr(&out));
+    drop(lost);
     let out = n1.cli(&["init"]);
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(

@@ -58,6 +58,14 @@ impl ReplicationDdl for RaftDdl {
 
 impl RaftDdl {
     async fn run(&self, ddl: &str) -> Result<StatementResult, ReplicationError> {
+        if self.plane.metrics().voters.is_empty() {
+            return Err(ReplicationError {
+                code: NO_LEADER.into(),
+                message: "this node is not part of a cluster yet: run `hawser init` on one \
+                          node, start the others with --join, and retry"
+                    .into(),
+            });
+        }
         let text = resolve_self(ddl, &self.store);
         let commands = Command::from_ddl(&text).map_err(rejected)?;
         let mut result = StatementResult::default();

@@ -379,6 +379,14 @@ impl Admin for Services {
             .is_initialized()
             .await
             .map_err(|e| Status::internal(e.to_string()))?;
+        if !before && !self.state.config.join.is_empty() {
+            // Bootstrapping here would make a second cluster beside the one it joins.
+            return Err(Status::failed_precondition(format!(
+                "this node was started with --join {} and is joining that cluster; run \
+                 `hawser init` on one node of a new cluster only",
+                self.state.config.join.join(",")
+            )));
+        }
         plane
             .initialize()
             .await
