@@ -236,6 +236,29 @@ fn three_node_cluster_ddl_failover_restart_and_snapshot() {
     );
     let text = stdout(&scheme_show(&n4, Some("r1")));
     assert!(text.contains("MASTER n1"), "{text}");
+
+    // Removal: refused for the master of an element, done for n4.
+    let n1_id = nodes[0].node_id.to_string();
+    let out = nodes[1].cli(&["node", "remove", "--node-id", &n1_id]);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("move the role first"),
+        "{}",
+        stderr(&out)
+    );
+    let n4_id = n4.node_id.to_string();
+    let out = nodes[2].cli(&["node", "remove", "--node-id", &n4_id]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    wait_for("n4 gone from every member's view", WAIT, || {
+        nodes
+            .iter()
+            .all(|n| {
+                let s = n.status();
+                cluster(&s)["nodes"].as_array().map(Vec::len) == Some(3) && voters(&s) == 3
+            })
+            .then_some(())
+    });
+
     let (code, metrics) = common::http_get(&n4.http, "/metrics");
     assert_eq!(code, 200);
     assert!(metrics.contains("hawser_raft_term"), "{metrics}");
