@@ -237,6 +237,30 @@ fn three_node_cluster_ddl_failover_restart_and_snapshot() {
     let text = stdout(&scheme_show(&n4, Some("r1")));
     assert!(text.contains("MASTER n1"), "{text}");
 
+    // ALTER and DROP through other nodes; SELF is the store that runs the statement.
+    let out = ddl(
+        &nodes[2],
+        "CREATE REPLICATION r4 ELEMENT x TABLE t4 MASTER SELF SUBSCRIBER n1",
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&scheme_show(&nodes[2], Some("r4")));
+    assert!(text.contains("MASTER n3"), "{text}");
+    let out = ddl(
+        &n4,
+        "ALTER REPLICATION r1 ADD ELEMENT e2 TABLE t2 MASTER n2 SUBSCRIBER n3",
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains("ALTER REPLICATION"),
+        "{}",
+        stdout(&out)
+    );
+    let text = stdout(&scheme_show(&n4, Some("r1")));
+    assert!(text.contains("ELEMENT e2 TABLE t2"), "{text}");
+    let out = ddl(&nodes[0], "DROP REPLICATION r4");
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(!scheme_show(&nodes[0], Some("r4")).status.success());
+
     // Removal: refused for the master of an element, done for n4.
     let n1_id = nodes[0].node_id.to_string();
     let out = nodes[1].cli(&["node", "remove", "--node-id", &n1_id]);
