@@ -10,6 +10,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         Some(protoc) => config.protoc_executable(protoc),
         None => config.protoc_executable(protoc_bin_vendored::protoc_bin_path()?),
     };
+    // The proto file lives outside this crate, so say explicitly that it matters.
+    println!("cargo:rerun-if-changed={}", proto.display());
     tonic_prost_build::configure().compile_with_config(config, &[proto], &[root])?;
     Ok(())
 }
