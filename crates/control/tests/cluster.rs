@@ -295,3 +295,37 @@ async fn a_node_restarted_on_its_sled_directory_keeps_its_identity_and_state() {
     assert!(v > version);
     plane.shutdown().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_join_as_voters_up_to_five_and_as_learners_after() {
+    let mut nodes = Vec::new();
+    for id in 1..=6 {
+        nodes.push(TestNode::start(id, 1000).await);
+    }
+    nodes[0].plane.initialize().await.unwrap();
+    let seeds = vec![nodes[0].addr.clone()];
+    for n in &nodes[1..5] {
+        join_retrying(n, &seeds).await;
+    }
+    let sixth = tokio::time::timeout(WAIT, async {
+        loop {
+            match nodes[5].plane.join(&seeds).await {
+                Ok(reply) => return reply,
+                Err(e) if e.is_retryable() => tokio::task::yield_now().await,
+                Err(e) => panic!("join refused: {e}"),
+            }
+        }
+    })
+    .await
+    .expect("the sixth node joins within the deadline");
+    assert!(!sixth.voter, "a sixth member joins as a learner");
+    wait_state(&nodes[0].plane, "five voters and one learner", |s| {
+        s.nodes.len() == 6 && s.nodes.values().filter(|n| n.voter).count() == 5
+    })
+    .await;
+    let learner = &nodes[0].plane.state().nodes[&NodeId(6)];
+    assert!(!learner.voter);
+    for n in &mut nodes {
+        n.kill().await;
+    }
+}
