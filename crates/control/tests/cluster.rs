@@ -13,6 +13,12 @@ use tokio_stream::wrappers::TcpListenerStream;
 
 const WAIT: Duration = Duration::from_secs(10);
 
+/// Pause between retries of a call refused as retryable (no leader yet): short, so
+/// tests stay fast, but not a spin that starves the cluster of the CPU it needs.
+async fn retry_backoff() {
+    tokio::time::sleep(Duration::from_millis(10)).await;
+}
+
 struct TestNode {
     plane: ControlPlane,
     addr: String,
@@ -92,8 +98,9 @@ async fn join_retrying(node: &TestNode, members: &[String]) {
             match node.plane.join(members).await {
                 Ok(reply) => return reply,
                 Err(e) if e.is_retryable() => {
-                    // Bounded by the outer timeout; wait for a leader to show up.
-                    tokio::task::yield_now().await;
+                    // Bounded by the outer timeout; back off briefly while a leader
+                    // shows up instead of spinning on a core the cluster needs.
+                    retry_backoff().await;
                 }
                 Err(e) => panic!("join refused: {e}"),
             }
@@ -117,7 +124,7 @@ async fn propose_retrying(plane: &ControlPlane, cmd: Command) -> u64 {
         loop {
             match plane.propose(cmd.clone()).await {
                 Ok(v) => return v,
-                Err(e) if e.is_retryable() => tokio::task::yield_now().await,
+                Err(e) if e.is_retryable() => retry_backoff().await,
                 Err(e) => panic!("proposal failed: {e}"),
             }
         }
@@ -311,7 +318,7 @@ async fn nodes_join_as_voters_up_to_five_and_as_learners_after() {
         loop {
             match nodes[5].plane.join(&seeds).await {
                 Ok(reply) => return reply,
-                Err(e) if e.is_retryable() => tokio::task::yield_now().await,
+                Err(e) if e.is_retryable() => retry_backoff().await,
                 Err(e) => panic!("join refused: {e}"),
             }
         }
