@@ -20,6 +20,7 @@
 
 pub mod cluster;
 pub mod config;
+mod dataplane;
 mod grpc;
 mod http;
 pub mod identity;
@@ -83,6 +84,10 @@ pub(crate) struct NodeState {
     /// The addresses actually bound (the config may say port 0).
     pub(crate) grpc_addr: std::net::SocketAddr,
     pub(crate) http_addr: std::net::SocketAddr,
+    /// This node's outbound streams (the data plane task keeps the map current).
+    pub(crate) senders: dataplane::SenderStatuses,
+    /// This node's inbound streams.
+    pub(crate) receiver: hawser_stream::ReceiverService,
 }
 
 impl NodeState {
@@ -240,9 +245,19 @@ pub async fn run(
     let ddl = Arc::new(cluster::RaftDdl {
         plane: plane.clone(),
         db: db.clone(),
-        store,
+        store: store.clone(),
     });
 
+    let tasks = TaskTracker::new();
+    let node_shutdown = shutdown.child_token();
+    let (epochs, epochs_rx) = tokio::sync::watch::channel(std::collections::BTreeMap::new());
+    let receiver = hawser_stream::ReceiverService::new(
+        db.clone(),
+        hawser_stream::ReceiverConfig::new(store.clone()),
+        epochs_rx,
+        tasks.clone(),
+        node_shutdown.clone(),
+    );
     let state = Arc::new(NodeState {
         sql: SqlEngine::with_replication(db.clone(), ddl),
         plane,
@@ -252,11 +267,13 @@ pub async fn run(
         started: Instant::now(),
         ready: AtomicBool::new(false),
         sessions: AtomicU32::new(0),
-        tasks: TaskTracker::new(),
-        shutdown: shutdown.child_token(),
+        tasks,
+        shutdown: node_shutdown,
         grpc_addr,
         http_addr,
         config,
+        senders: Default::default(),
+        receiver,
     });
 
     let services = grpc::Services {
@@ -278,6 +295,14 @@ pub async fn run(
                 .max_encoding_message_size(max),
         )
         .add_service(state.plane.raft_service())
+        .add_service(
+            state
+                .receiver
+                .clone()
+                .into_server()
+                .max_decoding_message_size(max)
+                .max_encoding_message_size(max),
+        )
         .serve_with_incoming_shutdown(
             tokio_stream::wrappers::TcpListenerStream::new(grpc_listener),
             async move { grpc_shutdown.cancelled().await },
@@ -303,6 +328,17 @@ pub async fn run(
     } else {
         drop(fatal_tx);
     }
+
+    // The data plane: senders for the links this store sends, epochs for its receiver.
+    state.tasks.spawn(dataplane::run(dataplane::DataPlaneTask {
+        plane: state.plane.clone(),
+        db: state.db.clone(),
+        store,
+        epochs,
+        statuses: state.senders.clone(),
+        tracker: state.tasks.clone(),
+        shutdown: state.shutdown.clone(),
+    }));
 
     state.ready.store(true, Ordering::Release);
     info!("node ready");

@@ -1,0 +1,245 @@
+//! The node's side of the data plane: which streams this node sends, and what its
+//! receiver accepts, both derived from the cluster state Raft agrees on.
+//!
+//! ```text
+//!  plane.subscribe() ─► ClusterState ─► route::plan per scheme ─► links sent by this store
+//!        │                                   └─► StreamSender per (scheme, receiver store)
+//!        └─► elements this store subscribes to, with epochs ─► ReceiverService epochs watch
+//! ```
+//!
+//! One task ([`run`]) owns every sender. It re-plans when the cluster state changes and
+//! once a second (this node's catalog may change without a Raft command). A sender
+//! whose [`LinkConfig`] or receiver address changed — a new scheme version, a new
+//! epoch, a moved node — is stopped and a new one started; the new one resumes from the
+//! receiver's high-water marks, so nothing is sent twice to the store.
+//!
+//! Simplification: nodes do not report their catalogs to the cluster yet, so the
+//! routing plan is computed with this node's catalog standing in for every store's.
+//! That is exact for what this node sends (the tables of TABLE elements and the
+//! INCLUDE / EXCLUDE of DATASTORE elements it masters are read from its own catalog)
+//! and only an approximation for links other nodes send, which this node ignores.
+//!
+//! New commits are found by the sender's poll (every few milliseconds); the SQL
+//! commit path has no hook to wake senders yet.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use hawser_control::{ClusterState, ControlPlane};
+use hawser_core::{Epoch, Ident, NodeId, QualName};
+use hawser_scheme::route::{SequenceInfo, StoreCatalog};
+use hawser_scheme::Topology;
+use hawser_store::Database;
+use hawser_stream::{LinkConfig, SenderHandle, SenderStatus, StreamSender};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tonic::transport::Endpoint;
+use tracing::{info, warn};
+
+/// How often the plan is recomputed when the cluster state does not change.
+const REPLAN_EVERY: Duration = Duration::from_secs(1);
+
+/// One running sender and what it was started with.
+struct Running {
+    link: LinkConfig,
+    addr: String,
+    handle: SenderHandle,
+    stop: CancellationToken,
+}
+
+/// The senders' status watches, by (scheme, receiver store), for status reports.
+pub(crate) type SenderStatuses =
+    Arc<parking_lot::Mutex<BTreeMap<(QualName, Ident), watch::Receiver<SenderStatus>>>>;
+
+/// What [`run`] needs.
+pub(crate) struct DataPlaneTask {
+    pub(crate) plane: ControlPlane,
+    pub(crate) db: Database,
+    pub(crate) store: Ident,
+    /// Fed with the elements this store subscribes to; the receiver checks epochs on it.
+    pub(crate) epochs: watch::Sender<BTreeMap<Ident, Epoch>>,
+    pub(crate) statuses: SenderStatuses,
+    pub(crate) tracker: TaskTracker,
+    pub(crate) shutdown: CancellationToken,
+}
+
+/// Keeps this node's senders and its receiver's epochs in line with the cluster state
+/// until shutdown.
+pub(crate) async fn run(task: DataPlaneTask) {
+    let mut state_rx = task.plane.subscribe();
+    let mut running: BTreeMap<(QualName, Ident), Running> = BTreeMap::new();
+    let mut tick = tokio::time::interval(REPLAN_EVERY);
+    loop {
+        let state = state_rx.borrow_and_update().clone();
+        task.epochs.send_if_modified(|current| {
+            replace_if_changed(current, subscribed(&state, &task.store))
+        });
+        let wanted = wanted_links(&state, &task.db, &task.store);
+        reconcile(&task, &mut running, wanted);
+        tokio::select! {
+            _ = task.shutdown.cancelled() => break,
+            changed = state_rx.changed() => if changed.is_err() { break },
+            _ = tick.tick() => {}
+        }
+    }
+    for r in running.values() {
+        r.stop.cancel();
+    }
+}
+
+fn replace_if_changed<T: PartialEq>(current: &mut T, new: T) -> bool {
+    if *current == new {
+        return false;
+    }
+    *current = new;
+    true
+}
+
+/// Stops senders no longer wanted or wanted differently, starts the missing ones.
+fn reconcile(
+    task: &DataPlaneTask,
+    running: &mut BTreeMap<(QualName, Ident), Running>,
+    mut wanted: BTreeMap<(QualName, Ident), (LinkConfig, String)>,
+) {
+    running.retain(|key, r| {
+        let keep = wanted
+            .get(key)
+            .is_some_and(|(link, addr)| *link == r.link && *addr == r.addr);
+        if !keep {
+            info!(scheme = %key.0, receiver = %key.1, "stopping sender");
+            r.stop.cancel();
+        }
+        keep
+    });
+    wanted.retain(|key, _| !running.contains_key(key));
+    for (key, (link, addr)) in wanted {
+        let endpoint = match Endpoint::from_shared(format!("http://{addr}")) {
+            Ok(e) => e,
+            Err(e) => {
+                warn!(receiver = %key.1, %addr, error = %e, "bad receiver address");
+                continue;
+            }
+        };
+        info!(scheme = %key.0, receiver = %key.1, %addr, version = link.scheme_version, "starting sender");
+        let stop = task.shutdown.child_token();
+        let handle = StreamSender::spawn(
+            link.clone(),
+            task.db.clone(),
+            endpoint,
+            &task.tracker,
+            stop.clone(),
+        );
+        running.insert(
+            key,
+            Running {
+                link,
+                addr,
+                handle,
+                stop,
+            },
+        );
+    }
+    let mut statuses = task.statuses.lock();
+    *statuses = running
+        .iter()
+        .map(|(k, r)| (k.clone(), r.handle.status()))
+        .collect();
+}
+
+/// The elements `store` subscribes to in any scheme, with their current epochs. An
+/// element name used by two schemes keeps the higher epoch.
+fn subscribed(state: &ClusterState, store: &Ident) -> BTreeMap<Ident, Epoch> {
+    let mut out = BTreeMap::new();
+    for s in state.schemes.values() {
+        for el in &s.scheme.elements {
+            let subscribes = el
+                .subscriber_stores()
+                .any(|r| matches!(&r.name, hawser_scheme::ast::StoreName::Named(n) if n == store));
+            let Some(es) = s.elements.get(&el.name) else {
+                continue;
+            };
+            if subscribes {
+                let e = out.entry(el.name.clone()).or_insert(es.epoch);
+                *e = (*e).max(es.epoch);
+            }
+        }
+    }
+    out
+}
+
+/// The links `store` sends, with the receiver's gRPC address, by (scheme, receiver).
+fn wanted_links(
+    state: &ClusterState,
+    db: &Database,
+    store: &Ident,
+) -> BTreeMap<(QualName, Ident), (LinkConfig, String)> {
+    let catalog = StoreCatalog {
+        tables: db.tables().iter().map(|t| (**t).clone()).collect(),
+        sequences: db
+            .sequences()
+            .into_iter()
+            .map(|s| SequenceInfo {
+                name: s.name,
+                cycle: s.cycle,
+            })
+            .collect(),
+    };
+    let nodes: BTreeMap<Ident, NodeId> = state
+        .nodes
+        .values()
+        .map(|n| (n.store.clone(), n.id))
+        .collect();
+    let topology = Topology {
+        catalogs: nodes.keys().map(|s| (s.clone(), catalog.clone())).collect(),
+        nodes: nodes.clone(),
+    };
+    let mut out = BTreeMap::new();
+    for (name, s) in &state.schemes {
+        let plan = match hawser_scheme::plan(&s.scheme, &topology) {
+            Ok(p) => p,
+            Err(errors) => {
+                let first = errors
+                    .first()
+                    .map(|e| e.message.clone())
+                    .unwrap_or_default();
+                warn!(scheme = %name, error = %first, "cannot plan the scheme's streams");
+                continue;
+            }
+        };
+        let epochs: BTreeMap<Ident, Epoch> = s
+            .elements
+            .iter()
+            .map(|(n, e)| (n.clone(), e.epoch))
+            .collect();
+        let datastore: BTreeSet<&Ident> = s
+            .scheme
+            .elements
+            .iter()
+            .filter(|e| matches!(e.kind, hawser_scheme::ast::ElementKind::Datastore))
+            .map(|e| &e.name)
+            .collect();
+        for link in plan.links.iter().filter(|l| &l.sender == store) {
+            if link.tables.is_empty() {
+                continue;
+            }
+            let mut config = match LinkConfig::from_link(link, s.version, &nodes, &epochs) {
+                Ok(c) => c,
+                Err(e) => {
+                    warn!(scheme = %name, receiver = %link.receiver, error = %e, "link not streamable yet");
+                    continue;
+                }
+            };
+            config.replicate_ddl = link.tables.iter().any(|t| datastore.contains(&t.element));
+            let Some(addr) = state
+                .node_by_store(&link.receiver)
+                .map(|n| n.grpc_addr.clone())
+            else {
+                continue;
+            };
+            out.insert((name.clone(), link.receiver.clone()), (config, addr));
+        }
+    }
+    out
+}
