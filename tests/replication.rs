@@ -9,7 +9,7 @@ mod common;
 use std::path::Path;
 use std::time::Duration;
 
-use common::{stderr, wait_for, Node};
+use common::{http_get, stderr, wait_for, Node};
 use serde_json::Value;
 
 const RAFT: &[&str] = &[
@@ -147,6 +147,40 @@ fn rows_written_on_the_master_reach_subscribers_and_a_killed_subscriber_catches_
     );
     converge(&n2, &expected, "first writes");
     converge(&n3, &expected, "first writes");
+
+    // n1's HTTP /replication shows both streams caught up, with bytes counted; n2's
+    // shows the inbound stream from n1.
+    let n1_id = n1.node_id.to_string();
+    let outbound = wait_for("n1's streams acknowledged", WAIT, || {
+        let (code, body) = http_get(&n1.http, "/replication");
+        assert_eq!(code, 200, "{body}");
+        let v: Value = serde_json::from_str(&body).expect("JSON");
+        let out = v["outbound"].as_array().cloned().unwrap_or_default();
+        let caught_up = out.len() == 2
+            && out.iter().all(|s| {
+                s["state"] == "streaming"
+                    && s["lag_records"] == 0
+                    && s["acked_applied"][&n1_id].as_u64().unwrap_or(0) > 0
+            });
+        caught_up.then_some(out)
+    });
+    let receivers: Vec<&str> = outbound
+        .iter()
+        .filter_map(|s| s["receiver"].as_str())
+        .collect();
+    assert_eq!(receivers, ["n2", "n3"]);
+    for s in &outbound {
+        // Every n1 transaction: CREATE TABLE, then five writes.
+        assert_eq!(s["acked_applied"][&n1_id], 6, "{s}");
+        assert_eq!(s["acked_durable"][&n1_id], 6, "{s}");
+        assert!(s["raw_bytes"].as_u64().unwrap_or(0) > 0, "{s}");
+        assert!(s["wire_bytes"].as_u64().unwrap_or(0) > 0, "{s}");
+        assert!(s["transactions"].as_u64().unwrap_or(0) >= 5, "{s}");
+    }
+    let (_, body) = http_get(&n2.http, "/replication");
+    let v: Value = serde_json::from_str(&body).expect("JSON");
+    assert_eq!(v["inbound"][0]["sender"], "n1", "{v}");
+    assert_eq!(v["outbound"], serde_json::json!([]), "{v}");
 
     // n3 dies without a chance to flush; n1 keeps writing.
     let n3_grpc = n3.grpc.clone();

@@ -31,7 +31,9 @@ use hawser_core::{Epoch, Ident, NodeId, QualName};
 use hawser_scheme::route::{SequenceInfo, StoreCatalog};
 use hawser_scheme::Topology;
 use hawser_store::Database;
-use hawser_stream::{LinkConfig, SenderHandle, SenderStatus, StreamSender};
+use hawser_stream::{
+    LinkConfig, ReceiverService, SenderHandle, SenderState, SenderStatus, StreamSender,
+};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -242,4 +244,68 @@ fn wanted_links(
         }
     }
     out
+}
+
+/// The outbound and inbound streams of this node as JSON (HTTP `/replication`):
+/// per stream its state, acknowledged high-water marks per origin node, and raw and
+/// wire byte counters.
+pub(crate) fn streams_json(
+    senders: &SenderStatuses,
+    receiver: &ReceiverService,
+) -> serde_json::Value {
+    let marks = |m: &BTreeMap<NodeId, u64>| {
+        m.iter()
+            .map(|(n, seq)| (n.0.to_string(), serde_json::json!(seq)))
+            .collect::<serde_json::Map<_, _>>()
+    };
+    let outbound: Vec<serde_json::Value> = senders
+        .lock()
+        .iter()
+        .map(|((scheme, receiver), rx)| {
+            let s = rx.borrow();
+            let (state, reason) = match &s.state {
+                SenderState::Connecting => ("connecting", None),
+                SenderState::Streaming => ("streaming", None),
+                SenderState::Backoff { error } => ("backoff", Some(error.clone())),
+                SenderState::Refused { reason } => ("refused", Some(reason.clone())),
+                SenderState::Stopped => ("stopped", None),
+            };
+            serde_json::json!({
+                "scheme": scheme.to_string(),
+                "receiver": receiver.to_string(),
+                "state": state,
+                "reason": reason,
+                "millis_since_contact": s.last_contact.map(|t| t.elapsed().as_millis() as u64),
+                "acked_durable": marks(&s.acked_durable),
+                "acked_applied": marks(&s.acked_applied),
+                "acked_lsn": s.acked_lsn.0,
+                "sent_lsn": s.sent_lsn.0,
+                "lag_records": s.lag_records,
+                "lag_micros": s.lag_micros,
+                "transactions": s.transactions_sent,
+                "batches": s.batches_sent,
+                "raw_bytes": s.raw_bytes,
+                "wire_bytes": s.wire_bytes,
+                "sessions": s.sessions,
+            })
+        })
+        .collect();
+    let inbound: Vec<serde_json::Value> = receiver
+        .status()
+        .borrow()
+        .iter()
+        .map(|(sender, s)| {
+            serde_json::json!({
+                "sender": sender.to_string(),
+                "connected": s.connected,
+                "refused": s.refused,
+                "millis_since_contact": s.last_contact.map(|t| t.elapsed().as_millis() as u64),
+                "through_lsn": s.through_lsn,
+                "transactions": s.transactions,
+                "raw_bytes": s.raw_bytes,
+                "wire_bytes": s.wire_bytes,
+            })
+        })
+        .collect();
+    serde_json::json!({ "outbound": outbound, "inbound": inbound })
 }

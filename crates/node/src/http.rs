@@ -6,6 +6,7 @@
 //! | `/readyz`  | 200 once the database is open and gRPC is serving, else 503 |
 //! | `/metrics` | Prometheus text format                                     |
 //! | `/status`  | the same status `hawser status --format json` prints       |
+//! | `/replication` | this node's data-plane streams, outbound and inbound    |
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -24,6 +25,7 @@ pub(crate) fn router(state: Arc<NodeState>) -> Router {
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .route("/status", get(status))
+        .route("/replication", get(replication))
         .with_state(state)
 }
 
@@ -53,4 +55,12 @@ async fn metrics(State(state): State<Arc<NodeState>>) -> Response {
 async fn status(State(state): State<Arc<NodeState>>) -> Response {
     let s = state.status();
     axum::Json(crate::status_json(&s)).into_response()
+}
+
+async fn replication(State(state): State<Arc<NodeState>>) -> Response {
+    axum::Json(crate::dataplane::streams_json(
+        &state.senders,
+        &state.receiver,
+    ))
+    .into_response()
 }
