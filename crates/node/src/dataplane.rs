@@ -19,8 +19,8 @@
 //! INCLUDE / EXCLUDE of DATASTORE elements it masters are read from its own catalog)
 //! and only an approximation for links other nodes send, which this node ignores.
 //!
-//! New commits are found by the sender's poll (every few milliseconds); the SQL
-//! commit path has no hook to wake senders yet.
+//! The gRPC client handlers wake every sender after each request that may have
+//! committed ([`wake_all`]); the sender's poll (every few milliseconds) covers the rest.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -31,9 +31,7 @@ use hawser_core::{Epoch, Ident, NodeId, QualName};
 use hawser_scheme::route::{SequenceInfo, StoreCatalog};
 use hawser_scheme::Topology;
 use hawser_store::Database;
-use hawser_stream::{
-    LinkConfig, ReceiverService, SenderHandle, SenderState, SenderStatus, StreamSender,
-};
+use hawser_stream::{LinkConfig, ReceiverService, SenderHandle, SenderState, StreamSender};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -51,9 +49,17 @@ struct Running {
     stop: CancellationToken,
 }
 
-/// The senders' status watches, by (scheme, receiver store), for status reports.
-pub(crate) type SenderStatuses =
-    Arc<parking_lot::Mutex<BTreeMap<(QualName, Ident), watch::Receiver<SenderStatus>>>>;
+/// The running senders, by (scheme, receiver store): for status reports and for the
+/// commit paths to wake.
+pub(crate) type Senders = Arc<parking_lot::Mutex<BTreeMap<(QualName, Ident), SenderHandle>>>;
+
+/// Tells every sender there may be new log (called after client writes, so shipping
+/// does not wait for the sender's poll).
+pub(crate) fn wake_all(senders: &Senders) {
+    for handle in senders.lock().values() {
+        handle.wake();
+    }
+}
 
 /// What [`run`] needs.
 pub(crate) struct DataPlaneTask {
@@ -62,7 +68,7 @@ pub(crate) struct DataPlaneTask {
     pub(crate) store: Ident,
     /// Fed with the elements this store subscribes to; the receiver checks epochs on it.
     pub(crate) epochs: watch::Sender<BTreeMap<Ident, Epoch>>,
-    pub(crate) statuses: SenderStatuses,
+    pub(crate) statuses: Senders,
     pub(crate) tracker: TaskTracker,
     pub(crate) shutdown: CancellationToken,
 }
@@ -146,7 +152,7 @@ fn reconcile(
     let mut statuses = task.statuses.lock();
     *statuses = running
         .iter()
-        .map(|(k, r)| (k.clone(), r.handle.status()))
+        .map(|(k, r)| (k.clone(), r.handle.clone()))
         .collect();
 }
 
@@ -249,10 +255,7 @@ fn wanted_links(
 /// The outbound and inbound streams of this node as JSON (HTTP `/replication`):
 /// per stream its state, acknowledged high-water marks per origin node, and raw and
 /// wire byte counters.
-pub(crate) fn streams_json(
-    senders: &SenderStatuses,
-    receiver: &ReceiverService,
-) -> serde_json::Value {
+pub(crate) fn streams_json(senders: &Senders, receiver: &ReceiverService) -> serde_json::Value {
     let marks = |m: &BTreeMap<NodeId, u64>| {
         m.iter()
             .map(|(n, seq)| (n.0.to_string(), serde_json::json!(seq)))
@@ -261,8 +264,8 @@ pub(crate) fn streams_json(
     let outbound: Vec<serde_json::Value> = senders
         .lock()
         .iter()
-        .map(|((scheme, receiver), rx)| {
-            let s = rx.borrow();
+        .map(|((scheme, receiver), handle)| {
+            let s = handle.status().borrow().clone();
             let (state, reason) = match &s.state {
                 SenderState::Connecting => ("connecting", None),
                 SenderState::Streaming => ("streaming", None),

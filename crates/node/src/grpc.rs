@@ -151,6 +151,7 @@ impl Client for Services {
         let sql = request.into_inner().sql;
         let mut session = self.state.sql.session();
         let outcome = session.execute(&sql).await;
+        crate::dataplane::wake_all(&self.state.senders);
         let mut resp = pb_outcome(&outcome, false);
         if session.in_transaction() {
             // One-shot calls cannot keep a transaction: roll it back and say so.
@@ -199,6 +200,7 @@ impl Client for Services {
                     None => break,
                 };
                 let outcome = session.execute(&req.sql).await;
+                crate::dataplane::wake_all(&state.senders);
                 let resp = pb_outcome(&outcome, session.in_transaction());
                 if tx.send(Ok(resp)).await.is_err() {
                     break;
@@ -257,6 +259,7 @@ impl Client for Services {
             warn!(error = %e, "typed write failed to commit");
             store_status(&e)
         })?;
+        crate::dataplane::wake_all(&self.state.senders);
         Ok(Response::new(v1::WriteResponse {
             origin: info.gtid.origin.0,
             seq: info.gtid.seq,

@@ -85,7 +85,7 @@ pub(crate) struct NodeState {
     pub(crate) grpc_addr: std::net::SocketAddr,
     pub(crate) http_addr: std::net::SocketAddr,
     /// This node's outbound streams (the data plane task keeps the map current).
-    pub(crate) senders: dataplane::SenderStatuses,
+    pub(crate) senders: dataplane::Senders,
     /// This node's inbound streams.
     pub(crate) receiver: hawser_stream::ReceiverService,
 }
