@@ -61,6 +61,10 @@ pub(crate) fn wake_all(senders: &Senders) {
     }
 }
 
+/// The senders the cluster state asks for: link and receiver address, by (scheme,
+/// receiver store).
+type Wanted = BTreeMap<(QualName, Ident), (LinkConfig, String)>;
+
 /// What [`run`] needs.
 pub(crate) struct DataPlaneTask {
     pub(crate) plane: ControlPlane,
@@ -79,12 +83,18 @@ pub(crate) async fn run(task: DataPlaneTask) {
     let mut state_rx = task.plane.subscribe();
     let mut running: BTreeMap<(QualName, Ident), Running> = BTreeMap::new();
     let mut tick = tokio::time::interval(REPLAN_EVERY);
+    let mut problems = BTreeSet::new();
     loop {
         let state = state_rx.borrow_and_update().clone();
         task.epochs.send_if_modified(|current| {
             replace_if_changed(current, subscribed(&state, &task.store))
         });
-        let wanted = wanted_links(&state, &task.db, &task.store);
+        let (wanted, now) = wanted_links(&state, &task.db, &task.store);
+        // Each problem is logged once, when it appears, not at every re-plan.
+        for p in now.difference(&problems) {
+            warn!("{p}");
+        }
+        problems = now;
         reconcile(&task, &mut running, wanted);
         tokio::select! {
             _ = task.shutdown.cancelled() => break,
@@ -109,7 +119,7 @@ fn replace_if_changed<T: PartialEq>(current: &mut T, new: T) -> bool {
 fn reconcile(
     task: &DataPlaneTask,
     running: &mut BTreeMap<(QualName, Ident), Running>,
-    mut wanted: BTreeMap<(QualName, Ident), (LinkConfig, String)>,
+    mut wanted: Wanted,
 ) {
     running.retain(|key, r| {
         let keep = wanted
@@ -177,12 +187,9 @@ fn subscribed(state: &ClusterState, store: &Ident) -> BTreeMap<Ident, Epoch> {
     out
 }
 
-/// The links `store` sends, with the receiver's gRPC address, by (scheme, receiver).
-fn wanted_links(
-    state: &ClusterState,
-    db: &Database,
-    store: &Ident,
-) -> BTreeMap<(QualName, Ident), (LinkConfig, String)> {
+/// The links `store` sends, with the receiver's gRPC address, by (scheme, receiver);
+/// and why some links cannot be streamed now.
+fn wanted_links(state: &ClusterState, db: &Database, store: &Ident) -> (Wanted, BTreeSet<String>) {
     let catalog = StoreCatalog {
         tables: db.tables().iter().map(|t| (**t).clone()).collect(),
         sequences: db
@@ -204,6 +211,7 @@ fn wanted_links(
         nodes: nodes.clone(),
     };
     let mut out = BTreeMap::new();
+    let mut problems = BTreeSet::new();
     for (name, s) in &state.schemes {
         let plan = match hawser_scheme::plan(&s.scheme, &topology) {
             Ok(p) => p,
@@ -212,7 +220,7 @@ fn wanted_links(
                     .first()
                     .map(|e| e.message.clone())
                     .unwrap_or_default();
-                warn!(scheme = %name, error = %first, "cannot plan the scheme's streams");
+                problems.insert(format!("scheme {name}: cannot plan its streams: {first}"));
                 continue;
             }
         };
@@ -235,7 +243,8 @@ fn wanted_links(
             let mut config = match LinkConfig::from_link(link, s.version, &nodes, &epochs) {
                 Ok(c) => c,
                 Err(e) => {
-                    warn!(scheme = %name, receiver = %link.receiver, error = %e, "link not streamable yet");
+                    let to = &link.receiver;
+                    problems.insert(format!("scheme {name}: no stream to {to} yet: {e}"));
                     continue;
                 }
             };
@@ -249,7 +258,7 @@ fn wanted_links(
             out.insert((name.clone(), link.receiver.clone()), (config, addr));
         }
     }
-    out
+    (out, problems)
 }
 
 /// The outbound and inbound streams of this node as JSON (HTTP `/replication`):
