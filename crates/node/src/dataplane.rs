@@ -72,7 +72,7 @@ pub(crate) struct DataPlaneTask {
     pub(crate) store: Ident,
     /// Fed with the elements this store subscribes to; the receiver checks epochs on it.
     pub(crate) epochs: watch::Sender<BTreeMap<Ident, Epoch>>,
-    pub(crate) statuses: Senders,
+    pub(crate) senders: Senders,
     pub(crate) tracker: TaskTracker,
     pub(crate) shutdown: CancellationToken,
 }
@@ -159,8 +159,8 @@ fn reconcile(
             },
         );
     }
-    let mut statuses = task.statuses.lock();
-    *statuses = running
+    let mut senders = task.senders.lock();
+    *senders = running
         .iter()
         .map(|(k, r)| (k.clone(), r.handle.clone()))
         .collect();

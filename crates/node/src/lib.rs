@@ -8,6 +8,8 @@
 //!                hawser_sql::SqlEngine ── hawser_store::Database (sled, DATA/db)
 //!                        │ replication DDL (cluster::RaftDdl)
 //!                hawser_control::ControlPlane ── Raft log + state (sled, DATA/raft)
+//!                        │ cluster state watch
+//!                dataplane::run ── StreamSender per link; ReceiverService on the gRPC port
 //! ```
 //!
 //! [`run`] takes already-bound listeners and a shutdown token (the mini-redis
@@ -335,7 +337,7 @@ pub async fn run(
         db: state.db.clone(),
         store,
         epochs,
-        statuses: state.senders.clone(),
+        senders: state.senders.clone(),
         tracker: state.tasks.clone(),
         shutdown: state.shutdown.clone(),
     }));
