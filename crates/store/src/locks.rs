@@ -1,18 +1,18 @@
-//! Row locks: exclusive, held until commit or rollback, waited for with a deadline.
+//! Row locks: exclusive, held until commit or rollback, granted first come, first served,
+//! waited for with a deadline.
 //!
 //! Writers lock every row they change, keyed by `(table id, encoded key)`; readers take
-//! no locks (read committed, as TimesTen's default). A waiter sleeps on the lock's
-//! `Notify` and retries when the holder releases; a wait longer than the lock timeout
-//! fails, which is also how a deadlock ends. A lock that is released wakes all its
-//! waiters at once; one of them takes it and the rest wait on the new holder's entry.
+//! no locks (read committed, as TimesTen's default). A transaction that finds a row locked
+//! joins the row's queue; a release hands the lock straight to the oldest waiter still
+//! waiting, so a busy row cannot starve anyone (with "wake everybody and let them race"
+//! one unlucky waiter can lose every race until its timeout — seen under load). A wait
+//! longer than the lock timeout fails, which is also how a deadlock ends.
 
-use std::collections::HashMap;
-use std::sync::Arc;
+use std::collections::{HashMap, VecDeque};
 use std::time::Duration;
 
 use parking_lot::Mutex;
-use tokio::sync::Notify;
-use tokio::time::Instant;
+use tokio::sync::oneshot;
 
 /// Identifies one transaction to the lock manager.
 pub(crate) type TxnId = u64;
@@ -22,7 +22,8 @@ pub(crate) type LockKey = (u64, Vec<u8>);
 
 struct Held {
     owner: TxnId,
-    released: Arc<Notify>,
+    /// Waiters in arrival order; the sender tells a waiter it now owns the lock.
+    queue: VecDeque<(TxnId, oneshot::Sender<()>)>,
 }
 
 /// The lock table.
@@ -35,62 +36,117 @@ pub(crate) struct LockManager {
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) struct LockTimedOut;
 
+/// Cleans up after a waiter that stops waiting for any reason (timeout, or its future
+/// dropped): it leaves the queue, and a lock handed to it in the meantime is passed on.
+struct Waiting<'a> {
+    manager: &'a LockManager,
+    txn: TxnId,
+    key: &'a LockKey,
+    /// Set once the caller has been told it owns the lock.
+    granted: bool,
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        if self.granted {
+            return;
+        }
+        let mut held = self.manager.held.lock();
+        let Some(h) = held.get_mut(self.key) else {
+            return;
+        };
+        if h.owner == self.txn {
+            // Handed over just as we stopped waiting: pass it on.
+            LockManager::hand_over(&mut held, self.key);
+        } else {
+            h.queue.retain(|(t, _)| *t != self.txn);
+        }
+    }
+}
+
 impl LockManager {
     /// Takes the lock on `key` for `txn`, waiting at most `timeout`. Taking a lock the
-    /// transaction already holds returns at once.
+    /// transaction already holds returns at once. Cancel-safe: dropping the future
+    /// leaves no trace in the lock table.
     pub async fn acquire(
         &self,
         txn: TxnId,
         key: &LockKey,
         timeout: Duration,
     ) -> Result<(), LockTimedOut> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            let released = {
-                let mut held = self.held.lock();
-                match held.get(key) {
-                    None => {
-                        held.insert(
-                            key.clone(),
-                            Held {
-                                owner: txn,
-                                released: Arc::new(Notify::new()),
-                            },
-                        );
-                        return Ok(());
-                    }
-                    Some(h) if h.owner == txn => return Ok(()),
-                    Some(h) => h.released.clone(),
+        let granted = {
+            let mut held = self.held.lock();
+            match held.get_mut(key) {
+                None => {
+                    held.insert(
+                        key.clone(),
+                        Held {
+                            owner: txn,
+                            queue: VecDeque::new(),
+                        },
+                    );
+                    return Ok(());
                 }
-            };
-            let notified = released.notified();
-            tokio::pin!(notified);
-            // Register interest before re-checking, so a release between the check above
-            // and the await below is not missed.
-            notified.as_mut().enable();
-            if self.is_free_or_mine(txn, key) {
-                continue;
+                Some(h) if h.owner == txn => return Ok(()),
+                Some(h) => {
+                    let (tx, rx) = oneshot::channel();
+                    h.queue.push_back((txn, tx));
+                    rx
+                }
             }
-            if tokio::time::timeout_at(deadline, notified).await.is_err() {
-                return Err(LockTimedOut);
+        };
+        let mut waiting = Waiting {
+            manager: self,
+            txn,
+            key,
+            granted: false,
+        };
+        match tokio::time::timeout(timeout, granted).await {
+            Ok(Ok(())) => {
+                waiting.granted = true;
+                Ok(())
+            }
+            // Timed out (or the sender vanished, which hand_over never does while we
+            // are queued): the guard leaves the queue or passes on a late hand-over.
+            _ => {
+                let owned = self.held.lock().get(key).is_some_and(|h| h.owner == txn);
+                if owned {
+                    // The hand-over raced the deadline and won: keep the lock.
+                    waiting.granted = true;
+                    return Ok(());
+                }
+                Err(LockTimedOut)
             }
         }
     }
 
-    fn is_free_or_mine(&self, txn: TxnId, key: &LockKey) -> bool {
-        self.held.lock().get(key).is_none_or(|h| h.owner == txn)
+    /// Gives the lock on `key` to the oldest waiter still waiting, or frees it.
+    fn hand_over(held: &mut HashMap<LockKey, Held>, key: &LockKey) {
+        let Some(h) = held.get_mut(key) else { return };
+        while let Some((next, tx)) = h.queue.pop_front() {
+            h.owner = next;
+            if tx.send(()).is_ok() {
+                return;
+            }
+            // That waiter is gone (its guard will find it no longer queued); try the next.
+        }
+        held.remove(key);
     }
 
-    /// Releases every lock in `keys` that `txn` holds and wakes their waiters.
+    /// Releases every lock in `keys` that `txn` holds and hands each to its next waiter.
     pub fn release_all<'a>(&self, txn: TxnId, keys: impl IntoIterator<Item = &'a LockKey>) {
         let mut held = self.held.lock();
         for key in keys {
             if held.get(key).is_some_and(|h| h.owner == txn) {
-                if let Some(h) = held.remove(key) {
-                    h.released.notify_waiters();
-                }
+                Self::hand_over(&mut held, key);
             }
         }
+    }
+
+    /// How many transactions wait for `key` (tests).
+    #[cfg(test)]
+    fn waiting_for(&self, key: &LockKey) -> usize {
+        self.held.lock().get(key).map_or(0, |h| h.queue.len())
     }
 
     /// How many rows are locked right now (for tests and status).
@@ -101,6 +157,8 @@ impl LockManager {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
     use super::*;
 
     #[tokio::test]
@@ -137,5 +195,72 @@ mod tests {
             .unwrap();
         let r = locks.acquire(2, &key, Duration::from_millis(50)).await;
         assert_eq!(r, Err(LockTimedOut));
+    }
+
+    /// Waits (bounded) until `n` transactions queue for `key`.
+    async fn until_queued(locks: &LockManager, key: &LockKey, n: usize) {
+        tokio::time::timeout(Duration::from_secs(10), async {
+            while locks.waiting_for(key) < n {
+                tokio::task::yield_now().await;
+            }
+        })
+        .await
+        .expect("waiters queue up");
+    }
+
+    #[tokio::test]
+    async fn waiters_get_the_lock_in_arrival_order() {
+        let locks = Arc::new(LockManager::default());
+        let key: LockKey = (1, vec![7]);
+        locks
+            .acquire(1, &key, Duration::from_secs(5))
+            .await
+            .unwrap();
+        let (order_tx, mut order) = tokio::sync::mpsc::unbounded_channel();
+        let mut waiters = Vec::new();
+        for txn in 2..=5u64 {
+            let (l, k, tx) = (locks.clone(), key.clone(), order_tx.clone());
+            waiters.push(tokio::spawn(async move {
+                l.acquire(txn, &k, Duration::from_secs(30)).await.unwrap();
+                tx.send(txn).unwrap();
+                l.release_all(txn, [&k]);
+            }));
+            until_queued(&locks, &key, (txn - 1) as usize).await;
+        }
+        locks.release_all(1, [&key]);
+        for w in waiters {
+            w.await.unwrap();
+        }
+        let got: Vec<u64> = std::iter::from_fn(|| order.try_recv().ok()).collect();
+        assert_eq!(got, vec![2, 3, 4, 5]);
+        assert_eq!(locks.held_count(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_waiter_that_gives_up_does_not_block_the_next() {
+        let locks = Arc::new(LockManager::default());
+        let key: LockKey = (1, vec![9]);
+        locks
+            .acquire(1, &key, Duration::from_secs(5))
+            .await
+            .unwrap();
+        // Waiter 2 queues, then its future is dropped (a cancelled request).
+        let (l, k) = (locks.clone(), key.clone());
+        let quitter = tokio::spawn(async move { l.acquire(2, &k, Duration::from_secs(30)).await });
+        until_queued(&locks, &key, 1).await;
+        let (l, k) = (locks.clone(), key.clone());
+        let patient = tokio::spawn(async move { l.acquire(3, &k, Duration::from_secs(30)).await });
+        until_queued(&locks, &key, 2).await;
+        quitter.abort();
+        let _ = quitter.await;
+        assert_eq!(
+            locks.waiting_for(&key),
+            1,
+            "the dropped waiter left the queue"
+        );
+        locks.release_all(1, [&key]);
+        patient.await.unwrap().unwrap();
+        locks.release_all(3, [&key]);
+        assert_eq!(locks.held_count(), 0);
     }
 }
