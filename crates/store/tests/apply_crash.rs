@@ -12,10 +12,7 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Command, Stdio};
-use std::sync::mpsc;
 use std::time::Duration;
 
 use common::{counters, opts};
@@ -148,46 +145,18 @@ fn bulk_apply_child() {
 /// Runs the child until it has acknowledged `acks` runs, kills it with SIGKILL and
 /// returns the highest seq it acknowledged.
 fn run_child_and_kill(dir: &Path, acks: usize) -> u64 {
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--ignored",
-            "--exact",
-            "bulk_apply_child",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(CHILD_DIR_ENV, dir)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
-    let stdout = child.stdout.take().unwrap();
-    let (tx, rx) = mpsc::channel();
-    let reader = std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines() {
-            let Ok(line) = line else { break };
-            if let Some((_, seq)) = line.split_once("APPLIED ") {
-                if tx.send(seq.trim().parse::<u64>().unwrap()).is_err() {
-                    break;
-                }
-            }
-        }
-    });
-    let mut acked = 0;
-    for n in 0..acks {
-        match rx.recv_timeout(Duration::from_secs(120)) {
-            Ok(seq) => acked = seq,
-            Err(e) => {
-                let _ = child.kill();
-                panic!("child stopped acknowledging after {n} runs: {e}");
-            }
-        }
-    }
-    // Child::kill sends SIGKILL on Unix: the next run is being compiled or applied.
-    child.kill().unwrap();
-    child.wait().unwrap();
-    reader.join().unwrap();
-    acked.max(rx.try_iter().max().unwrap_or(0))
+    common::run_child_and_kill(
+        "bulk_apply_child",
+        CHILD_DIR_ENV,
+        dir,
+        "APPLIED ",
+        acks,
+        Duration::from_secs(120),
+    )
+    .iter()
+    .map(|seq| seq.parse::<u64>().expect("the child prints numeric seqs"))
+    .max()
+    .unwrap_or(0)
 }
 
 /// Reopens the database and checks that it holds whole runs only, everything

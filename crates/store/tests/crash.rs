@@ -8,10 +8,7 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Command, Stdio};
-use std::sync::mpsc;
 use std::time::Duration;
 
 use common::{col, opts};
@@ -127,52 +124,17 @@ fn crash_writer_child() {
 /// Runs the child until it has acknowledged `acks` commits, kills it with SIGKILL and
 /// returns every id it acknowledged.
 fn run_child_and_kill(dir: &Path, acks: usize) -> Vec<i64> {
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--ignored",
-            "--exact",
-            "crash_writer_child",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(CHILD_DIR_ENV, dir)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
-    let stdout = child.stdout.take().unwrap();
-    let (tx, rx) = mpsc::channel();
-    let reader = std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines() {
-            let Ok(line) = line else { break };
-            // libtest may print "test crash_writer_child ... " on the same line first.
-            if let Some((_, id)) = line.split_once("ACK ") {
-                if tx.send(id.trim().parse::<i64>().unwrap()).is_err() {
-                    break;
-                }
-            }
-        }
-    });
-    let mut acked = Vec::new();
-    while acked.len() < acks {
-        match rx.recv_timeout(Duration::from_secs(60)) {
-            Ok(id) => acked.push(id),
-            Err(e) => {
-                let _ = child.kill();
-                panic!(
-                    "child stopped acknowledging after {} commits: {e}",
-                    acked.len()
-                );
-            }
-        }
-    }
-    // Child::kill sends SIGKILL on Unix: no destructor, no flush, no goodbye.
-    child.kill().unwrap();
-    child.wait().unwrap();
-    reader.join().unwrap();
-    // Acks printed before the kill and still in the pipe count too.
-    acked.extend(rx.try_iter());
-    acked
+    common::run_child_and_kill(
+        "crash_writer_child",
+        CHILD_DIR_ENV,
+        dir,
+        "ACK ",
+        acks,
+        Duration::from_secs(60),
+    )
+    .iter()
+    .map(|id| id.parse().expect("the child prints numeric ids"))
+    .collect()
 }
 
 /// Reopens the database and checks it against everything ever acknowledged in

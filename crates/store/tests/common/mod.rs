@@ -124,3 +124,62 @@ pub fn counters() -> TableDef {
         explicit_key: true,
     }
 }
+
+/// Crash tests: re-runs this test binary as a child that executes only the ignored test
+/// `child_test` with `env_var` = `dir`, collects what it prints after `marker` on each
+/// line until `acks` such lines arrived (each within `per_ack`), then kills it with
+/// SIGKILL — no destructor, no flush, no goodbye — and returns every payload printed,
+/// including those still in the pipe at the kill.
+pub fn run_child_and_kill(
+    child_test: &str,
+    env_var: &str,
+    dir: &std::path::Path,
+    marker: &'static str,
+    acks: usize,
+    per_ack: Duration,
+) -> Vec<String> {
+    use std::io::{BufRead, BufReader};
+    use std::process::{Command, Stdio};
+
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--ignored",
+            "--exact",
+            child_test,
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(env_var, dir)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let reader = std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            // libtest may print "test NAME ... " on the same line first.
+            if let Some((_, payload)) = line.split_once(marker) {
+                if tx.send(payload.trim().to_string()).is_err() {
+                    break;
+                }
+            }
+        }
+    });
+    let mut seen = Vec::new();
+    while seen.len() < acks {
+        match rx.recv_timeout(per_ack) {
+            Ok(p) => seen.push(p),
+            Err(e) => {
+                let _ = child.kill();
+                panic!("child stopped acknowledging after {}: {e}", seen.len());
+            }
+        }
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    reader.join().unwrap();
+    seen.extend(rx.try_iter());
+    seen
+}
