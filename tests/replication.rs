@@ -81,7 +81,7 @@ fn rows(node: &Node) -> Option<Value> {
 /// Waits until `node` has exactly `expected` in t.
 fn converge(node: &Node, expected: &Value, what: &str) {
     let mut last = None;
-    let done = wait_for_opt(|| {
+    let done = common::poll_until(WAIT, || {
         last = rows(node);
         (last.as_ref() == Some(expected)).then_some(())
     });
@@ -91,20 +91,6 @@ fn converge(node: &Node, expected: &Value, what: &str) {
         node.name,
         node.log()
     );
-}
-
-/// Like `common::wait_for`, but gives `None` on timeout so the caller can explain.
-fn wait_for_opt<T>(mut probe: impl FnMut() -> Option<T>) -> Option<T> {
-    let deadline = std::time::Instant::now() + WAIT;
-    loop {
-        if let Some(v) = probe() {
-            return Some(v);
-        }
-        if std::time::Instant::now() >= deadline {
-            return None;
-        }
-        std::thread::sleep(common::POLL);
-    }
 }
 
 #[test]

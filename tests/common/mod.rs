@@ -135,18 +135,10 @@ impl Node {
     /// Waits (at most `timeout`) for the process to exit on its own; `None` if it is
     /// still running then.
     pub fn wait_exit(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
-        let deadline = Instant::now() + timeout;
         let c = self.child.as_mut()?;
-        loop {
-            if let Ok(Some(status)) = c.try_wait() {
-                self.child = None;
-                return Some(status);
-            }
-            if Instant::now() >= deadline {
-                return None;
-            }
-            std::thread::sleep(POLL);
-        }
+        let status = poll_until(timeout, || c.try_wait().ok().flatten())?;
+        self.child = None;
+        Some(status)
     }
 
     /// `hawser status --format json` of this node.
@@ -189,20 +181,24 @@ impl Drop for Node {
 /// How often [`wait_for`] checks its condition.
 pub const POLL: Duration = Duration::from_millis(50);
 
-/// Checks `probe` every [`POLL`] until it gives a value or `timeout` passes (then the
-/// test fails naming `what`).
-pub fn wait_for<T>(what: &str, timeout: Duration, mut probe: impl FnMut() -> Option<T>) -> T {
+/// Checks `probe` every [`POLL`] until it gives a value, or `None` once `timeout` passed.
+pub fn poll_until<T>(timeout: Duration, mut probe: impl FnMut() -> Option<T>) -> Option<T> {
     let deadline = Instant::now() + timeout;
     loop {
         if let Some(v) = probe() {
-            return v;
+            return Some(v);
         }
-        assert!(
-            Instant::now() < deadline,
-            "timed out after {timeout:?} waiting for {what}"
-        );
+        if Instant::now() >= deadline {
+            return None;
+        }
         std::thread::sleep(POLL);
     }
+}
+
+/// Like [`poll_until`], but a timeout fails the test naming `what`.
+pub fn wait_for<T>(what: &str, timeout: Duration, probe: impl FnMut() -> Option<T>) -> T {
+    poll_until(timeout, probe)
+        .unwrap_or_else(|| panic!("timed out after {timeout:?} waiting for {what}"))
 }
 
 /// A blocking HTTP GET on loopback, returning (status code, body).
