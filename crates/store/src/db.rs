@@ -20,7 +20,7 @@
 //! wait for the next flush, which covers all of them. No background task is involved.
 //! Readers are read-committed: they read the engine directly and see whole batches.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::ops::Bound;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -252,6 +252,11 @@ pub(crate) struct Inner {
     /// has written its batch.
     pub(crate) apply_lock: tokio::sync::Mutex<()>,
     pub(crate) apply_metrics: crate::apply::ApplyMetrics,
+    /// Rows of RETURN TWOSAFE commits not yet visible to readers ([`crate::held`]).
+    pub(crate) held: crate::held::HeldRows,
+    /// Tables this store receives from a master and refuses client writes to, with
+    /// the reason the refusal gives.
+    refusals: RwLock<HashMap<QualName, String>>,
     counters: Counters,
     metrics: Metrics,
 }
@@ -379,6 +384,8 @@ impl Database {
             next_txn_id: AtomicU64::new(1),
             apply_lock: tokio::sync::Mutex::new(()),
             apply_metrics: crate::apply::ApplyMetrics::new(),
+            held: crate::held::HeldRows::default(),
+            refusals: RwLock::new(HashMap::new()),
             counters: Counters::default(),
             metrics: Metrics::new(),
         };
@@ -742,6 +749,18 @@ impl Database {
         state.take()
     }
 
+    /// Sets the tables this store receives from a master, each with the reason a
+    /// client write to it is refused (naming the master). Replaces the previous set;
+    /// replicated applies are not affected.
+    pub fn set_write_refusals(&self, refusals: HashMap<QualName, String>) {
+        *self.inner.refusals.write() = refusals;
+    }
+
+    /// Rows that RETURN TWOSAFE commits are holding back from readers now, for status.
+    pub fn held_rows(&self) -> usize {
+        self.inner.held.len()
+    }
+
     // ---- committed reads -----------------------------------------------------------
 
     /// The committed row with primary key `key`.
@@ -1096,7 +1115,11 @@ impl Inner {
     /// The committed row under an encoded key.
     pub(crate) fn get_row(&self, t: &TableRef, enc_key: &[u8]) -> Result<Option<Row>, StoreError> {
         let key = layout::row_key(t.id, enc_key);
-        match self.engine.get(&key)? {
+        let stored = match self.held.get(&key) {
+            Some(version) => version,
+            None => self.engine.get(&key)?,
+        };
+        match stored {
             Some(v) => decode_stored_row(&t.def, &key, &v).map(Some),
             None => Ok(None),
         }
@@ -1110,8 +1133,21 @@ impl Inner {
         reverse: bool,
     ) -> Result<KvIter, StoreError> {
         match table_byte_range(t, range)? {
-            Some(r) => Ok(self.engine.scan(r, reverse)),
+            Some(r) => Ok(self
+                .held
+                .overlay(&r, reverse, self.engine.scan(r.clone(), reverse))),
             None => Ok(Box::new(std::iter::empty())),
+        }
+    }
+
+    /// Refuses a client write to `table` when this store receives it from a master.
+    pub(crate) fn check_writable(&self, table: &QualName) -> Result<(), StoreError> {
+        match self.refusals.read().get(table) {
+            Some(reason) => Err(StoreError::ReceivedTable {
+                table: table.clone(),
+                reason: reason.clone(),
+            }),
+            None => Ok(()),
         }
     }
 

@@ -66,6 +66,9 @@ pub enum StoreError {
     TableChanged(QualName),
     #[error("not supported: {0}")]
     NotSupported(String),
+    /// A client write to a table this store receives from its master.
+    #[error("table {table} is read-only here: {reason}")]
+    ReceivedTable { table: QualName, reason: String },
     /// A replicated transaction could not be applied here (a table it names does not
     /// exist, a row does not fit the table, ...). Nothing of its batch was applied.
     #[error("replicated transaction {gtid}: {source}")]
@@ -112,6 +115,7 @@ impl StoreError {
             StoreError::LockTimeout { .. } => "55P03",
             StoreError::TableChanged(_) => "40001",
             StoreError::NotSupported(_) => "0A000",
+            StoreError::ReceivedTable { .. } => "25006",
             StoreError::Replicated { source, .. } => source.code(),
             StoreError::InvalidBatch(_) => "08P01",
             StoreError::Io { .. } => "58030",

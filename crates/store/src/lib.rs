@@ -29,6 +29,7 @@ mod codec;
 pub mod db;
 pub mod engine;
 pub mod error;
+mod held;
 pub mod layout;
 mod locks;
 pub mod log;

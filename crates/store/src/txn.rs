@@ -97,11 +97,22 @@ impl Txn {
         }
     }
 
-    /// The table for writing, pinned at first use.
+    /// The table for writing, pinned at first use. A table this store receives from a
+    /// master is refused here, for SQL and the typed API alike.
     fn pin(&mut self, name: &QualName) -> Result<TableRef, StoreError> {
         let t = self.read_ref(name)?;
-        self.tables.entry(name.clone()).or_insert_with(|| t.clone());
+        if !self.tables.contains_key(name) {
+            self.db.inner.check_writable(name)?;
+            self.tables.insert(name.clone(), t.clone());
+        }
         Ok(t)
+    }
+
+    /// The tables this transaction has written to.
+    pub fn written_tables(&self) -> Vec<QualName> {
+        let mut names: Vec<QualName> = self.tables.keys().cloned().collect();
+        names.sort();
+        names
     }
 
     async fn lock(&mut self, t: &TableRef, enc: &[u8]) -> Result<(), StoreError> {
@@ -314,21 +325,61 @@ impl Txn {
     /// Commits: one atomic batch with the row changes and the log record, then (with
     /// durable commits) the group flush, then the locks are released. A transaction
     /// that changed nothing commits without a log record ([`CommitInfo::is_empty`]).
-    pub async fn commit(mut self) -> Result<CommitInfo, StoreError> {
+    pub async fn commit(self) -> Result<CommitInfo, StoreError> {
+        self.commit_holding(false, |_| std::future::ready(()))
+            .await
+            .map(|(info, _)| info)
+    }
+
+    /// Commits like [`Txn::commit`], then runs `hold` with the commit's position while
+    /// the row locks are still held, and releases them when it returns: later writers
+    /// of these rows are ordered after whatever `hold` waits for (a return service).
+    /// With `hide`, readers also keep seeing the rows' previous versions until then
+    /// (RETURN TWOSAFE's visibility rule, DESIGN.md §3). `hold` is not called for a
+    /// transaction that wrote nothing.
+    pub async fn commit_holding<F, Fut, T>(
+        mut self,
+        hide: bool,
+        hold: F,
+    ) -> Result<(CommitInfo, Option<T>), StoreError>
+    where
+        F: FnOnce(CommitInfo) -> Fut,
+        Fut: std::future::Future<Output = T>,
+    {
         let started = Instant::now();
         let inner = self.db.inner.clone();
         if self.changes.is_empty() {
             self.finish();
-            return Ok(CommitInfo {
+            let info = CommitInfo {
                 gtid: Gtid::new(inner.opts.node_id, 0),
                 lsn: Lsn::ZERO,
                 durable: true,
-            });
+            };
+            return Ok((info, None));
         }
         let writes = std::mem::take(&mut self.writes);
         let changes = std::mem::take(&mut self.changes);
         let pinned: Vec<TableRef> = self.tables.values().cloned().collect();
         let rows: u64 = writes.values().map(|m| m.len() as u64).sum();
+        // Held keys: the row locks are ours, so the committed versions read here stay
+        // the committed versions until the batch below replaces them.
+        let mut held = Vec::new();
+        if hide {
+            for (table_id, versions) in &writes {
+                for enc in versions.keys() {
+                    let key = layout::row_key(*table_id, enc);
+                    match inner.engine.get(&key) {
+                        Ok(before) => held.push((key, before)),
+                        Err(e) => {
+                            self.finish();
+                            return Err(e);
+                        }
+                    }
+                }
+            }
+        }
+        let held_keys: Vec<Vec<u8>> = held.iter().map(|(k, _)| k.clone()).collect();
+        inner.held.hold(held);
         let appended = inner.append(
             |_, gtid, micros| {
                 // DDL takes the commit mutex too, so the catalog cannot change between
@@ -358,6 +409,7 @@ impl Txn {
         let (gtid, lsn) = match appended {
             Ok(pos) => pos,
             Err(e) => {
+                inner.held.release(&held_keys);
                 self.finish();
                 return Err(e);
             }
@@ -366,14 +418,23 @@ impl Txn {
         if durable {
             // Flush (shared with concurrent commits) and advance.
             if let Err(e) = inner.wait_durable(lsn).await {
+                inner.held.release(&held_keys);
                 self.finish();
                 return Err(e);
             }
         }
-        // Ack: release the row locks only now that the commit is as durable as promised.
-        self.finish();
+        let info = CommitInfo { gtid, lsn, durable };
+        // Released on every path out of the hold, a cancelled caller included.
+        let release = ReleaseOnDrop {
+            txn: &mut self,
+            keys: held_keys,
+        };
+        let held_outcome = hold(info).await;
+        // Ack: release the row locks only now that the commit is as durable as promised
+        // and whatever `hold` waited for has happened.
+        drop(release);
         inner.record_txn_commit(rows, started);
-        Ok(CommitInfo { gtid, lsn, durable })
+        Ok((info, Some(held_outcome)))
     }
 
     /// Discards every change and releases the locks.
@@ -391,6 +452,20 @@ impl Txn {
         self.locked.clear();
         self.writes.clear();
         self.changes.clear();
+    }
+}
+
+/// Ends a holding commit: shows its rows and releases its locks, also when the
+/// commit's future is dropped mid-hold.
+struct ReleaseOnDrop<'a> {
+    txn: &'a mut Txn,
+    keys: Vec<Vec<u8>>,
+}
+
+impl Drop for ReleaseOnDrop<'_> {
+    fn drop(&mut self) {
+        self.txn.db.inner.held.release(&self.keys);
+        self.txn.finish();
     }
 }
 

@@ -45,6 +45,8 @@ on_both_engines!(
     a_reopened_database_has_everything_committed,
     a_reopened_sequence_resumes_at_the_next_block,
     a_table_without_primary_key_keys_on_all_columns,
+    a_hiding_commit_is_invisible_and_blocks_writers_until_its_hold_ends,
+    a_received_table_refuses_client_writes_naming_why,
 );
 
 fn code<T: std::fmt::Debug>(r: Result<T, StoreError>) -> &'static str {
@@ -601,4 +603,108 @@ async fn a_table_without_primary_key_keys_on_all_columns(f: Fixture) {
         code(db.add_column(&t, col("c", DataType::Integer, true)).await),
         "0A000"
     );
+}
+
+async fn a_hiding_commit_is_invisible_and_blocks_writers_until_its_hold_ends(f: Fixture) {
+    let db = f.db();
+    db.create_table(counters()).await.unwrap();
+    let t = QualName::bare("counters");
+    let mut setup = db.begin();
+    for k in [1, 2] {
+        setup
+            .insert(&t, vec![Value::Int(k), Value::Int(0)])
+            .await
+            .unwrap();
+    }
+    setup.commit().await.unwrap();
+
+    // Update 1, delete 2, insert 3: held until `go` fires.
+    let mut txn = db.begin();
+    txn.update(&t, &[Value::Int(1)], vec![Value::Int(1), Value::Int(10)])
+        .await
+        .unwrap();
+    txn.delete(&t, &[Value::Int(2)]).await.unwrap();
+    txn.insert(&t, vec![Value::Int(3), Value::Int(30)])
+        .await
+        .unwrap();
+    let (go, wait) = tokio::sync::oneshot::channel::<()>();
+    let (flushed_tx, flushed) = tokio::sync::oneshot::channel();
+    let committing = tokio::spawn(async move {
+        txn.commit_holding(true, |info| async move {
+            flushed_tx.send(info).unwrap();
+            wait.await.unwrap();
+            "released"
+        })
+        .await
+    });
+    let info = flushed.await.unwrap();
+    assert!(!info.is_empty());
+    // The commit is in the log, yet readers see the rows as they were.
+    assert_eq!(db.last_lsn(), info.lsn);
+    let all = |db: &hawser_store::Database| -> Vec<Vec<Value>> {
+        db.scan(&t, KeyRange::all())
+            .unwrap()
+            .map(|r| r.unwrap())
+            .collect()
+    };
+    let before = vec![
+        vec![Value::Int(1), Value::Int(0)],
+        vec![Value::Int(2), Value::Int(0)],
+    ];
+    assert_eq!(all(&db), before);
+    assert_eq!(db.get(&t, &[Value::Int(3)]).unwrap(), None);
+    assert_eq!(db.held_rows(), 3);
+    let reader = db.begin();
+    assert_eq!(reader.scan(&t, KeyRange::all()).unwrap(), before);
+
+    // A writer of a held row waits for the hold and then builds on the commit.
+    let writer_db = db.clone();
+    let writer_t = t.clone();
+    let writer = tokio::spawn(async move {
+        let mut w = writer_db.begin();
+        let row = w.lock_and_get(&writer_t, &[Value::Int(1)]).await.unwrap();
+        w.rollback();
+        row
+    });
+    tokio::task::yield_now().await;
+    assert!(!writer.is_finished());
+
+    go.send(()).unwrap();
+    let (info2, outcome) = committing.await.unwrap().unwrap();
+    assert_eq!(info2, info);
+    assert_eq!(outcome, Some("released"));
+    assert_eq!(
+        writer.await.unwrap(),
+        Some(vec![Value::Int(1), Value::Int(10)])
+    );
+    assert_eq!(
+        all(&db),
+        vec![
+            vec![Value::Int(1), Value::Int(10)],
+            vec![Value::Int(3), Value::Int(30)],
+        ]
+    );
+    assert_eq!(db.held_rows(), 0);
+}
+
+async fn a_received_table_refuses_client_writes_naming_why(f: Fixture) {
+    let db = f.db();
+    db.create_table(counters()).await.unwrap();
+    let t = QualName::bare("counters");
+    let reason = "it is replicated here from master ds1 (scheme r1); write on ds1".to_string();
+    db.set_write_refusals([(t.clone(), reason)].into_iter().collect());
+    let mut txn = db.begin();
+    let err = txn
+        .insert(&t, vec![Value::Int(1), Value::Int(0)])
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), "25006");
+    assert!(err.to_string().contains("master ds1"), "{err}");
+    drop(txn);
+    db.set_write_refusals(Default::default());
+    let mut txn = db.begin();
+    txn.insert(&t, vec![Value::Int(1), Value::Int(0)])
+        .await
+        .unwrap();
+    txn.commit().await.unwrap();
 }
