@@ -37,7 +37,7 @@ pub(crate) struct HeldRows {
 
 impl HeldRows {
     /// Holds `keys` with the versions readers keep seeing.
-    pub(crate) fn hold(&self, versions: Vec<(Vec<u8>, Option<Vec<u8>>)>) {
+    pub(crate) fn hold(&self, versions: Vec<HeldVersion>) {
         let mut rows = self.rows.write();
         for (k, v) in versions {
             rows.insert(k, v);
@@ -79,7 +79,7 @@ impl HeldRows {
             return iter;
         }
         let bounds = (as_ref(&range.0), as_ref(&range.1));
-        let held: Vec<(Vec<u8>, Option<Vec<u8>>)> = self
+        let held: Vec<HeldVersion> = self
             .rows
             .read()
             .range::<[u8], _>(bounds)
@@ -110,9 +110,12 @@ fn as_ref(b: &Bound<Vec<u8>>) -> Bound<&[u8]> {
 
 type Kv = Result<(Vec<u8>, Vec<u8>), StoreError>;
 
+/// A held key and the version readers see (`None`: no row).
+type HeldVersion = (Vec<u8>, Option<Vec<u8>>);
+
 struct Overlay {
     engine: std::iter::Peekable<KvIter>,
-    held: std::iter::Peekable<std::vec::IntoIter<(Vec<u8>, Option<Vec<u8>>)>>,
+    held: std::iter::Peekable<std::vec::IntoIter<HeldVersion>>,
     reverse: bool,
 }
 
