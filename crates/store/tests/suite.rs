@@ -651,7 +651,7 @@ async fn a_hiding_commit_is_invisible_and_blocks_writers_until_its_hold_ends(f: 
         vec![Value::Int(1), Value::Int(0)],
         vec![Value::Int(2), Value::Int(0)],
     ];
-    assert_eq!(all(&db), before);
+    assert_eq!(all(db), before);
     assert_eq!(db.get(&t, &[Value::Int(3)]).unwrap(), None);
     assert_eq!(db.held_rows(), 3);
     let reader = db.begin();
@@ -678,7 +678,7 @@ async fn a_hiding_commit_is_invisible_and_blocks_writers_until_its_hold_ends(f: 
         Some(vec![Value::Int(1), Value::Int(10)])
     );
     assert_eq!(
-        all(&db),
+        all(db),
         vec![
             vec![Value::Int(1), Value::Int(10)],
             vec![Value::Int(3), Value::Int(30)],
