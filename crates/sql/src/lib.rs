@@ -20,11 +20,18 @@
 //! * Replication DDL (`CREATE / ALTER / DROP REPLICATION`) runs through the
 //!   [`ReplicationDdl`] hook the node gives [`SqlEngine::with_replication`] (it commits
 //!   the change through the cluster's Raft group); an engine without one refuses it with
-//!   0A000. `CALL` is refused with 0A000.
+//!   0A000.
+//! * Commits go through the [`ReturnServices`] hook when the node gives one
+//!   ([`SqlEngine::with_return_services`]): it waits for the acknowledgements the
+//!   replication scheme asks for and turns a timeout into warning `TT8170` on COMMIT.
+//! * `CALL ttRepSyncSet(requestReturn, returnWait, localAction)`, `CALL ttRepSyncGet()`
+//!   and `CALL ttRepXactTokenGet()` are the session's ([`SyncSettings`]); the other
+//!   built-in procedures (`ttRepXactStatus`, `ttRepSubscriberWait`, ...) go to the hook.
 //!
 //! See `docs/sql.md` for the supported SQL.
 
 pub mod access;
+pub mod call;
 pub mod error;
 pub mod exec;
 pub mod expr;
@@ -39,8 +46,9 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
+use hawser_core::Value;
 use hawser_core::{QualName, TableDef};
-use hawser_store::{Database, SequenceDef, Txn};
+use hawser_store::{CommitInfo, Database, SequenceDef, StoreError, Txn};
 
 pub use error::{ReplicationError, SqlError};
 pub use outcome::{ColumnMeta, ScriptOutcome, StatementResult, Warning};
@@ -65,11 +73,60 @@ pub trait ReplicationDdl: Send + Sync {
     ) -> BoxFuture<'a, Result<StatementResult, ReplicationError>>;
 }
 
+/// A session's return-service settings, as TimesTen's `ttRepSyncSet` sets them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SyncSettings {
+    /// `requestReturn` 0x01: this transaction asks for the BY REQUEST return services.
+    /// Reset when the transaction ends.
+    pub request_return: bool,
+    /// `returnWait` in seconds (0 = do not wait, -1 = until acknowledged), overriding
+    /// RETURN WAIT TIME for every later transaction of the session.
+    pub return_wait_s: Option<i64>,
+    /// `localAction`: 1 = NO ACTION, 2 = COMMIT, overriding LOCAL COMMIT ACTION.
+    pub local_action: Option<i64>,
+}
+
+/// A commit through [`ReturnServices::commit`].
+#[derive(Debug, Clone)]
+pub struct Committed {
+    pub info: CommitInfo,
+    /// Warnings for the committing client (`TT8170` when a return service timed out).
+    pub warnings: Vec<Warning>,
+    /// Set when a return service applied to the commit: the token
+    /// `ttRepXactTokenGet` returns and `ttRepXactStatus` takes (the commit's seq).
+    pub token: Option<u64>,
+}
+
+/// The node's return services, for the SQL engine: commits wait for the
+/// acknowledgements the replication scheme asks for, and the built-in procedures
+/// that need the node run here.
+pub trait ReturnServices: Send + Sync {
+    /// Commits `txn` and waits as the scheme and `sync` say.
+    fn commit<'a>(
+        &'a self,
+        txn: Txn,
+        sync: SyncSettings,
+    ) -> BoxFuture<'a, std::result::Result<Committed, StoreError>>;
+
+    /// Runs a built-in procedure other than the session's own. `token` is the
+    /// session's last return-service commit, for `ttRepXactStatus()` without argument.
+    fn call<'a>(
+        &'a self,
+        call: &'a call::Call,
+        token: Option<u64>,
+    ) -> BoxFuture<'a, std::result::Result<StatementResult, ReplicationError>>;
+
+    /// RETURN WAIT TIME (seconds) and LOCAL COMMIT ACTION (1 or 2) in force on this
+    /// node, for `ttRepSyncGet` on a session that did not set them.
+    fn defaults(&self) -> (i64, i64);
+}
+
 /// The SQL engine of one node: hands out sessions over one database.
 #[derive(Clone)]
 pub struct SqlEngine {
     db: Database,
     replication: Option<Arc<dyn ReplicationDdl>>,
+    returns: Option<Arc<dyn ReturnServices>>,
 }
 
 impl fmt::Debug for SqlEngine {
@@ -87,7 +144,14 @@ impl SqlEngine {
         SqlEngine {
             db,
             replication: None,
+            returns: None,
         }
+    }
+
+    /// This engine with commits and built-in procedures going through `hook`.
+    pub fn with_return_services(mut self, hook: Arc<dyn ReturnServices>) -> Self {
+        self.returns = Some(hook);
+        self
     }
 
     /// An engine that runs replication DDL through `hook`.
@@ -95,6 +159,7 @@ impl SqlEngine {
         SqlEngine {
             db,
             replication: Some(hook),
+            returns: None,
         }
     }
 
@@ -103,8 +168,11 @@ impl SqlEngine {
         Session {
             db: self.db.clone(),
             replication: self.replication.clone(),
+            returns: self.returns.clone(),
             txn: None,
             currval: HashMap::new(),
+            sync: SyncSettings::default(),
+            last_token: None,
         }
     }
 
@@ -118,8 +186,12 @@ impl SqlEngine {
 pub struct Session {
     db: Database,
     replication: Option<Arc<dyn ReplicationDdl>>,
+    returns: Option<Arc<dyn ReturnServices>>,
     txn: Option<Txn>,
     currval: HashMap<QualName, i64>,
+    sync: SyncSettings,
+    /// The last commit a return service applied to (`ttRepXactTokenGet`).
+    last_token: Option<u64>,
 }
 
 impl fmt::Debug for Session {
@@ -183,6 +255,7 @@ impl Session {
                 return Err(Error::from(ErrorKind::Unsupported(reason.clone())).or_at(stmt.at))
             }
             Parsed::Replication(ddl) => return self.run_replication(ddl).await,
+            Parsed::Call(call) => return self.run_call(call).await,
         };
         let plan = plan::plan(ast, &DbCatalog(&self.db))?;
         match &plan {
@@ -201,9 +274,7 @@ impl Session {
             Plan::Commit => {
                 let mut result = StatementResult::tag("COMMIT");
                 match self.txn.take() {
-                    Some(txn) => {
-                        txn.commit().await?;
-                    }
+                    Some(txn) => result.warnings = self.commit(txn).await?,
                     None => result.warnings.push(no_transaction()),
                 }
                 Ok(result)
@@ -214,6 +285,7 @@ impl Session {
                     Some(txn) => txn.rollback(),
                     None => result.warnings.push(no_transaction()),
                 }
+                self.sync.request_return = false;
                 Ok(result)
             }
             ddl if ddl.is_ddl() => {
@@ -241,13 +313,164 @@ impl Session {
                     None => {
                         let mut txn = self.db.begin();
                         // On error the transaction is dropped, which rolls it back.
-                        let result = exec::run_in_txn(dml, &mut txn, &mut ctx).await?;
-                        txn.commit().await?;
+                        let mut result = exec::run_in_txn(dml, &mut txn, &mut ctx).await?;
+                        result.warnings.extend(self.commit(txn).await?);
                         Ok(result)
                     }
                 }
             }
         }
+    }
+
+    /// Commits through the return services when the node has them; the warnings are
+    /// COMMIT's (or the autocommitted statement's).
+    async fn commit(&mut self, txn: Txn) -> Result<Vec<Warning>> {
+        let sync = self.sync;
+        self.sync.request_return = false;
+        let Some(hook) = &self.returns else {
+            txn.commit().await?;
+            return Ok(Vec::new());
+        };
+        let committed = hook.commit(txn, sync).await?;
+        if committed.token.is_some() {
+            self.last_token = committed.token;
+        }
+        Ok(committed.warnings)
+    }
+
+    async fn run_call(&mut self, call: &call::Call) -> Result<StatementResult> {
+        match call.name.as_str() {
+            "ttrepsyncset" => self.rep_sync_set(call),
+            "ttrepsyncget" => {
+                let (wait, action) = self.returns.as_ref().map_or((10, 1), |h| h.defaults());
+                let mut result = StatementResult::tag("CALL");
+                result.columns = vec![
+                    ColumnMeta {
+                        name: "requestReturn".into(),
+                        data_type: "BINARY(1)".into(),
+                    },
+                    ColumnMeta {
+                        name: "returnWait".into(),
+                        data_type: "INTEGER".into(),
+                    },
+                    ColumnMeta {
+                        name: "localAction".into(),
+                        data_type: "INTEGER".into(),
+                    },
+                ];
+                result.rows = vec![vec![
+                    Value::Bytes(vec![u8::from(self.sync.request_return)]),
+                    Value::Int(self.sync.return_wait_s.unwrap_or(wait)),
+                    Value::Int(self.sync.local_action.unwrap_or(action)),
+                ]];
+                result.rows_affected = 1;
+                Ok(result)
+            }
+            "ttrepxacttokenget" => {
+                let mut result = StatementResult::tag("CALL");
+                result.columns = vec![ColumnMeta {
+                    name: "xactId".into(),
+                    data_type: "VARBINARY(10000)".into(),
+                }];
+                result.rows = vec![vec![self
+                    .last_token
+                    .map_or(Value::Null, |t| Value::Bytes(t.to_be_bytes().to_vec()))]];
+                result.rows_affected = 1;
+                Ok(result)
+            }
+            _ => {
+                if self.txn.is_some() && call.name == "ttrepsubscriberwait" {
+                    return Err(ErrorKind::TransactionState(
+                        "ttRepSubscriberWait must run outside a transaction block; COMMIT or \
+                         ROLLBACK first"
+                            .into(),
+                    )
+                    .into());
+                }
+                let Some(hook) = &self.returns else {
+                    return Err(ErrorKind::Unsupported(format!(
+                        "CALL {} needs the cluster control plane, which this SQL engine is not \
+                         connected to",
+                        call.written
+                    ))
+                    .into());
+                };
+                hook.call(call, self.last_token)
+                    .await
+                    .map_err(|e| ErrorKind::Replication(e).into())
+            }
+        }
+    }
+
+    /// `ttRepSyncSet([requestReturn], [returnWait], [localAction])`; NULL keeps a value.
+    fn rep_sync_set(&mut self, call: &call::Call) -> Result<StatementResult> {
+        let int = |i: usize, what: &str| -> Result<Option<i64>> {
+            match call.arg(i) {
+                Value::Null => Ok(None),
+                Value::Int(v) => Ok(Some(*v)),
+                Value::Bytes(b) if b.len() == 1 => Ok(Some(i64::from(b[0]))),
+                other => Err(ErrorKind::InvalidStatement(format!(
+                    "ttRepSyncSet: {what} must be an integer or NULL, not {other:?}"
+                ))
+                .into()),
+            }
+        };
+        if call.args.len() > 3 {
+            return Err(ErrorKind::InvalidStatement(format!(
+                "ttRepSyncSet takes at most 3 arguments (requestReturn, returnWait, \
+                 localAction), got {}",
+                call.args.len()
+            ))
+            .into());
+        }
+        let request = int(0, "requestReturn")?;
+        let wait = int(1, "returnWait")?;
+        let action = int(2, "localAction")?;
+        match request {
+            Some(0) | None => {}
+            Some(1) if self.txn.is_none() => {
+                return Err(ErrorKind::TransactionState(
+                    "ttRepSyncSet(0x01, ...) asks for the return service of the current \
+                     transaction: run it inside a transaction block (BEGIN first)"
+                        .into(),
+                )
+                .into())
+            }
+            Some(1) => {}
+            Some(v) => {
+                return Err(ErrorKind::InvalidStatement(format!(
+                    "ttRepSyncSet: requestReturn must be 0x00 or 0x01, not {v:#04x}"
+                ))
+                .into())
+            }
+        }
+        if let Some(w) = wait {
+            if w < -1 {
+                return Err(ErrorKind::InvalidStatement(format!(
+                    "ttRepSyncSet: returnWait must be seconds >= 0, or -1 to wait until \
+                     acknowledged; got {w}"
+                ))
+                .into());
+            }
+        }
+        if let Some(a) = action {
+            if !(1..=2).contains(&a) {
+                return Err(ErrorKind::InvalidStatement(format!(
+                    "ttRepSyncSet: localAction must be 1 (NO ACTION) or 2 (COMMIT), not {a}"
+                ))
+                .into());
+            }
+        }
+        if let Some(r) = request {
+            self.sync.request_return = r == 1;
+        }
+        if wait.is_some() {
+            self.sync.return_wait_s = wait;
+        }
+        if action.is_some() {
+            self.sync.local_action = action;
+        }
+        Ok(StatementResult::tag("CALL"))
     }
 
     async fn run_replication(&mut self, ddl: &str) -> Result<StatementResult> {

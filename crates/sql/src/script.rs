@@ -8,8 +8,9 @@
 //! Replication DDL (`CREATE / ALTER / DROP REPLICATION`) is recognised by its first
 //! tokens and kept as [`Parsed::Replication`] with its source text: its grammar is not
 //! sqlparser's but the scheme language's, and it runs through the cluster control plane
-//! (see [`crate::ReplicationDdl`]). `CALL` is kept as [`Parsed::Rejected`] until the
-//! data plane's procedures exist. Their tokens are skipped up to the next `;`.
+//! (see [`crate::ReplicationDdl`]). `CALL` is read by [`crate::call`] (TimesTen's
+//! built-in procedures take literals sqlparser does not know, such as `0x01`). Their
+//! tokens are skipped up to the next `;`.
 
 use sqlparser::ast::Statement;
 use sqlparser::dialect::GenericDialect;
@@ -25,6 +26,8 @@ pub enum Parsed {
     Sql(Box<Statement>),
     /// `CREATE / ALTER / DROP REPLICATION`, as written (without the final `;`).
     Replication(String),
+    /// `CALL procedure(...)`, its literal arguments read ([`crate::call`]).
+    Call(crate::call::Call),
     /// A statement recognised but not run here; the text says why.
     Rejected(String),
 }
@@ -46,8 +49,6 @@ pub struct ScriptError {
 /// Why replication DDL is refused by an engine without a [`crate::ReplicationDdl`] hook.
 pub const REPLICATION_REJECTED: &str =
     "replication DDL needs the cluster control plane, which this SQL engine is not connected to";
-const CALL_REJECTED: &str =
-    "built-in procedures (CALL) need the cluster control plane, which this node does not run yet";
 
 /// Parses every statement of `text`.
 pub fn parse_script(text: &str) -> Result<Vec<ScriptStatement>, ScriptError> {
@@ -85,7 +86,13 @@ pub fn parse_script(text: &str) -> Result<Vec<ScriptStatement>, ScriptError> {
             }
             let parsed = match kind {
                 Foreign::Replication => Parsed::Replication(slice(text, at, end).to_string()),
-                Foreign::Call => Parsed::Rejected(CALL_REJECTED.to_string()),
+                Foreign::Call => match crate::call::parse_call(slice(text, at, end)) {
+                    Ok(call) => Parsed::Call(call),
+                    Err(message) => {
+                        let error = Error::from(ErrorKind::Syntax(message)).or_at(at);
+                        return Err(fail(error, out.len()));
+                    }
+                },
             };
             out.push(ScriptStatement { parsed, at });
             continue;
@@ -240,7 +247,8 @@ mod tests {
         assert_eq!(s.len(), 3);
         assert!(matches!(&s[0].parsed, Parsed::Replication(t)
             if t == "CREATE REPLICATION r ELEMENT e DATASTORE MASTER a ON \"h\" SUBSCRIBER b ON \"h2\""));
-        assert!(matches!(&s[1].parsed, Parsed::Rejected(r) if r.contains("CALL")));
+        assert!(matches!(&s[1].parsed, Parsed::Call(c)
+            if c.name == "ttrepsyncset" && c.args.len() == 3));
         assert_eq!(s[1].at, Location::new(2, 1));
     }
 

@@ -196,7 +196,7 @@ async fn replication_ddl_and_call_need_the_control_plane() {
     for sql in [
         "alter replication r drop element e",
         "DROP REPLICATION r",
-        "call ttRepSyncSet(0x01, 45, 1)",
+        "call ttRepSubscriberWait(NULL, NULL, 'ds2', NULL, 5)",
     ] {
         let e = fails(&mut s, sql).await;
         assert_eq!(e.code, "0A000", "{sql}");
