@@ -3,29 +3,45 @@
 //! ```text
 //!  Hello ──► protocol, receiver name, elements subscribed, epochs not stale,
 //!            table definitions (EXACT / RELAXED) ──► HelloReply(high-waters) | Refused
-//!  Batch ──► epochs still current ──► decompress (bounded) ──► decode
-//!        ──► rows: Database::apply_replicated (log order)
-//!                  or apply_compiled (≥ compile_threshold transactions: RTL net rows)
-//!            DDL: Database::apply_replicated_ddl
+//!  Batch ──► + the batches already queued behind it (compilation on: the backlog)
+//!        ──► epochs still current ──► decompress (bounded) ──► decode
+//!        ──► rows: backlog ≥ threshold (transactions or bytes) and compilation on:
+//!                      hawser_rtl::compile ──► Database::apply_compiled (net rows, one batch)
+//!                  otherwise: Database::apply_replicated (log order)
+//!            DDL: Database::apply_replicated_ddl (between runs)
 //!        ──► (write + flush inside the store) ──► Ack(durable, applied, through_lsn)
 //! ```
+//!
+//! **When to compile.** A receiver that is current gets small batches and applies them
+//! in log order as they come. One that is behind — after a pause, a restart, a new
+//! subscription — gets full batches back to back, and the sender keeps several in
+//! flight. With compilation on ([`CompilePolicy`]), the receiver takes the batch it
+//! read together with every batch already waiting on the stream (without waiting for
+//! more, up to [`ReceiverConfig::max_run_bytes`]); if that backlog reaches the
+//! transaction or byte threshold it is compiled into net row operations and written as
+//! one atomic batch (DESIGN.md §6), else applied in log order. The backlog a receiver
+//! can see is bounded by the sender's in-flight window, which is what keeps a run's
+//! memory bounded too. Acks are cumulative, so one Ack answers the whole backlog.
 //!
 //! The store makes apply idempotent by Gtid, so a batch re-sent after a reconnect
 //! changes nothing, and it writes rows, log records and high-waters in one atomic
 //! batch flushed before it returns: the Ack is sent only after the bytes it promises
-//! are durable (the `durable` marks say so only when the flush happened).
+//! are durable (the `durable` marks say so only when the flush happened). While a long
+//! run applies, the receiver keeps heartbeating so the sender does not take it for dead.
 //!
 //! Each stream is served by one task on the caller's [`TaskTracker`], cancelled by the
 //! caller's token. A refusal travels as a `Refused` message with its reason (never a
-//! bare gRPC error), so the sender can show it in status.
+//! bare gRPC error), so the sender can show it in status. Per stream the receiver
+//! counts transactions and row changes received against rows written, by apply mode
+//! ([`InboundStatus`], and the `hawser_stream_*` metrics labelled by sender store).
 
 use std::collections::BTreeMap;
 use std::pin::Pin;
 use std::time::{Duration, Instant};
 
-use futures::Stream;
+use futures::{FutureExt, Stream, StreamExt};
 use hawser_core::{Epoch, Ident, NodeId, QualName, TableDef};
-use hawser_rtl::compile;
+use hawser_rtl::{Compilation, CompileError, Compiler};
 use hawser_scheme::ast::TableDefinitionChecking;
 use hawser_store::{Database, LogEntry, ReplicatedTxn};
 use tokio::sync::{mpsc, watch};
@@ -40,14 +56,56 @@ use crate::link::check_table;
 use crate::pb::{self, receiver_message, sender_message, RefuseCode};
 use crate::PROTOCOL_VERSION;
 
+/// When a receiver applies what it received as RTL net rows instead of in log order.
+///
+/// The measure of "behind" is the backlog: the batch just read plus the batches already
+/// waiting behind it on the stream. A current receiver sees one small batch at a time;
+/// one catching up sees full batches queued up to the sender's in-flight window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CompilePolicy {
+    /// `false`: every batch is applied in log order, whatever the backlog (for targets
+    /// that must see every change, or to compare).
+    pub enabled: bool,
+    /// Compile a backlog of at least this many transactions.
+    pub min_transactions: u64,
+    /// Compile a backlog of at least this many bytes (uncompressed batch payloads), so
+    /// a few large transactions count as much as many small ones.
+    pub min_bytes: u64,
+}
+
+impl CompilePolicy {
+    /// Default transaction threshold: a current receiver's batches rarely hold more, a
+    /// catching-up one's (up to 512 records each) always do.
+    pub const DEFAULT_MIN_TRANSACTIONS: u64 = 64;
+    /// Default byte threshold: a quarter of a full sender batch.
+    pub const DEFAULT_MIN_BYTES: u64 = 256 * 1024;
+
+    /// Whether a backlog of `transactions` in `bytes` is compiled.
+    pub fn compiles(&self, transactions: u64, bytes: u64) -> bool {
+        self.enabled && (transactions >= self.min_transactions || bytes >= self.min_bytes)
+    }
+}
+
+impl Default for CompilePolicy {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            min_transactions: Self::DEFAULT_MIN_TRANSACTIONS,
+            min_bytes: Self::DEFAULT_MIN_BYTES,
+        }
+    }
+}
+
 /// How a receiver behaves.
 #[derive(Debug, Clone)]
 pub struct ReceiverConfig {
     /// This node's store name: a Hello for another store is refused.
     pub store: Ident,
-    /// Batches with at least this many transactions are applied as RTL net rows.
-    /// `usize::MAX` turns compilation off.
-    pub compile_threshold: usize,
+    /// When received transactions are applied as RTL net rows.
+    pub compile: CompilePolicy,
+    /// The most uncompressed batch bytes gathered into one compiled run: a bound on
+    /// the memory one apply takes, whatever the sender's window.
+    pub max_run_bytes: u64,
     pub heartbeat: Duration,
     /// Silence after which the sender is taken for dead and the stream dropped.
     pub peer_timeout: Duration,
@@ -57,22 +115,44 @@ impl ReceiverConfig {
     pub fn new(store: Ident) -> Self {
         Self {
             store,
-            compile_threshold: 64,
+            compile: CompilePolicy::default(),
+            max_run_bytes: 32 * 1024 * 1024,
             heartbeat: Duration::from_millis(250),
             peer_timeout: Duration::from_secs(1),
         }
     }
 }
 
-/// What a receiver knows about one inbound stream, by sender store.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// What a receiver knows about one inbound stream, by sender store. Counters cover the
+/// life of this process.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct InboundStatus {
     pub connected: bool,
     /// Why the last Hello or batch was refused.
     pub refused: Option<String>,
     pub last_contact: Option<Instant>,
+    /// When the current (or last) stream was accepted.
+    pub connected_since: Option<Instant>,
     pub through_lsn: u64,
+    /// Batches received and applied.
+    pub batches: u64,
+    /// Transactions received (including any already here, skipped).
     pub transactions: u64,
+    /// Transactions received that were already here (a resend) and were skipped.
+    pub transactions_skipped: u64,
+    /// Row changes carried by the transactions received.
+    pub row_changes: u64,
+    /// Row puts and deletes written for them, in either mode. Compiled runs write one
+    /// per net operation; log-order applies one per key changed in the apply (the
+    /// store folds repeated changes of a key within one apply).
+    pub rows_written: u64,
+    /// The part of `rows_written` written by compiled runs.
+    pub rows_written_compiled: u64,
+    /// Applies of compiled net rows: one per backlog (or part of one between DDL).
+    pub runs_compiled: u64,
+    /// Applies in log order: backlogs under the threshold, compilation off, runs the
+    /// compiler declared not compilable, runs partly here already.
+    pub runs_in_order: u64,
     pub raw_bytes: u64,
     pub wire_bytes: u64,
 }
@@ -231,18 +311,8 @@ impl ReceiverService {
     }
 
     fn update_status(&self, sender: &Ident, f: impl FnOnce(&mut InboundStatus)) {
-        self.status.send_modify(|m| {
-            let s = m.entry(sender.clone()).or_insert(InboundStatus {
-                connected: false,
-                refused: None,
-                last_contact: None,
-                through_lsn: 0,
-                transactions: 0,
-                raw_bytes: 0,
-                wire_bytes: 0,
-            });
-            f(s);
-        });
+        self.status
+            .send_modify(|m| f(m.entry(sender.clone()).or_default()));
     }
 
     /// Serves one accepted stream until it ends, is refused or is cancelled.
@@ -253,25 +323,28 @@ impl ReceiverService {
         out: mpsc::Sender<Result<pb::ReceiverMessage, Status>>,
     ) {
         let sender = accepted.sender.clone();
+        let metrics = InboundMetrics::new(&sender);
         let mut durable = self.db.high_waters().unwrap_or_default();
         let mut heartbeat = tokio::time::interval(self.config.heartbeat);
         let mut last_contact = Instant::now();
+        // A message read while gathering a backlog that is not a batch: handled next.
+        let mut carried = None;
         loop {
-            let msg = tokio::select! {
-                biased;
-                _ = self.shutdown.cancelled() => break,
-                _ = heartbeat.tick() => {
-                    if last_contact.elapsed() > self.config.peer_timeout {
-                        info!(sender = %sender, "sender silent past the peer timeout; dropping the stream");
-                        break;
+            let msg = match carried.take() {
+                Some(msg) => msg,
+                None => tokio::select! {
+                    biased;
+                    _ = self.shutdown.cancelled() => break,
+                    _ = heartbeat.tick() => {
+                        if last_contact.elapsed() > self.config.peer_timeout {
+                            info!(sender = %sender, "sender silent past the peer timeout; dropping the stream");
+                            break;
+                        }
+                        send_heartbeat(&out);
+                        continue;
                     }
-                    // Best effort: a full channel means acks are queued, which says as much.
-                    let _ = out.try_send(Ok(pb::ReceiverMessage {
-                        msg: Some(receiver_message::Msg::Heartbeat(pb::Heartbeat { sent_micros: now_micros() })),
-                    }));
-                    continue;
-                }
-                msg = inbound.message() => msg,
+                    msg = inbound.message() => msg,
+                },
             };
             let msg = match msg {
                 Ok(Some(m)) => m,
@@ -285,16 +358,48 @@ impl ReceiverService {
             self.update_status(&sender, |s| s.last_contact = Some(last_contact));
             match msg.msg {
                 Some(sender_message::Msg::Batch(batch)) => {
-                    match self.apply_batch(&accepted, &batch, &mut durable).await {
-                        Ok(ack) => {
+                    let mut backlog = vec![batch];
+                    if self.config.compile.enabled {
+                        carried =
+                            gather_backlog(&mut inbound, &mut backlog, self.config.max_run_bytes);
+                    }
+                    let applied = {
+                        let apply = self.apply_backlog(&accepted, &backlog, &mut durable);
+                        tokio::pin!(apply);
+                        // Heartbeats go on while a long run applies, or the sender
+                        // would take this receiver for dead and start over.
+                        loop {
+                            tokio::select! {
+                                biased;
+                                r = &mut apply => break r,
+                                _ = heartbeat.tick() => send_heartbeat(&out),
+                            }
+                        }
+                    };
+                    // Time spent applying is not the sender's silence: its messages
+                    // are waiting unread.
+                    last_contact = Instant::now();
+                    match applied {
+                        Ok(done) => {
+                            let wire: u64 = backlog.iter().map(|b| b.payload.len() as u64).sum();
+                            let raw: u64 = backlog.iter().map(|b| b.raw_bytes).sum();
+                            metrics.record(&done.tally);
                             self.update_status(&sender, |s| {
-                                s.through_lsn = batch.through_lsn;
-                                s.transactions += u64::from(batch.count);
-                                s.raw_bytes += batch.raw_bytes;
-                                s.wire_bytes += batch.payload.len() as u64;
+                                let t = &done.tally;
+                                s.through_lsn = done.ack.through_lsn;
+                                s.batches += backlog.len() as u64;
+                                s.transactions += t.transactions;
+                                s.transactions_skipped += t.skipped;
+                                s.row_changes += t.row_changes;
+                                s.rows_written += t.rows_compiled + t.rows_in_order;
+                                s.rows_written_compiled += t.rows_compiled;
+                                s.runs_compiled += t.runs_compiled;
+                                s.runs_in_order += t.runs_in_order;
+                                s.raw_bytes += raw;
+                                s.wire_bytes += wire;
                             });
                             let ack = pb::ReceiverMessage {
-                                msg: Some(receiver_message::Msg::Ack(ack)),
+                                msg: Some(receiver_message::Msg::Ack(done.ack)),
                             };
                             if out.send(Ok(ack)).await.is_err() {
                                 break;
@@ -323,12 +428,14 @@ impl ReceiverService {
         self.update_status(&sender, |s| s.connected = false);
     }
 
-    async fn apply_batch(
+    /// Applies a backlog of batches (log order across them) and builds the Ack that
+    /// answers all of them.
+    async fn apply_backlog(
         &self,
         accepted: &Accepted,
-        batch: &pb::Batch,
+        backlog: &[pb::Batch],
         durable: &mut BTreeMap<NodeId, u64>,
-    ) -> Result<pb::Ack, (RefuseCode, String)> {
+    ) -> Result<Applied, (RefuseCode, String)> {
         // Epochs are checked on every batch: a master change since Hello makes this
         // sender stale from that moment on.
         {
@@ -353,93 +460,262 @@ impl ReceiverService {
                 }
             }
         }
-        let codec = match pb::Codec::try_from(batch.codec) {
-            Ok(pb::Codec::None) => Compression::None,
-            Ok(pb::Codec::Lz4) => Compression::Lz4,
-            Ok(pb::Codec::Zstd) => Compression::Zstd,
-            Err(_) => {
-                return Err((
-                    RefuseCode::Protocol,
-                    format!("unknown codec {}", batch.codec),
-                ))
-            }
+        let Some(through_lsn) = backlog.last().map(|b| b.through_lsn) else {
+            return Err((RefuseCode::Protocol, "an empty backlog".into()));
         };
-        let proto = |e: codec::CodecError| {
-            (
-                RefuseCode::Protocol,
-                format!("batch through LSN {}: {e}", batch.through_lsn),
-            )
-        };
-        let raw = decompress(codec, &batch.payload, batch.raw_bytes).map_err(proto)?;
-        let records = decode_records(&raw).map_err(proto)?;
+        let count: u64 = backlog.iter().map(|b| u64::from(b.count)).sum();
+        let bytes: u64 = backlog.iter().map(|b| b.raw_bytes).sum();
+        let compiles = self.config.compile.compiles(count, bytes);
         let failed = |e: hawser_store::StoreError| (RefuseCode::ApplyFailed, e.to_string());
+        let mut tally = Tally::default();
         let mut run: Vec<ReplicatedTxn> = Vec::new();
         let mut all_durable = true;
-        for r in records {
-            match r.entry {
-                LogEntry::Txn(mut txn) => {
-                    for c in &mut txn.changes {
-                        if let Some(map) = accepted.maps.get(&c.table) {
-                            for row in [&mut c.before, &mut c.after].into_iter().flatten() {
-                                *row = remap(row, map).ok_or_else(|| {
-                                    (
-                                        RefuseCode::Protocol,
-                                        format!(
-                                            "transaction {}: a row of {} has too few values",
-                                            txn.gtid, c.table
-                                        ),
-                                    )
-                                })?;
+        for batch in backlog {
+            for r in decode_batch(batch)? {
+                match r.entry {
+                    LogEntry::Txn(mut txn) => {
+                        for c in &mut txn.changes {
+                            if let Some(map) = accepted.maps.get(&c.table) {
+                                for row in [&mut c.before, &mut c.after].into_iter().flatten() {
+                                    *row = remap(row, map).ok_or_else(|| {
+                                        (
+                                            RefuseCode::Protocol,
+                                            format!(
+                                                "transaction {}: a row of {} has too few values",
+                                                txn.gtid, c.table
+                                            ),
+                                        )
+                                    })?;
+                                }
                             }
                         }
+                        tally.transactions += 1;
+                        tally.row_changes += txn.changes.len() as u64;
+                        run.push(ReplicatedTxn {
+                            txn,
+                            epoch: r.epoch,
+                        });
                     }
-                    run.push(ReplicatedTxn {
-                        txn,
-                        epoch: r.epoch,
-                    });
+                    entry @ LogEntry::Ddl { .. } => {
+                        all_durable &= self
+                            .apply_run(std::mem::take(&mut run), compiles, &mut tally)
+                            .await?;
+                        self.db
+                            .apply_replicated_ddl(&entry, r.epoch)
+                            .await
+                            .map_err(failed)?;
+                    }
+                    LogEntry::SequenceBlock { .. } => {}
                 }
-                entry @ LogEntry::Ddl { .. } => {
-                    all_durable &= self
-                        .apply_run(std::mem::take(&mut run))
-                        .await
-                        .map_err(failed)?;
-                    self.db
-                        .apply_replicated_ddl(&entry, r.epoch)
-                        .await
-                        .map_err(failed)?;
-                }
-                LogEntry::SequenceBlock { .. } => {}
             }
         }
-        all_durable &= self.apply_run(run).await.map_err(failed)?;
+        all_durable &= self.apply_run(run, compiles, &mut tally).await?;
         let applied = self.db.high_waters().map_err(failed)?;
         if all_durable {
             // Everything applied so far was flushed: the durable marks catch up.
             *durable = applied.clone();
         }
-        Ok(pb::Ack {
-            durable: marks(durable),
-            applied: marks(&applied),
-            through_lsn: batch.through_lsn,
+        Ok(Applied {
+            ack: pb::Ack {
+                durable: marks(durable),
+                applied: marks(&applied),
+                through_lsn,
+            },
+            tally,
         })
     }
 
-    /// Applies transactions in log order, or as RTL net rows when there are many.
-    /// Returns whether the apply was flushed.
-    async fn apply_run(&self, run: Vec<ReplicatedTxn>) -> Result<bool, hawser_store::StoreError> {
+    /// Applies one run of transactions as RTL net rows (`compiles`) or in log order,
+    /// and counts what was written. Returns whether the apply was flushed.
+    async fn apply_run(
+        &self,
+        run: Vec<ReplicatedTxn>,
+        compiles: bool,
+        tally: &mut Tally,
+    ) -> Result<bool, (RefuseCode, String)> {
         if run.is_empty() {
             return Ok(true);
         }
-        if run.len() >= self.config.compile_threshold {
+        let failed = |e: hawser_store::StoreError| (RefuseCode::ApplyFailed, e.to_string());
+        let info = if compiles {
             let catalog: Vec<TableDef> = self.db.tables().iter().map(|t| (**t).clone()).collect();
-            let txns: Vec<_> = run.iter().map(|r| r.txn.clone()).collect();
-            // A run the compiler cannot read (a change without the image it needs) is
-            // applied in log order, which reports the problem precisely if it is real.
-            if let Ok(compiled) = compile(&txns, &catalog) {
-                return Ok(self.db.apply_compiled(&run, &compiled).await?.durable);
+            // Compilation is CPU work proportional to the run: off the async workers.
+            let (run, compiled) = tokio::task::spawn_blocking(move || {
+                let compiled = compile_run(&run, &catalog);
+                (run, compiled)
+            })
+            .await
+            .map_err(|e| {
+                (
+                    RefuseCode::ApplyFailed,
+                    format!("the RTL compiler failed: {e}"),
+                )
+            })?;
+            match compiled {
+                Ok(compiled) => self.db.apply_compiled(&run, &compiled).await,
+                // A run the compiler cannot read (a change without the image it
+                // needs) is applied in log order, which reports the problem precisely
+                // if it is real.
+                Err(e) => {
+                    debug!(error = %e, "run not read by the compiler; applying in log order");
+                    self.db.apply_replicated(run).await
+                }
             }
+        } else {
+            self.db.apply_replicated(run).await
         }
-        Ok(self.db.apply_replicated(run).await?.durable)
+        .map_err(failed)?;
+        tally.skipped += info.skipped;
+        if info.compiled {
+            tally.runs_compiled += 1;
+            tally.rows_compiled += info.rows_written;
+        } else {
+            tally.runs_in_order += 1;
+            tally.rows_in_order += info.rows_written;
+        }
+        Ok(info.durable)
+    }
+}
+
+fn compile_run(run: &[ReplicatedTxn], catalog: &[TableDef]) -> Result<Compilation, CompileError> {
+    let mut compiler = Compiler::new(catalog);
+    for r in run {
+        compiler.push_transaction(&r.txn)?;
+    }
+    Ok(compiler.finish())
+}
+
+/// Decompresses and decodes one batch.
+fn decode_batch(batch: &pb::Batch) -> Result<Vec<codec::WireRecord>, (RefuseCode, String)> {
+    let proto = |e: codec::CodecError| {
+        (
+            RefuseCode::Protocol,
+            format!("batch through LSN {}: {e}", batch.through_lsn),
+        )
+    };
+    let codec = match pb::Codec::try_from(batch.codec) {
+        Ok(pb::Codec::None) => Compression::None,
+        Ok(pb::Codec::Lz4) => Compression::Lz4,
+        Ok(pb::Codec::Zstd) => Compression::Zstd,
+        Err(_) => {
+            return Err((
+                RefuseCode::Protocol,
+                format!("unknown codec {}", batch.codec),
+            ))
+        }
+    };
+    let raw = decompress(codec, &batch.payload, batch.raw_bytes).map_err(proto)?;
+    decode_records(&raw).map_err(proto)
+}
+
+/// Moves every batch already waiting on `inbound` into `backlog` without waiting for
+/// more, until the backlog holds `max_bytes`. Heartbeats are dropped (the caller has
+/// just heard from the sender); any other message, the end of the stream or an error
+/// is returned for the caller to handle after the backlog.
+fn gather_backlog<S>(
+    inbound: &mut S,
+    backlog: &mut Vec<pb::Batch>,
+    max_bytes: u64,
+) -> Option<Result<Option<pb::SenderMessage>, Status>>
+where
+    S: Stream<Item = Result<pb::SenderMessage, Status>> + Unpin,
+{
+    let size = |b: &pb::Batch| b.raw_bytes.max(b.payload.len() as u64);
+    let mut bytes: u64 = backlog.iter().map(size).sum();
+    while bytes < max_bytes {
+        // `next` only polls the stream and keeps no state of its own, so giving it up
+        // when nothing is ready loses nothing.
+        match inbound.next().now_or_never()?.transpose() {
+            Ok(Some(pb::SenderMessage {
+                msg: Some(sender_message::Msg::Batch(b)),
+            })) => {
+                bytes += size(&b);
+                backlog.push(b);
+            }
+            Ok(Some(pb::SenderMessage {
+                msg: Some(sender_message::Msg::Heartbeat(_)),
+            })) => {}
+            other => return Some(other),
+        }
+    }
+    None
+}
+
+/// Best effort: a full channel means acks are queued, which says as much.
+fn send_heartbeat(out: &mpsc::Sender<Result<pb::ReceiverMessage, Status>>) {
+    let _ = out.try_send(Ok(pb::ReceiverMessage {
+        msg: Some(receiver_message::Msg::Heartbeat(pb::Heartbeat {
+            sent_micros: now_micros(),
+        })),
+    }));
+}
+
+/// What one backlog's apply did.
+struct Applied {
+    ack: pb::Ack,
+    tally: Tally,
+}
+
+/// Counts of one backlog's apply.
+#[derive(Debug, Default)]
+struct Tally {
+    transactions: u64,
+    skipped: u64,
+    row_changes: u64,
+    rows_compiled: u64,
+    rows_in_order: u64,
+    runs_compiled: u64,
+    runs_in_order: u64,
+}
+
+/// The stream's counters, labelled by sender store (one series per store of the
+/// cluster) and, for writes, by apply mode.
+struct InboundMetrics {
+    transactions: metrics::Counter,
+    row_changes: metrics::Counter,
+    rows_compiled: metrics::Counter,
+    rows_in_order: metrics::Counter,
+    runs_compiled: metrics::Counter,
+    runs_in_order: metrics::Counter,
+}
+
+impl InboundMetrics {
+    fn new(sender: &Ident) -> Self {
+        metrics::describe_counter!(
+            "hawser_stream_received_transactions_total",
+            "replicated transactions received, by sender store"
+        );
+        metrics::describe_counter!(
+            "hawser_stream_received_row_changes_total",
+            "row changes carried by the replicated transactions received, by sender store"
+        );
+        metrics::describe_counter!(
+            "hawser_stream_rows_written_total",
+            "row puts and deletes written for received transactions, by sender store and \
+             apply mode (compiled net rows or log order)"
+        );
+        metrics::describe_counter!(
+            "hawser_stream_apply_runs_total",
+            "applies of received transactions, by sender store and apply mode"
+        );
+        let s = sender.as_str().to_string();
+        Self {
+            transactions: metrics::counter!("hawser_stream_received_transactions_total", "sender" => s.clone()),
+            row_changes: metrics::counter!("hawser_stream_received_row_changes_total", "sender" => s.clone()),
+            rows_compiled: metrics::counter!("hawser_stream_rows_written_total", "sender" => s.clone(), "mode" => "compiled"),
+            rows_in_order: metrics::counter!("hawser_stream_rows_written_total", "sender" => s.clone(), "mode" => "log"),
+            runs_compiled: metrics::counter!("hawser_stream_apply_runs_total", "sender" => s.clone(), "mode" => "compiled"),
+            runs_in_order: metrics::counter!("hawser_stream_apply_runs_total", "sender" => s, "mode" => "log"),
+        }
+    }
+
+    fn record(&self, t: &Tally) {
+        self.transactions.increment(t.transactions);
+        self.row_changes.increment(t.row_changes);
+        self.rows_compiled.increment(t.rows_compiled);
+        self.rows_in_order.increment(t.rows_in_order);
+        self.runs_compiled.increment(t.runs_compiled);
+        self.runs_in_order.increment(t.runs_in_order);
     }
 }
 
@@ -484,10 +760,12 @@ impl pb::replication_server::Replication for ReceiverService {
                     .db
                     .high_waters()
                     .map_err(|e| Status::unavailable(e.to_string()))?;
+                let now = Instant::now();
                 self.update_status(&sender, |s| {
                     s.connected = true;
                     s.refused = None;
-                    s.last_contact = Some(Instant::now());
+                    s.last_contact = Some(now);
+                    s.connected_since = Some(now);
                 });
                 let _ = tx.try_send(Ok(pb::ReceiverMessage {
                     msg: Some(receiver_message::Msg::HelloReply(pb::HelloReply {
@@ -500,5 +778,99 @@ impl pb::replication_server::Replication for ReceiverService {
             }
         }
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use futures::stream;
+
+    use super::*;
+
+    fn batch(through: u64, raw: u64) -> pb::Batch {
+        pb::Batch {
+            through_lsn: through,
+            count: 1,
+            codec: pb::Codec::None as i32,
+            raw_bytes: raw,
+            payload: Vec::new(),
+        }
+    }
+
+    fn msg(m: sender_message::Msg) -> Result<pb::SenderMessage, Status> {
+        Ok(pb::SenderMessage { msg: Some(m) })
+    }
+
+    fn throughs(backlog: &[pb::Batch]) -> Vec<u64> {
+        backlog.iter().map(|b| b.through_lsn).collect()
+    }
+
+    #[test]
+    fn the_policy_compiles_at_either_threshold_and_never_when_off() {
+        let p = CompilePolicy {
+            enabled: true,
+            min_transactions: 64,
+            min_bytes: 1000,
+        };
+        assert!(!p.compiles(63, 999));
+        assert!(p.compiles(64, 0));
+        assert!(p.compiles(1, 1000));
+        let off = CompilePolicy {
+            enabled: false,
+            ..p
+        };
+        assert!(!off.compiles(1_000_000, 1 << 30));
+        assert_eq!(CompilePolicy::default().min_transactions, 64);
+    }
+
+    #[test]
+    fn a_backlog_takes_the_batches_already_there_and_stops_at_what_is_not() {
+        use sender_message::Msg;
+        let hb = || Msg::Heartbeat(pb::Heartbeat { sent_micros: 0 });
+        // Queued batches and a heartbeat, then nothing ready: all batches taken.
+        let mut s = stream::iter([
+            msg(Msg::Batch(batch(2, 10))),
+            msg(hb()),
+            msg(Msg::Batch(batch(3, 10))),
+        ])
+        .chain(stream::pending());
+        let mut backlog = vec![batch(1, 10)];
+        assert!(gather_backlog(&mut s, &mut backlog, 1 << 20).is_none());
+        assert_eq!(throughs(&backlog), [1, 2, 3]);
+
+        // The byte bound leaves the rest on the stream.
+        let mut s = stream::iter([msg(Msg::Batch(batch(2, 10))), msg(Msg::Batch(batch(3, 10)))]);
+        let mut backlog = vec![batch(1, 10)];
+        assert!(gather_backlog(&mut s, &mut backlog, 15).is_none());
+        assert_eq!(throughs(&backlog), [1, 2]);
+        let next = s.next().now_or_never().flatten().and_then(Result::ok);
+        assert!(
+            matches!(next, Some(pb::SenderMessage { msg: Some(Msg::Batch(b)) }) if b.through_lsn == 3)
+        );
+
+        // Anything else, or the end of the stream, is handed back after the batches.
+        let hello = Msg::Hello(pb::Hello::default());
+        let mut s = stream::iter([
+            msg(Msg::Batch(batch(2, 10))),
+            msg(hello),
+            msg(Msg::Batch(batch(3, 10))),
+        ]);
+        let mut backlog = vec![batch(1, 10)];
+        let carried = gather_backlog(&mut s, &mut backlog, 1 << 20);
+        assert!(matches!(
+            carried,
+            Some(Ok(Some(pb::SenderMessage {
+                msg: Some(Msg::Hello(_))
+            })))
+        ));
+        assert_eq!(throughs(&backlog), [1, 2]);
+
+        let mut s = stream::iter([msg(Msg::Batch(batch(2, 10)))]);
+        let mut backlog = vec![batch(1, 10)];
+        assert!(matches!(
+            gather_backlog(&mut s, &mut backlog, 1 << 20),
+            Some(Ok(None))
+        ));
+        assert_eq!(throughs(&backlog), [1, 2]);
     }
 }
