@@ -1,42 +1,205 @@
-//! End-to-end: `hawser demo --exit-after`, the README's first command, prints a JSON
-//! summary and leaves nothing running or listening.
+//! End-to-end: `hawser demo --exit-after`, the README's first command, on real
+//! processes. It starts three nodes, forms the Raft cluster, creates the replication
+//! scheme, writes, and prints one JSON summary; the test checks that summary against
+//! what the demo promises — three nodes with a leader, the scheme's streams, every
+//! table's copies equal to the master's, the workload's commits, a compressed stream
+//! that saves bytes — and that nothing it started is still listening afterwards.
 
 mod common;
 
-use std::process::Command;
+use std::path::Path;
+use std::process::{Command, ExitStatus, Stdio};
+use std::time::Duration;
 
-use common::{hawser_bin, stderr, stdout};
+use common::{hawser_bin, poll_until};
+use serde_json::Value;
+
+/// The whole demo: three node starts, Raft, the scheme, the workload, catch-up, stop.
+const DEMO_TIMEOUT: Duration = Duration::from_secs(180);
+
+/// Runs `hawser demo ARGS` with a deadline; returns its exit status, stdout and stderr.
+/// At the deadline the demo gets SIGTERM (so it stops its nodes), then SIGKILL.
+fn demo(args: &[&str], out_dir: &Path) -> (ExitStatus, String, String) {
+    let (out, err) = (out_dir.join("stdout"), out_dir.join("stderr"));
+    let mut child = Command::new(hawser_bin())
+        .arg("demo")
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(&out).unwrap())
+        .stderr(std::fs::File::create(&err).unwrap())
+        .spawn()
+        .expect("spawn hawser demo");
+    let status = poll_until(DEMO_TIMEOUT, || child.try_wait().ok().flatten());
+    let status = status.unwrap_or_else(|| {
+        let _ = Command::new("kill").arg(child.id().to_string()).status();
+        let stopped = poll_until(Duration::from_secs(30), || child.try_wait().ok().flatten());
+        if stopped.is_none() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        panic!(
+            "hawser demo did not finish within {DEMO_TIMEOUT:?}; stderr:\n{}",
+            std::fs::read_to_string(&err).unwrap_or_default()
+        )
+    });
+    (
+        status,
+        std::fs::read_to_string(&out).unwrap(),
+        std::fs::read_to_string(&err).unwrap(),
+    )
+}
+
+fn names(list: &Value, key: &str) -> Vec<String> {
+    list.as_array()
+        .expect("a list")
+        .iter()
+        .map(|v| v[key].as_str().expect("a name").to_string())
+        .collect()
+}
 
 #[test]
-fn demo_exit_after_prints_a_summary_and_stops_its_node() {
+fn demo_exit_after_forms_three_nodes_replicates_with_matching_checksums_and_stops_them() {
     let dir = tempfile::tempdir().unwrap();
-    let out = Command::new(hawser_bin())
-        .args(["demo", "--exit-after", "--writes", "400", "--data"])
-        .arg(dir.path())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "stdout:\n{}\nstderr:\n{}",
-        stdout(&out),
-        stderr(&out)
+    let data = dir.path().join("data");
+    let (status, stdout, stderr) = demo(
+        &[
+            "--exit-after",
+            "--writes",
+            "300",
+            "--data",
+            data.to_str().unwrap(),
+        ],
+        dir.path(),
     );
-    let summary: serde_json::Value =
-        serde_json::from_str(stdout(&out).trim()).expect("one JSON object on stdout");
-    assert_eq!(summary["accounts"], 3, "{summary}");
-    assert_eq!(summary["events"], 400, "{summary}");
-    assert_eq!(summary["workload"]["commits"], 400, "{summary}");
+    assert!(status.success(), "stdout:\n{stdout}\nstderr:\n{stderr}");
+    let summary: Value = serde_json::from_str(stdout.trim()).expect("one JSON object on stdout");
+
+    // Three nodes, one Raft leader among them, each with its addresses.
+    let nodes = &summary["nodes"];
+    assert_eq!(names(nodes, "name"), ["ds1", "ds2", "ds3"], "{summary}");
+    let leaders: Vec<&Value> = nodes
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|n| n["raft_role"] == "leader")
+        .collect();
+    assert_eq!(leaders.len(), 1, "one leader: {nodes}");
+    assert_eq!(summary["leader"], leaders[0]["name"], "{summary}");
+
+    // The scheme: a master, a TWOSAFE subscriber, a propagator, a compressing store.
+    let elements = &summary["scheme"]["elements"];
+    assert_eq!(
+        names(elements, "element"),
+        ["accounts", "events", "events_relay"]
+    );
+    assert_eq!(elements[0]["owner_role"], "MASTER");
+    assert_eq!(
+        elements[0]["subscribers"][0]["return_service"],
+        "RETURN TWOSAFE"
+    );
+    assert_eq!(elements[2]["owner_role"], "PROPAGATOR");
+
+    // Every stream the scheme asks for exists and streams.
+    let streams = summary["streams"].as_array().expect("streams");
+    let links: Vec<(&str, &str)> = streams
+        .iter()
+        .map(|s| {
+            (
+                s["sender"].as_str().unwrap(),
+                s["receiver"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    for want in [("ds1", "ds2"), ("ds1", "ds3"), ("ds2", "ds3")] {
+        assert!(links.contains(&want), "no stream {want:?} in {links:?}");
+    }
+    for s in streams {
+        assert_eq!(s["state"], "streaming", "{s}");
+    }
+    // The compressed stream sends fewer bytes than it encodes; the others do not compress.
+    let compressed: Vec<&Value> = streams.iter().filter(|s| s["compressed"] == true).collect();
+    assert_eq!(compressed.len(), 1, "{streams:?}");
+    let (raw, wire) = (
+        compressed[0]["raw_bytes"].as_u64().unwrap(),
+        compressed[0]["wire_bytes"].as_u64().unwrap(),
+    );
+    assert!(raw > 0 && wire < raw, "raw {raw}, wire {wire}");
+    for s in streams.iter().filter(|s| s["compressed"] == false) {
+        assert_eq!(s["raw_bytes"], s["wire_bytes"], "{s}");
+    }
+
+    // Every table's copies equal the master's: check the numbers, not only the verdict.
+    assert_eq!(summary["caught_up"], true, "{summary}");
+    let checksums = summary["checksums"].as_array().expect("checksums");
+    assert_eq!(
+        names(&summary["checksums"], "table"),
+        ["accounts", "events"]
+    );
+    for t in checksums {
+        assert_eq!(names(&t["nodes"], "node"), ["ds1", "ds2", "ds3"], "{t}");
+        let copies = t["nodes"].as_array().unwrap();
+        for c in copies {
+            assert_eq!(
+                (&c["rows"], &c["crc32"]),
+                (&copies[0]["rows"], &copies[0]["crc32"]),
+                "{t}"
+            );
+        }
+        assert_eq!(t["match"], true, "{t}");
+    }
+    assert_eq!(checksums[0]["nodes"][0]["rows"], 3);
+    assert_eq!(checksums[1]["nodes"][0]["rows"], 300);
+    assert_eq!(summary["all_match"], true);
+    assert_eq!(summary["workload"]["commits"], 300, "{summary}");
+
+    // Return services: the master's counters when its node reports them, else null.
+    let returns = &summary["returns"];
     assert!(
-        summary["store"]["commits"].as_u64().unwrap() >= 400,
-        "{summary}"
+        returns.is_null() || returns["acknowledged"].is_u64(),
+        "{returns}"
     );
 
-    // The node it started is gone: its gRPC port no longer accepts connections.
-    let grpc = summary["node"]["grpc"].as_str().expect("node address");
-    assert!(
-        std::net::TcpStream::connect(grpc).is_err(),
-        "the demo node at {grpc} is still listening"
+    // The readable summary went to stderr, with its verdict per table.
+    for section in [
+        "CLUSTER",
+        "SCHEME bank",
+        "STREAMS",
+        "RETURN SERVICES",
+        "CHECKSUMS",
+    ] {
+        assert!(stderr.contains(section), "no {section} in:\n{stderr}");
+    }
+    assert_eq!(stderr.matches("| match").count(), 2, "{stderr}");
+
+    // Nothing the demo started still listens.
+    for n in nodes.as_array().unwrap() {
+        for key in ["grpc", "http"] {
+            let addr = n[key].as_str().expect("an address");
+            assert!(
+                std::net::TcpStream::connect(addr).is_err(),
+                "{} {key} at {addr} still accepts connections",
+                n["name"]
+            );
+        }
+    }
+    // --data keeps every node's database and log.
+    for name in ["ds1", "ds2", "ds3"] {
+        assert!(data.join(name).join("identity.toml").exists(), "{name}");
+        assert!(data.join(format!("{name}.log")).exists(), "{name}");
+    }
+}
+
+#[test]
+fn demo_refuses_a_data_directory_in_use_and_starts_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    std::fs::create_dir_all(data.join("ds1")).unwrap();
+    let (status, stdout, stderr) = demo(
+        &["--exit-after", "--data", data.to_str().unwrap()],
+        dir.path(),
     );
-    // --data keeps the demo's database for a second look.
-    assert!(dir.path().join("demo").join("identity.toml").exists());
+    assert!(!status.success());
+    assert!(stdout.is_empty(), "{stdout}");
+    assert!(stderr.contains("not empty"), "{stderr}");
+    assert!(!data.join("ds1.log").exists());
 }

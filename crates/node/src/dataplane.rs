@@ -263,7 +263,8 @@ fn wanted_links(state: &ClusterState, db: &Database, store: &Ident) -> (Wanted, 
 
 /// The outbound and inbound streams of this node as JSON (HTTP `/replication`):
 /// per stream its state, acknowledged high-water marks per origin node, and raw and
-/// wire byte counters.
+/// wire byte counters; per inbound stream also transactions and row changes received
+/// against rows written, and applies compiled (RTL net rows) against in log order.
 pub(crate) fn streams_json(senders: &Senders, receiver: &ReceiverService) -> serde_json::Value {
     let marks = |m: &BTreeMap<NodeId, u64>| {
         m.iter()
@@ -312,8 +313,16 @@ pub(crate) fn streams_json(senders: &Senders, receiver: &ReceiverService) -> ser
                 "connected": s.connected,
                 "refused": s.refused,
                 "millis_since_contact": s.last_contact.map(|t| t.elapsed().as_millis() as u64),
+                "millis_since_connect": s.connected_since.map(|t| t.elapsed().as_millis() as u64),
                 "through_lsn": s.through_lsn,
+                "batches": s.batches,
                 "transactions": s.transactions,
+                "transactions_skipped": s.transactions_skipped,
+                "row_changes": s.row_changes,
+                "rows_written": s.rows_written,
+                "rows_written_compiled": s.rows_written_compiled,
+                "runs_compiled": s.runs_compiled,
+                "runs_in_order": s.runs_in_order,
                 "raw_bytes": s.raw_bytes,
                 "wire_bytes": s.wire_bytes,
             })

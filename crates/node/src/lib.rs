@@ -255,7 +255,7 @@ pub async fn run(
     let (epochs, epochs_rx) = tokio::sync::watch::channel(std::collections::BTreeMap::new());
     let receiver = hawser_stream::ReceiverService::new(
         db.clone(),
-        hawser_stream::ReceiverConfig::new(store.clone()),
+        config.receiver_config(store.clone()),
         epochs_rx,
         tasks.clone(),
         node_shutdown.clone(),

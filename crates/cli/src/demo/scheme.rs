@@ -1,0 +1,234 @@
+//! The demo's data and replication scheme, and what the summary reads out of a scheme.
+//!
+//! The scheme, in the TimesTen language, gives each of the three nodes a different
+//! part:
+//!
+//! ```text
+//!                 accounts, events (RETURN TWOSAFE)
+//!        ds1 ─────────────────────────────────────► ds2
+//!     (MASTER)                                  (SUBSCRIBER of ds1,
+//!         │                                      PROPAGATOR of events)
+//!         │ accounts (asynchronous)                  │ events (asynchronous,
+//!         └──────────────────► ds3 ◄─────────────────┘  COMPRESS TRAFFIC ON)
+//! ```
+//!
+//! The compressed link is the one the bulk of the workload takes to ds3; the direct
+//! links stay uncompressed, so the summary shows the saving next to a stream without
+//! one. The roles, links and table holders shown by the summary are read from the
+//! cluster's effective scheme (parsed back from `SHOW`-style DDL), not from the text
+//! below, so they show what Raft holds.
+
+use std::collections::BTreeMap;
+
+use hawser_scheme::ast::{ElementKind, OwnerRole, ReturnService, Scheme, StoreName};
+use hawser_scheme::print;
+use hawser_scheme::route::StoreSettings;
+use serde::Serialize;
+
+/// The three nodes, in the order they start; the first is every element's master.
+pub(crate) const NODES: [&str; 3] = ["ds1", "ds2", "ds3"];
+
+/// The tables, created on every node: DDL of TABLE elements is not replicated.
+pub(crate) const TABLES: &str = "
+create table accounts (
+    id       integer primary key,
+    owner    varchar(40) not null,
+    balance  decimal(12,2) not null,
+    opened   date
+);
+create table events (k bigint primary key, payload varchar(200));
+";
+
+/// Example rows, written on the master only (replication brings them to the others).
+pub(crate) const SEED: &str = "
+create sequence account_ids start with 1000 increment by 1;
+insert into accounts values
+    (account_ids.nextval, 'Ada',    100.00, date '2026-01-05'),
+    (account_ids.nextval, 'Brian',  250.50, date '2026-02-11'),
+    (account_ids.nextval, 'Chen',    75.25, null);
+";
+
+/// One multi-statement transaction on the master.
+pub(crate) const TRANSFER: &str = "
+begin;
+update accounts set balance = balance - 25 where owner = 'Brian';
+update accounts set balance = balance + 25 where owner = 'Ada';
+commit;
+";
+
+/// The table the write workload fills.
+pub(crate) const WORKLOAD_TABLE: &str = "events";
+
+/// The replication scheme (checked by `hawser scheme check`; a unit test below keeps it
+/// valid).
+pub(crate) const SCHEME: &str = "CREATE REPLICATION bank
+ELEMENT accounts TABLE accounts
+  MASTER ds1
+  SUBSCRIBER ds2 RETURN TWOSAFE
+  SUBSCRIBER ds3
+ELEMENT events TABLE events
+  MASTER ds1
+  SUBSCRIBER ds2 RETURN TWOSAFE
+ELEMENT events_relay TABLE events
+  PROPAGATOR ds2
+  SUBSCRIBER ds3
+STORE ds1 RETURN WAIT TIME 5 DISABLE RETURN SUBSCRIBER 3 RESUME RETURN 100
+STORE ds2 COMPRESS TRAFFIC ON
+STORE ds3 TABLE DEFINITION CHECKING EXACT";
+
+/// One element as the summary shows it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub(crate) struct ElementRoles {
+    pub(crate) element: String,
+    /// DATASTORE, TABLE or SEQUENCE.
+    pub(crate) kind: String,
+    /// The table or sequence; `*` for a DATASTORE element.
+    pub(crate) object: String,
+    /// MASTER or PROPAGATOR.
+    pub(crate) owner_role: String,
+    pub(crate) owner: String,
+    pub(crate) subscribers: Vec<SubscriberRole>,
+}
+
+/// One subscriber of an element and its return service.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub(crate) struct SubscriberRole {
+    pub(crate) store: String,
+    /// `RETURN TWOSAFE`, `RETURN RECEIPT`, ... or `NO RETURN` (asynchronous).
+    pub(crate) return_service: String,
+}
+
+fn store_name(name: &StoreName) -> String {
+    name.to_string()
+}
+
+/// Every element's owner and subscribers.
+pub(crate) fn roles(scheme: &Scheme) -> Vec<ElementRoles> {
+    scheme
+        .elements
+        .iter()
+        .map(|el| ElementRoles {
+            element: el.name.to_string(),
+            kind: el.kind.keyword().to_string(),
+            object: match &el.kind {
+                ElementKind::Datastore => "*".to_string(),
+                ElementKind::Table { table, .. } => print::qual_name(table),
+                ElementKind::Sequence { sequence, .. } => print::qual_name(sequence),
+            },
+            owner_role: match el.owner_role {
+                OwnerRole::Master => "MASTER",
+                OwnerRole::Propagator => "PROPAGATOR",
+            }
+            .to_string(),
+            owner: store_name(&el.owner.name),
+            subscribers: el
+                .subscribers
+                .iter()
+                .flat_map(|clause| {
+                    let rs = clause.return_service.unwrap_or(ReturnService::NoReturn);
+                    clause.stores.iter().map(move |s| SubscriberRole {
+                        store: store_name(&s.name),
+                        return_service: print::return_service(&rs).to_string(),
+                    })
+                })
+                .collect(),
+        })
+        .collect()
+}
+
+/// The STORE clauses, one line each (`ds2: COMPRESS TRAFFIC ON`).
+pub(crate) fn store_lines(scheme: &Scheme) -> Vec<String> {
+    scheme
+        .stores
+        .iter()
+        .map(|c| {
+            let attrs: Vec<String> = c
+                .attributes
+                .iter()
+                .map(|a| print::store_attr(&a.attr))
+                .collect();
+            format!("{}: {}", print::store_ref(&c.store), attrs.join(", "))
+        })
+        .collect()
+}
+
+/// The (sender, receiver) pairs the scheme streams over, in the order written.
+pub(crate) fn links(scheme: &Scheme) -> Vec<(String, String)> {
+    let mut out: Vec<(String, String)> = Vec::new();
+    for el in &scheme.elements {
+        let sender = store_name(&el.owner.name);
+        for s in el.subscriber_stores() {
+            let pair = (sender.clone(), store_name(&s.name));
+            if !out.contains(&pair) {
+                out.push(pair);
+            }
+        }
+    }
+    out
+}
+
+/// Whether `sender`'s STORE clause turns COMPRESS TRAFFIC on (what it sends).
+pub(crate) fn compressed(scheme: &Scheme, sender: &str) -> bool {
+    StoreSettings::of(scheme, &hawser_core::Ident::unquoted(sender)).compress_traffic
+}
+
+/// The tables of TABLE elements and the stores that hold a copy (owners and
+/// subscribers), master first.
+pub(crate) fn table_holders(scheme: &Scheme) -> BTreeMap<String, Vec<String>> {
+    let mut out: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for el in &scheme.elements {
+        let ElementKind::Table { table, .. } = &el.kind else {
+            continue;
+        };
+        let holders = out.entry(print::qual_name(table)).or_default();
+        let stores = std::iter::once(&el.owner).chain(el.subscriber_stores());
+        for s in stores {
+            let name = store_name(&s.name);
+            if !holders.contains(&name) {
+                holders.push(name);
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn demo_scheme() -> Scheme {
+        let report = hawser_scheme::check_source("demo", SCHEME);
+        assert!(report.is_ok(), "{:?}", report.diagnostics);
+        match hawser_scheme::parse(SCHEME).expect("parses").remove(0) {
+            hawser_scheme::Statement::Create(s) => s,
+            other => panic!("not a CREATE REPLICATION: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn the_demo_scheme_is_valid_and_names_the_three_nodes() {
+        let scheme = demo_scheme();
+        assert_eq!(
+            links(&scheme),
+            [("ds1", "ds2"), ("ds1", "ds3"), ("ds2", "ds3")].map(|(a, b)| (a.into(), b.into()))
+        );
+        assert!(compressed(&scheme, "ds2"));
+        assert!(!compressed(&scheme, "ds1"));
+        let holders = table_holders(&scheme);
+        assert_eq!(holders["accounts"], ["ds1", "ds2", "ds3"]);
+        assert_eq!(holders["events"], ["ds1", "ds2", "ds3"]);
+    }
+
+    #[test]
+    fn roles_show_owners_and_return_services() {
+        let roles = roles(&demo_scheme());
+        assert_eq!(roles.len(), 3);
+        assert_eq!(roles[0].owner_role, "MASTER");
+        assert_eq!(roles[0].subscribers[0].return_service, "RETURN TWOSAFE");
+        assert_eq!(roles[0].subscribers[1].return_service, "NO RETURN");
+        assert_eq!(roles[2].owner_role, "PROPAGATOR");
+        assert_eq!(roles[2].owner, "ds2");
+        let stores = store_lines(&demo_scheme());
+        assert_eq!(stores[1], "ds2: COMPRESS TRAFFIC ON");
+    }
+}
