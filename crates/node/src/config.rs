@@ -8,6 +8,8 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use hawser_core::Ident;
+use hawser_stream::{CompilePolicy, ReceiverConfig};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
@@ -50,6 +52,14 @@ pub struct NodeConfig {
     /// Raft log entries kept behind the last snapshot (followers slightly behind catch
     /// up from them; 0 purges the log at every snapshot).
     pub raft_log_keep: u64,
+    /// Whether this node's receiver compiles a backlog of received transactions into
+    /// RTL net row operations (`false`: always apply in log order).
+    pub compile: bool,
+    /// A receiver's backlog (the batch read plus those queued behind it) of at least
+    /// this many transactions is compiled.
+    pub compile_threshold_txns: u64,
+    /// A receiver's backlog of at least this many bytes (uncompressed) is compiled.
+    pub compile_threshold_bytes: u64,
 }
 
 impl Default for NodeConfig {
@@ -69,6 +79,9 @@ impl Default for NodeConfig {
             raft_election_max: Duration::from_millis(600),
             raft_snapshot_every: 1000,
             raft_log_keep: 1000,
+            compile: true,
+            compile_threshold_txns: CompilePolicy::DEFAULT_MIN_TRANSACTIONS,
+            compile_threshold_bytes: CompilePolicy::DEFAULT_MIN_BYTES,
         }
     }
 }
@@ -154,7 +167,25 @@ impl NodeConfig {
         if self.raft_snapshot_every == 0 {
             return Err(ConfigError("raft_snapshot_every must be at least 1".into()));
         }
+        if self.compile_threshold_txns == 0 || self.compile_threshold_bytes == 0 {
+            return Err(ConfigError(
+                "compile_threshold_txns and compile_threshold_bytes must be at least 1 \
+                 (1 compiles every batch; set compile = false to never compile)"
+                    .into(),
+            ));
+        }
         Ok(())
+    }
+
+    /// The receiver settings of this node, whose store is `store`.
+    pub fn receiver_config(&self, store: Ident) -> ReceiverConfig {
+        let mut c = ReceiverConfig::new(store);
+        c.compile = CompilePolicy {
+            enabled: self.compile,
+            min_transactions: self.compile_threshold_txns,
+            min_bytes: self.compile_threshold_bytes,
+        };
+        c
     }
 
     /// The host part of the advertised address, or of the bound one.
@@ -245,5 +276,33 @@ mod tests {
         assert_eq!(c.join, ["a:1", "b:2"]);
         assert_eq!(c.raft_heartbeat, Duration::from_millis(50));
         assert_eq!(c.raft_snapshot_every, 3);
+    }
+
+    #[test]
+    fn compilation_settings_reach_the_receiver_and_zero_thresholds_are_refused() {
+        let c = NodeConfig::from_toml(
+            "compile = false\ncompile_threshold_txns = 500\ncompile_threshold_bytes = 4096\n",
+        )
+        .unwrap();
+        let r = c.receiver_config(Ident::unquoted("ds1"));
+        assert_eq!(
+            r.compile,
+            CompilePolicy {
+                enabled: false,
+                min_transactions: 500,
+                min_bytes: 4096
+            }
+        );
+        assert_eq!(
+            NodeConfig::default()
+                .receiver_config(Ident::unquoted("ds1"))
+                .compile,
+            CompilePolicy::default()
+        );
+        let zero = NodeConfig {
+            compile_threshold_bytes: 0,
+            ..NodeConfig::default()
+        };
+        assert!(zero.validate().unwrap_err().0.contains("compile = false"));
     }
 }
