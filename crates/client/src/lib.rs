@@ -145,7 +145,22 @@ pub struct WriteOutcome {
     pub seq: u64,
     pub lsn: u64,
     pub durable: bool,
+    /// `TT8170` when a return service did not acknowledge in time.
     pub warnings: Vec<Warning>,
+    /// How the return service ended: `none`, `acknowledged`, `timed_out`, `disabled`.
+    pub return_outcome: String,
+}
+
+/// Return-service options of one write (what `CALL ttRepSyncSet` sets in SQL).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CommitOptions {
+    /// Ask for the RETURN RECEIPT / TWOSAFE BY REQUEST services.
+    pub request_return: bool,
+    /// Seconds to wait (0 = do not wait, -1 = until acknowledged); `None` = the
+    /// scheme's RETURN WAIT TIME.
+    pub return_wait_seconds: Option<i64>,
+    /// 1 = NO ACTION, 2 = COMMIT; `None` = the scheme's LOCAL COMMIT ACTION.
+    pub local_action: Option<i64>,
 }
 
 /// A connection to one hawser node.
@@ -229,8 +244,17 @@ impl Client {
         })
     }
 
-    /// Applies `ops` as one transaction.
+    /// Applies `ops` as one transaction, with the scheme's return services.
     pub async fn write(&mut self, ops: Vec<RowOp>) -> Result<WriteOutcome, ClientError> {
+        self.write_with(ops, None).await
+    }
+
+    /// Applies `ops` as one transaction with return-service options.
+    pub async fn write_with(
+        &mut self,
+        ops: Vec<RowOp>,
+        commit: Option<CommitOptions>,
+    ) -> Result<WriteOutcome, ClientError> {
         let ops = ops
             .into_iter()
             .map(|op| {
@@ -253,7 +277,14 @@ impl Client {
             .collect();
         let resp = self
             .client
-            .write(self.request(v1::WriteRequest { ops }))
+            .write(self.request(v1::WriteRequest {
+                ops,
+                commit: commit.map(|c| v1::CommitOptions {
+                    request_return: c.request_return,
+                    return_wait_seconds: c.return_wait_seconds,
+                    local_action: c.local_action,
+                }),
+            }))
             .await?
             .into_inner();
         Ok(WriteOutcome {
@@ -262,6 +293,7 @@ impl Client {
             lsn: resp.lsn,
             durable: resp.durable,
             warnings: resp.warnings,
+            return_outcome: resp.return_outcome,
         })
     }
 

@@ -28,15 +28,20 @@ use std::time::Duration;
 
 use hawser_control::{ClusterState, ControlPlane};
 use hawser_core::{Epoch, Ident, NodeId, QualName};
-use hawser_scheme::route::{SequenceInfo, StoreCatalog};
+use hawser_scheme::ast::ReturnService;
+use hawser_scheme::route::{Link, SequenceInfo, StoreCatalog};
 use hawser_scheme::Topology;
+use hawser_sql::{BoxFuture, ReplicationError};
 use hawser_store::Database;
+use hawser_stream::returns::{ReturnLevel, ReturnRoutes, ReturnSettings, ReturnWait};
 use hawser_stream::{LinkConfig, ReceiverService, SenderHandle, SenderState, StreamSender};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tonic::transport::Endpoint;
 use tracing::{info, warn};
+
+use crate::returns::{Returns, SubscriberWait};
 
 /// How often the plan is recomputed when the cluster state does not change.
 const REPLAN_EVERY: Duration = Duration::from_secs(1);
@@ -67,6 +72,8 @@ type Wanted = BTreeMap<(QualName, Ident), (LinkConfig, String)>;
 
 /// What [`run`] needs.
 pub(crate) struct DataPlaneTask {
+    /// Given the return-service routes at each re-plan; fed acks by a watcher per sender.
+    pub(crate) returns: Arc<Returns>,
     pub(crate) plane: ControlPlane,
     pub(crate) db: Database,
     pub(crate) store: Ident,
@@ -89,7 +96,7 @@ pub(crate) async fn run(task: DataPlaneTask) {
         task.epochs.send_if_modified(|current| {
             replace_if_changed(current, subscribed(&state, &task.store))
         });
-        let (wanted, now) = wanted_links(&state, &task.db, &task.store);
+        let (wanted, now) = wanted_links(&state, &task.db, &task.store, &task.returns);
         // Each problem is logged once, when it appears, not at every re-plan.
         for p in now.difference(&problems) {
             warn!("{p}");
@@ -149,6 +156,11 @@ fn reconcile(
             &task.tracker,
             stop.clone(),
         );
+        let returns = task.returns.clone();
+        let watched = handle.clone();
+        let subscriber = key.1.clone();
+        task.tracker
+            .spawn(async move { returns.watch_acks(subscriber, watched).await });
         running.insert(
             key,
             Running {
@@ -188,8 +200,15 @@ fn subscribed(state: &ClusterState, store: &Ident) -> BTreeMap<Ident, Epoch> {
 }
 
 /// The links `store` sends, with the receiver's gRPC address, by (scheme, receiver);
-/// and why some links cannot be streamed now.
-fn wanted_links(state: &ClusterState, db: &Database, store: &Ident) -> (Wanted, BTreeSet<String>) {
+/// and why some links cannot be streamed now. Also gives `returns` the routes of this
+/// store's return services and the database the tables it receives (refused to
+/// client writes).
+fn wanted_links(
+    state: &ClusterState,
+    db: &Database,
+    store: &Ident,
+    returns: &Returns,
+) -> (Wanted, BTreeSet<String>) {
     let catalog = StoreCatalog {
         tables: db.tables().iter().map(|t| (**t).clone()).collect(),
         sequences: db
@@ -212,6 +231,8 @@ fn wanted_links(state: &ClusterState, db: &Database, store: &Ident) -> (Wanted, 
     };
     let mut out = BTreeMap::new();
     let mut problems = BTreeSet::new();
+    let mut all_links = Vec::new();
+    let mut received: Vec<(QualName, String)> = Vec::new();
     for (name, s) in &state.schemes {
         let plan = match hawser_scheme::plan(&s.scheme, &topology) {
             Ok(p) => p,
@@ -236,6 +257,19 @@ fn wanted_links(state: &ClusterState, db: &Database, store: &Ident) -> (Wanted, 
             .filter(|e| matches!(e.kind, hawser_scheme::ast::ElementKind::Datastore))
             .map(|e| &e.name)
             .collect();
+        for link in plan.links.iter().filter(|l| &l.receiver == store) {
+            for t in link.tables.iter().filter(|t| &t.origin != store) {
+                received.push((
+                    t.table.clone(),
+                    format!(
+                        "{store} receives it from master {} (scheme {name}, element {}); \
+                         write it on {}",
+                        t.origin, t.element, t.origin
+                    ),
+                ));
+            }
+        }
+        all_links.extend(plan.links.iter().filter(|l| &l.sender == store).cloned());
         for link in plan.links.iter().filter(|l| &l.sender == store) {
             if link.tables.is_empty() {
                 continue;
@@ -258,7 +292,104 @@ fn wanted_links(state: &ClusterState, db: &Database, store: &Ident) -> (Wanted, 
             out.insert((name.clone(), link.receiver.clone()), (config, addr));
         }
     }
+    set_returns(returns, store, &all_links);
+    // A table this store also masters (bidirectional, general workload) stays writable.
+    let mastered: BTreeSet<&QualName> = all_links
+        .iter()
+        .flat_map(|l| l.tables.iter())
+        .filter(|t| &t.origin == store)
+        .map(|t| &t.table)
+        .collect();
+    let mut refusals = std::collections::HashMap::new();
+    for (table, reason) in received {
+        if !mastered.contains(&table) {
+            refusals.entry(table).or_insert(reason);
+        }
+    }
+    db.set_write_refusals(refusals);
     (out, problems)
+}
+
+/// Gives the return services the routes of the links this store sends and the
+/// master's STORE settings (the first scheme's that names any).
+fn set_returns(returns: &Returns, store: &Ident, links: &[Link]) {
+    let routes = ReturnRoutes::from_links(store, links.iter());
+    let mut subscribers: BTreeMap<Ident, ReturnLevel> = BTreeMap::new();
+    let mut settings = None;
+    for link in links {
+        for t in link.tables.iter().filter(|t| &t.origin == store) {
+            let level = match t.return_service {
+                ReturnService::NoReturn => continue,
+                ReturnService::Receipt { .. } => ReturnLevel::Receipt,
+                ReturnService::Twosafe { .. } => ReturnLevel::Twosafe,
+            };
+            let e = subscribers.entry(link.receiver.clone()).or_insert(level);
+            *e = (*e).max(level);
+            settings.get_or_insert_with(|| ReturnSettings::from_store(&link.sender_settings));
+        }
+    }
+    returns.set_plan(routes, subscribers, settings.unwrap_or_default());
+}
+
+/// `ttRepSubscriberWait` over this node's senders: everything committed before the
+/// call acknowledged by the named subscribers.
+pub(crate) struct SenderWaits {
+    pub(crate) senders: Senders,
+    pub(crate) db: Database,
+}
+
+impl SubscriberWait for SenderWaits {
+    fn wait<'a>(
+        &'a self,
+        scheme: Option<String>,
+        subscriber: Option<String>,
+        wait: ReturnWait,
+    ) -> BoxFuture<'a, Result<bool, ReplicationError>> {
+        Box::pin(async move {
+            let target = self.db.last_lsn();
+            let scheme = scheme.map(|s| QualName::parse_unquoted(&s));
+            let subscriber = subscriber.map(|s| Ident::unquoted(&s));
+            let handles: Vec<SenderHandle> = self
+                .senders
+                .lock()
+                .iter()
+                .filter(|((sc, rcv), _)| {
+                    scheme.as_ref().is_none_or(|s| s == sc)
+                        && subscriber.as_ref().is_none_or(|s| s == rcv)
+                })
+                .map(|(_, h)| h.clone())
+                .collect();
+            if handles.is_empty() {
+                return Err(ReplicationError {
+                    code: "42704".into(),
+                    message: format!(
+                        "ttRepSubscriberWait: this node sends to no subscriber{}{}",
+                        subscriber.map(|s| format!(" {s}")).unwrap_or_default(),
+                        scheme
+                            .map(|s| format!(" in scheme {s}"))
+                            .unwrap_or_default()
+                    ),
+                });
+            }
+            let all = async {
+                for h in handles {
+                    let mut status = h.status();
+                    // A closed watch means the sender stopped: it cannot catch up.
+                    if status.wait_for(|s| s.acked_lsn >= target).await.is_err() {
+                        return false;
+                    }
+                }
+                true
+            };
+            Ok(match wait {
+                ReturnWait::NoWait => {
+                    tokio::time::timeout(std::time::Duration::ZERO, all).await == Ok(true)
+                }
+                ReturnWait::For(d) => tokio::time::timeout(d, all).await == Ok(true),
+                ReturnWait::Forever => all.await,
+            })
+        })
+    }
 }
 
 /// The outbound and inbound streams of this node as JSON (HTTP `/replication`):

@@ -140,6 +140,30 @@ impl Services {
     }
 }
 
+/// A write's commit options as a session's `ttRepSyncSet` settings.
+fn commit_options(c: &v1::CommitOptions) -> Result<hawser_sql::SyncSettings, Status> {
+    if let Some(w) = c.return_wait_seconds {
+        if w < -1 {
+            return Err(bad_request(format!(
+                "commit.return_wait_seconds must be >= 0, or -1 to wait until acknowledged; \
+                 got {w}"
+            )));
+        }
+    }
+    if let Some(a) = c.local_action {
+        if !(1..=2).contains(&a) {
+            return Err(bad_request(format!(
+                "commit.local_action must be 1 (NO ACTION) or 2 (COMMIT), not {a}"
+            )));
+        }
+    }
+    Ok(hawser_sql::SyncSettings {
+        request_return: c.request_return,
+        return_wait_s: c.return_wait_seconds,
+        local_action: c.local_action,
+    })
+}
+
 type SessionStream = Pin<Box<dyn Stream<Item = Result<v1::ExecuteResponse, Status>> + Send>>;
 
 #[tonic::async_trait]
@@ -217,7 +241,12 @@ impl Client for Services {
         &self,
         request: Request<v1::WriteRequest>,
     ) -> Result<Response<v1::WriteResponse>, Status> {
-        let ops = request.into_inner().ops;
+        let request = request.into_inner();
+        let ops = request.ops;
+        let sync = match request.commit {
+            Some(c) => commit_options(&c)?,
+            None => hawser_sql::SyncSettings::default(),
+        };
         if ops.is_empty() {
             return Err(bad_request("a write needs at least one operation".into()));
         }
@@ -255,17 +284,27 @@ impl Client for Services {
                 None => return Err(bad_request(format!("operation {} has no kind set", i + 1))),
             }
         }
-        let info = txn.commit().await.map_err(|e| {
+        let opts = crate::returns::sync_options(&sync);
+        let wait = self.state.returns.wait_for(&opts);
+        let committed = self.state.returns.commit(txn, opts).await.map_err(|e| {
             warn!(error = %e, "typed write failed to commit");
             store_status(&e)
         })?;
-        crate::dataplane::wake_all(&self.state.senders);
+        let info = committed.info;
+        let warnings = crate::returns::outcome_warning(&committed.outcome, wait)
+            .into_iter()
+            .map(|w| v1::Warning {
+                code: w.code,
+                message: w.message,
+            })
+            .collect();
         Ok(Response::new(v1::WriteResponse {
             origin: info.gtid.origin.0,
             seq: info.gtid.seq,
             lsn: info.lsn.0,
             durable: info.durable,
-            warnings: vec![],
+            warnings,
+            return_outcome: crate::returns::outcome_label(&committed.outcome).into(),
         }))
     }
 

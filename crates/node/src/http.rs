@@ -58,9 +58,7 @@ async fn status(State(state): State<Arc<NodeState>>) -> Response {
 }
 
 async fn replication(State(state): State<Arc<NodeState>>) -> Response {
-    axum::Json(crate::dataplane::streams_json(
-        &state.senders,
-        &state.receiver,
-    ))
-    .into_response()
+    let mut json = crate::dataplane::streams_json(&state.senders, &state.receiver);
+    json["returns"] = state.returns.json();
+    axum::Json(json).into_response()
 }

@@ -26,6 +26,7 @@ mod dataplane;
 mod grpc;
 mod http;
 pub mod identity;
+mod returns;
 
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
@@ -90,6 +91,8 @@ pub(crate) struct NodeState {
     pub(crate) senders: dataplane::Senders,
     /// This node's inbound streams.
     pub(crate) receiver: hawser_stream::ReceiverService,
+    /// Commits waiting for subscribers' acknowledgements.
+    pub(crate) returns: Arc<returns::Returns>,
 }
 
 impl NodeState {
@@ -260,8 +263,17 @@ pub async fn run(
         tasks.clone(),
         node_shutdown.clone(),
     );
+    let senders: dataplane::Senders = Default::default();
+    let returns = Arc::new(returns::Returns::new(node_id, senders.clone()));
+    let sql_returns = Arc::new(returns::SqlReturns {
+        returns: returns.clone(),
+        waits: Arc::new(dataplane::SenderWaits {
+            senders: senders.clone(),
+            db: db.clone(),
+        }),
+    });
     let state = Arc::new(NodeState {
-        sql: SqlEngine::with_replication(db.clone(), ddl),
+        sql: SqlEngine::with_replication(db.clone(), ddl).with_return_services(sql_returns),
         plane,
         db,
         node_id,
@@ -274,8 +286,9 @@ pub async fn run(
         grpc_addr,
         http_addr,
         config,
-        senders: Default::default(),
+        senders,
         receiver,
+        returns,
     });
 
     let services = grpc::Services {
@@ -332,7 +345,13 @@ pub async fn run(
     }
 
     // The data plane: senders for the links this store sends, epochs for its receiver.
+    let timer = state.returns.clone();
+    let timer_shutdown = state.shutdown.clone();
+    state
+        .tasks
+        .spawn(async move { timer.run_timer(timer_shutdown).await });
     state.tasks.spawn(dataplane::run(dataplane::DataPlaneTask {
+        returns: state.returns.clone(),
         plane: state.plane.clone(),
         db: state.db.clone(),
         store,

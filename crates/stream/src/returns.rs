@@ -598,6 +598,13 @@ impl ReturnTracker {
         self.subs.get(subscriber).is_some_and(|s| s.disabled)
     }
 
+    /// Consecutive timeouts of `subscriber` since its last acknowledgement in time.
+    pub fn consecutive_timeouts(&self, subscriber: &Ident) -> u32 {
+        self.subs
+            .get(subscriber)
+            .map_or(0, |s| s.consecutive_timeouts)
+    }
+
     /// DURABLE COMMIT ON: commits must be flushed while a return service is disabled.
     pub fn durable_commit_forced(&self) -> bool {
         self.settings.durable_commit == Some(true) && self.subs.values().any(|s| s.disabled)

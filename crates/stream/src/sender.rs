@@ -290,9 +290,17 @@ impl Sender {
         *streamed = true;
         let mut last_contact = Instant::now();
         let mut last_sent = Instant::now();
+        // What the receiver already has is durable and committed there: return
+        // services waiting on it are answered by the Hello exchange alone.
         self.status.send_modify(|s| {
             s.state = SenderState::Streaming;
             s.last_contact = Some(last_contact);
+            for (origin, seq) in &high_water {
+                for marks in [&mut s.acked_durable, &mut s.acked_applied] {
+                    let m = marks.entry(*origin).or_insert(0);
+                    *m = (*m).max(*seq);
+                }
+            }
         });
         info!("streaming");
         let mut cursor = self.acked_lsn.next();

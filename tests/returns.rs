@@ -1,0 +1,298 @@
+//! End-to-end: return services between real hawser processes. n1 masters two tables:
+//! `t` goes to n2 with RETURN TWOSAFE, `u` to n3 with RETURN RECEIPT; n1's STORE clause
+//! sets RETURN WAIT TIME 2, DISABLE RETURN SUBSCRIBER 2 and RESUME RETURN.
+//!
+//! * A TWOSAFE commit returns only once n2 has committed it: n2 has the row the moment
+//!   the master's COMMIT returns, without waiting.
+//! * With n2 killed, a commit to `t` returns after the wait time with warning TT8170
+//!   (SQL and the typed API alike) and stands; n2 catches up when it restarts.
+//! * Subscribers refuse client writes to the tables they receive, naming the master.
+//! * With n3 killed, two timeouts in a row disable n3's return service (commits then
+//!   return at once); once n3 is back and acknowledges quickly, RESUME RETURN turns it
+//!   on again.
+//! * BY REQUEST: `ttRepSyncSet(0x01, ...)` inside the transaction; `ttRepXactStatus`.
+//!
+//! Every wait is bounded and waits on a condition.
+
+mod common;
+
+use std::path::Path;
+use std::time::Duration;
+
+use common::{http_get, stderr, stdout, wait_for, Node};
+use serde_json::Value;
+
+const RAFT: &[&str] = &[
+    "--raft-heartbeat",
+    "50ms",
+    "--raft-election-min",
+    "200ms",
+    "--raft-election-max",
+    "400ms",
+];
+
+const WAIT: Duration = Duration::from_secs(20);
+
+fn start(name: &str, dir: &Path, listen: &str, join: Option<&str>) -> Node {
+    let mut args: Vec<&str> = RAFT.to_vec();
+    if let Some(j) = join {
+        args.extend(["--join", j]);
+    }
+    Node::start_at(name, &dir.join(name), listen, &args)
+}
+
+fn voters(node: &Node) -> usize {
+    node.try_status()
+        .and_then(|s| {
+            s["cluster"]["nodes"]
+                .as_array()
+                .map(|n| n.iter().filter(|n| n["membership"] == "voter").count())
+        })
+        .unwrap_or(0)
+}
+
+/// Runs SQL on `node` as JSON; returns (success, stdout JSON per statement, stderr).
+fn sql(node: &Node, text: &str) -> (bool, Vec<Value>, String) {
+    let out = node.cli(&["sql", "--format", "json", "-e", text]);
+    let results = stdout(&out)
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    (out.status.success(), results, stderr(&out))
+}
+
+fn sql_ok(node: &Node, text: &str) -> (Vec<Value>, String) {
+    let (ok, results, err) = sql(node, text);
+    assert!(ok, "{text} on {}: {err}", node.name);
+    (results, err)
+}
+
+/// Runs replication DDL on `node`, retrying while the cluster has no leader (57P03).
+fn ddl(node: &Node, text: &str) {
+    let out = wait_for("DDL accepted or refused for good", WAIT, || {
+        let out = node.cli(&["sql", "-e", text]);
+        (!stderr(&out).contains("error[57P03]")).then_some(out)
+    });
+    assert!(out.status.success(), "{text}: {}", stderr(&out));
+}
+
+fn count(node: &Node, table: &str) -> Option<i64> {
+    let (ok, results, _) = sql(node, &format!("select count(*) from {table}"));
+    if !ok {
+        return None;
+    }
+    results.first()?["rows"][0][0].as_i64()
+}
+
+/// n1's return-service status (HTTP `/replication`).
+fn returns(node: &Node) -> Value {
+    let (code, body) = http_get(&node.http, "/replication");
+    assert_eq!(code, 200, "{body}");
+    let v: Value = serde_json::from_str(&body).unwrap();
+    v["returns"].clone()
+}
+
+fn subscriber<'a>(returns: &'a Value, name: &str) -> &'a Value {
+    returns["subscribers"]
+        .as_array()
+        .and_then(|s| s.iter().find(|s| s["subscriber"] == name))
+        .unwrap_or(&Value::Null)
+}
+
+/// Warnings of the last statement's result.
+fn warnings(results: &[Value]) -> Vec<String> {
+    results
+        .last()
+        .and_then(|r| r["warnings"].as_array())
+        .map(|w| {
+            w.iter()
+                .map(|w| format!("{}: {}", w["code"].as_str().unwrap_or(""), w["message"]))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[test]
+fn return_services_hold_commits_until_acknowledged_and_fail_over_to_8170() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let n1 = start("n1", d, "127.0.0.1:0", None);
+    let out = n1.cli(&["init"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let mut n2 = start("n2", d, "127.0.0.1:0", Some(&n1.grpc));
+    let mut n3 = start("n3", d, "127.0.0.1:0", Some(&n1.grpc));
+    for n in [&n1, &n2, &n3] {
+        wait_for("three voters", WAIT, || (voters(n) == 3).then_some(()));
+    }
+    for n in [&n1, &n2, &n3] {
+        sql_ok(
+            n,
+            "create table t (k int primary key, v varchar(40)); \
+             create table u (k int primary key, v varchar(40))",
+        );
+    }
+    ddl(
+        &n1,
+        "CREATE REPLICATION r \
+         ELEMENT et TABLE t MASTER n1 SUBSCRIBER n2 RETURN TWOSAFE \
+         ELEMENT eu TABLE u MASTER n1 SUBSCRIBER n3 RETURN RECEIPT \
+         STORE n1 RETURN WAIT TIME 2 DISABLE RETURN SUBSCRIBER 2 RESUME RETURN 2000",
+    );
+    // The senders start when the data plane re-plans; a first commit that waits is
+    // answered once the stream is up.
+    wait_for("both streams streaming", WAIT, || {
+        let (_, body) = http_get(&n1.http, "/replication");
+        let v: Value = serde_json::from_str(&body).ok()?;
+        let out = v["outbound"].as_array()?;
+        (out.len() == 2 && out.iter().all(|s| s["state"] == "streaming")).then_some(())
+    });
+
+    // TWOSAFE: when COMMIT returns, n2 has committed the row: no polling needed.
+    for k in 1..=5 {
+        let (results, _) = sql_ok(&n1, &format!("insert into t values ({k}, 'v{k}')"));
+        assert!(warnings(&results).is_empty(), "{results:?}");
+        assert_eq!(
+            count(&n2, "t"),
+            Some(k),
+            "n2 lacks row {k} after the commit"
+        );
+    }
+    // RECEIPT: the same for n3's durable receipt (its apply is the same write).
+    let (results, _) = sql_ok(&n1, "insert into u values (1, 'a')");
+    assert!(warnings(&results).is_empty(), "{results:?}");
+    assert_eq!(count(&n3, "u"), Some(1));
+    let r = returns(&n1);
+    assert!(r["acknowledged"].as_u64().unwrap() >= 6, "{r}");
+    assert_eq!(r["timed_out"], 0, "{r}");
+    assert_eq!(subscriber(&r, "n2")["level"], "twosafe", "{r}");
+    assert_eq!(subscriber(&r, "n3")["level"], "receipt", "{r}");
+
+    // ttRepXactStatus of the session's last return-service commit: AP at n2.
+    let (results, _) = sql_ok(
+        &n1,
+        "insert into t values (6, 'v6'); call ttRepXactStatus()",
+    );
+    assert_eq!(results[1]["rows"], serde_json::json!([["n2", "AP", null]]));
+
+    // Subscribers refuse client writes to what they receive, naming the master.
+    let (ok, _, err) = sql(&n2, "insert into t values (100, 'x')");
+    assert!(
+        !ok && err.contains("25006") && err.contains("master n1"),
+        "{err}"
+    );
+    let (ok, _, err) = sql(&n3, "update u set v = 'x'");
+    assert!(!ok && err.contains("master n1"), "{err}");
+    // ... but n2 may write u, which it does not receive.
+    sql_ok(&n2, "insert into u values (100, 'local')");
+
+    // n2 killed: a TWOSAFE commit times out after RETURN WAIT TIME with TT8170, and
+    // stands on n1.
+    let n2_grpc = n2.grpc.clone();
+    n2.kill9();
+    drop(n2);
+    let (results, _) = sql_ok(&n1, "insert into t values (7, 'v7')");
+    let w = warnings(&results);
+    assert!(
+        w.len() == 1 && w[0].starts_with("TT8170") && w[0].contains("n2"),
+        "{w:?}"
+    );
+    assert_eq!(count(&n1, "t"), Some(7));
+    let r = returns(&n1);
+    assert!(r["timed_out"].as_u64().unwrap() >= 1, "{r}");
+
+    // n2 back on its data: it catches up, and TWOSAFE commits are acknowledged again.
+    let n2 = start("n2", d, &n2_grpc, Some(&n1.grpc));
+    wait_for("n2 caught up", WAIT, || {
+        (count(&n2, "t") == Some(7)).then_some(())
+    });
+    let (results, _) = sql_ok(&n1, "insert into t values (8, 'v8')");
+    assert!(warnings(&results).is_empty(), "{results:?}");
+    assert_eq!(count(&n2, "t"), Some(8));
+
+    // n3 killed: two timeouts in a row disable its return service; then commits to u
+    // return at once, without a warning.
+    let n3_grpc = n3.grpc.clone();
+    n3.kill9();
+    drop(n3);
+    for k in 2..=3 {
+        let (results, _) = sql_ok(&n1, &format!("insert into u values ({k}, 'b')"));
+        assert!(warnings(&results)[0].starts_with("TT8170"), "{results:?}");
+    }
+    let r = returns(&n1);
+    assert_eq!(subscriber(&r, "n3")["disabled"], true, "{r}");
+    assert_eq!(r["disable_events"], 1, "{r}");
+    let (results, _) = sql_ok(&n1, "insert into u values (4, 'c')");
+    assert!(warnings(&results).is_empty(), "{results:?}");
+    let (results, _) = sql_ok(&n1, "call ttRepSyncSubscriberStatus('n3')");
+    assert_eq!(results[0]["rows"], serde_json::json!([[1]]));
+
+    // n3 back: commits acknowledged within RESUME RETURN turn the service on again.
+    let n3 = start("n3", d, &n3_grpc, Some(&n1.grpc));
+    wait_for("n3 caught up", WAIT, || {
+        (count(&n3, "u") == Some(4)).then_some(())
+    });
+    let mut k = 10;
+    wait_for("n3's return service resumed", WAIT, || {
+        k += 1;
+        sql_ok(&n1, &format!("insert into u values ({k}, 'd')"));
+        (subscriber(&returns(&n1), "n3")["disabled"] == false).then_some(())
+    });
+    assert_eq!(returns(&n1)["resume_events"], 1);
+}
+
+#[test]
+fn by_request_return_services_wait_only_when_asked() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let n1 = start("n1", d, "127.0.0.1:0", None);
+    let out = n1.cli(&["init"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let mut n2 = start("n2", d, "127.0.0.1:0", Some(&n1.grpc));
+    for n in [&n1, &n2] {
+        wait_for("two voters", WAIT, || (voters(n) == 2).then_some(()));
+    }
+    for n in [&n1, &n2] {
+        sql_ok(n, "create table t (k int primary key, v varchar(40))");
+    }
+    ddl(
+        &n1,
+        "CREATE REPLICATION r ELEMENT e TABLE t MASTER n1 SUBSCRIBER n2 \
+         RETURN RECEIPT BY REQUEST STORE n1 RETURN WAIT TIME 1",
+    );
+    sql_ok(&n1, "insert into t values (0, 'first')");
+    wait_for("n2 replicates", WAIT, || {
+        (count(&n2, "t") == Some(1)).then_some(())
+    });
+
+    // Only the transaction that asked waits; with n2 gone only it gets TT8170.
+    let n2_grpc = n2.grpc.clone();
+    n2.kill9();
+    drop(n2);
+    let (results, _) = sql_ok(&n1, "insert into t values (1, 'not asked')");
+    assert!(warnings(&results).is_empty(), "{results:?}");
+    let (results, _) = sql_ok(
+        &n1,
+        "begin; call ttRepSyncSet(0x01, NULL, NULL); insert into t values (2, 'asked'); \
+         commit; call ttRepXactStatus()",
+    );
+    assert!(
+        warnings(&results[..4])[0].starts_with("TT8170"),
+        "{results:?}"
+    );
+    assert_eq!(results[4]["rows"], serde_json::json!([["n2", "NS", null]]));
+    // The session's returnWait of 0 means no wait at all.
+    let (results, _) = sql_ok(
+        &n1,
+        "call ttRepSyncSet(NULL, 0, NULL); begin; call ttRepSyncSet(0x01); \
+         insert into t values (3, 'no wait'); commit",
+    );
+    assert!(warnings(&results).is_empty(), "{results:?}");
+
+    let n2 = start("n2", d, &n2_grpc, Some(&n1.grpc));
+    wait_for("n2 caught up", WAIT, || {
+        (count(&n2, "t") == Some(4)).then_some(())
+    });
+    let (results, _) = sql_ok(&n1, "call ttRepSubscriberWait(NULL, NULL, 'n2', NULL, 10)");
+    // 0x00: caught up within the wait.
+    assert_eq!(results[0]["rows"], serde_json::json!([["00"]]));
+}
