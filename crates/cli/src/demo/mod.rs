@@ -31,6 +31,7 @@ mod scheme;
 mod steps;
 mod summary;
 
+use std::io::{IsTerminal, Read};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -162,15 +163,20 @@ impl Demo {
         println!();
     }
 
-    /// The SQL shell against the master, as `hawser sql --host ...` runs it.
+    /// The SQL shell against the master, as `hawser sql --host ...` runs it; when
+    /// standard input is not a terminal, the script it carries instead.
     async fn shell(&self) -> anyhow::Result<ExitCode> {
         let master = self.node(NODES[0])?;
-        let cli = <crate::Cli as clap::Parser>::try_parse_from([
-            "hawser",
-            "sql",
-            "--host",
-            &master.grpc,
-        ])?;
+        let mut argv = vec![
+            "hawser".to_string(),
+            "sql".into(),
+            "--host".into(),
+            master.grpc.clone(),
+        ];
+        if !std::io::stdin().is_terminal() {
+            argv.extend(["-e".into(), read_stdin().await?]);
+        }
+        let cli = <crate::Cli as clap::Parser>::try_parse_from(argv)?;
         match cli.command {
             crate::Command::Sql(sql) => crate::sql_cmd::run(sql).await,
             _ => bail!("internal: `hawser sql` parsed as another command"),
@@ -233,18 +239,51 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
     };
     let outcome = tokio::select! {
         biased;
-        signal = interrupts.recv() => Err(anyhow::anyhow!("interrupted by {signal}")),
-        outcome = demo.play(args.exit_after) => outcome,
+        signal = interrupts.recv() => Err(Stop::Signal(signal)),
+        outcome = demo.play(args.exit_after) => outcome.map_err(Stop::Failed),
     };
     demo.stop().await;
-    if outcome.is_err() {
-        // Keep the logs for a look at what went wrong.
-        if let Some(tmp) = &mut tmp {
-            tmp.disable_cleanup(true);
+    match outcome {
+        Ok(code) => Ok(code),
+        Err(Stop::Signal(signal)) => {
+            eprintln!("hawser demo: stopped by {signal}");
+            Ok(ExitCode::from(130))
         }
-        eprintln!("the nodes' logs are in {}", demo.root.display());
+        Err(Stop::Failed(e)) => {
+            // Keep the logs for a look at what went wrong.
+            if let Some(tmp) = &mut tmp {
+                tmp.disable_cleanup(true);
+            }
+            eprintln!("the nodes' logs are in {}", demo.root.display());
+            Err(e)
+        }
     }
-    outcome
+}
+
+/// Why the demo ended early.
+enum Stop {
+    Signal(&'static str),
+    Failed(anyhow::Error),
+}
+
+/// All of standard input. The read blocks, so it runs on a thread of its own that is
+/// never joined: a signal must still end the demo while a pipe stays open, and neither
+/// an async task nor tokio's blocking pool would let the runtime shut down under a read
+/// that never returns.
+async fn read_stdin() -> anyhow::Result<String> {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    std::thread::Builder::new()
+        .name("demo-stdin".into())
+        .spawn(move || {
+            let mut script = String::new();
+            let read = std::io::stdin().read_to_string(&mut script).map(|_| script);
+            // The demo may have stopped waiting; then nobody needs the script.
+            let _ = tx.send(read);
+        })
+        .context("start the thread reading standard input")?;
+    rx.await
+        .context("the thread reading standard input ended")?
+        .context("read standard input")
 }
 
 /// `--data DIR` must be new or empty: the demo builds a new cluster on fresh ports, and

@@ -24,8 +24,8 @@ use super::{Demo, Workload};
 use crate::output::{render_table, Align};
 
 /// How the checksums are computed (also printed with them).
-const CHECKSUM_METHOD: &str = "CRC-32 over every row in primary-key order (SELECT * ... \
-     ORDER BY key, each row as its typed key encoding), computed by the demo";
+const CHECKSUM_METHOD: &str =
+    "CRC-32 of every row in primary-key order (SELECT * ... ORDER BY key), computed by the demo";
 
 /// Everything the demo shows.
 #[derive(Debug, Serialize)]
@@ -321,7 +321,7 @@ impl Summary {
                 let acked: Vec<String> = s
                     .acked_applied
                     .iter()
-                    .map(|(origin, seq)| format!("{origin} #{seq}"))
+                    .map(|(origin, seq)| format!("{origin}:{seq}"))
                     .collect();
                 vec![
                     format!("{} → {}", s.sender, s.receiver),
@@ -342,7 +342,15 @@ impl Summary {
             .collect();
         out.push_str(&render_table(
             &h(&[
-                "stream", "state", "compress", "lag rec", "lag ms", "acked", "txns", "raw", "wire",
+                "stream",
+                "state",
+                "compress",
+                "lag rec",
+                "lag ms",
+                "acked origin:seq",
+                "txns",
+                "raw",
+                "wire",
                 "saved",
             ]),
             &[
