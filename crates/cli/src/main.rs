@@ -36,7 +36,7 @@ struct Cli {
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Run a node in the foreground until SIGTERM or Ctrl-C.
-    Start(start::StartArgs),
+    Start(Box<start::StartArgs>),
     /// Run SQL against a node: statements with -e, a file with -f, or an interactive shell.
     Sql(sql_cmd::SqlArgs),
     /// Show what a node knows about itself and the cluster.
@@ -70,7 +70,7 @@ fn main() -> ExitCode {
     };
     let result = runtime.block_on(async move {
         match cli.command {
-            Command::Start(args) => start::run(args).await,
+            Command::Start(args) => start::run(*args).await,
             Command::Sql(args) => sql_cmd::run(args).await,
             Command::Status(args) => status::run(args).await,
             Command::Init(args) => cluster_cmd::init(args).await,

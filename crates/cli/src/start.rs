@@ -22,7 +22,7 @@ pub struct StartArgs {
     /// TOML file with node settings (keys as in `NodeConfig`: name, listen, http,
     /// data_dir, durable_commits, lock_timeout, max_message_bytes, join, advertise,
     /// raft_heartbeat, raft_election_min, raft_election_max, raft_snapshot_every,
-    /// raft_log_keep).
+    /// raft_log_keep, compile, compile_threshold_txns, compile_threshold_bytes).
     #[arg(long, env = "HAWSER_CONFIG")]
     config: Option<PathBuf>,
     /// Store name replication schemes use for this node [default: hawser].
@@ -71,12 +71,34 @@ pub struct StartArgs {
     /// the log at every snapshot [default: 1000].
     #[arg(long, env = "HAWSER_RAFT_LOG_KEEP")]
     raft_log_keep: Option<u64>,
+    #[command(flatten)]
+    compile: CompileArgs,
     /// Log format on stderr.
     #[arg(long, env = "HAWSER_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     log_format: LogFormat,
     /// Log filter (tracing env-filter syntax), e.g. info or hawser_store=debug.
     #[arg(long, env = "HAWSER_LOG", default_value = "info")]
     log: String,
+}
+
+/// When this node's receiver compiles what it receives (RTL net rows).
+#[derive(Args, Debug)]
+#[command(next_help_heading = "Receiver compilation")]
+struct CompileArgs {
+    /// A receiver that is behind compiles its backlog (the batch it read plus those
+    /// queued behind it) into RTL net row operations, written as one batch, once the
+    /// backlog holds this many transactions; smaller ones are applied in log order
+    /// [default: 64].
+    #[arg(long, env = "HAWSER_COMPILE_THRESHOLD_TXNS", value_name = "N")]
+    compile_threshold_txns: Option<u64>,
+    /// A receiver's backlog of this many bytes (uncompressed) is compiled too, however
+    /// few transactions it holds [default: 262144].
+    #[arg(long, env = "HAWSER_COMPILE_THRESHOLD_BYTES", value_name = "BYTES")]
+    compile_threshold_bytes: Option<u64>,
+    /// Never compile: this node's receiver applies every batch in log order, however
+    /// far behind it is (TOML: compile = false) [default: compile].
+    #[arg(long, env = "HAWSER_NO_COMPILE", value_parser = clap::builder::FalseyValueParser::new())]
+    no_compile: bool,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -142,6 +164,15 @@ impl StartArgs {
         }
         if let Some(v) = self.raft_log_keep {
             c.raft_log_keep = v;
+        }
+        if let Some(v) = self.compile.compile_threshold_txns {
+            c.compile_threshold_txns = v;
+        }
+        if let Some(v) = self.compile.compile_threshold_bytes {
+            c.compile_threshold_bytes = v;
+        }
+        if self.compile.no_compile {
+            c.compile = false;
         }
         c.validate()?;
         Ok(c)

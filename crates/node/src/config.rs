@@ -170,7 +170,7 @@ impl NodeConfig {
         if self.compile_threshold_txns == 0 || self.compile_threshold_bytes == 0 {
             return Err(ConfigError(
                 "compile_threshold_txns and compile_threshold_bytes must be at least 1 \
-                 (1 compiles every batch; set compile = false to never compile)"
+                 (1 compiles every batch; --no-compile, compile = false in TOML, never compiles)"
                     .into(),
             ));
         }
