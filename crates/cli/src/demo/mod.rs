@@ -108,11 +108,11 @@ impl Demo {
     async fn play(&mut self, exit_after: bool) -> anyhow::Result<ExitCode> {
         for step in STEPS {
             self.progress(&step.describe(self));
-            step.run(self)
-                .await
-                .with_context(|| format!("demo step {step:?}"))?;
+            if let Err(e) = step.run(self).await {
+                return Err(self.explain(e.context(format!("demo step {step:?}"))));
+            }
         }
-        let summary = Summary::gather(self).await?;
+        let summary = Summary::gather(self).await;
         let text = summary.render();
         if exit_after {
             eprint!("{text}");
@@ -121,8 +121,7 @@ impl Demo {
                 serde_json::to_string(&summary).context("serialize the summary")?
             );
             if !summary.all_match {
-                eprintln!("error: the subscribers' tables differ from the master's");
-                return Ok(ExitCode::FAILURE);
+                bail!("the subscribers' tables differ from the master's (see CHECKSUMS)");
             }
             return Ok(ExitCode::SUCCESS);
         }
@@ -181,6 +180,20 @@ impl Demo {
             crate::Command::Sql(sql) => crate::sql_cmd::run(sql).await,
             _ => bail!("internal: `hawser sql` parsed as another command"),
         }
+    }
+
+    /// Adds to a step's error the nodes that have exited, which is usually the cause.
+    fn explain(&mut self, mut error: anyhow::Error) -> anyhow::Error {
+        for n in &mut self.nodes {
+            if let Some(status) = n.exit_status() {
+                error = error.context(format!(
+                    "{} exited ({status}); its log is {}",
+                    n.name,
+                    n.log.display()
+                ));
+            }
+        }
+        error
     }
 
     /// SIGTERM to every node, then waits (bounded) for each; SIGKILL for any still

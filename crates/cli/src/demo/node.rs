@@ -111,6 +111,11 @@ impl ChildNode {
         })
     }
 
+    /// How the process ended, if it has.
+    pub(crate) fn exit_status(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.as_mut()?.try_wait().ok().flatten()
+    }
+
     /// Sends SIGTERM, so the node stops cleanly (flushes, leaves its ports).
     pub(crate) fn terminate(&self) {
         let Some(pid) = self.child.as_ref().and_then(Child::id) else {

@@ -27,9 +27,13 @@ const DDL_TIMEOUT: Duration = Duration::from_secs(20);
 /// How long the scheme's streams may take to connect.
 const STREAMS_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long subscribers may take to apply everything once writes stop.
-const CATCH_UP_TIMEOUT: Duration = Duration::from_secs(60);
+const CATCH_UP_TIMEOUT: Duration = Duration::from_secs(30);
 /// Concurrent writers of the workload.
 const WRITERS: u32 = 8;
+/// Tries per workload row when the error is retryable.
+const WRITE_ATTEMPTS: u32 = 5;
+/// Pause before a retry, times the attempt number.
+const RETRY_PAUSE: Duration = Duration::from_millis(100);
 
 /// One step of the demo.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -332,14 +336,11 @@ async fn workload(demo: &mut Demo) -> anyhow::Result<()> {
         writers.spawn(async move {
             for k in mine {
                 let k = i64::from(k);
-                client
-                    .write(vec![RowOp::Upsert {
-                        table: WORKLOAD_TABLE.into(),
-                        row: vec![
-                            Value::Int(k),
-                            Value::Text(format!("event {k} from writer {w}")),
-                        ],
-                    }])
+                let row = vec![
+                    Value::Int(k),
+                    Value::Text(format!("event {k} from writer {w}")),
+                ];
+                write_row(&mut client, row)
                     .await
                     .with_context(|| format!("write {k} to {WORKLOAD_TABLE}"))?;
             }
@@ -368,6 +369,27 @@ async fn workload(demo: &mut Demo) -> anyhow::Result<()> {
         f64::from(writes) / seconds.max(f64::EPSILON)
     ));
     Ok(())
+}
+
+/// Upserts one row into the workload table, retrying a few times on errors that say
+/// a retry may succeed (a connection lost or refused for a moment). An upsert of the
+/// same row is idempotent, so a retry of a commit whose answer was lost changes nothing.
+async fn write_row(client: &mut hawser_client::Client, row: Vec<Value>) -> anyhow::Result<()> {
+    let mut attempt = 1;
+    loop {
+        let op = RowOp::Upsert {
+            table: WORKLOAD_TABLE.into(),
+            row: row.clone(),
+        };
+        match client.write(vec![op]).await {
+            Ok(_) => return Ok(()),
+            Err(e) if e.is_retryable() && attempt < WRITE_ATTEMPTS => {
+                tokio::time::sleep(RETRY_PAUSE * attempt).await;
+                attempt += 1;
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
 }
 
 /// Caught up: every stream has acknowledged its sender's log up to the last LSN.

@@ -45,6 +45,8 @@ pub(crate) struct Summary {
     /// Every table's copies match.
     pub(crate) all_match: bool,
     pub(crate) workload: Option<Workload>,
+    /// What could not be read from the nodes.
+    pub(crate) problems: Vec<String>,
     pub(crate) data_dir: String,
     pub(crate) elapsed_ms: u64,
 }
@@ -154,40 +156,59 @@ pub(crate) fn saving_percent(raw: u64, wire: u64) -> f64 {
 }
 
 impl Summary {
-    /// Asks every node and builds the summary.
-    pub(crate) async fn gather(demo: &Demo) -> anyhow::Result<Summary> {
+    /// Asks every node and builds the summary; what a node cannot answer is listed in
+    /// `problems`.
+    pub(crate) async fn gather(demo: &Demo) -> Summary {
         let names: BTreeMap<String, String> = demo
             .nodes
             .iter()
             .map(|n| (n.node_id.to_string(), n.name.clone()))
             .collect();
 
+        // A node that does not answer is shown as such: the summary matters most when
+        // something is wrong.
+        let mut problems = Vec::new();
         let mut nodes = Vec::new();
         let mut leader = None;
         let mut raft_term = 0;
         for n in &demo.nodes {
-            let status = n.client.clone().status().await?;
-            let cluster = status.cluster.unwrap_or_default();
-            if n.name == NODES[0] {
-                leader = names.get(&cluster.leader_id.to_string()).cloned();
-                raft_term = cluster.term;
-            }
-            nodes.push(NodeReport {
+            let mut report = NodeReport {
                 name: n.name.clone(),
                 node_id: n.node_id,
                 grpc: n.grpc.clone(),
                 http: n.http.clone(),
-                raft_role: cluster.role,
-                last_lsn: status.last_lsn,
-                commits: status.commits,
+                raft_role: "unreachable".into(),
+                last_lsn: 0,
+                commits: 0,
                 log: n.log.display().to_string(),
-            });
+            };
+            match n.client.clone().status().await {
+                Ok(status) => {
+                    let cluster = status.cluster.unwrap_or_default();
+                    // The leader as the first node that answers sees it.
+                    if leader.is_none() {
+                        leader = names.get(&cluster.leader_id.to_string()).cloned();
+                        raft_term = cluster.term;
+                    }
+                    report.raft_role = cluster.role;
+                    report.last_lsn = status.last_lsn;
+                    report.commits = status.commits;
+                }
+                Err(e) => problems.push(format!("{}: status: {e}", n.name)),
+            }
+            nodes.push(report);
         }
 
         let mut streams = Vec::new();
         let mut returns = None;
         for n in &demo.nodes {
-            let replication = get_json(&n.http, "/replication").await?;
+            let replication = match get_json(&n.http, "/replication").await {
+                Ok(r) => r,
+                Err(e) => {
+                    problems.push(format!("{}: {e:#}", n.name));
+                    continue;
+                }
+            };
             if n.name == NODES[0] {
                 returns = returns_of(&replication);
             }
@@ -200,12 +221,17 @@ impl Summary {
         for (table, holders) in scheme::table_holders(&demo.scheme) {
             let mut per_node = Vec::new();
             for holder in holders {
-                let (checksum, error) = match demo.node(&holder) {
-                    Ok(node) => match checksum::of_table(&node.client, &table).await {
-                        Ok(c) => (Some(c), None),
-                        Err(e) => (None, Some(format!("{e:#}"))),
-                    },
-                    Err(e) => (None, Some(format!("{e:#}"))),
+                let read = match demo.node(&holder) {
+                    Ok(node) => checksum::of_table(&node.client, &table).await,
+                    Err(e) => Err(e),
+                };
+                let (checksum, error) = match read {
+                    Ok(c) => (Some(c), None),
+                    Err(e) => {
+                        let why = format!("{e}: {}", e.root_cause());
+                        problems.push(format!("{holder}: checksum of {table}: {why}"));
+                        (None, Some(why))
+                    }
                 };
                 per_node.push(NodeChecksum {
                     node: holder,
@@ -222,7 +248,7 @@ impl Summary {
             });
         }
 
-        Ok(Summary {
+        Summary {
             nodes,
             leader,
             raft_term,
@@ -239,9 +265,10 @@ impl Summary {
             all_match: !checksums.is_empty() && checksums.iter().all(|t| t.matches),
             checksums,
             workload: demo.workload.clone(),
+            problems,
             data_dir: demo.root.display().to_string(),
             elapsed_ms: demo.started.elapsed().as_millis() as u64,
-        })
+        }
     }
 
     /// The summary as aligned tables for a person.
@@ -422,9 +449,7 @@ impl Summary {
                         Some(NodeChecksum {
                             checksum: Some(c), ..
                         }) => c.to_string(),
-                        Some(NodeChecksum { error, .. }) => {
-                            format!("unreadable: {}", error.as_deref().unwrap_or("?"))
-                        }
+                        Some(NodeChecksum { .. }) => "unreadable".into(),
                     });
                 }
                 row.push(if t.matches { "match" } else { "DIFFERENT" }.into());
@@ -434,6 +459,13 @@ impl Summary {
         out.push_str(&render_table(&headers, &[], &rows));
         if !self.caught_up {
             out.push_str("(the subscribers had not caught up when the checksums were taken)\n");
+        }
+
+        if !self.problems.is_empty() {
+            let _ = writeln!(out, "\nPROBLEMS");
+            for p in &self.problems {
+                let _ = writeln!(out, "  {p}");
+            }
         }
 
         if let Some(w) = &self.workload {
