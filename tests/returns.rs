@@ -296,3 +296,69 @@ fn by_request_return_services_wait_only_when_asked() {
     // 0x00: caught up within the wait.
     assert_eq!(results[0]["rows"], serde_json::json!([["00"]]));
 }
+
+#[test]
+fn bench_mode_replicates_its_table_and_wait_sees_subscribers_caught_up() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let n1 = start("n1", d, "127.0.0.1:0", None);
+    let out = n1.cli(&["init"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let n2 = start("n2", d, "127.0.0.1:0", Some(&n1.grpc));
+    let n3 = start("n3", d, "127.0.0.1:0", Some(&n1.grpc));
+    for n in [&n1, &n2, &n3] {
+        wait_for("three voters", WAIT, || (voters(n) == 3).then_some(()));
+    }
+    // The bench creates its table on n1 only: the DATASTORE element replicates it.
+    let out = n1.cli(&[
+        "bench",
+        "--mode",
+        "twosafe",
+        "--subscriber",
+        "n2",
+        "--async-subscriber",
+        "n3",
+        "--compress",
+        "--clients",
+        "2",
+        "--duration",
+        "1s",
+        "--warmup",
+        "0s",
+        "--keys",
+        "50",
+        "--format",
+        "json",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let report: Value = serde_json::from_str(stdout(&out).trim()).unwrap();
+    let commits = report["commits"].as_u64().unwrap();
+    assert!(commits > 0, "{report}");
+    assert_eq!(report["mode"], "twosafe");
+    // Every measured commit waited for n2 and was acknowledged.
+    assert_eq!(report["returns"]["acknowledged"], commits, "{report}");
+    assert_eq!(report["returns"]["timed_out"], 0, "{report}");
+    assert!(report["catch_up_ms"].as_f64().is_some(), "{report}");
+
+    // `hawser wait` agrees, and both subscribers have the master's rows.
+    for sub in ["n2", "n3"] {
+        let out = n1.cli(&["wait", "--subscriber", sub, "--timeout", "20s"]);
+        assert!(out.status.success(), "{}{}", stdout(&out), stderr(&out));
+        assert!(stdout(&out).contains("caught up"), "{}", stdout(&out));
+    }
+    let master = sql_ok(&n1, "select k, v from bench order by k").0;
+    for n in [&n2, &n3] {
+        assert_eq!(
+            sql_ok(n, "select k, v from bench order by k").0[0]["rows"],
+            master[0]["rows"]
+        );
+    }
+    // A subscriber that is not one: a clear error, exit 1.
+    let out = n1.cli(&["wait", "--subscriber", "nobody", "--timeout", "1s"]);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("sends to no subscriber nobody"),
+        "{}",
+        stderr(&out)
+    );
+}

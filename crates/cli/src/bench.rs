@@ -72,6 +72,24 @@ pub struct BenchArgs {
     /// Load applied before measuring starts, not counted.
     #[arg(long, value_name = "SECS", default_value = "1s", value_parser = parse_duration)]
     pub warmup: Duration,
+    /// Replicate the bench table while measuring: create a scheme (replacing the one
+    /// named by --scheme) whose subscribers get this return service. async: none;
+    /// receipt: RETURN RECEIPT; twosafe: RETURN TWOSAFE. Needs --subscriber or
+    /// --async-subscriber.
+    #[arg(long, value_enum, value_name = "MODE")]
+    pub mode: Option<crate::wait_cmd::BenchMode>,
+    /// A subscriber store that gets --mode's return service (repeat for several).
+    #[arg(long = "subscriber", value_name = "STORE")]
+    pub subscribers: Vec<String>,
+    /// A subscriber store without a return service (repeat for several).
+    #[arg(long = "async-subscriber", value_name = "STORE")]
+    pub async_subscribers: Vec<String>,
+    /// COMPRESS TRAFFIC ON for the master's streams in the scheme --mode creates.
+    #[arg(long)]
+    pub compress: bool,
+    /// The scheme --mode creates (an existing one of this name is dropped first).
+    #[arg(long, value_name = "NAME", default_value = "bench_repl")]
+    pub scheme: String,
     /// Before the load, measure how many write+fdatasync calls per second the disk under
     /// DIR sustains (the physical limit of one commit per flush), for comparison. Only
     /// meaningful when DIR is on the node's disk.
@@ -138,6 +156,34 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
     if let Err(problem) = prepare_table(&mut admin, &args.table, value_size).await {
         eprintln!("error: {problem}");
         return Ok(ExitCode::FAILURE);
+    }
+    if let Some(mode) = args.mode {
+        if args.subscribers.is_empty() && args.async_subscribers.is_empty() {
+            eprintln!(
+                "error: --mode {} needs subscribers: --subscriber STORE (with the return \
+                 service) and/or --async-subscriber STORE",
+                mode.name()
+            );
+            return Ok(ExitCode::FAILURE);
+        }
+        let master = admin.status().await.context("status of the master")?.name;
+        let scheme = crate::wait_cmd::BenchScheme {
+            name: &args.scheme,
+            master: &master,
+            table: &args.table,
+            mode,
+            subscribers: &args.subscribers,
+            async_subscribers: &args.async_subscribers,
+            compress: args.compress,
+        };
+        if let Err(e) = scheme.install(&mut admin).await {
+            eprintln!(
+                "error: cannot set up replication for --mode {}: {e:#}",
+                mode.name()
+            );
+            return Ok(ExitCode::FAILURE);
+        }
+        eprintln!("replicating: {}", scheme.ddl());
     }
     let fsyncs_per_sec = match &args.fsync_probe {
         Some(dir) => {
@@ -217,6 +263,17 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
     let measured = finished.saturating_duration_since(workload.measure_from);
     let mut report = Report::merge(args.clients, measured, &runs)?;
     report.fsyncs_per_sec = fsyncs_per_sec;
+    report.mode = args.mode.map(|m| m.name());
+    if args.mode.is_some() {
+        // How long the subscribers take to have everything once the load stops: an
+        // upper bound of the replication lag at the end of the run.
+        let drained = Instant::now();
+        match crate::wait_cmd::subscriber_wait(&mut admin, Some(&args.scheme), None, 20).await {
+            Ok(true) => report.catch_up = Some(drained.elapsed()),
+            Ok(false) => eprintln!("warning: the subscribers did not catch up within 20 s"),
+            Err(e) => eprintln!("warning: cannot measure the catch-up after the run: {e:#}"),
+        }
+    }
     if let Ok(after) = admin.status().await {
         let commits = after.commits.saturating_sub(before.commits);
         let flushes = after.flushes.saturating_sub(before.flushes);
@@ -340,9 +397,38 @@ struct ClientRun {
     commits: u64,
     errors: u64,
     not_durable: u64,
+    /// Measured commits by return-service outcome.
+    returns: ReturnCounts,
     first_errors: Vec<String>,
     /// Why the client concluded the server is gone, if it did.
     fatal: Option<String>,
+}
+
+/// Commits by how their return service ended.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct ReturnCounts {
+    acknowledged: u64,
+    timed_out: u64,
+    disabled: u64,
+    none: u64,
+}
+
+impl ReturnCounts {
+    fn count(&mut self, outcome: &str) {
+        match outcome {
+            "acknowledged" => self.acknowledged += 1,
+            "timed_out" => self.timed_out += 1,
+            "disabled" => self.disabled += 1,
+            _ => self.none += 1,
+        }
+    }
+
+    fn add(&mut self, other: &ReturnCounts) {
+        self.acknowledged += other.acknowledged;
+        self.timed_out += other.timed_out;
+        self.disabled += other.disabled;
+        self.none += other.none;
+    }
 }
 
 fn new_histogram() -> Histogram<u64> {
@@ -364,6 +450,7 @@ async fn client_loop(
         commits: 0,
         errors: 0,
         not_durable: 0,
+        returns: ReturnCounts::default(),
         first_errors: Vec::new(),
         fatal: None,
     };
@@ -395,6 +482,7 @@ async fn client_loop(
                     run.latency_us.saturating_record(us.max(1));
                     run.commits += 1;
                     run.not_durable += u64::from(!outcome.durable);
+                    run.returns.count(&outcome.return_outcome);
                 }
             }
             Err(e) => {
@@ -443,6 +531,11 @@ struct Report {
     fsyncs_per_sec: Option<f64>,
     /// Commits and flushes the server counted over the whole run (warm-up included).
     server: Option<(u64, u64)>,
+    returns: ReturnCounts,
+    /// The replication mode, with --mode.
+    mode: Option<&'static str>,
+    /// How long the subscribers took to catch up after the load stopped, with --mode.
+    catch_up: Option<Duration>,
 }
 
 impl Report {
@@ -457,9 +550,13 @@ impl Report {
             first_errors: Vec::new(),
             fsyncs_per_sec: None,
             server: None,
+            returns: ReturnCounts::default(),
+            mode: None,
+            catch_up: None,
         };
         for run in runs {
             report.commits += run.commits;
+            report.returns.add(&run.returns);
             report.errors += run.errors;
             report.not_durable += run.not_durable;
             report
@@ -514,6 +611,14 @@ impl Report {
             "server_commits": self.server.map(|s| s.0),
             "server_flushes": self.server.map(|s| s.1),
             "commits_per_flush": self.commits_per_flush(),
+            "mode": self.mode,
+            "returns": {
+                "acknowledged": self.returns.acknowledged,
+                "timed_out": self.returns.timed_out,
+                "disabled": self.returns.disabled,
+                "none": self.returns.none,
+            },
+            "catch_up_ms": self.catch_up.map(|d| d.as_secs_f64() * 1000.0),
         })
     }
 
@@ -533,6 +638,20 @@ impl Report {
             out.push_str(&format!(
                 "server         {commits} commits in {flushes} flushes ({factor} commits per flush)\n"
             ));
+        }
+        if let Some(mode) = self.mode {
+            let r = &self.returns;
+            out.push_str(&format!(
+                "replication    {mode}: {} acknowledged, {} timed out (TT8170), {} with the \
+                 service disabled, {} without one\n",
+                r.acknowledged, r.timed_out, r.disabled, r.none
+            ));
+            if let Some(d) = self.catch_up {
+                out.push_str(&format!(
+                    "catch-up       subscribers had everything {:.1} ms after the load stopped\n",
+                    d.as_secs_f64() * 1000.0
+                ));
+            }
         }
         if let Some(f) = self.fsyncs_per_sec {
             out.push_str(&format!(
@@ -639,6 +758,7 @@ mod tests {
             commits: latencies.len() as u64,
             errors,
             not_durable,
+            returns: ReturnCounts::default(),
             first_errors: (0..errors).map(|i| format!("e{i}")).collect(),
             fatal: None,
         }

@@ -12,6 +12,7 @@ mod scheme_cmd;
 mod sql_cmd;
 mod start;
 mod status;
+mod wait_cmd;
 
 use std::process::ExitCode;
 
@@ -54,6 +55,9 @@ enum Command {
     Scheme(scheme_cmd::SchemeArgs),
     /// Sybase RTL net-row compilation of DML runs, offline.
     Rtl(rtl_cmd::RtlArgs),
+    /// Wait until subscribers have acknowledged everything a master committed so far
+    /// (TimesTen's ttRepAdmin -wait); exit 1 if they do not within --timeout.
+    Wait(wait_cmd::WaitArgs),
 }
 
 fn main() -> ExitCode {
@@ -79,6 +83,7 @@ fn main() -> ExitCode {
             Command::Demo(args) => demo::run(args).await,
             Command::Scheme(args) => scheme_cmd::run(args).await,
             Command::Rtl(args) => rtl_cmd::run(args).await,
+            Command::Wait(args) => wait_cmd::run(args).await,
         }
     });
     match result {

@@ -378,7 +378,12 @@ impl Txn {
                 }
             }
         }
-        let held_keys: Vec<Vec<u8>> = held.iter().map(|(k, _)| k.clone()).collect();
+        // Shown again on every path out, a cancelled caller included: the guard is
+        // dropped before `self`, so the rows are visible before the locks are free.
+        let _shown_on_drop = HeldGuard {
+            inner: inner.clone(),
+            keys: held.iter().map(|(k, _)| k.clone()).collect(),
+        };
         inner.held.hold(held);
         let appended = inner.append(
             |_, gtid, micros| {
@@ -409,7 +414,7 @@ impl Txn {
         let (gtid, lsn) = match appended {
             Ok(pos) => pos,
             Err(e) => {
-                inner.held.release(&held_keys);
+                drop(_shown_on_drop);
                 self.finish();
                 return Err(e);
             }
@@ -418,21 +423,17 @@ impl Txn {
         if durable {
             // Flush (shared with concurrent commits) and advance.
             if let Err(e) = inner.wait_durable(lsn).await {
-                inner.held.release(&held_keys);
+                drop(_shown_on_drop);
                 self.finish();
                 return Err(e);
             }
         }
         let info = CommitInfo { gtid, lsn, durable };
-        // Released on every path out of the hold, a cancelled caller included.
-        let release = ReleaseOnDrop {
-            txn: &mut self,
-            keys: held_keys,
-        };
         let held_outcome = hold(info).await;
-        // Ack: release the row locks only now that the commit is as durable as promised
-        // and whatever `hold` waited for has happened.
-        drop(release);
+        // Ack: show the rows and release the row locks only now that the commit is as
+        // durable as promised and whatever `hold` waited for has happened.
+        drop(_shown_on_drop);
+        self.finish();
         inner.record_txn_commit(rows, started);
         Ok((info, Some(held_outcome)))
     }
@@ -455,17 +456,18 @@ impl Txn {
     }
 }
 
-/// Ends a holding commit: shows its rows and releases its locks, also when the
-/// commit's future is dropped mid-hold.
-struct ReleaseOnDrop<'a> {
-    txn: &'a mut Txn,
+/// Shows the rows a holding commit hid when dropped (also when the commit's future
+/// is dropped part-way).
+struct HeldGuard {
+    inner: std::sync::Arc<crate::db::Inner>,
     keys: Vec<Vec<u8>>,
 }
 
-impl Drop for ReleaseOnDrop<'_> {
+impl Drop for HeldGuard {
     fn drop(&mut self) {
-        self.txn.db.inner.held.release(&self.keys);
-        self.txn.finish();
+        if !self.keys.is_empty() {
+            self.inner.held.release(&self.keys);
+        }
     }
 }
 

@@ -685,6 +685,35 @@ async fn a_hiding_commit_is_invisible_and_blocks_writers_until_its_hold_ends(f: 
         ]
     );
     assert_eq!(db.held_rows(), 0);
+
+    // A holding commit whose caller goes away mid-hold: committed, shown, unlocked.
+    let mut txn = db.begin();
+    txn.update(&t, &[Value::Int(1)], vec![Value::Int(1), Value::Int(11)])
+        .await
+        .unwrap();
+    let (flushed_tx, flushed) = tokio::sync::oneshot::channel();
+    let abandoned = tokio::spawn(async move {
+        txn.commit_holding(true, |_| async move {
+            flushed_tx.send(()).unwrap();
+            std::future::pending::<()>().await
+        })
+        .await
+    });
+    flushed.await.unwrap();
+    assert_eq!(db.held_rows(), 1);
+    abandoned.abort();
+    assert!(abandoned.await.unwrap_err().is_cancelled());
+    assert_eq!(db.held_rows(), 0);
+    assert_eq!(
+        db.get(&t, &[Value::Int(1)]).unwrap(),
+        Some(vec![Value::Int(1), Value::Int(11)])
+    );
+    let mut w = db.begin();
+    assert!(w
+        .lock_and_get(&t, &[Value::Int(1)])
+        .await
+        .unwrap()
+        .is_some());
 }
 
 async fn a_received_table_refuses_client_writes_naming_why(f: Fixture) {

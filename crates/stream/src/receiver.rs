@@ -287,6 +287,10 @@ impl ReceiverService {
             let remote: TableDef = codec::decode_table_def(&spec.definition)
                 .map_err(|e| (RefuseCode::Protocol, format!("a table definition: {e}")))?;
             let Some(local) = self.db.table(&remote.name) else {
+                if hello.carries_ddl {
+                    // A DATASTORE element's stream creates the table before its rows.
+                    continue;
+                }
                 return Err((
                     RefuseCode::TableMismatch,
                     format!(

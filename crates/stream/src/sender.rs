@@ -248,6 +248,7 @@ impl Sender {
                 hawser_scheme::ast::TableDefinitionChecking::Exact => pb::TableCheck::Exact,
                 hawser_scheme::ast::TableDefinitionChecking::Relaxed => pb::TableCheck::Relaxed,
             } as i32,
+            carries_ddl: self.link.replicate_ddl,
         }
     }
 

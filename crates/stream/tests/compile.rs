@@ -149,6 +149,7 @@ async fn replicate(
         }],
         codec: pb::Codec::None as i32,
         table_check: pb::TableCheck::Exact as i32,
+        carries_ddl: false,
     };
     let msg = |m: sender_message::Msg| pb::SenderMessage { msg: Some(m) };
     let (tx, rx) = tokio::sync::mpsc::channel(8);
