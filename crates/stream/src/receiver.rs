@@ -39,7 +39,7 @@ use std::collections::BTreeMap;
 use std::pin::Pin;
 use std::time::{Duration, Instant};
 
-use futures::{FutureExt, Stream, StreamExt};
+use futures::Stream;
 use hawser_core::{Epoch, Ident, NodeId, QualName, TableDef};
 use hawser_rtl::{Compilation, CompileError, Compiler};
 use hawser_scheme::ast::TableDefinitionChecking;
@@ -320,10 +320,32 @@ impl ReceiverService {
     }
 
     /// Serves one accepted stream until it ends, is refused or is cancelled.
+    ///
+    /// The stream is read ahead of the apply into a bounded queue, so batches the
+    /// sender has in flight reach this node (and release HTTP/2 flow-control window)
+    /// while a run applies: they are the backlog the next apply sees.
     async fn serve(
         self,
         accepted: Accepted,
-        mut inbound: Streaming<pb::SenderMessage>,
+        inbound: Streaming<pb::SenderMessage>,
+        out: mpsc::Sender<Result<pb::ReceiverMessage, Status>>,
+    ) {
+        let (queue_tx, queue) = mpsc::channel(READ_AHEAD);
+        let stop = self.shutdown.child_token();
+        let reader = read_ahead(inbound, queue_tx, stop.clone());
+        let apply = async {
+            self.apply_stream(accepted, queue, out).await;
+            stop.cancel();
+        };
+        tokio::join!(reader, apply);
+    }
+
+    /// Applies what the reader queued, acknowledging each backlog, until the stream
+    /// ends, is refused or is cancelled.
+    async fn apply_stream(
+        &self,
+        accepted: Accepted,
+        mut queue: mpsc::Receiver<Inbound>,
         out: mpsc::Sender<Result<pb::ReceiverMessage, Status>>,
     ) {
         let sender = accepted.sender.clone();
@@ -347,7 +369,11 @@ impl ReceiverService {
                         send_heartbeat(&out);
                         continue;
                     }
-                    msg = inbound.message() => msg,
+                    msg = queue.recv() => match msg {
+                        Some(msg) => msg,
+                        // The reader stopped: shutdown.
+                        None => break,
+                    },
                 },
             };
             let msg = match msg {
@@ -365,7 +391,7 @@ impl ReceiverService {
                     let mut backlog = vec![batch];
                     if self.config.compile.enabled {
                         carried =
-                            gather_backlog(&mut inbound, &mut backlog, self.config.max_run_bytes);
+                            gather_backlog(&mut queue, &mut backlog, self.config.max_run_bytes);
                     }
                     let applied = {
                         let apply = self.apply_backlog(&accepted, &backlog, &mut durable);
@@ -612,24 +638,53 @@ fn decode_batch(batch: &pb::Batch) -> Result<Vec<codec::WireRecord>, (RefuseCode
     decode_records(&raw).map_err(proto)
 }
 
-/// Moves every batch already waiting on `inbound` into `backlog` without waiting for
-/// more, until the backlog holds `max_bytes`. Heartbeats are dropped (the caller has
-/// just heard from the sender); any other message, the end of the stream or an error
-/// is returned for the caller to handle after the backlog.
-fn gather_backlog<S>(
-    inbound: &mut S,
+/// Messages queued by [`read_ahead`]: a message, the end of the stream, or its error.
+type Inbound = Result<Option<pb::SenderMessage>, Status>;
+
+/// Messages read ahead of the apply at most: room for a sender's whole in-flight
+/// window (32 batches by default) and its heartbeats. A full queue stops reading, and
+/// HTTP/2 flow control then stops the sender.
+const READ_AHEAD: usize = 64;
+
+/// Reads `inbound` into `queue` until the stream ends or fails (queued too) or `stop`.
+async fn read_ahead(
+    mut inbound: Streaming<pb::SenderMessage>,
+    queue: mpsc::Sender<Inbound>,
+    stop: CancellationToken,
+) {
+    loop {
+        let msg = tokio::select! {
+            biased;
+            _ = stop.cancelled() => break,
+            msg = inbound.message() => msg,
+        };
+        let last = !matches!(msg, Ok(Some(_)));
+        let queued = tokio::select! {
+            biased;
+            _ = stop.cancelled() => break,
+            queued = queue.send(msg) => queued,
+        };
+        if queued.is_err() || last {
+            break;
+        }
+    }
+}
+
+/// Moves every batch already queued into `backlog` without waiting for more, until the
+/// backlog holds `max_bytes`. Heartbeats are dropped (the caller has just heard from
+/// the sender); any other message, the end of the stream or an error is returned for
+/// the caller to handle after the backlog.
+fn gather_backlog(
+    queue: &mut mpsc::Receiver<Inbound>,
     backlog: &mut Vec<pb::Batch>,
     max_bytes: u64,
-) -> Option<Result<Option<pb::SenderMessage>, Status>>
-where
-    S: Stream<Item = Result<pb::SenderMessage, Status>> + Unpin,
-{
+) -> Option<Inbound> {
     let size = |b: &pb::Batch| b.raw_bytes.max(b.payload.len() as u64);
     let mut bytes: u64 = backlog.iter().map(size).sum();
     while bytes < max_bytes {
-        // `next` only polls the stream and keeps no state of its own, so giving it up
-        // when nothing is ready loses nothing.
-        match inbound.next().now_or_never()?.transpose() {
+        // Empty: nothing more has arrived. Disconnected: the reader stopped, which the
+        // caller's next receive sees.
+        match queue.try_recv().ok()? {
             Ok(Some(pb::SenderMessage {
                 msg: Some(sender_message::Msg::Batch(b)),
             })) => {
@@ -787,8 +842,6 @@ impl pb::replication_server::Replication for ReceiverService {
 
 #[cfg(test)]
 mod tests {
-    use futures::stream;
-
     use super::*;
 
     fn batch(through: u64, raw: u64) -> pb::Batch {
@@ -801,8 +854,8 @@ mod tests {
         }
     }
 
-    fn msg(m: sender_message::Msg) -> Result<pb::SenderMessage, Status> {
-        Ok(pb::SenderMessage { msg: Some(m) })
+    fn msg(m: sender_message::Msg) -> Inbound {
+        Ok(Some(pb::SenderMessage { msg: Some(m) }))
     }
 
     fn throughs(backlog: &[pb::Batch]) -> Vec<u64> {
@@ -827,40 +880,50 @@ mod tests {
         assert_eq!(CompilePolicy::default().min_transactions, 64);
     }
 
+    /// A queue holding `msgs`, its sender kept open (so "nothing more yet" is Empty).
+    fn queued(msgs: Vec<Inbound>) -> (mpsc::Sender<Inbound>, mpsc::Receiver<Inbound>) {
+        let (tx, rx) = mpsc::channel(16);
+        for m in msgs {
+            tx.try_send(m).expect("room");
+        }
+        (tx, rx)
+    }
+
     #[test]
     fn a_backlog_takes_the_batches_already_there_and_stops_at_what_is_not() {
         use sender_message::Msg;
         let hb = || Msg::Heartbeat(pb::Heartbeat { sent_micros: 0 });
         // Queued batches and a heartbeat, then nothing ready: all batches taken.
-        let mut s = stream::iter([
+        let (_tx, mut q) = queued(vec![
             msg(Msg::Batch(batch(2, 10))),
             msg(hb()),
             msg(Msg::Batch(batch(3, 10))),
-        ])
-        .chain(stream::pending());
+        ]);
         let mut backlog = vec![batch(1, 10)];
-        assert!(gather_backlog(&mut s, &mut backlog, 1 << 20).is_none());
+        assert!(gather_backlog(&mut q, &mut backlog, 1 << 20).is_none());
         assert_eq!(throughs(&backlog), [1, 2, 3]);
 
-        // The byte bound leaves the rest on the stream.
-        let mut s = stream::iter([msg(Msg::Batch(batch(2, 10))), msg(Msg::Batch(batch(3, 10)))]);
+        // The byte bound leaves the rest queued.
+        let (_tx, mut q) = queued(vec![
+            msg(Msg::Batch(batch(2, 10))),
+            msg(Msg::Batch(batch(3, 10))),
+        ]);
         let mut backlog = vec![batch(1, 10)];
-        assert!(gather_backlog(&mut s, &mut backlog, 15).is_none());
+        assert!(gather_backlog(&mut q, &mut backlog, 15).is_none());
         assert_eq!(throughs(&backlog), [1, 2]);
-        let next = s.next().now_or_never().flatten().and_then(Result::ok);
+        let next = q.try_recv().ok().and_then(Result::ok).flatten();
         assert!(
             matches!(next, Some(pb::SenderMessage { msg: Some(Msg::Batch(b)) }) if b.through_lsn == 3)
         );
 
         // Anything else, or the end of the stream, is handed back after the batches.
-        let hello = Msg::Hello(pb::Hello::default());
-        let mut s = stream::iter([
+        let (_tx, mut q) = queued(vec![
             msg(Msg::Batch(batch(2, 10))),
-            msg(hello),
+            msg(Msg::Hello(pb::Hello::default())),
             msg(Msg::Batch(batch(3, 10))),
         ]);
         let mut backlog = vec![batch(1, 10)];
-        let carried = gather_backlog(&mut s, &mut backlog, 1 << 20);
+        let carried = gather_backlog(&mut q, &mut backlog, 1 << 20);
         assert!(matches!(
             carried,
             Some(Ok(Some(pb::SenderMessage {
@@ -869,10 +932,10 @@ mod tests {
         ));
         assert_eq!(throughs(&backlog), [1, 2]);
 
-        let mut s = stream::iter([msg(Msg::Batch(batch(2, 10)))]);
+        let (_tx, mut q) = queued(vec![msg(Msg::Batch(batch(2, 10))), Ok(None)]);
         let mut backlog = vec![batch(1, 10)];
         assert!(matches!(
-            gather_backlog(&mut s, &mut backlog, 1 << 20),
+            gather_backlog(&mut q, &mut backlog, 1 << 20),
             Some(Ok(None))
         ));
         assert_eq!(throughs(&backlog), [1, 2]);
