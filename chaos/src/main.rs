@@ -7,10 +7,16 @@
 //! node commits; restart the killed node on its data directory, wait until it has caught
 //! up, and go again. Every wait is bounded; every process is killed on the way out.
 //!
+//! `catchup` ([`catchup`]) times a stopped subscriber's catch-up with RTL compilation and
+//! with `--no-compile`, on the same backlog.
+//!
 //! ```sh
 //! cargo build --release -p hawser-cli -p hawser-chaos
 //! target/release/hawser-chaos leader-kill --trials 20
+//! target/release/hawser-chaos catchup --updates 1000000 --keys 10000
 //! ```
+
+mod catchup;
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -32,6 +38,9 @@ struct Cli {
 enum Drill {
     /// SIGKILL the Raft leader repeatedly; time until DDL is accepted again.
     LeaderKill(LeaderKillArgs),
+    /// Stop a subscriber, commit a backlog on the master, time the catch-up with RTL
+    /// compilation and without.
+    Catchup(catchup::CatchupArgs),
 }
 
 #[derive(clap::Args, Debug)]
@@ -393,6 +402,7 @@ fn main() -> ExitCode {
     let result = rt.block_on(async {
         match cli.drill {
             Drill::LeaderKill(args) => leader_kill(args).await,
+            Drill::Catchup(args) => catchup::run(args).await,
         }
     });
     match result {
