@@ -79,9 +79,106 @@ pub async fn run(args: StatusArgs) -> anyhow::Result<ExitCode> {
             if let Some(c) = &s.cluster {
                 print_cluster(c);
             }
+            if let Ok(r) = serde_json::from_str::<serde_json::Value>(&s.replication_json) {
+                print_replication(&r);
+            }
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Text of a JSON field (numbers and strings as they are, null as `-`).
+fn field(v: &serde_json::Value) -> String {
+    match v {
+        serde_json::Value::Null => "-".into(),
+        serde_json::Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// The streams and return services from the node's replication JSON.
+fn print_replication(r: &serde_json::Value) {
+    let empty = Vec::new();
+    let outbound = r["outbound"].as_array().unwrap_or(&empty);
+    let inbound = r["inbound"].as_array().unwrap_or(&empty);
+    if outbound.is_empty() && inbound.is_empty() {
+        return;
+    }
+    if !outbound.is_empty() {
+        println!();
+        println!(
+            "{:<20} {:<12} {:<10} {:>8} {:>9} {:>9} {:>12} {:>12}  REASON",
+            "OUTBOUND SCHEME",
+            "TO",
+            "STATE",
+            "TXNS",
+            "LAG RECS",
+            "LAG MS",
+            "RAW BYTES",
+            "WIRE BYTES"
+        );
+    }
+    for o in outbound {
+        let lag_ms = o["lag_micros"].as_u64().map(|us| (us / 1000).to_string());
+        println!(
+            "{:<20} {:<12} {:<10} {:>8} {:>9} {:>9} {:>12} {:>12}  {}",
+            field(&o["scheme"]),
+            field(&o["receiver"]),
+            field(&o["state"]),
+            field(&o["transactions"]),
+            field(&o["lag_records"]),
+            lag_ms.unwrap_or_else(|| "-".into()),
+            field(&o["raw_bytes"]),
+            field(&o["wire_bytes"]),
+            field(&o["reason"]),
+        );
+    }
+    if !inbound.is_empty() {
+        println!();
+        println!(
+            "{:<20} {:<10} {:>8} {:>12} {:>12}  REFUSED",
+            "INBOUND FROM", "CONNECTED", "TXNS", "ROW CHANGES", "ROWS WRITTEN"
+        );
+        for i in inbound {
+            println!(
+                "{:<20} {:<10} {:>8} {:>12} {:>12}  {}",
+                field(&i["sender"]),
+                field(&i["connected"]),
+                field(&i["transactions"]),
+                field(&i["row_changes"]),
+                field(&i["rows_written"]),
+                field(&i["refused"]),
+            );
+        }
+    }
+    let ret = &r["returns"];
+    let subs = ret["subscribers"].as_array().unwrap_or(&empty);
+    if !subs.is_empty() {
+        println!();
+        println!(
+            "returns     {} waiting, {} acknowledged, {} timed out (TT8170), {} released \
+             without a disabled subscriber; RETURN WAIT TIME {}s",
+            field(&ret["waiting"]),
+            field(&ret["acknowledged"]),
+            field(&ret["timed_out"]),
+            field(&ret["released_disabled"]),
+            field(&ret["return_wait"]),
+        );
+        for s in subs {
+            println!(
+                "            {} {}: {}, {} timeouts in a row, acknowledged through seq {}",
+                field(&s["subscriber"]),
+                field(&s["level"]),
+                if s["disabled"] == true {
+                    "DISABLED"
+                } else {
+                    "enabled"
+                },
+                field(&s["timeouts"]),
+                field(&s["commit_seq"]),
+            );
+        }
+    }
 }
 
 fn print_cluster(c: &hawser_client::ClusterStatus) {

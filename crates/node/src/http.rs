@@ -58,7 +58,5 @@ async fn status(State(state): State<Arc<NodeState>>) -> Response {
 }
 
 async fn replication(State(state): State<Arc<NodeState>>) -> Response {
-    let mut json = crate::dataplane::streams_json(&state.senders, &state.receiver);
-    json["returns"] = state.returns.json();
-    axum::Json(json).into_response()
+    axum::Json(state.replication_json()).into_response()
 }

@@ -132,7 +132,15 @@ impl NodeState {
             sequences,
             sessions: self.sessions.load(Ordering::Relaxed),
             cluster: Some(cluster::cluster_status(&self.plane)),
+            replication_json: self.replication_json().to_string(),
         }
+    }
+
+    /// Streams and return services (HTTP `/replication`).
+    pub(crate) fn replication_json(&self) -> serde_json::Value {
+        let mut json = dataplane::streams_json(&self.senders, &self.receiver);
+        json["returns"] = self.returns.json();
+        json
     }
 }
 
@@ -155,6 +163,7 @@ pub fn status_json(s: &v1::StatusResponse) -> serde_json::Value {
         "tables": s.tables.iter().map(|t| serde_json::json!({"name": t.name, "columns": t.columns})).collect::<Vec<_>>(),
         "sequences": s.sequences,
         "cluster": s.cluster.as_ref().map(cluster_json),
+        "replication": serde_json::from_str::<serde_json::Value>(&s.replication_json).ok(),
     })
 }
 
