@@ -133,25 +133,44 @@ impl Demo {
         self.shell().await
     }
 
+    /// The addresses, as commands to run from another terminal.
     fn print_commands(&self) {
         let Some(master) = self.nodes.first() else {
             return;
         };
+        let mut commands = vec![(
+            format!("hawser sql --host {}", master.grpc),
+            format!("SQL on {}, the master", master.name),
+        )];
+        for n in &self.nodes {
+            commands.push((
+                format!("hawser status --host {}", n.grpc),
+                format!("{}: members, Raft roles, schemes", n.name),
+            ));
+        }
+        commands.extend([
+            (
+                format!("hawser scheme show --host {}", master.grpc),
+                "the effective scheme".to_string(),
+            ),
+            (
+                format!("curl http://{}/replication", master.http),
+                "streams: state, lag, acked, bytes".to_string(),
+            ),
+            (
+                format!("curl http://{}/metrics", master.http),
+                "Prometheus metrics".to_string(),
+            ),
+        ]);
+        let width = commands.iter().map(|(c, _)| c.len()).max().unwrap_or(0);
         println!();
         println!(
             "The cluster runs while this shell is open (\\q or Ctrl-D leaves and stops it). \
              From another terminal:"
         );
-        println!(
-            "  hawser sql --host {}            # the master",
-            master.grpc
-        );
-        for n in &self.nodes {
-            println!("  hawser status --host {}         # {}", n.grpc, n.name);
+        for (command, what) in &commands {
+            println!("  {command:<width$}  # {what}");
         }
-        println!("  hawser scheme show --host {}", master.grpc);
-        println!("  curl http://{}/replication", master.http);
-        println!("  curl http://{}/metrics", master.http);
         println!();
         println!(
             "Write on {}: it masters every table, and the scheme carries what you write \
