@@ -362,3 +362,132 @@ fn bench_mode_replicates_its_table_and_wait_sees_subscribers_caught_up() {
         stderr(&out)
     );
 }
+
+/// The receiver states of `scheme` as `node` reports them (`"STORE=STATE"`).
+fn receivers(node: &Node, scheme: &str) -> Vec<String> {
+    node.try_status()
+        .and_then(|s| {
+            s["cluster"]["schemes"].as_array().and_then(|a| {
+                a.iter().find(|x| x["name"] == scheme).map(|x| {
+                    x["receivers"]
+                        .as_array()
+                        .map(|r| {
+                            r.iter()
+                                .filter_map(|v| v.as_str().map(String::from))
+                                .collect()
+                        })
+                        .unwrap_or_default()
+                })
+            })
+        })
+        .unwrap_or_default()
+}
+
+fn outbound_to(node: &Node, receiver: &str) -> Option<Value> {
+    let (_, body) = http_get(&node.http, "/replication");
+    let v: Value = serde_json::from_str(&body).ok()?;
+    v["outbound"]
+        .as_array()?
+        .iter()
+        .find(|o| o["receiver"] == receiver)
+        .cloned()
+}
+
+#[test]
+fn receiver_states_and_failthreshold_stop_the_stream_and_release_commits() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    // FAILTHRESHOLD counts log files of this many bytes.
+    let mut args: Vec<&str> = RAFT.to_vec();
+    args.extend(["--log-file-size", "4096"]);
+    let n1 = Node::start_at("n1", &d.join("n1"), "127.0.0.1:0", &args);
+    let out = n1.cli(&["init"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let mut n2 = start("n2", d, "127.0.0.1:0", Some(&n1.grpc));
+    // A third voter keeps a Raft quorum while n2 is down.
+    let n3 = start("n3", d, "127.0.0.1:0", Some(&n1.grpc));
+    for n in [&n1, &n2, &n3] {
+        wait_for("three voters", WAIT, || (voters(n) == 3).then_some(()));
+    }
+    for n in [&n1, &n2] {
+        sql_ok(n, "create table t (k int primary key, v varchar(200))");
+    }
+    ddl(
+        &n1,
+        "CREATE REPLICATION r ELEMENT e TABLE t MASTER n1 SUBSCRIBER n2 RETURN RECEIPT \
+         STORE n1 RETURN WAIT TIME 2 FAILTHRESHOLD 1",
+    );
+    wait_for("the stream to n2", WAIT, || {
+        outbound_to(&n1, "n2").filter(|o| o["state"] == "streaming")
+    });
+    let (results, _) = sql_ok(&n1, "insert into t values (1, 'a')");
+    assert!(warnings(&results).is_empty(), "{results:?}");
+    assert_eq!(count(&n2, "t"), Some(1));
+
+    // PAUSE (set through another node): no stream, and RECEIPT commits do not wait for
+    // a paused subscriber (RETURN SERVICES OFF WHEN REPLICATION STOPPED, its default).
+    let out = n3.cli(&["receiver", "--subscriber", "n2", "--state", "pause"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains("n2 is PAUSE in r"),
+        "{}",
+        stdout(&out)
+    );
+    wait_for("n1 stops sending to n2", WAIT, || {
+        outbound_to(&n1, "n2").is_none().then_some(())
+    });
+    assert_eq!(receivers(&n1, "r"), ["n2=PAUSE"]);
+    let released = returns(&n1)["released_disabled"].as_u64().unwrap();
+    let (results, _) = sql_ok(&n1, "insert into t values (2, 'b')");
+    assert!(warnings(&results).is_empty(), "{results:?}");
+    assert_eq!(
+        returns(&n1)["released_disabled"].as_u64().unwrap(),
+        released + 1
+    );
+    // Back to START: n2 gets what it missed.
+    let out = n1.cli(&["receiver", "--subscriber", "n2", "--state", "start"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    wait_for("n2 catches up", WAIT, || {
+        (count(&n2, "t") == Some(2)).then_some(())
+    });
+    assert!(receivers(&n1, "r").is_empty());
+    // FAILED is the master's to set.
+    let out = n1.cli(&["receiver", "--subscriber", "n2", "--state", "failed"]);
+    assert!(!out.status.success());
+
+    // n2 dies; more than one 4 KiB log file of commits later it is marked FAILED, and
+    // commits stop waiting for it.
+    n2.kill9();
+    let big = "x".repeat(180);
+    let inserts: Vec<String> = (10..40)
+        .map(|k| format!("insert into t values ({k}, '{big}')"))
+        .collect();
+    sql_ok(
+        &n1,
+        &format!("call ttRepSyncSet(NULL, 0, NULL); {}", inserts.join("; ")),
+    );
+    wait_for("n2 marked FAILED", WAIT, || {
+        (receivers(&n1, "r") == ["n2=FAILED"]).then_some(())
+    });
+    let (results, _) = sql_ok(&n1, "insert into t values (99, 'after')");
+    assert!(warnings(&results).is_empty(), "{results:?}");
+    assert!(outbound_to(&n1, "n2").is_none());
+
+    // Back on its data, n2 stays behind until someone sets it to START; hawser keeps
+    // its whole log, so it then catches up without a duplicate.
+    let n2 = start("n2", d, &n2.grpc, Some(&n1.grpc));
+    let out = n1.cli(&[
+        "receiver",
+        "--scheme",
+        "r",
+        "--subscriber",
+        "n2",
+        "--state",
+        "start",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    wait_for("n2 catches up after FAILED", WAIT, || {
+        (count(&n2, "t") == count(&n1, "t")).then_some(())
+    });
+    assert_eq!(count(&n2, "t"), Some(33));
+}

@@ -1,8 +1,9 @@
-//! `hawser init` and `hawser node remove`: the cluster membership commands.
+//! `hawser init`, `hawser node remove` and `hawser receiver`: the cluster commands.
 //!
 //! `init` bootstraps the Raft group on the node it addresses (run it on one node only;
 //! the others `hawser start --join` it). `node remove` takes a member out through the
-//! Raft leader, wherever the addressed node is.
+//! Raft leader, wherever the addressed node is. `receiver` sets a subscriber's receiver
+//! state, as TimesTen's `ttRepAdmin -receiver -state`.
 
 use std::process::ExitCode;
 
@@ -34,6 +35,57 @@ enum NodeCommand {
         #[arg(long)]
         node_id: u64,
     },
+}
+
+/// A receiver state the CLI can set.
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+pub enum ReceiverStateArg {
+    /// Send updates as soon as possible (the default state).
+    Start,
+    /// Keep collecting updates but send nothing until set back to start.
+    Pause,
+    /// Send nothing; commits stop waiting for this subscriber's return service under
+    /// RETURN SERVICES OFF WHEN REPLICATION STOPPED.
+    Stop,
+}
+
+#[derive(Args, Debug)]
+pub struct ReceiverArgs {
+    /// Any member of the cluster; the change goes through the Raft leader.
+    #[arg(long, env = "HAWSER_HOST", default_value = "127.0.0.1:7420")]
+    host: String,
+    /// The replication scheme [default: every scheme the subscriber is in].
+    #[arg(long, value_name = "NAME")]
+    scheme: Option<String>,
+    /// The subscriber store whose receiver state to set.
+    #[arg(long, value_name = "STORE")]
+    subscriber: String,
+    /// The new state.
+    #[arg(long, value_enum)]
+    state: ReceiverStateArg,
+}
+
+/// Runs `hawser receiver`.
+pub async fn receiver(args: ReceiverArgs) -> anyhow::Result<ExitCode> {
+    let mut client = hawser_client::Client::connect(&args.host)
+        .await
+        .with_context(|| format!("connect to {}", args.host))?;
+    let state = match args.state {
+        ReceiverStateArg::Start => "start",
+        ReceiverStateArg::Pause => "pause",
+        ReceiverStateArg::Stop => "stop",
+    };
+    let schemes = client
+        .set_receiver_state(args.scheme.as_deref(), &args.subscriber, state)
+        .await
+        .with_context(|| format!("set the receiver state of {}", args.subscriber))?;
+    println!(
+        "receiver {} is {} in {}",
+        args.subscriber,
+        state.to_uppercase(),
+        schemes.join(", ")
+    );
+    Ok(ExitCode::SUCCESS)
 }
 
 pub async fn init(args: InitArgs) -> anyhow::Result<ExitCode> {

@@ -46,9 +46,13 @@ enum Command {
     Init(cluster_cmd::InitArgs),
     /// Manage cluster members.
     Node(cluster_cmd::NodeArgs),
+    /// Set a subscriber's receiver state: start, pause or stop (TimesTen's ttRepAdmin
+    /// -receiver -state). Masters send nothing to a paused or stopped subscriber.
+    Receiver(cluster_cmd::ReceiverArgs),
     /// Measure commit throughput and latency with a single-row upsert workload.
     Bench(bench::BenchArgs),
-    /// Start a local demo node in a temporary directory, load example data, open a shell.
+    /// Start a local three-node cluster (ds1, ds2, ds3) under a TimesTen replication
+    /// scheme, replicate example data, show what happened, open a SQL shell.
     Demo(demo::DemoArgs),
     /// Replication schemes (TimesTen CREATE/ALTER/DROP REPLICATION): check and format
     /// offline, show the cluster's.
@@ -79,6 +83,7 @@ fn main() -> ExitCode {
             Command::Status(args) => status::run(args).await,
             Command::Init(args) => cluster_cmd::init(args).await,
             Command::Node(args) => cluster_cmd::node(args).await,
+            Command::Receiver(args) => cluster_cmd::receiver(args).await,
             Command::Bench(args) => bench::run(args).await,
             Command::Demo(args) => demo::run(args).await,
             Command::Scheme(args) => scheme_cmd::run(args).await,

@@ -22,7 +22,8 @@ pub struct StartArgs {
     /// TOML file with node settings (keys as in `NodeConfig`: name, listen, http,
     /// data_dir, durable_commits, lock_timeout, max_message_bytes, join, advertise,
     /// raft_heartbeat, raft_election_min, raft_election_max, raft_snapshot_every,
-    /// raft_log_keep, compile, compile_threshold_txns, compile_threshold_bytes).
+    /// raft_log_keep, compile, compile_threshold_txns, compile_threshold_bytes,
+    /// log_file_size).
     #[arg(long, env = "HAWSER_CONFIG")]
     config: Option<PathBuf>,
     /// Store name replication schemes use for this node [default: hawser].
@@ -71,6 +72,11 @@ pub struct StartArgs {
     /// the log at every snapshot [default: 1000].
     #[arg(long, env = "HAWSER_RAFT_LOG_KEEP")]
     raft_log_keep: Option<u64>,
+    /// TimesTen's LogFileSize, the unit of a scheme's FAILTHRESHOLD: a master marks a
+    /// subscriber FAILED once the log it has not acknowledged exceeds FAILTHRESHOLD ×
+    /// this many bytes [default: 67108864].
+    #[arg(long, env = "HAWSER_LOG_FILE_SIZE", value_name = "BYTES")]
+    log_file_size: Option<u64>,
     #[command(flatten)]
     compile: CompileArgs,
     /// Log format on stderr.
@@ -173,6 +179,9 @@ impl StartArgs {
         }
         if self.compile.no_compile {
             c.compile = false;
+        }
+        if let Some(v) = self.log_file_size {
+            c.log_file_size = v;
         }
         c.validate()?;
         Ok(c)

@@ -368,6 +368,27 @@ impl Client {
         Ok(())
     }
 
+    /// Sets `store`'s receiver state (`start`, `pause`, `stop`) in `scheme` (every
+    /// scheme it subscribes to when `None`), through the Raft leader; returns the
+    /// schemes set.
+    pub async fn set_receiver_state(
+        &mut self,
+        scheme: Option<&str>,
+        store: &str,
+        state: &str,
+    ) -> Result<Vec<String>, ClientError> {
+        let resp = self
+            .admin
+            .set_receiver_state(self.request(v1::SetReceiverStateRequest {
+                scheme: scheme.unwrap_or_default().into(),
+                store: store.into(),
+                state: state.into(),
+            }))
+            .await?
+            .into_inner();
+        Ok(resp.schemes)
+    }
+
     /// The effective replication schemes as this node has applied them, in canonical
     /// DDL; `name` (`[owner.]name`) selects one, and an unknown name is NOT_FOUND.
     pub async fn show_schemes(

@@ -512,6 +512,76 @@ pub(crate) async fn join_loop(
     }
 }
 
+/// Sets `store`'s receiver state in `scheme` (every scheme it subscribes to when
+/// `scheme` is empty) through the Raft leader and waits until this node has applied
+/// it. Returns the schemes changed.
+pub(crate) async fn set_receiver_state(
+    plane: &ControlPlane,
+    scheme: &str,
+    store: &str,
+    state: &str,
+) -> Result<Vec<String>, tonic::Status> {
+    let rs = match state.to_ascii_lowercase().as_str() {
+        "start" => ReceiverState::Start,
+        "pause" => ReceiverState::Pause,
+        "stop" => ReceiverState::Stop,
+        "failed" => {
+            return Err(tonic::Status::invalid_argument(
+                "FAILED cannot be set by hand: a master sets it when the log held for the \
+                 subscriber passes FAILTHRESHOLD; set start, pause or stop",
+            ))
+        }
+        other => {
+            return Err(tonic::Status::invalid_argument(format!(
+                "receiver state {other:?}: give start, pause or stop"
+            )))
+        }
+    };
+    if store.is_empty() {
+        return Err(tonic::Status::invalid_argument(
+            "name the subscriber store whose receiver state to set",
+        ));
+    }
+    let store = Ident::unquoted(store);
+    let current = plane.state();
+    let names: Vec<QualName> = if scheme.is_empty() {
+        current
+            .schemes
+            .iter()
+            .filter(|(_, s)| {
+                s.scheme
+                    .elements
+                    .iter()
+                    .flat_map(|e| e.subscriber_stores())
+                    .any(|r| matches!(&r.name, StoreName::Named(n) if *n == store))
+            })
+            .map(|(n, _)| n.clone())
+            .collect()
+    } else {
+        vec![QualName::parse_unquoted(scheme)]
+    };
+    if names.is_empty() {
+        return Err(tonic::Status::not_found(format!(
+            "{store} subscribes to no replication scheme"
+        )));
+    }
+    for name in &names {
+        let cmd = Command::SetReceiverState {
+            scheme: name.clone(),
+            store: store.clone(),
+            state: rs,
+        };
+        hawser_control::state::validate(&current, &cmd)
+            .map_err(|e| tonic::Status::failed_precondition(e.to_string()))?;
+        let version = plane.propose(cmd).await.map_err(plane_status)?;
+        plane
+            .wait_for_version(version, APPLY_WAIT)
+            .await
+            .map_err(plane_status)?;
+    }
+    Ok(names.iter().map(|n| n.to_string()).collect())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -60,6 +60,10 @@ pub struct NodeConfig {
     pub compile_threshold_txns: u64,
     /// A receiver's backlog of at least this many bytes (uncompressed) is compiled.
     pub compile_threshold_bytes: u64,
+    /// TimesTen's LogFileSize: the unit of FAILTHRESHOLD. A master marks a subscriber
+    /// FAILED once the log it has not acknowledged exceeds FAILTHRESHOLD × this many
+    /// bytes.
+    pub log_file_size: u64,
 }
 
 impl Default for NodeConfig {
@@ -82,6 +86,7 @@ impl Default for NodeConfig {
             compile: true,
             compile_threshold_txns: CompilePolicy::DEFAULT_MIN_TRANSACTIONS,
             compile_threshold_bytes: CompilePolicy::DEFAULT_MIN_BYTES,
+            log_file_size: 64 * 1024 * 1024,
         }
     }
 }
@@ -151,6 +156,9 @@ impl NodeConfig {
                  elections between heartbeats",
                 self.raft_election_min, self.raft_heartbeat
             )));
+        }
+        if self.log_file_size == 0 {
+            return Err(ConfigError("log_file_size must be at least 1 byte".into()));
         }
         if self.raft_election_max <= self.raft_election_min {
             return Err(ConfigError(format!(

@@ -26,6 +26,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
+use hawser_control::state::ReceiverState;
 use hawser_control::{ClusterState, ControlPlane};
 use hawser_core::{Epoch, Ident, NodeId, QualName};
 use hawser_scheme::ast::ReturnService;
@@ -33,7 +34,9 @@ use hawser_scheme::route::{Link, SequenceInfo, StoreCatalog};
 use hawser_scheme::Topology;
 use hawser_sql::{BoxFuture, ReplicationError};
 use hawser_store::Database;
-use hawser_stream::returns::{ReturnLevel, ReturnRoutes, ReturnSettings, ReturnWait};
+use hawser_stream::returns::{
+    ReplicationState, ReturnLevel, ReturnRoutes, ReturnSettings, ReturnWait,
+};
 use hawser_stream::{LinkConfig, ReceiverService, SenderHandle, SenderState, StreamSender};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -70,6 +73,9 @@ pub(crate) fn wake_all(senders: &Senders) {
 /// receiver store).
 type Wanted = BTreeMap<(QualName, Ident), (LinkConfig, String)>;
 
+/// FAILTHRESHOLD of the master's STORE clause for each wanted link (0 = no limit).
+type Thresholds = BTreeMap<(QualName, Ident), u32>;
+
 /// What [`run`] needs.
 pub(crate) struct DataPlaneTask {
     /// Given the return-service routes at each re-plan; fed acks by a watcher per sender.
@@ -82,6 +88,8 @@ pub(crate) struct DataPlaneTask {
     pub(crate) senders: Senders,
     pub(crate) tracker: TaskTracker,
     pub(crate) shutdown: CancellationToken,
+    /// The unit of FAILTHRESHOLD, in bytes of log (TimesTen's LogFileSize).
+    pub(crate) log_file_size: u64,
 }
 
 /// Keeps this node's senders and its receiver's epochs in line with the cluster state
@@ -91,18 +99,27 @@ pub(crate) async fn run(task: DataPlaneTask) {
     let mut running: BTreeMap<(QualName, Ident), Running> = BTreeMap::new();
     let mut tick = tokio::time::interval(REPLAN_EVERY);
     let mut problems = BTreeSet::new();
+    let mut thresholds = Thresholds::new();
+    let mut failing = BTreeSet::new();
     loop {
         let state = state_rx.borrow_and_update().clone();
         task.epochs.send_if_modified(|current| {
             replace_if_changed(current, subscribed(&state, &task.store))
         });
-        let (wanted, now) = wanted_links(&state, &task.db, &task.store, &task.returns);
+        let (wanted, now) = wanted_links(
+            &state,
+            &task.db,
+            &task.store,
+            &task.returns,
+            &mut thresholds,
+        );
         // Each problem is logged once, when it appears, not at every re-plan.
         for p in now.difference(&problems) {
             warn!("{p}");
         }
         problems = now;
         reconcile(&task, &mut running, wanted);
+        check_fail_thresholds(&task, &running, &thresholds, &mut failing);
         tokio::select! {
             _ = task.shutdown.cancelled() => break,
             changed = state_rx.changed() => if changed.is_err() { break },
@@ -208,7 +225,10 @@ fn wanted_links(
     db: &Database,
     store: &Ident,
     returns: &Returns,
+    thresholds: &mut Thresholds,
 ) -> (Wanted, BTreeSet<String>) {
+    thresholds.clear();
+    let mut replication: BTreeMap<Ident, ReplicationState> = BTreeMap::new();
     let catalog = StoreCatalog {
         tables: db.tables().iter().map(|t| (**t).clone()).collect(),
         sequences: db
@@ -274,6 +294,19 @@ fn wanted_links(
             if link.tables.is_empty() {
                 continue;
             }
+            // PAUSE, STOP and FAILED receivers get nothing; commits stop waiting for
+            // them under RETURN SERVICES OFF WHEN REPLICATION STOPPED.
+            let rstate = match s.receiver_state(&link.receiver) {
+                ReceiverState::Start => ReplicationState::Start,
+                ReceiverState::Pause => ReplicationState::Pause,
+                ReceiverState::Stop => ReplicationState::Stop,
+                ReceiverState::Failed => ReplicationState::Failed,
+            };
+            let e = replication.entry(link.receiver.clone()).or_default();
+            if rstate != ReplicationState::Start {
+                *e = rstate;
+                continue;
+            }
             let mut config = match LinkConfig::from_link(link, s.version, &nodes, &epochs) {
                 Ok(c) => c,
                 Err(e) => {
@@ -289,10 +322,15 @@ fn wanted_links(
             else {
                 continue;
             };
+            thresholds.insert(
+                (name.clone(), link.receiver.clone()),
+                link.sender_settings.fail_threshold,
+            );
             out.insert((name.clone(), link.receiver.clone()), (config, addr));
         }
     }
     set_returns(returns, store, &all_links);
+    returns.set_replication(replication);
     // A table this store also masters (bidirectional, general workload) stays writable.
     let mastered: BTreeSet<&QualName> = all_links
         .iter()
@@ -308,6 +346,61 @@ fn wanted_links(
     }
     db.set_write_refusals(refusals);
     (out, problems)
+}
+
+/// Marks receivers FAILED whose unacknowledged log passed the master's FAILTHRESHOLD
+/// (in units of `log_file_size` bytes). Only senders that have streamed since this
+/// process started are measured: before its first Hello a sender does not know where
+/// its receiver is. Each receiver is proposed once per crossing.
+fn check_fail_thresholds(
+    task: &DataPlaneTask,
+    running: &BTreeMap<(QualName, Ident), Running>,
+    thresholds: &Thresholds,
+    failing: &mut BTreeSet<(QualName, Ident)>,
+) {
+    failing.retain(|k| running.contains_key(k));
+    for (key, r) in running {
+        let threshold = thresholds.get(key).copied().unwrap_or(0);
+        if threshold == 0 || failing.contains(key) {
+            continue;
+        }
+        let (streamed, acked) = {
+            let s = r.handle.status();
+            let s = s.borrow();
+            (s.last_contact.is_some(), s.acked_lsn)
+        };
+        // The receiver may be gone: its last ack, not a fresh one, says where it is.
+        if !streamed || task.db.last_lsn() <= acked {
+            continue;
+        }
+        let limit = u64::from(threshold).saturating_mul(task.log_file_size);
+        let held = match task.db.log_bytes_from(acked.next()) {
+            Ok(b) => b,
+            Err(e) => {
+                warn!(error = %e, "cannot measure the log held for a receiver");
+                continue;
+            }
+        };
+        if held <= limit {
+            continue;
+        }
+        warn!(
+            scheme = %key.0, receiver = %key.1, held, limit,
+            "receiver passed FAILTHRESHOLD; marking it FAILED"
+        );
+        failing.insert(key.clone());
+        let plane = task.plane.clone();
+        let cmd = hawser_control::Command::SetReceiverState {
+            scheme: key.0.clone(),
+            store: key.1.clone(),
+            state: ReceiverState::Failed,
+        };
+        task.tracker.spawn(async move {
+            if let Err(e) = plane.propose(cmd).await {
+                warn!(error = %e, "could not mark the receiver FAILED; will retry");
+            }
+        });
+    }
 }
 
 /// Gives the return services the routes of the links this store sends and the

@@ -464,6 +464,21 @@ impl Admin for Services {
         Ok(Response::new(v1::RemoveNodeResponse {}))
     }
 
+    async fn set_receiver_state(
+        &self,
+        request: Request<v1::SetReceiverStateRequest>,
+    ) -> Result<Response<v1::SetReceiverStateResponse>, Status> {
+        let req = request.into_inner();
+        let schemes = crate::cluster::set_receiver_state(
+            &self.state.plane,
+            req.scheme.trim(),
+            req.store.trim(),
+            req.state.trim(),
+        )
+        .await?;
+        Ok(Response::new(v1::SetReceiverStateResponse { schemes }))
+    }
+
     async fn show_schemes(
         &self,
         request: Request<v1::ShowSchemesRequest>,

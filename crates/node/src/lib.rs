@@ -361,6 +361,7 @@ pub async fn run(
         .spawn(async move { timer.run_timer(timer_shutdown).await });
     state.tasks.spawn(dataplane::run(dataplane::DataPlaneTask {
         returns: state.returns.clone(),
+        log_file_size: state.config.log_file_size,
         plane: state.plane.clone(),
         db: state.db.clone(),
         store,

@@ -33,8 +33,8 @@ use hawser_sql::{
 };
 use hawser_store::{CommitInfo, StoreError, Txn};
 use hawser_stream::returns::{
-    AckMarks, ReturnEvent, ReturnLevel, ReturnOutcome, ReturnRoutes, ReturnSettings, ReturnTracker,
-    ReturnWait, Step, SyncOptions,
+    AckMarks, ReplicationState, ReturnEvent, ReturnLevel, ReturnOutcome, ReturnRoutes,
+    ReturnSettings, ReturnTracker, ReturnWait, Step, SyncOptions,
 };
 use hawser_stream::SenderHandle;
 use parking_lot::Mutex;
@@ -120,6 +120,20 @@ impl Returns {
         inner.subscribers = subscribers;
         if *inner.tracker.settings() != settings {
             inner.tracker.set_settings(settings);
+        }
+    }
+
+    /// The receiver states of this master's subscribers (START when absent).
+    pub(crate) fn set_replication(&self, states: BTreeMap<Ident, ReplicationState>) {
+        let mut inner = self.inner.lock();
+        let known: Vec<Ident> = inner.subscribers.keys().cloned().collect();
+        for sub in known {
+            let state = states.get(&sub).copied().unwrap_or_default();
+            if inner.tracker.replication_state(&sub) != state {
+                info!(subscriber = %sub, ?state, "receiver state");
+                let step = inner.tracker.set_replication(&sub, state);
+                Self::dispatch(&mut inner, step);
+            }
         }
     }
 

@@ -803,6 +803,22 @@ impl Database {
             .collect()
     }
 
+    /// Bytes of log (keys and encoded records) from LSN `from` on: what a receiver
+    /// that has everything before `from` still lacks, as FAILTHRESHOLD measures it.
+    /// Reads every record key from `from` on, so callers bound how often they ask.
+    pub fn log_bytes_from(&self, from: Lsn) -> Result<u64, StoreError> {
+        let range = (
+            Bound::Included(layout::log_key(from)),
+            prefix_successor(&[layout::LOG_PREFIX]).map_or(Bound::Unbounded, Bound::Excluded),
+        );
+        let mut bytes = 0u64;
+        for kv in self.inner.engine.scan(range, false) {
+            let (k, v) = kv?;
+            bytes += (k.len() + v.len()) as u64;
+        }
+        Ok(bytes)
+    }
+
     /// The LSN of the last committed record (0 when the log is empty).
     pub fn last_lsn(&self) -> Lsn {
         Lsn(self.inner.applied_lsn.load(Ordering::Acquire))

@@ -598,6 +598,14 @@ impl ReturnTracker {
         self.subs.get(subscriber).is_some_and(|s| s.disabled)
     }
 
+    /// The replication state the control plane last gave for `subscriber`.
+    pub fn replication_state(&self, subscriber: &Ident) -> ReplicationState {
+        self.subs
+            .get(subscriber)
+            .map(|s| s.state)
+            .unwrap_or_default()
+    }
+
     /// Consecutive timeouts of `subscriber` since its last acknowledgement in time.
     pub fn consecutive_timeouts(&self, subscriber: &Ident) -> u32 {
         self.subs
