@@ -353,6 +353,31 @@ fn bench_mode_replicates_its_table_and_wait_sees_subscribers_caught_up() {
             master[0]["rows"]
         );
     }
+    // A DATASTORE scheme over everything: its stream re-ships CREATE TABLE bench, which
+    // n2 already has (recorded, not refused), and a table created after the scheme is
+    // replicated and waited for at once: TWOSAFE holds the first commit to it.
+    ddl(&n1, "DROP REPLICATION bench_repl");
+    ddl(
+        &n1,
+        "CREATE REPLICATION d ELEMENT e DATASTORE MASTER n1 SUBSCRIBER n2 RETURN TWOSAFE \
+         STORE n1 RETURN WAIT TIME 10",
+    );
+    let acknowledged = returns(&n1)["acknowledged"].as_u64().unwrap();
+    let (results, _) = sql_ok(
+        &n1,
+        "create table late (k int primary key, v int); insert into late values (1, 1)",
+    );
+    assert!(warnings(&results).is_empty(), "{results:?}");
+    assert_eq!(count(&n2, "late"), Some(1));
+    assert_eq!(
+        returns(&n1)["acknowledged"].as_u64().unwrap(),
+        acknowledged + 1,
+        "the first commit to the new table waited for n2"
+    );
+    let (results, _) = sql_ok(&n1, "insert into late values (2, 2)");
+    assert!(warnings(&results).is_empty(), "{results:?}");
+    assert_eq!(count(&n2, "late"), Some(2));
+
     // A subscriber that is not one: a clear error, exit 1.
     let out = n1.cli(&["wait", "--subscriber", "nobody", "--timeout", "1s"]);
     assert!(!out.status.success());

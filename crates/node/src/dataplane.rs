@@ -37,7 +37,9 @@ use hawser_store::Database;
 use hawser_stream::returns::{
     ReplicationState, ReturnLevel, ReturnRoutes, ReturnSettings, ReturnWait,
 };
-use hawser_stream::{LinkConfig, ReceiverService, SenderHandle, SenderState, StreamSender};
+use hawser_stream::{
+    DatastoreRule, LinkConfig, ReceiverService, SenderHandle, SenderState, StreamSender,
+};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -252,6 +254,7 @@ fn wanted_links(
     let mut out = BTreeMap::new();
     let mut problems = BTreeSet::new();
     let mut all_links = Vec::new();
+    let mut ds_routes: Vec<DatastoreRoute> = Vec::new();
     let mut received: Vec<(QualName, String)> = Vec::new();
     for (name, s) in &state.schemes {
         let plan = match hawser_scheme::plan(&s.scheme, &topology) {
@@ -270,13 +273,32 @@ fn wanted_links(
             .iter()
             .map(|(n, e)| (n.clone(), e.epoch))
             .collect();
-        let datastore: BTreeSet<&Ident> = s
+        // DATASTORE elements: their INCLUDE / EXCLUDE table lists, so tables created
+        // after this plan are carried (and waited for) too.
+        let datastore: BTreeMap<&Ident, TableLists> = s
             .scheme
             .elements
             .iter()
             .filter(|e| matches!(e.kind, hawser_scheme::ast::ElementKind::Datastore))
-            .map(|e| &e.name)
+            .map(|e| (&e.name, table_lists(e)))
             .collect();
+        for link in plan.links.iter().filter(|l| &l.sender == store) {
+            let mut seen = BTreeSet::new();
+            for t in link.tables.iter().filter(|t| &t.origin == store) {
+                let Some((include, exclude)) = datastore.get(&t.element) else {
+                    continue;
+                };
+                if seen.insert(&t.element) {
+                    ds_routes.push((
+                        link.receiver.clone(),
+                        include.clone(),
+                        exclude.clone(),
+                        t.return_service,
+                        t.return_when_stopped,
+                    ));
+                }
+            }
+        }
         for link in plan.links.iter().filter(|l| &l.receiver == store) {
             for t in link.tables.iter().filter(|t| &t.origin != store) {
                 received.push((
@@ -315,7 +337,27 @@ fn wanted_links(
                     continue;
                 }
             };
-            config.replicate_ddl = link.tables.iter().any(|t| datastore.contains(&t.element));
+            config.replicate_ddl = link
+                .tables
+                .iter()
+                .any(|t| datastore.contains_key(&t.element));
+            let mut rules: BTreeMap<(Ident, NodeId), DatastoreRule> = BTreeMap::new();
+            for t in &link.tables {
+                let (Some((include, exclude)), Some(origin)) =
+                    (datastore.get(&t.element), nodes.get(&t.origin))
+                else {
+                    continue;
+                };
+                rules
+                    .entry((t.element.clone(), *origin))
+                    .or_insert_with(|| DatastoreRule {
+                        element: t.element.clone(),
+                        origin: *origin,
+                        include: include.clone(),
+                        exclude: exclude.clone(),
+                    });
+            }
+            config.datastore = rules.into_values().collect();
             let Some(addr) = state
                 .node_by_store(&link.receiver)
                 .map(|n| n.grpc_addr.clone())
@@ -329,7 +371,7 @@ fn wanted_links(
             out.insert((name.clone(), link.receiver.clone()), (config, addr));
         }
     }
-    set_returns(returns, store, &all_links);
+    set_returns(returns, store, &all_links, ds_routes);
     returns.set_replication(replication);
     // A table this store also masters (bidirectional, general workload) stays writable.
     let mastered: BTreeSet<&QualName> = all_links
@@ -403,10 +445,45 @@ fn check_fail_thresholds(
     }
 }
 
+/// A DATASTORE element's INCLUDE TABLE names (`None`: every table) and EXCLUDE TABLE
+/// names.
+type TableLists = (Option<BTreeSet<QualName>>, BTreeSet<QualName>);
+
+/// A DATASTORE element's return service to one subscriber: (subscriber, lists,
+/// service, RETURN SERVICES ON WHEN REPLICATION STOPPED).
+type DatastoreRoute = (
+    Ident,
+    Option<BTreeSet<QualName>>,
+    BTreeSet<QualName>,
+    ReturnService,
+    bool,
+);
+
+fn table_lists(el: &hawser_scheme::ast::Element) -> TableLists {
+    use hawser_scheme::ast::{InclusionAction, ObjectType};
+    let mut include: Option<BTreeSet<QualName>> = None;
+    let mut exclude = BTreeSet::new();
+    for inc in &el.inclusions {
+        let names = inc
+            .groups
+            .iter()
+            .filter(|g| g.object_type == ObjectType::Table)
+            .flat_map(|g| g.names.iter().map(|n| n.name.clone()));
+        match inc.action {
+            InclusionAction::Include => include.get_or_insert_with(BTreeSet::new).extend(names),
+            InclusionAction::Exclude => exclude.extend(names),
+        }
+    }
+    (include, exclude)
+}
+
 /// Gives the return services the routes of the links this store sends and the
 /// master's STORE settings (the first scheme's that names any).
-fn set_returns(returns: &Returns, store: &Ident, links: &[Link]) {
-    let routes = ReturnRoutes::from_links(store, links.iter());
+fn set_returns(returns: &Returns, store: &Ident, links: &[Link], ds_routes: Vec<DatastoreRoute>) {
+    let mut routes = ReturnRoutes::from_links(store, links.iter());
+    for (subscriber, include, exclude, service, when_stopped) in ds_routes {
+        routes.add_datastore(subscriber, include, exclude, service, when_stopped);
+    }
     let mut subscribers: BTreeMap<Ident, ReturnLevel> = BTreeMap::new();
     let mut settings = None;
     for link in links {

@@ -219,6 +219,28 @@ impl Database {
                 high_water: self.high_waters()?,
             });
         }
+        // Already so here (the table was created on both sides before a DATASTORE
+        // scheme shipped its CREATE TABLE, or dropped on both): nothing to change, but
+        // the statement is recorded as applied, as an empty transaction.
+        let already = match op {
+            DdlOp::CreateTable(def) => self.table(&def.name).is_some_and(|t| *t == *def),
+            DdlOp::DropTable(name) => self.table(name).is_none(),
+            DdlOp::CreateSequence(def) => self.sequence(&def.name).is_some_and(|s| s == *def),
+            DdlOp::DropSequence(name) => self.sequence(name).is_none(),
+            DdlOp::AddColumn { .. } => false,
+        };
+        if already {
+            drop(_serial);
+            let noop = ReplicatedTxn {
+                txn: hawser_core::Transaction {
+                    gtid,
+                    commit_micros: *commit_micros,
+                    changes: Vec::new(),
+                },
+                epoch,
+            };
+            return self.apply_internal(&[noop], None).await;
+        }
         let origin = Origin::Replicated {
             gtid,
             epoch,

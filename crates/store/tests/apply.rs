@@ -54,6 +54,7 @@ on_both_engines!(
     a_compilation_of_another_run_is_refused,
     replicated_ddl_runs_once_with_its_original_gtid,
     replicated_ddl_that_fails_here_changes_nothing,
+    replicated_ddl_already_in_effect_is_recorded_and_changes_nothing,
 );
 
 const ORIGIN: NodeId = NodeId(100);
@@ -554,8 +555,11 @@ async fn replicated_ddl_runs_once_with_its_original_gtid(mut f: Fixture) {
 async fn replicated_ddl_that_fails_here_changes_nothing(f: Fixture) {
     let db = setup(&f).await;
     let before = records(db);
+    // The table exists here with another definition.
+    let mut other = counters();
+    other.columns.push(col("extra", DataType::Integer, true));
     let err = db
-        .apply_replicated_ddl(&ddl(1, DdlOp::CreateTable(counters())), Epoch(1))
+        .apply_replicated_ddl(&ddl(1, DdlOp::CreateTable(other)), Epoch(1))
         .await
         .unwrap_err();
     assert_eq!(err.code(), "42P07");
@@ -565,4 +569,26 @@ async fn replicated_ddl_that_fails_here_changes_nothing(f: Fixture) {
     let txn = LogEntry::Txn(rtxn(ORIGIN, 1, vec![]).txn);
     let err = db.apply_replicated_ddl(&txn, Epoch(1)).await.unwrap_err();
     assert!(matches!(err, StoreError::InvalidBatch(_)), "{err}");
+}
+
+async fn replicated_ddl_already_in_effect_is_recorded_and_changes_nothing(f: Fixture) {
+    let db = setup(&f).await;
+    db.apply_replicated(vec![rtxn(ORIGIN, 1, vec![ins(1, 10)])])
+        .await
+        .unwrap();
+    // The same table was created on both sides before the scheme shipped the DDL.
+    let info = db
+        .apply_replicated_ddl(&ddl(2, DdlOp::CreateTable(counters())), Epoch(1))
+        .await
+        .unwrap();
+    assert_eq!((info.applied, info.skipped), (1, 0));
+    assert_eq!(db.high_water(ORIGIN).unwrap(), 2);
+    assert_eq!(rows(db), vec![vec![Value::Int(1), Value::Int(10)]]);
+    // Dropping a table that is not here is done already too.
+    let gone = QualName::bare("gone");
+    db.apply_replicated_ddl(&ddl(3, DdlOp::DropTable(gone)), Epoch(1))
+        .await
+        .unwrap();
+    assert_eq!(db.high_water(ORIGIN).unwrap(), 3);
+    assert_eq!(rows(db).len(), 1);
 }

@@ -37,7 +37,7 @@ pub const PROTOCOL_VERSION: u32 = 1;
 
 pub use codec::{CodecError, Compression, WireRecord};
 pub use error::StreamError;
-pub use link::{check_table, LinkConfig, LinkError, SenderTuning, TableMismatch};
+pub use link::{check_table, DatastoreRule, LinkConfig, LinkError, SenderTuning, TableMismatch};
 pub use receiver::{CompilePolicy, InboundStatus, ReceiverConfig, ReceiverService};
 pub use returns::{
     AckMarks, Await, Release, ReplicationState, ReturnEvent, ReturnLevel, ReturnOutcome,

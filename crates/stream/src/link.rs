@@ -78,9 +78,33 @@ pub struct LinkConfig {
     pub tables: BTreeMap<(QualName, NodeId), Ident>,
     /// Ship DDL of the carried origins (DATASTORE elements).
     pub replicate_ddl: bool,
+    /// DATASTORE elements by rule: a table of the origin created after this config was
+    /// planned is carried too, if the element's INCLUDE / EXCLUDE lets it in.
+    pub datastore: Vec<DatastoreRule>,
     pub compression: Compression,
     pub table_check: TableDefinitionChecking,
     pub tuning: SenderTuning,
+}
+
+/// The tables a DATASTORE element carries, as its INCLUDE / EXCLUDE says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DatastoreRule {
+    pub element: Ident,
+    /// The element's master's node: only its transactions follow the rule.
+    pub origin: NodeId,
+    /// INCLUDE TABLE names; `None` = every table.
+    pub include: Option<BTreeSet<QualName>>,
+    /// EXCLUDE TABLE names.
+    pub exclude: BTreeSet<QualName>,
+}
+
+impl DatastoreRule {
+    /// Whether the element carries `table` of `origin`.
+    pub fn carries(&self, table: &QualName, origin: NodeId) -> bool {
+        origin == self.origin
+            && self.include.as_ref().is_none_or(|i| i.contains(table))
+            && !self.exclude.contains(table)
+    }
 }
 
 /// A link that cannot be streamed yet.
@@ -127,6 +151,7 @@ impl LinkConfig {
             elements,
             tables,
             replicate_ddl: false,
+            datastore: Vec::new(),
             compression: if link.sender_settings.compress_traffic {
                 Compression::Lz4
             } else {
@@ -155,7 +180,13 @@ impl LinkConfig {
                 let changes: Vec<RowChange> = t
                     .changes
                     .iter()
-                    .filter(|c| self.tables.contains_key(&(c.table.clone(), gtid.origin)))
+                    .filter(|c| {
+                        self.tables.contains_key(&(c.table.clone(), gtid.origin))
+                            || self
+                                .datastore
+                                .iter()
+                                .any(|r| r.carries(&c.table, gtid.origin))
+                    })
                     .cloned()
                     .collect();
                 (!changes.is_empty()).then_some(LogEntry::Txn(Transaction {
@@ -335,6 +366,7 @@ mod tests {
             elements: BTreeMap::new(),
             tables,
             replicate_ddl: false,
+            datastore: Vec::new(),
             compression: Compression::None,
             table_check: TableDefinitionChecking::Exact,
             tuning: SenderTuning::default(),
@@ -365,5 +397,29 @@ mod tests {
         assert!(cfg.filter(&txn(m, 7, &["b"]), &hw).is_none());
         assert!(cfg.filter(&txn(x, 1, &["b"]), &hw).is_some());
         assert!(cfg.filter(&txn(s, 9, &["a", "b"]), &hw).is_none());
+
+        // A DATASTORE rule carries tables planned after the config, except EXCLUDEd ones.
+        let cfg = LinkConfig {
+            datastore: vec![DatastoreRule {
+                element: Ident::unquoted("d"),
+                origin: m,
+                include: None,
+                exclude: BTreeSet::from([QualName::bare("secret")]),
+            }],
+            ..cfg
+        };
+        let LogEntry::Txn(t) = cfg.filter(&txn(m, 8, &["new", "secret"]), &hw).unwrap() else {
+            panic!("a transaction stays a transaction")
+        };
+        assert_eq!(t.changes, vec![change("new")]);
+        assert!(cfg.filter(&txn(x, 2, &["new"]), &hw).is_none());
+        let only = DatastoreRule {
+            element: Ident::unquoted("d"),
+            origin: m,
+            include: Some(BTreeSet::from([QualName::bare("a")])),
+            exclude: BTreeSet::new(),
+        };
+        assert!(only.carries(&QualName::bare("a"), m));
+        assert!(!only.carries(&QualName::bare("new"), m));
     }
 }

@@ -133,6 +133,19 @@ impl Default for ReturnSettings {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ReturnRoutes {
     by_table: BTreeMap<QualName, Vec<(Ident, ReturnService, bool)>>,
+    /// DATASTORE elements by rule, so a table created after the plan waits too.
+    datastore: Vec<DatastoreRoute>,
+}
+
+/// The return service of a DATASTORE element's subscriber, for the tables its
+/// INCLUDE / EXCLUDE lets in.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct DatastoreRoute {
+    subscriber: Ident,
+    include: Option<BTreeSet<QualName>>,
+    exclude: BTreeSet<QualName>,
+    service: ReturnService,
+    when_stopped: bool,
 }
 
 impl ReturnRoutes {
@@ -150,7 +163,32 @@ impl ReturnRoutes {
                 }
             }
         }
-        Self { by_table }
+        Self {
+            by_table,
+            datastore: Vec::new(),
+        }
+    }
+
+    /// Adds a DATASTORE element of this store with `subscriber`'s return service: a
+    /// commit to any table the INCLUDE / EXCLUDE lists let in waits for it, tables
+    /// created after the plan included.
+    pub fn add_datastore(
+        &mut self,
+        subscriber: Ident,
+        include: Option<BTreeSet<QualName>>,
+        exclude: BTreeSet<QualName>,
+        service: ReturnService,
+        when_stopped: bool,
+    ) {
+        if service != ReturnService::NoReturn {
+            self.datastore.push(DatastoreRoute {
+                subscriber,
+                include,
+                exclude,
+                service,
+                when_stopped,
+            });
+        }
     }
 
     /// The subscribers a transaction touching `tables` waits for. A subscriber named
@@ -163,7 +201,21 @@ impl ReturnRoutes {
     ) -> Vec<Await> {
         let mut out: BTreeMap<Ident, (ReturnLevel, bool)> = BTreeMap::new();
         for table in tables {
-            for (sub, service, when_stopped) in self.by_table.get(table).into_iter().flatten() {
+            let by_rule = self
+                .datastore
+                .iter()
+                .filter(|r| {
+                    r.include.as_ref().is_none_or(|i| i.contains(table))
+                        && !r.exclude.contains(table)
+                })
+                .map(|r| (&r.subscriber, &r.service, &r.when_stopped));
+            let by_table = self
+                .by_table
+                .get(table)
+                .into_iter()
+                .flatten()
+                .map(|(a, b, c)| (a, b, c));
+            for (sub, service, when_stopped) in by_table.chain(by_rule) {
                 let level = match *service {
                     ReturnService::NoReturn => continue,
                     ReturnService::Receipt { by_request } if !by_request || request_return => {

@@ -163,6 +163,7 @@ fn link(
         elements: BTreeMap::from([(id("e"), Epoch(epoch))]),
         tables: BTreeMap::from([((tab(), NodeId(master)), id("e"))]),
         replicate_ddl: false,
+        datastore: Vec::new(),
         compression: codec,
         table_check: TableDefinitionChecking::Exact,
         tuning: SenderTuning {
