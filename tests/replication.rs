@@ -192,3 +192,54 @@ fn rows_written_on_the_master_reach_subscribers_and_a_killed_subscriber_catches_
         assert_eq!(n.status()["last_lsn"], 10, "{}", n.name);
     }
 }
+
+/// The first value of `select s.nextval` on `node`.
+fn nextval(node: &Node) -> Option<i64> {
+    let out = node.cli(&["sql", "--format", "json", "-e", "select s.nextval"]);
+    if !out.status.success() {
+        return None;
+    }
+    let v: Value = serde_json::from_str(String::from_utf8_lossy(&out.stdout).trim()).ok()?;
+    v["rows"][0][0].as_i64()
+}
+
+#[test]
+fn a_sequence_element_keeps_the_subscriber_ahead_and_cycle_sequences_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let n1 = start("n1", d, "127.0.0.1:0", None);
+    let out = n1.cli(&["init"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let n2 = start("n2", d, "127.0.0.1:0", Some(&n1.grpc));
+    for n in [&n1, &n2] {
+        wait_for("two voters", WAIT, || (voters(n) == 2).then_some(()));
+        sql(n, "create sequence s");
+        sql(n, "create sequence c maxvalue 5 cycle");
+    }
+    // CYCLE sequences cannot be replicated (TimesTen refuses them too).
+    let out = n1.cli(&[
+        "sql",
+        "-e",
+        "CREATE REPLICATION rc ELEMENT q SEQUENCE c MASTER n1 SUBSCRIBER n2",
+    ]);
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("CYCLE"), "{}", stderr(&out));
+
+    ddl(
+        &n1,
+        "CREATE REPLICATION rs ELEMENT q SEQUENCE s MASTER n1 SUBSCRIBER n2",
+    );
+    // The master hands out values; its reserved block (20 at a time) reaches n2, whose
+    // sequence is set ahead of every value the master could have handed out.
+    let mut handed = 0;
+    for _ in 0..3 {
+        handed = nextval(&n1).expect("n1 answers");
+    }
+    assert_eq!(handed, 3);
+    let v = wait_for(
+        "n2's sequence set ahead of the master's block",
+        WAIT,
+        || nextval(&n2).filter(|v| *v > 20),
+    );
+    assert!(v > handed, "{v}");
+}

@@ -313,7 +313,7 @@ fn wanted_links(
         }
         all_links.extend(plan.links.iter().filter(|l| &l.sender == store).cloned());
         for link in plan.links.iter().filter(|l| &l.sender == store) {
-            if link.tables.is_empty() {
+            if link.tables.is_empty() && link.sequences.is_empty() {
                 continue;
             }
             // PAUSE, STOP and FAILED receivers get nothing; commits stop waiting for

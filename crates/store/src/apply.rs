@@ -188,18 +188,24 @@ impl Database {
         entry: &LogEntry,
         epoch: Epoch,
     ) -> Result<ApplyInfo, StoreError> {
-        let LogEntry::Ddl {
-            gtid,
-            commit_micros,
-            op,
-        } = entry
-        else {
-            return Err(StoreError::InvalidBatch(format!(
-                "transaction {} is not a DDL statement",
-                entry.gtid()
-            )));
+        let (gtid, commit_micros, op) = match entry {
+            LogEntry::Ddl {
+                gtid,
+                commit_micros,
+                op,
+            } => (*gtid, commit_micros, Some(op)),
+            LogEntry::SequenceBlock {
+                gtid,
+                commit_micros,
+                ..
+            } => (*gtid, commit_micros, None),
+            LogEntry::Txn(_) => {
+                return Err(StoreError::InvalidBatch(format!(
+                    "transaction {} is not a DDL statement or sequence block",
+                    entry.gtid()
+                )))
+            }
         };
-        let gtid = *gtid;
         // One apply at a time, as for row changes: the mark read here stays true.
         let _serial = self.inner.apply_lock.lock().await;
         if gtid.seq <= self.high_water(gtid.origin)? {
@@ -223,11 +229,11 @@ impl Database {
         // scheme shipped its CREATE TABLE, or dropped on both): nothing to change, but
         // the statement is recorded as applied, as an empty transaction.
         let already = match op {
-            DdlOp::CreateTable(def) => self.table(&def.name).is_some_and(|t| *t == *def),
-            DdlOp::DropTable(name) => self.table(name).is_none(),
-            DdlOp::CreateSequence(def) => self.sequence(&def.name).is_some_and(|s| s == *def),
-            DdlOp::DropSequence(name) => self.sequence(name).is_none(),
-            DdlOp::AddColumn { .. } => false,
+            Some(DdlOp::CreateTable(def)) => self.table(&def.name).is_some_and(|t| *t == *def),
+            Some(DdlOp::DropTable(name)) => self.table(name).is_none(),
+            Some(DdlOp::CreateSequence(def)) => self.sequence(&def.name).is_some_and(|s| s == *def),
+            Some(DdlOp::DropSequence(name)) => self.sequence(name).is_none(),
+            Some(DdlOp::AddColumn { .. }) | None => false,
         };
         if already {
             drop(_serial);
@@ -246,14 +252,26 @@ impl Database {
             epoch,
             commit_micros: *commit_micros,
         };
-        let done = match op {
-            DdlOp::CreateTable(def) => self.create_table_as(def.clone(), origin).await,
-            DdlOp::DropTable(name) => self.drop_table_as(name, origin).await,
-            DdlOp::AddColumn { table, column } => {
+        let done = match (op, entry) {
+            (Some(DdlOp::CreateTable(def)), _) => self.create_table_as(def.clone(), origin).await,
+            (Some(DdlOp::DropTable(name)), _) => self.drop_table_as(name, origin).await,
+            (Some(DdlOp::AddColumn { table, column }), _) => {
                 self.add_column_as(table, column.clone(), origin).await
             }
-            DdlOp::CreateSequence(def) => self.create_sequence_as(def.clone(), origin).await,
-            DdlOp::DropSequence(name) => self.drop_sequence_as(name, origin).await,
+            (Some(DdlOp::CreateSequence(def)), _) => {
+                self.create_sequence_as(def.clone(), origin).await
+            }
+            (Some(DdlOp::DropSequence(name)), _) => self.drop_sequence_as(name, origin).await,
+            (
+                None,
+                LogEntry::SequenceBlock {
+                    name, restart_at, ..
+                },
+            ) => self.advance_sequence_as(name, *restart_at, origin).await,
+            (None, other) => Err(StoreError::InvalidBatch(format!(
+                "transaction {} is not a DDL statement or sequence block",
+                other.gtid()
+            ))),
         }
         .map_err(|source| StoreError::Replicated {
             gtid,

@@ -749,6 +749,63 @@ impl Database {
         state.take()
     }
 
+    /// A replicated sequence block: the master reserved values up to `restart_at`, so
+    /// this store's sequence moves at least that far ahead (never back), durably. A
+    /// subscriber that takes over as master then hands out only values the old master
+    /// never did (TimesTen sets the subscriber ahead every 20 NEXTVAL references).
+    pub(crate) async fn advance_sequence_as(
+        &self,
+        name: &QualName,
+        restart_at: Option<i64>,
+        origin: Origin,
+    ) -> Result<CommitInfo, StoreError> {
+        let seq = self
+            .inner
+            .sequences
+            .read()
+            .get(name)
+            .cloned()
+            .ok_or_else(|| StoreError::UndefinedSequence(name.clone()))?;
+        let (gtid, lsn) = {
+            let mut state = seq.lock();
+            let ahead = match (state.next, restart_at) {
+                // Exhausted on the master: exhausted here too.
+                (_, None) | (None, _) => None,
+                (Some(here), Some(there)) if state.def.increment > 0 => Some(here.max(there)),
+                (Some(here), Some(there)) => Some(here.min(there)),
+            };
+            let def = state.def.clone();
+            let installed = std::cell::Cell::new(false);
+            let pos = self.inner.append_as(
+                |_, gtid, micros| {
+                    let mut batch = WriteBatch::new();
+                    batch.put(
+                        layout::sequence_key(name),
+                        codec::encode_sequence(&def, ahead),
+                    );
+                    let entry = LogEntry::SequenceBlock {
+                        gtid,
+                        commit_micros: micros,
+                        name: name.clone(),
+                        restart_at,
+                    };
+                    Ok((batch, entry, || installed.set(true)))
+                },
+                DdlKind::Sequence,
+                origin,
+            )?;
+            if installed.get() {
+                // The values of the current local block are not handed out any more:
+                // the next NEXTVAL here reserves a block from `ahead`.
+                state.next = ahead;
+                state.restart_at = ahead;
+                state.left_in_block = 0;
+            }
+            pos
+        };
+        self.ddl_durable(gtid, lsn).await
+    }
+
     /// Sets the tables this store receives from a master, each with the reason a
     /// client write to it is refused (naming the master). Replaces the previous set;
     /// replicated applies are not affected.

@@ -55,6 +55,7 @@ on_both_engines!(
     replicated_ddl_runs_once_with_its_original_gtid,
     replicated_ddl_that_fails_here_changes_nothing,
     replicated_ddl_already_in_effect_is_recorded_and_changes_nothing,
+    a_replicated_sequence_block_sets_the_sequence_ahead_never_back,
 );
 
 const ORIGIN: NodeId = NodeId(100);
@@ -591,4 +592,51 @@ async fn replicated_ddl_already_in_effect_is_recorded_and_changes_nothing(f: Fix
         .unwrap();
     assert_eq!(db.high_water(ORIGIN).unwrap(), 3);
     assert_eq!(rows(db).len(), 1);
+}
+
+async fn a_replicated_sequence_block_sets_the_sequence_ahead_never_back(mut f: Fixture) {
+    let db = f.db();
+    let name = QualName::bare("s");
+    let def = hawser_store::SequenceDef::with_defaults(name.clone(), None, None, None, None, false);
+    db.create_sequence(def).await.unwrap();
+    assert_eq!(db.next_val(&name).unwrap(), 1);
+    // The master has handed out values up to 40.
+    let block = |seq: u64, restart_at: i64| LogEntry::SequenceBlock {
+        gtid: Gtid::new(ORIGIN, seq),
+        commit_micros: 1,
+        name: name.clone(),
+        restart_at: Some(restart_at),
+    };
+    let info = db
+        .apply_replicated_ddl(&block(1, 41), Epoch(1))
+        .await
+        .unwrap();
+    assert_eq!((info.applied, info.skipped), (1, 0));
+    assert_eq!(db.next_val(&name).unwrap(), 41);
+    // An older reservation never moves it back; a repeat is skipped.
+    db.apply_replicated_ddl(&block(2, 21), Epoch(1))
+        .await
+        .unwrap();
+    let again = db
+        .apply_replicated_ddl(&block(2, 21), Epoch(1))
+        .await
+        .unwrap();
+    assert_eq!(again.skipped, 1);
+    assert_eq!(db.next_val(&name).unwrap(), 42);
+    assert_eq!(db.high_water(ORIGIN).unwrap(), 2);
+    // Durable: a reopened store resumes past the master's values.
+    let db = f.reopen();
+    assert!(db.next_val(&name).unwrap() > 42);
+    // A block for a sequence this store lacks is refused, naming it.
+    let missing = LogEntry::SequenceBlock {
+        gtid: Gtid::new(ORIGIN, 3),
+        commit_micros: 1,
+        name: QualName::bare("nope"),
+        restart_at: Some(5),
+    };
+    let err = db
+        .apply_replicated_ddl(&missing, Epoch(1))
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("nope"), "{err}");
 }

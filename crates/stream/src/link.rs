@@ -76,6 +76,9 @@ pub struct LinkConfig {
     pub elements: BTreeMap<Ident, Epoch>,
     /// (table, origin node) pairs carried, with the element that carries each.
     pub tables: BTreeMap<(QualName, NodeId), Ident>,
+    /// (sequence, origin node) pairs carried, with their element: their blocks of
+    /// reserved values are shipped so the receiver's sequence stays ahead.
+    pub sequences: BTreeMap<(QualName, NodeId), Ident>,
     /// Ship DDL of the carried origins (DATASTORE elements).
     pub replicate_ddl: bool,
     /// DATASTORE elements by rule: a table of the origin created after this config was
@@ -142,6 +145,15 @@ impl LinkConfig {
             elements.insert(t.element.clone(), epoch);
             tables.insert((t.table.clone(), node(&t.origin)?), t.element.clone());
         }
+        let mut sequences = BTreeMap::new();
+        for q in &link.sequences {
+            let epoch = epochs
+                .get(&q.element)
+                .copied()
+                .ok_or(LinkError::UnknownElement(q.element.clone()))?;
+            elements.insert(q.element.clone(), epoch);
+            sequences.insert((q.sequence.clone(), node(&q.origin)?), q.element.clone());
+        }
         Ok(Self {
             sender_node: node(&link.sender)?,
             sender_store: link.sender.clone(),
@@ -150,6 +162,7 @@ impl LinkConfig {
             scheme_version,
             elements,
             tables,
+            sequences,
             replicate_ddl: false,
             datastore: Vec::new(),
             compression: if link.sender_settings.compress_traffic {
@@ -198,8 +211,10 @@ impl LinkConfig {
             LogEntry::Ddl { .. } => {
                 (self.replicate_ddl && self.origins().contains(&gtid.origin)).then(|| entry.clone())
             }
-            // The store has no apply for sequence blocks yet: see docs/stream.md.
-            LogEntry::SequenceBlock { .. } => None,
+            LogEntry::SequenceBlock { name, .. } => self
+                .sequences
+                .contains_key(&(name.clone(), gtid.origin))
+                .then(|| entry.clone()),
         }
     }
 }
@@ -365,6 +380,7 @@ mod tests {
             scheme_version: 1,
             elements: BTreeMap::new(),
             tables,
+            sequences: BTreeMap::new(),
             replicate_ddl: false,
             datastore: Vec::new(),
             compression: Compression::None,

@@ -526,7 +526,7 @@ impl ReceiverService {
                             epoch: r.epoch,
                         });
                     }
-                    entry @ LogEntry::Ddl { .. } => {
+                    entry @ (LogEntry::Ddl { .. } | LogEntry::SequenceBlock { .. }) => {
                         all_durable &= self
                             .apply_run(std::mem::take(&mut run), compiles, &mut tally)
                             .await?;
@@ -535,7 +535,6 @@ impl ReceiverService {
                             .await
                             .map_err(failed)?;
                     }
-                    LogEntry::SequenceBlock { .. } => {}
                 }
             }
         }

@@ -162,6 +162,7 @@ fn link(
         scheme_version: 1,
         elements: BTreeMap::from([(id("e"), Epoch(epoch))]),
         tables: BTreeMap::from([((tab(), NodeId(master)), id("e"))]),
+        sequences: BTreeMap::new(),
         replicate_ddl: false,
         datastore: Vec::new(),
         compression: codec,
