@@ -166,6 +166,14 @@ fn return_services_hold_commits_until_acknowledged_and_fail_over_to_8170() {
     assert_eq!(r["timed_out"], 0, "{r}");
     assert_eq!(subscriber(&r, "n2")["level"], "twosafe", "{r}");
     assert_eq!(subscriber(&r, "n3")["level"], "receipt", "{r}");
+    // Per-stream and return-service metrics.
+    wait_for("stream metrics exported", WAIT, || {
+        let (_, m) = http_get(&n1.http, "/metrics");
+        (m.contains("hawser_stream_up{scheme=\"r\",receiver=\"n2\"} 1")
+            && m.contains("hawser_stream_sent_wire_bytes_total{scheme=\"r\",receiver=\"n3\"}")
+            && m.contains("hawser_return_commits_total{outcome=\"acknowledged\"}"))
+        .then_some(())
+    });
 
     // ttRepXactStatus of the session's last return-service commit: AP at n2.
     let (results, _) = sql_ok(
@@ -199,6 +207,11 @@ fn return_services_hold_commits_until_acknowledged_and_fail_over_to_8170() {
     assert_eq!(count(&n1, "t"), Some(7));
     let r = returns(&n1);
     assert!(r["timed_out"].as_u64().unwrap() >= 1, "{r}");
+    let (_, m) = http_get(&n1.http, "/metrics");
+    assert!(
+        m.contains("hawser_return_timeouts_total{subscriber=\"n2\"} 1"),
+        "{m}"
+    );
 
     // n2 back on its data: it catches up, and TWOSAFE commits are acknowledged again.
     let n2 = start("n2", d, &n2_grpc, Some(&n1.grpc));

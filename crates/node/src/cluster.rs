@@ -127,14 +127,20 @@ impl RaftDdl {
                 })
                 .collect(),
         };
-        Topology {
-            catalogs: BTreeMap::from([(self.store.clone(), catalog)]),
-            nodes: state
-                .nodes
-                .values()
-                .map(|n| (n.store.clone(), n.id))
-                .collect(),
-        }
+        // Nodes do not report their catalogs to the cluster yet: this node's stands in
+        // for every store's (as in the data plane), so a DATASTORE element mastered
+        // elsewhere is checked against the tables this node has.
+        let nodes: BTreeMap<Ident, hawser_core::NodeId> = state
+            .nodes
+            .values()
+            .map(|n| (n.store.clone(), n.id))
+            .collect();
+        let mut catalogs: BTreeMap<Ident, StoreCatalog> = nodes
+            .keys()
+            .map(|s| (s.clone(), catalog.clone()))
+            .collect();
+        catalogs.insert(self.store.clone(), catalog);
+        Topology { catalogs, nodes }
     }
 }
 

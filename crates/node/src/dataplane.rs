@@ -122,6 +122,7 @@ pub(crate) async fn run(task: DataPlaneTask) {
         problems = now;
         reconcile(&task, &mut running, wanted);
         check_fail_thresholds(&task, &running, &thresholds, &mut failing);
+        export_metrics(&running);
         tokio::select! {
             _ = task.shutdown.cancelled() => break,
             changed = state_rx.changed() => if changed.is_err() { break },
@@ -388,6 +389,31 @@ fn wanted_links(
     }
     db.set_write_refusals(refusals);
     (out, problems)
+}
+
+/// Per outbound stream, for `/metrics` (refreshed at every re-plan, at least once a
+/// second): whether it streams, its lag in log records and seconds, time since the
+/// receiver was last heard, and transactions and bytes (raw and on the wire) sent.
+fn export_metrics(running: &BTreeMap<(QualName, Ident), Running>) {
+    for ((scheme, receiver), r) in running {
+        let s = r.handle.status().borrow().clone();
+        let labels = [
+            ("scheme", scheme.to_string()),
+            ("receiver", receiver.to_string()),
+        ];
+        let streaming = matches!(s.state, SenderState::Streaming);
+        metrics::gauge!("hawser_stream_up", &labels).set(f64::from(u8::from(streaming)));
+        metrics::gauge!("hawser_stream_lag_records", &labels).set(s.lag_records as f64);
+        metrics::gauge!("hawser_stream_lag_seconds", &labels).set(s.lag_micros as f64 / 1e6);
+        if let Some(t) = s.last_contact {
+            metrics::gauge!("hawser_stream_seconds_since_contact", &labels)
+                .set(t.elapsed().as_secs_f64());
+        }
+        metrics::counter!("hawser_stream_sent_transactions_total", &labels)
+            .absolute(s.transactions_sent);
+        metrics::counter!("hawser_stream_sent_raw_bytes_total", &labels).absolute(s.raw_bytes);
+        metrics::counter!("hawser_stream_sent_wire_bytes_total", &labels).absolute(s.wire_bytes);
+    }
 }
 
 /// Marks receivers FAILED whose unacknowledged log passed the master's FAILTHRESHOLD

@@ -198,7 +198,13 @@ impl Returns {
             match &r.outcome {
                 ReturnOutcome::NotRequested => inner.counts.not_requested += 1,
                 ReturnOutcome::Acknowledged => inner.counts.acknowledged += 1,
-                ReturnOutcome::TimedOut { .. } => inner.counts.timed_out += 1,
+                ReturnOutcome::TimedOut { pending, .. } => {
+                    inner.counts.timed_out += 1;
+                    for p in pending {
+                        metrics::counter!("hawser_return_timeouts_total", "subscriber" => p.to_string())
+                            .increment(1);
+                    }
+                }
                 ReturnOutcome::ReturnDisabled { .. } => inner.counts.disabled += 1,
             }
             metrics::counter!("hawser_return_commits_total", "outcome" => outcome_label(&r.outcome))
@@ -215,6 +221,8 @@ impl Returns {
                     timeouts,
                 } => {
                     inner.counts.disable_events += 1;
+                    metrics::counter!("hawser_return_disable_events_total", "subscriber" => subscriber.to_string())
+                        .increment(1);
                     warn!(%subscriber, timeouts, "return service disabled (DISABLE RETURN)");
                 }
                 ReturnEvent::Resumed {
@@ -222,6 +230,8 @@ impl Returns {
                     latency,
                 } => {
                     inner.counts.resume_events += 1;
+                    metrics::counter!("hawser_return_resume_events_total", "subscriber" => subscriber.to_string())
+                        .increment(1);
                     info!(%subscriber, ?latency, "return service resumed (RESUME RETURN)");
                 }
             }

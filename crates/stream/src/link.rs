@@ -16,7 +16,7 @@ use std::time::Duration;
 use hawser_core::{Epoch, Ident, NodeId, QualName, RowChange, TableDef, Transaction};
 use hawser_scheme::ast::TableDefinitionChecking;
 use hawser_scheme::route::Link;
-use hawser_store::LogEntry;
+use hawser_store::{DdlOp, LogEntry};
 use thiserror::Error;
 
 use crate::codec::Compression;
@@ -175,6 +175,12 @@ impl LinkConfig {
         })
     }
 
+    /// Whether rows of `table` committed at `origin` go to the receiver.
+    fn carries_table(&self, table: &QualName, origin: NodeId) -> bool {
+        self.tables.contains_key(&(table.clone(), origin))
+            || self.datastore.iter().any(|r| r.carries(table, origin))
+    }
+
     fn origins(&self) -> BTreeSet<NodeId> {
         self.tables.keys().map(|(_, o)| *o).collect()
     }
@@ -193,13 +199,7 @@ impl LinkConfig {
                 let changes: Vec<RowChange> = t
                     .changes
                     .iter()
-                    .filter(|c| {
-                        self.tables.contains_key(&(c.table.clone(), gtid.origin))
-                            || self
-                                .datastore
-                                .iter()
-                                .any(|r| r.carries(&c.table, gtid.origin))
-                    })
+                    .filter(|c| self.carries_table(&c.table, gtid.origin))
                     .cloned()
                     .collect();
                 (!changes.is_empty()).then_some(LogEntry::Txn(Transaction {
@@ -208,8 +208,18 @@ impl LinkConfig {
                     changes,
                 }))
             }
-            LogEntry::Ddl { .. } => {
-                (self.replicate_ddl && self.origins().contains(&gtid.origin)).then(|| entry.clone())
+            LogEntry::Ddl { op, .. } => {
+                let carried = match op {
+                    // A table's DDL goes where its rows go (EXCLUDEd tables stay home).
+                    DdlOp::CreateTable(def) => self.carries_table(&def.name, gtid.origin),
+                    DdlOp::DropTable(name) | DdlOp::AddColumn { table: name, .. } => {
+                        self.carries_table(name, gtid.origin)
+                    }
+                    DdlOp::CreateSequence(_) | DdlOp::DropSequence(_) => {
+                        self.origins().contains(&gtid.origin)
+                    }
+                };
+                (self.replicate_ddl && carried).then(|| entry.clone())
             }
             LogEntry::SequenceBlock { name, .. } => self
                 .sequences
