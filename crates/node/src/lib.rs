@@ -306,7 +306,6 @@ pub async fn run(
     let max = state.config.max_message_bytes;
     let grpc_shutdown = state.shutdown.clone();
     let grpc = tonic::transport::Server::builder()
-        .tcp_nodelay(true)
         .timeout(Duration::from_secs(300))
         .add_service(
             v1::client_server::ClientServer::new(services.clone())
@@ -328,7 +327,10 @@ pub async fn run(
                 .max_encoding_message_size(max),
         )
         .serve_with_incoming_shutdown(
-            tokio_stream::wrappers::TcpListenerStream::new(grpc_listener),
+            // The builder's tcp_nodelay applies only to sockets tonic binds itself:
+            // accepted ones get it here, or Nagle holds small replies (acks of the
+            // replication stream, commit replies) for a delayed ACK, ~40 ms.
+            tonic::transport::server::TcpIncoming::from(grpc_listener).with_nodelay(Some(true)),
             async move { grpc_shutdown.cancelled().await },
         );
     let http_shutdown = state.shutdown.clone();
