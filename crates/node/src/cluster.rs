@@ -135,10 +135,8 @@ impl RaftDdl {
             .values()
             .map(|n| (n.store.clone(), n.id))
             .collect();
-        let mut catalogs: BTreeMap<Ident, StoreCatalog> = nodes
-            .keys()
-            .map(|s| (s.clone(), catalog.clone()))
-            .collect();
+        let mut catalogs: BTreeMap<Ident, StoreCatalog> =
+            nodes.keys().map(|s| (s.clone(), catalog.clone())).collect();
         catalogs.insert(self.store.clone(), catalog);
         Topology { catalogs, nodes }
     }
