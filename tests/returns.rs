@@ -529,3 +529,62 @@ fn receiver_states_and_failthreshold_stop_the_stream_and_release_commits() {
     });
     assert_eq!(count(&n2, "t"), Some(33));
 }
+
+#[test]
+fn durable_commit_on_flushes_commits_while_the_return_service_is_disabled() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let mut args: Vec<&str> = RAFT.to_vec();
+    args.extend(["--durable-commits", "false"]);
+    let n1 = Node::start_at("n1", &d.join("n1"), "127.0.0.1:0", &args);
+    let out = n1.cli(&["init"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let mut n2 = start("n2", d, "127.0.0.1:0", Some(&n1.grpc));
+    for n in [&n1, &n2] {
+        wait_for("two voters", WAIT, || (voters(n) == 2).then_some(()));
+        sql_ok(n, "create table t (k bigint primary key, v varchar(100))");
+    }
+    ddl(
+        &n1,
+        "CREATE REPLICATION r ELEMENT e TABLE t MASTER n1 SUBSCRIBER n2 RETURN RECEIPT \
+         STORE n1 RETURN WAIT TIME 1 DISABLE RETURN SUBSCRIBER 1 DURABLE COMMIT ON",
+    );
+    wait_for("the stream to n2", WAIT, || {
+        outbound_to(&n1, "n2").filter(|o| o["state"] == "streaming")
+    });
+    // The typed API reports whether each commit was flushed before it returned.
+    let bench = |n1: &Node| -> Value {
+        let out = n1.cli(&[
+            "bench",
+            "--table",
+            "t",
+            "--clients",
+            "1",
+            "--duration",
+            "1s",
+            "--warmup",
+            "0s",
+            "--format",
+            "json",
+        ]);
+        assert!(out.status.success(), "{}", stderr(&out));
+        serde_json::from_str(stdout(&out).trim()).unwrap()
+    };
+    // The node's commits are not durable, and the return service guards them.
+    let r = bench(&n1);
+    assert_eq!(r["durable"], false, "{r}");
+    assert!(r["returns"]["acknowledged"].as_u64().unwrap() > 0, "{r}");
+
+    // n2 dies: one timeout disables its return service, and from then on DURABLE
+    // COMMIT ON makes every commit wait for its flush.
+    n2.kill9();
+    let (results, _) = sql_ok(&n1, "insert into t values (-1, 'times out')");
+    assert!(warnings(&results)[0].starts_with("TT8170"), "{results:?}");
+    wait_for("n2's return service disabled", WAIT, || {
+        (subscriber(&returns(&n1), "n2")["disabled"] == true).then_some(())
+    });
+    let r = bench(&n1);
+    assert_eq!(r["durable"], true, "{r}");
+    assert_eq!(r["returns"]["acknowledged"], 0, "{r}");
+    assert!(r["returns"]["disabled"].as_u64().unwrap() > 0, "{r}");
+}

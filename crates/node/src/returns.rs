@@ -140,15 +140,22 @@ impl Returns {
     /// Commits `txn`, then waits as the routes and `sync` say.
     pub(crate) async fn commit(
         &self,
-        txn: Txn,
+        mut txn: Txn,
         sync: SyncOptions,
     ) -> Result<ReturnCommit, StoreError> {
         let tables = txn.written_tables();
-        let awaits = self
-            .inner
-            .lock()
-            .routes
-            .awaits(&tables, sync.request_return);
+        let (awaits, force_durable) = {
+            let inner = self.inner.lock();
+            (
+                inner.routes.awaits(&tables, sync.request_return),
+                inner.tracker.durable_commit_forced(),
+            )
+        };
+        if force_durable {
+            // DURABLE COMMIT ON: a disabled return service no longer guards this
+            // commit, so the master's own flush does.
+            txn.force_durable();
+        }
         let waited = !awaits.is_empty();
         let hide = awaits.iter().any(|a| a.level == ReturnLevel::Twosafe)
             && sync.return_wait != Some(ReturnWait::NoWait);

@@ -49,6 +49,9 @@ pub struct Txn {
     locks: Vec<LockKey>,
     locked: HashSet<LockKey>,
     finished: bool,
+    /// Flush before the commit returns even when the database's commits are not
+    /// durable (TimesTen's DURABLE COMMIT ON while a return service is disabled).
+    force_durable: bool,
 }
 
 impl std::fmt::Debug for Txn {
@@ -72,6 +75,7 @@ impl Txn {
             locks: Vec::new(),
             locked: HashSet::new(),
             finished: false,
+            force_durable: false,
         }
     }
 
@@ -106,6 +110,12 @@ impl Txn {
             self.tables.insert(name.clone(), t.clone());
         }
         Ok(t)
+    }
+
+    /// Makes this transaction's commit wait for its flush even when the database's
+    /// commits are not durable.
+    pub fn force_durable(&mut self) {
+        self.force_durable = true;
     }
 
     /// The tables this transaction has written to.
@@ -419,7 +429,7 @@ impl Txn {
                 return Err(e);
             }
         };
-        let durable = inner.opts.durable_commits;
+        let durable = inner.opts.durable_commits || self.force_durable;
         if durable {
             // Flush (shared with concurrent commits) and advance.
             if let Err(e) = inner.wait_durable(lsn).await {
