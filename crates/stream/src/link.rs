@@ -44,6 +44,9 @@ pub struct SenderTuning {
     /// How often an idle sender looks for new log records when nobody calls
     /// [`crate::SenderHandle::wake`].
     pub poll_interval: Duration,
+    /// How often the position of log the receiver gets nothing of is sent on its own
+    /// (a record-less batch), so its acknowledged position keeps up while idle.
+    pub position_every: Duration,
 }
 
 impl Default for SenderTuning {
@@ -59,6 +62,7 @@ impl Default for SenderTuning {
             backoff_min: Duration::from_millis(50),
             backoff_max: Duration::from_secs(5),
             poll_interval: Duration::from_millis(5),
+            position_every: Duration::from_millis(20),
         }
     }
 }

@@ -305,6 +305,8 @@ impl Sender {
         });
         info!("streaming");
         let mut cursor = self.acked_lsn.next();
+        // The end of log read but not sent: records this receiver does not get.
+        let mut unsent: Option<Lsn> = None;
         let mut in_flight: VecDeque<InFlight> = VecDeque::new();
         let mut in_flight_bytes = 0u64;
         let mut heartbeat = tokio::time::interval(tuning.heartbeat);
@@ -368,20 +370,28 @@ impl Sender {
                     }
                 }
                 _ = self.wake.notified(), if room => {
-                    self.ship(&tx, &mut cursor, &high_water, &mut in_flight, &mut in_flight_bytes, &mut last_sent).await?;
+                    self.ship(&tx, &mut cursor, &mut unsent, &high_water, &mut in_flight, &mut in_flight_bytes, &mut last_sent).await?;
                 }
                 _ = tokio::time::sleep(tuning.poll_interval), if room => {
-                    self.ship(&tx, &mut cursor, &high_water, &mut in_flight, &mut in_flight_bytes, &mut last_sent).await?;
+                    self.ship(&tx, &mut cursor, &mut unsent, &high_water, &mut in_flight, &mut in_flight_bytes, &mut last_sent).await?;
                 }
             }
         }
     }
 
     /// Reads the log from `cursor` and sends batches while there is log and room.
+    ///
+    /// Log this receiver gets nothing of (other tables, other elements) is skipped
+    /// without a message: its position goes out in a record-less batch at most every
+    /// [`SenderTuning::position_every`], or with the next batch that carries records,
+    /// so a master busy with tables a receiver does not subscribe to does not cost
+    /// that receiver a round trip per commit. `unsent` is the position skipped so far.
+    #[allow(clippy::too_many_arguments)]
     async fn ship(
         &self,
         tx: &mpsc::Sender<pb::SenderMessage>,
         cursor: &mut Lsn,
+        unsent: &mut Option<Lsn>,
         high_water: &BTreeMap<NodeId, u64>,
         in_flight: &mut VecDeque<InFlight>,
         in_flight_bytes: &mut u64,
@@ -393,6 +403,14 @@ impl Sender {
         {
             let records = self.db.log_range(*cursor, tuning.max_batch_records)?;
             let Some(last) = records.last() else {
+                if let Some(position) = *unsent {
+                    if last_sent.elapsed() >= tuning.position_every {
+                        self.send(tx, Vec::new(), position, None, in_flight, in_flight_bytes)
+                            .await?;
+                        *last_sent = Instant::now();
+                        *unsent = None;
+                    }
+                }
                 return Ok(());
             };
             let mut through = last.lsn;
@@ -413,38 +431,65 @@ impl Sender {
                     break;
                 }
             }
-            let raw = encode_records(&wire);
-            let payload = compress(self.link.compression, &raw);
-            let batch = pb::Batch {
-                through_lsn: through.0,
-                count: u32::try_from(wire.len()).unwrap_or(u32::MAX),
-                codec: codec_to_pb(self.link.compression) as i32,
-                raw_bytes: raw.len() as u64,
-                payload,
-            };
-            let wire_bytes = batch.payload.len() as u64;
-            let count = wire.len() as u64;
-            tx.send(pb::SenderMessage {
-                msg: Some(sender_message::Msg::Batch(batch)),
-            })
-            .await
-            .map_err(|_| StreamError::Closed)?;
-            *last_sent = Instant::now();
             *cursor = through.next();
-            in_flight.push_back(InFlight {
-                through_lsn: through,
-                wire_bytes,
+            if wire.is_empty() {
+                *unsent = Some(through);
+                continue;
+            }
+            self.send(
+                tx,
+                wire,
+                through,
                 first_commit_micros,
-            });
-            *in_flight_bytes += wire_bytes;
-            self.status.send_modify(|s| {
-                s.sent_lsn = through;
-                s.batches_sent += 1;
-                s.transactions_sent += count;
-                s.raw_bytes += raw.len() as u64;
-                s.wire_bytes += wire_bytes;
-            });
+                in_flight,
+                in_flight_bytes,
+            )
+            .await?;
+            *last_sent = Instant::now();
+            *unsent = None;
         }
+        Ok(())
+    }
+
+    /// Sends one batch of `wire` records, acknowledged up to `through`.
+    async fn send(
+        &self,
+        tx: &mpsc::Sender<pb::SenderMessage>,
+        wire: Vec<WireRecord>,
+        through: Lsn,
+        first_commit_micros: Option<i64>,
+        in_flight: &mut VecDeque<InFlight>,
+        in_flight_bytes: &mut u64,
+    ) -> Result<(), StreamError> {
+        let raw = encode_records(&wire);
+        let payload = compress(self.link.compression, &raw);
+        let batch = pb::Batch {
+            through_lsn: through.0,
+            count: u32::try_from(wire.len()).unwrap_or(u32::MAX),
+            codec: codec_to_pb(self.link.compression) as i32,
+            raw_bytes: raw.len() as u64,
+            payload,
+        };
+        let wire_bytes = batch.payload.len() as u64;
+        let count = wire.len() as u64;
+        tx.send(pb::SenderMessage {
+            msg: Some(sender_message::Msg::Batch(batch)),
+        })
+        .await
+        .map_err(|_| StreamError::Closed)?;
+        in_flight.push_back(InFlight {
+            through_lsn: through,
+            wire_bytes,
+            first_commit_micros,
+        });
+        *in_flight_bytes += wire_bytes;
+        self.status.send_modify(|s| {
+            s.sent_lsn = through;
+            s.batches_sent += 1;
+            s.transactions_sent += count;
+            s.raw_bytes += raw.len() as u64;
+            s.wire_bytes += wire_bytes;
+        });
         Ok(())
     }
 }
