@@ -11,17 +11,8 @@ mod common;
 use std::path::Path;
 use std::time::Duration;
 
-use common::{http_get, stderr, wait_for, Node};
+use common::{ddl, http_get, start_member, stderr, wait_for, Node};
 use serde_json::Value;
-
-const RAFT: &[&str] = &[
-    "--raft-heartbeat",
-    "50ms",
-    "--raft-election-min",
-    "200ms",
-    "--raft-election-max",
-    "400ms",
-];
 
 const WAIT: Duration = Duration::from_secs(60);
 
@@ -30,9 +21,7 @@ const KEYS: u64 = 10;
 const UPDATES: u64 = 3000;
 
 fn start(name: &str, dir: &Path, listen: &str, extra: &[&str]) -> Node {
-    let mut args: Vec<&str> = RAFT.to_vec();
-    args.extend(extra);
-    Node::start_at(name, &dir.join(name), listen, &args)
+    start_member(name, dir, listen, None, extra)
 }
 
 fn sql(node: &Node, text: &str) {
@@ -44,15 +33,6 @@ fn sql(node: &Node, text: &str) {
         node.name,
         stderr(&out)
     );
-}
-
-/// Runs replication DDL on `node`, retrying while the cluster has no leader (57P03).
-fn ddl(node: &Node, text: &str) {
-    let out = wait_for("DDL accepted or refused for good", WAIT, || {
-        let out = node.cli(&["sql", "-e", text]);
-        (!stderr(&out).contains("error[57P03]")).then_some(out)
-    });
-    assert!(out.status.success(), "{text}: {}", stderr(&out));
 }
 
 fn rows(node: &Node) -> Option<Value> {

@@ -9,36 +9,13 @@ mod common;
 use std::path::Path;
 use std::time::Duration;
 
-use common::{http_get, stderr, wait_for, Node};
+use common::{ddl, http_get, start_member, stderr, voters, wait_for, Node};
 use serde_json::Value;
-
-const RAFT: &[&str] = &[
-    "--raft-heartbeat",
-    "50ms",
-    "--raft-election-min",
-    "200ms",
-    "--raft-election-max",
-    "400ms",
-];
 
 const WAIT: Duration = Duration::from_secs(20);
 
 fn start(name: &str, dir: &Path, listen: &str, join: Option<&str>) -> Node {
-    let mut args: Vec<&str> = RAFT.to_vec();
-    if let Some(j) = join {
-        args.extend(["--join", j]);
-    }
-    Node::start_at(name, &dir.join(name), listen, &args)
-}
-
-fn voters(node: &Node) -> usize {
-    node.try_status()
-        .and_then(|s| {
-            s["cluster"]["nodes"]
-                .as_array()
-                .map(|n| n.iter().filter(|n| n["membership"] == "voter").count())
-        })
-        .unwrap_or(0)
+    start_member(name, dir, listen, join, &[])
 }
 
 /// Runs SQL on `node` and fails the test if it fails.
@@ -51,15 +28,6 @@ fn sql(node: &Node, text: &str) {
         node.name,
         stderr(&out)
     );
-}
-
-/// Runs replication DDL on `node`, retrying while the cluster has no leader (57P03).
-fn ddl(node: &Node, text: &str) {
-    let out = wait_for("DDL accepted or refused for good", WAIT, || {
-        let out = node.cli(&["sql", "-e", text]);
-        (!stderr(&out).contains("error[57P03]")).then_some(out)
-    });
-    assert!(out.status.success(), "{text}: {}", stderr(&out));
 }
 
 /// The rows of t on `node`, in key order; `None` if the node does not answer.

@@ -19,61 +19,21 @@ mod common;
 use std::path::Path;
 use std::time::Duration;
 
-use common::{http_get, stderr, stdout, wait_for, Node};
+use common::{
+    ddl, http_get, sql_json as sql, start_member, stderr, stdout, voters, wait_for, Node, FAST_RAFT,
+};
 use serde_json::Value;
-
-const RAFT: &[&str] = &[
-    "--raft-heartbeat",
-    "50ms",
-    "--raft-election-min",
-    "200ms",
-    "--raft-election-max",
-    "400ms",
-];
 
 const WAIT: Duration = Duration::from_secs(20);
 
 fn start(name: &str, dir: &Path, listen: &str, join: Option<&str>) -> Node {
-    let mut args: Vec<&str> = RAFT.to_vec();
-    if let Some(j) = join {
-        args.extend(["--join", j]);
-    }
-    Node::start_at(name, &dir.join(name), listen, &args)
-}
-
-fn voters(node: &Node) -> usize {
-    node.try_status()
-        .and_then(|s| {
-            s["cluster"]["nodes"]
-                .as_array()
-                .map(|n| n.iter().filter(|n| n["membership"] == "voter").count())
-        })
-        .unwrap_or(0)
-}
-
-/// Runs SQL on `node` as JSON; returns (success, stdout JSON per statement, stderr).
-fn sql(node: &Node, text: &str) -> (bool, Vec<Value>, String) {
-    let out = node.cli(&["sql", "--format", "json", "-e", text]);
-    let results = stdout(&out)
-        .lines()
-        .filter_map(|l| serde_json::from_str(l).ok())
-        .collect();
-    (out.status.success(), results, stderr(&out))
+    start_member(name, dir, listen, join, &[])
 }
 
 fn sql_ok(node: &Node, text: &str) -> (Vec<Value>, String) {
     let (ok, results, err) = sql(node, text);
     assert!(ok, "{text} on {}: {err}", node.name);
     (results, err)
-}
-
-/// Runs replication DDL on `node`, retrying while the cluster has no leader (57P03).
-fn ddl(node: &Node, text: &str) {
-    let out = wait_for("DDL accepted or refused for good", WAIT, || {
-        let out = node.cli(&["sql", "-e", text]);
-        (!stderr(&out).contains("error[57P03]")).then_some(out)
-    });
-    assert!(out.status.success(), "{text}: {}", stderr(&out));
 }
 
 fn count(node: &Node, table: &str) -> Option<i64> {
@@ -436,7 +396,7 @@ fn receiver_states_and_failthreshold_stop_the_stream_and_release_commits() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     // FAILTHRESHOLD counts log files of this many bytes.
-    let mut args: Vec<&str> = RAFT.to_vec();
+    let mut args: Vec<&str> = FAST_RAFT.to_vec();
     args.extend(["--log-file-size", "4096"]);
     let n1 = Node::start_at("n1", &d.join("n1"), "127.0.0.1:0", &args);
     let out = n1.cli(&["init"]);
@@ -534,7 +494,7 @@ fn receiver_states_and_failthreshold_stop_the_stream_and_release_commits() {
 fn durable_commit_on_flushes_commits_while_the_return_service_is_disabled() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    let mut args: Vec<&str> = RAFT.to_vec();
+    let mut args: Vec<&str> = FAST_RAFT.to_vec();
     args.extend(["--durable-commits", "false"]);
     let n1 = Node::start_at("n1", &d.join("n1"), "127.0.0.1:0", &args);
     let out = n1.cli(&["init"]);

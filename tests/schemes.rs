@@ -24,36 +24,16 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use common::{hawser_bin, http_get, poll_until, stderr, stdout, wait_for, Node};
+use common::{
+    ddl, hawser_bin, http_get, poll_until, sql_json as sql, start_member, stderr, stdout, voters,
+    wait_for, Node,
+};
 use serde_json::{json, Value};
-
-const RAFT: &[&str] = &[
-    "--raft-heartbeat",
-    "50ms",
-    "--raft-election-min",
-    "200ms",
-    "--raft-election-max",
-    "400ms",
-];
 
 const WAIT: Duration = Duration::from_secs(20);
 
 fn start(name: &str, dir: &Path, listen: &str, join: Option<&str>) -> Node {
-    let mut args: Vec<&str> = RAFT.to_vec();
-    if let Some(j) = join {
-        args.extend(["--join", j]);
-    }
-    Node::start_at(name, &dir.join(name), listen, &args)
-}
-
-fn voters(node: &Node) -> usize {
-    node.try_status()
-        .and_then(|s| {
-            s["cluster"]["nodes"]
-                .as_array()
-                .map(|n| n.iter().filter(|n| n["membership"] == "voter").count())
-        })
-        .unwrap_or(0)
+    start_member(name, dir, listen, join, &[])
 }
 
 /// One node per store name: the first bootstraps the cluster, the others join through
@@ -75,30 +55,11 @@ fn cluster(dir: &Path, stores: &[&str]) -> Vec<Node> {
     nodes
 }
 
-/// Runs SQL on `node` as JSON; returns (success, one JSON result per statement, stderr).
-fn sql(node: &Node, text: &str) -> (bool, Vec<Value>, String) {
-    let out = node.cli(&["sql", "--format", "json", "-e", text]);
-    let results = stdout(&out)
-        .lines()
-        .filter_map(|l| serde_json::from_str(l).ok())
-        .collect();
-    (out.status.success(), results, stderr(&out))
-}
-
 /// Runs SQL on `node`, failing the test if it fails; returns the results.
 fn sql_ok(node: &Node, text: &str) -> Vec<Value> {
     let (ok, results, err) = sql(node, text);
     assert!(ok, "{text} on {}: {err}", node.name);
     results
-}
-
-/// Runs replication DDL on `node`, retrying while the cluster has no leader (57P03).
-fn ddl(node: &Node, text: &str) {
-    let out = wait_for("DDL accepted or refused for good", WAIT, || {
-        let out = node.cli(&["sql", "-e", text]);
-        (!stderr(&out).contains("error[57P03]")).then_some(out)
-    });
-    assert!(out.status.success(), "{text}: {}", stderr(&out));
 }
 
 /// The rows a single query returns on `node`; `None` if it fails (the node does not

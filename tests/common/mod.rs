@@ -232,3 +232,67 @@ pub fn stdout(o: &Output) -> String {
 pub fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
+
+// ---- clusters ----------------------------------------------------------------------
+
+/// Raft timing for tests: a leader within a few hundred milliseconds.
+pub const FAST_RAFT: &[&str] = &[
+    "--raft-heartbeat",
+    "50ms",
+    "--raft-election-min",
+    "200ms",
+    "--raft-election-max",
+    "400ms",
+];
+
+/// How long cluster helpers wait for a condition.
+pub const CLUSTER_WAIT: Duration = Duration::from_secs(20);
+
+/// Starts node `name` with its data in `dir/name`, gRPC on `listen`, [`FAST_RAFT`],
+/// joining through `join` when given, and `extra` flags.
+pub fn start_member(
+    name: &str,
+    dir: &Path,
+    listen: &str,
+    join: Option<&str>,
+    extra: &[&str],
+) -> Node {
+    let mut args: Vec<&str> = FAST_RAFT.to_vec();
+    if let Some(j) = join {
+        args.extend(["--join", j]);
+    }
+    args.extend(extra);
+    Node::start_at(name, &dir.join(name), listen, &args)
+}
+
+/// The voters `node`'s status lists (0 when it does not answer).
+pub fn voters(node: &Node) -> usize {
+    node.try_status()
+        .and_then(|s| {
+            s["cluster"]["nodes"]
+                .as_array()
+                .map(|n| n.iter().filter(|n| n["membership"] == "voter").count())
+        })
+        .unwrap_or(0)
+}
+
+/// Runs replication DDL on `node`, retrying while the cluster has no leader (57P03);
+/// fails the test if the statement fails for good.
+pub fn ddl(node: &Node, text: &str) {
+    let out = wait_for("DDL accepted or refused for good", CLUSTER_WAIT, || {
+        let out = node.cli(&["sql", "-e", text]);
+        (!stderr(&out).contains("error[57P03]")).then_some(out)
+    });
+    assert!(out.status.success(), "{text}: {}", stderr(&out));
+}
+
+/// Runs SQL on `node` with JSON output: (success, one JSON result per statement that
+/// ran, stderr).
+pub fn sql_json(node: &Node, text: &str) -> (bool, Vec<serde_json::Value>, String) {
+    let out = node.cli(&["sql", "--format", "json", "-e", text]);
+    let results = stdout(&out)
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    (out.status.success(), results, stderr(&out))
+}

@@ -848,13 +848,9 @@ impl Database {
 
     /// Up to `limit` log records from LSN `from` on, in LSN order.
     pub fn log_range(&self, from: Lsn, limit: usize) -> Result<Vec<LogRecord>, StoreError> {
-        let range = (
-            Bound::Included(layout::log_key(from)),
-            prefix_successor(&[layout::LOG_PREFIX]).map_or(Bound::Unbounded, Bound::Excluded),
-        );
         self.inner
             .engine
-            .scan(range, false)
+            .scan(log_from(from), false)
             .take(limit)
             .map(|kv| kv.and_then(|(k, v)| codec::decode_record(&k, &v)))
             .collect()
@@ -864,12 +860,8 @@ impl Database {
     /// that has everything before `from` still lacks, as FAILTHRESHOLD measures it.
     /// Reads every record key from `from` on, so callers bound how often they ask.
     pub fn log_bytes_from(&self, from: Lsn) -> Result<u64, StoreError> {
-        let range = (
-            Bound::Included(layout::log_key(from)),
-            prefix_successor(&[layout::LOG_PREFIX]).map_or(Bound::Unbounded, Bound::Excluded),
-        );
         let mut bytes = 0u64;
-        for kv in self.inner.engine.scan(range, false) {
+        for kv in self.inner.engine.scan(log_from(from), false) {
             let (k, v) = kv?;
             bytes += (k.len() + v.len()) as u64;
         }
@@ -1231,6 +1223,14 @@ impl Inner {
     ) {
         self.locks.release_all(txn, keys);
     }
+}
+
+/// The keys of the log records from LSN `from` on.
+fn log_from(from: Lsn) -> ByteRange {
+    (
+        Bound::Included(layout::log_key(from)),
+        prefix_successor(&[layout::LOG_PREFIX]).map_or(Bound::Unbounded, Bound::Excluded),
+    )
 }
 
 /// The byte range of a key range inside one table's rows; `None` when empty.
