@@ -256,3 +256,66 @@ fn an_oversized_request_is_refused_and_changes_nothing() {
         assert_eq!(out.results[0].rows[0][0], Value::Int(0));
     });
 }
+
+/// Whether process `pid` is still running (a zombie waiting for its new parent to
+/// reap it has exited).
+fn running(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => stat
+            .rsplit_once(") ")
+            .is_some_and(|(_, rest)| !rest.starts_with('Z')),
+        Err(_) => false,
+    }
+}
+
+#[test]
+fn a_node_started_with_exit_with_parent_stops_when_its_parent_is_killed() {
+    use std::io::{BufRead, BufReader};
+    use std::process::{Command, Stdio};
+    use std::time::Duration;
+
+    let dir = tempfile::tempdir().unwrap();
+    let out_file = dir.path().join("node.out");
+    // A parent shell that starts the node in the background, says its pid and waits.
+    let mut parent = Command::new("sh")
+        .arg("-c")
+        .arg(
+            "\"$0\" start --name ds1 --listen 127.0.0.1:0 --http 127.0.0.1:0 --data \"$1\" \
+             --exit-with-parent >\"$2\" 2>\"$2.log\" & echo $!; wait",
+        )
+        .arg(common::hawser_bin())
+        .arg(dir.path().join("ds1"))
+        .arg(&out_file)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(parent.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let pid: u32 = line.trim().parse().expect("the node's pid");
+    // Kill the node on the way out whatever happens.
+    struct Reap(u32);
+    impl Drop for Reap {
+        fn drop(&mut self) {
+            let _ = Command::new("kill")
+                .args(["-9", &self.0.to_string()])
+                .status();
+        }
+    }
+    let _reap = Reap(pid);
+    common::wait_for("the node is ready", Duration::from_secs(60), || {
+        std::fs::read_to_string(&out_file)
+            .ok()
+            .filter(|s| s.starts_with("ready "))
+    });
+    assert!(running(pid));
+
+    parent.kill().unwrap();
+    parent.wait().unwrap();
+    common::wait_for("the orphaned node to stop", Duration::from_secs(20), || {
+        (!running(pid)).then_some(())
+    });
+    let log = std::fs::read_to_string(dir.path().join("node.out.log")).unwrap_or_default();
+    assert!(log.contains("the parent process is gone"), "{log}");
+}

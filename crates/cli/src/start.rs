@@ -79,6 +79,10 @@ pub struct StartArgs {
     log_file_size: Option<u64>,
     #[command(flatten)]
     compile: CompileArgs,
+    /// Stop cleanly when the process that started this one goes away, even if it was
+    /// SIGKILLed (for supervisors such as `hawser demo`; checked twice a second).
+    #[arg(long)]
+    exit_with_parent: bool,
     /// Log format on stderr.
     #[arg(long, env = "HAWSER_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     log_format: LogFormat,
@@ -223,6 +227,10 @@ pub async fn run(args: StartArgs) -> anyhow::Result<ExitCode> {
         signals.cancel();
     });
 
+    if args.exit_with_parent {
+        tokio::spawn(exit_with_parent(shutdown.clone()));
+    }
+
     let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
     let name = config.name.clone();
     tokio::spawn(async move {
@@ -235,6 +243,30 @@ pub async fn run(args: StartArgs) -> anyhow::Result<ExitCode> {
 }
 
 /// Resolves on SIGTERM or SIGINT (Ctrl-C).
+/// Cancels `shutdown` once this process's parent has gone: an orphan is adopted by
+/// init or a subreaper, so its parent id changes.
+#[cfg(unix)]
+async fn exit_with_parent(shutdown: CancellationToken) {
+    let parent = std::os::unix::process::parent_id();
+    let mut tick = tokio::time::interval(std::time::Duration::from_millis(500));
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        if std::os::unix::process::parent_id() != parent {
+            info!(parent, "the parent process is gone; shutting down");
+            shutdown.cancel();
+            return;
+        }
+    }
+}
+
+#[cfg(not(unix))]
+async fn exit_with_parent(_shutdown: CancellationToken) {
+    tracing::warn!("--exit-with-parent is only supported on Unix; ignored");
+}
+
 async fn wait_for_signal() {
     #[cfg(unix)]
     {

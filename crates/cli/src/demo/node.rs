@@ -45,7 +45,8 @@ impl ChildNode {
         let log_file = std::fs::File::create(&log)
             .with_context(|| format!("create the log file {}", log.display()))?;
         let mut cmd = Command::new(exe);
-        cmd.args(["start", "--name", name])
+        // --exit-with-parent: the nodes stop even if the demo itself is SIGKILLed.
+        cmd.args(["start", "--name", name, "--exit-with-parent"])
             .args(["--listen", "127.0.0.1:0", "--http", "127.0.0.1:0"])
             .arg("--data")
             .arg(data_dir);
