@@ -3,17 +3,19 @@
 //! one backlog and the choice is deterministic. The receiver's counters must say what
 //! it did, and the subscriber must end with the master's rows either way.
 
+mod common;
+
+use common::id;
+
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use hawser_core::{ColumnDef, DataType, Epoch, Ident, Lsn, NodeId, QualName, Row, TableDef, Value};
+use hawser_core::{ColumnDef, DataType, Epoch, Lsn, NodeId, QualName, Row, TableDef, Value};
 use hawser_store::{Database, DbOptions, KeyRange, LogEntry};
-use hawser_stream::codec::{encode_records, encode_table_def, WireRecord};
+use hawser_stream::codec::{encode_records, WireRecord};
 use hawser_stream::pb::{self, receiver_message, sender_message};
-use hawser_stream::{
-    CompilePolicy, InboundStatus, ReceiverConfig, ReceiverService, PROTOCOL_VERSION,
-};
+use hawser_stream::{CompilePolicy, InboundStatus, ReceiverConfig, ReceiverService};
 use tokio::net::TcpListener;
 use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
@@ -23,10 +25,6 @@ use tonic::transport::Server;
 const DEADLINE: Duration = Duration::from_secs(20);
 const KEYS: i64 = 5;
 const UPDATES: i64 = 100;
-
-fn id(s: &str) -> Ident {
-    Ident::unquoted(s)
-}
 
 fn tab() -> QualName {
     QualName::parse_unquoted("repl.tab")
@@ -133,24 +131,7 @@ async fn replicate(
             .serve_with_incoming(TcpListenerStream::new(listener))
             .await;
     });
-    let hello = pb::Hello {
-        protocol_version: PROTOCOL_VERSION,
-        sender_node: 1,
-        sender_store: "master".into(),
-        receiver_store: "s1".into(),
-        scheme_version: 1,
-        elements: vec![pb::ElementEpoch {
-            element: "e".into(),
-            epoch: 1,
-        }],
-        tables: vec![pb::TableSpec {
-            element: "e".into(),
-            definition: encode_table_def(&tab_def()),
-        }],
-        codec: pb::Codec::None as i32,
-        table_check: pb::TableCheck::Exact as i32,
-        carries_ddl: false,
-    };
+    let hello = common::hello(&tab_def());
     let msg = |m: sender_message::Msg| pb::SenderMessage { msg: Some(m) };
     let (tx, rx) = tokio::sync::mpsc::channel(8);
     tx.send(msg(sender_message::Msg::Hello(hello))).await?;

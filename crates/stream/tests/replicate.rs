@@ -2,6 +2,10 @@
 //! master's commit log, in-memory databases. Every wait is on a condition with a
 //! deadline.
 
+mod common;
+
+use common::id;
+
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -10,11 +14,11 @@ use anyhow::{bail, Context, Result};
 use hawser_core::{ColumnDef, DataType, Epoch, Ident, Lsn, NodeId, QualName, Row, TableDef, Value};
 use hawser_scheme::ast::TableDefinitionChecking;
 use hawser_store::{Database, DbOptions, KeyRange};
-use hawser_stream::codec::{encode_records, encode_table_def, WireRecord};
+use hawser_stream::codec::{encode_records, WireRecord};
 use hawser_stream::pb::{self, receiver_message, sender_message};
 use hawser_stream::{
     Compression, LinkConfig, ReceiverConfig, ReceiverService, SenderHandle, SenderState,
-    SenderStatus, SenderTuning, StreamSender, PROTOCOL_VERSION,
+    SenderStatus, SenderTuning, StreamSender,
 };
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -25,10 +29,6 @@ use tokio_util::task::TaskTracker;
 use tonic::transport::{Endpoint, Server};
 
 const DEADLINE: Duration = Duration::from_secs(20);
-
-fn id(s: &str) -> Ident {
-    Ident::unquoted(s)
-}
 
 fn tab() -> QualName {
     QualName::parse_unquoted("repl.tab")
@@ -175,6 +175,32 @@ fn link(
     }
 }
 
+/// The senders a test starts, stopped together.
+#[derive(Default)]
+struct Senders {
+    tracker: TaskTracker,
+    shutdown: CancellationToken,
+}
+
+impl Senders {
+    fn spawn(&self, link: LinkConfig, master: &Database, endpoint: Endpoint) -> SenderHandle {
+        StreamSender::spawn(
+            link,
+            master.clone(),
+            endpoint,
+            &self.tracker,
+            self.shutdown.clone(),
+        )
+    }
+
+    /// Stops every sender and waits until their tasks have ended.
+    async fn stop(&self) {
+        self.shutdown.cancel();
+        self.tracker.close();
+        self.tracker.wait().await;
+    }
+}
+
 async fn wait_status(
     handle: &SenderHandle,
     what: &str,
@@ -221,22 +247,17 @@ async fn rows_committed_on_the_master_appear_on_two_subscribers() -> Result<()> 
     let view = epochs(1);
     let r1 = Receiver::start(&s1, "s1", view.subscribe(), None).await?;
     let r2 = Receiver::start(&s2, "s2", view.subscribe(), None).await?;
-    let tracker = TaskTracker::new();
-    let shutdown = CancellationToken::new();
+    let senders = Senders::default();
     write(&master, 0..50, "before").await?;
-    let h1 = StreamSender::spawn(
+    let h1 = senders.spawn(
         link(1, "s1", 2, 1, Compression::None),
-        master.clone(),
+        &master,
         r1.endpoint(),
-        &tracker,
-        shutdown.clone(),
     );
-    let h2 = StreamSender::spawn(
+    let h2 = senders.spawn(
         link(1, "s2", 3, 1, Compression::Zstd),
-        master.clone(),
+        &master,
         r2.endpoint(),
-        &tracker,
-        shutdown.clone(),
     );
     write(&master, 25..120, "after").await?;
     h1.wake();
@@ -250,9 +271,7 @@ async fn rows_committed_on_the_master_appear_on_two_subscribers() -> Result<()> 
     // Every master transaction has exactly one log record on the subscriber.
     assert_eq!(s1.high_water(NodeId(1))?, master.high_water(NodeId(1))?);
     assert_eq!(records_from(&s1, NodeId(1))?, 145);
-    shutdown.cancel();
-    tracker.close();
-    tracker.wait().await;
+    senders.stop().await;
     assert_eq!(h1.status().borrow().state, SenderState::Stopped);
     r1.stop().await;
     r2.stop().await;
@@ -265,17 +284,10 @@ async fn compression_shrinks_wire_bytes_for_compressible_rows() -> Result<()> {
     let sub = open(2).await?;
     let view = epochs(1);
     let r = Receiver::start(&sub, "s1", view.subscribe(), None).await?;
-    let tracker = TaskTracker::new();
-    let shutdown = CancellationToken::new();
+    let senders = Senders::default();
     let filler = "x".repeat(150);
     write(&master, 0..200, &filler).await?;
-    let h = StreamSender::spawn(
-        link(1, "s1", 2, 1, Compression::Lz4),
-        master.clone(),
-        r.endpoint(),
-        &tracker,
-        shutdown.clone(),
-    );
+    let h = senders.spawn(link(1, "s1", 2, 1, Compression::Lz4), &master, r.endpoint());
     let st = caught_up(&h, &master).await?;
     assert_eq!(rows(&sub)?, rows(&master)?);
     assert!(
@@ -287,9 +299,7 @@ async fn compression_shrinks_wire_bytes_for_compressible_rows() -> Result<()> {
     let inbound = r.service.status().borrow().get(&id("master")).cloned();
     let inbound = inbound.context("receiver status for the master")?;
     assert_eq!(inbound.wire_bytes, st.wire_bytes);
-    shutdown.cancel();
-    tracker.close();
-    tracker.wait().await;
+    senders.stop().await;
     r.stop().await;
     Ok(())
 }
@@ -300,15 +310,8 @@ async fn a_restarted_receiver_catches_up_from_its_high_water() -> Result<()> {
     let sub = open(2).await?;
     let view = epochs(1);
     let r = Receiver::start(&sub, "s1", view.subscribe(), None).await?;
-    let tracker = TaskTracker::new();
-    let shutdown = CancellationToken::new();
-    let h = StreamSender::spawn(
-        link(1, "s1", 2, 1, Compression::Lz4),
-        master.clone(),
-        r.endpoint(),
-        &tracker,
-        shutdown.clone(),
-    );
+    let senders = Senders::default();
+    let h = senders.spawn(link(1, "s1", 2, 1, Compression::Lz4), &master, r.endpoint());
     write(&master, 0..30, "one").await?;
     caught_up(&h, &master).await?;
     let sessions = h.status().borrow().sessions;
@@ -327,9 +330,7 @@ async fn a_restarted_receiver_catches_up_from_its_high_water() -> Result<()> {
     assert_eq!(rows(&sub)?, rows(&master)?);
     // Nothing applied twice: one record per master transaction.
     assert_eq!(records_from(&sub, NodeId(1))?, 80);
-    shutdown.cancel();
-    tracker.close();
-    tracker.wait().await;
+    senders.stop().await;
     r.stop().await;
     Ok(())
 }
@@ -340,15 +341,12 @@ async fn a_stale_epoch_sender_is_refused_with_the_reason() -> Result<()> {
     let sub = open(2).await?;
     let view = epochs(3);
     let r = Receiver::start(&sub, "s1", view.subscribe(), None).await?;
-    let tracker = TaskTracker::new();
-    let shutdown = CancellationToken::new();
+    let senders = Senders::default();
     write(&master, 0..5, "x").await?;
-    let h = StreamSender::spawn(
+    let h = senders.spawn(
         link(1, "s1", 2, 2, Compression::None),
-        master.clone(),
+        &master,
         r.endpoint(),
-        &tracker,
-        shutdown.clone(),
     );
     let st = wait_status(&h, "a refusal", |s| {
         matches!(s.state, SenderState::Refused { .. })
@@ -364,9 +362,7 @@ async fn a_stale_epoch_sender_is_refused_with_the_reason() -> Result<()> {
     assert!(rows(&sub)?.is_empty());
     let inbound = r.service.status().borrow().get(&id("master")).cloned();
     assert_eq!(inbound.and_then(|s| s.refused), Some(reason));
-    shutdown.cancel();
-    tracker.close();
-    tracker.wait().await;
+    senders.stop().await;
     r.stop().await;
     Ok(())
 }
@@ -380,14 +376,11 @@ async fn a_mismatched_table_definition_is_refused_under_exact() -> Result<()> {
     sub.create_table(other).await?;
     let view = epochs(1);
     let r = Receiver::start(&sub, "s1", view.subscribe(), None).await?;
-    let tracker = TaskTracker::new();
-    let shutdown = CancellationToken::new();
-    let h = StreamSender::spawn(
+    let senders = Senders::default();
+    let h = senders.spawn(
         link(1, "s1", 2, 1, Compression::None),
-        master.clone(),
+        &master,
         r.endpoint(),
-        &tracker,
-        shutdown.clone(),
     );
     let st = wait_status(&h, "a refusal", |s| {
         matches!(s.state, SenderState::Refused { .. })
@@ -398,9 +391,7 @@ async fn a_mismatched_table_definition_is_refused_under_exact() -> Result<()> {
         "{:?}",
         st.state
     );
-    shutdown.cancel();
-    tracker.close();
-    tracker.wait().await;
+    senders.stop().await;
     r.stop().await;
     Ok(())
 }
@@ -430,24 +421,7 @@ async fn a_batch_received_twice_changes_nothing() -> Result<()> {
         raw_bytes: raw.len() as u64,
         payload: raw,
     };
-    let hello = pb::Hello {
-        protocol_version: PROTOCOL_VERSION,
-        sender_node: 1,
-        sender_store: "master".into(),
-        receiver_store: "s1".into(),
-        scheme_version: 1,
-        elements: vec![pb::ElementEpoch {
-            element: "e".into(),
-            epoch: 1,
-        }],
-        tables: vec![pb::TableSpec {
-            element: "e".into(),
-            definition: encode_table_def(&tab_def()),
-        }],
-        codec: pb::Codec::None as i32,
-        table_check: pb::TableCheck::Exact as i32,
-        carries_ddl: false,
-    };
+    let hello = common::hello(&tab_def());
     let msg = |m: sender_message::Msg| pb::SenderMessage { msg: Some(m) };
     let (tx, rx) = tokio::sync::mpsc::channel(8);
     tx.send(msg(sender_message::Msg::Hello(hello))).await?;
