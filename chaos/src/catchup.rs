@@ -212,55 +212,18 @@ fn start(
     addrs: (&str, &str),
     extra: &[String],
 ) -> anyhow::Result<Proc> {
-    use std::io::{BufRead, BufReader};
-    use std::process::Stdio;
     let log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
         .open(data.with_extension("log"))?;
-    let mut child = Command::new(bin)
-        .args([
-            "start", "--name", name, "--listen", addrs.0, "--http", addrs.1,
-        ])
-        .arg("--data")
-        .arg(data)
-        .args(extra)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::from(log))
-        .spawn()
-        .with_context(|| format!("start {}", bin.display()))?;
-    let stdout = child.stdout.take().context("child stdout")?;
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let mut line = String::new();
-        let _ = BufReader::new(stdout).read_line(&mut line);
-        let _ = tx.send(line);
-    });
-    let mut proc = Proc {
-        child: Some(child),
-        name: name.into(),
-        data: data.into(),
-        grpc: String::new(),
-        http: String::new(),
-        node_id: 0,
-    };
-    let line = rx.recv_timeout(Duration::from_secs(60)).with_context(|| {
-        format!(
-            "{name} did not become ready; see {}",
-            data.with_extension("log").display()
-        )
-    })?;
-    let field = |k: &str| {
-        line.split_whitespace()
-            .find_map(|kv| kv.strip_prefix(k).and_then(|v| v.strip_prefix('=')))
-    };
-    proc.grpc = field("grpc")
-        .with_context(|| format!("ready line {line:?}"))?
-        .to_string();
-    proc.http = field("http").context("http address")?.to_string();
-    proc.node_id = field("node_id").context("node id")?.parse()?;
-    Ok(proc)
+    let mut cmd = Command::new(bin);
+    cmd.args([
+        "start", "--name", name, "--listen", addrs.0, "--http", addrs.1,
+    ])
+    .arg("--data")
+    .arg(data)
+    .args(extra);
+    Proc::spawn(cmd, name, data, log)
 }
 
 impl Proc {

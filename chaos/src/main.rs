@@ -75,6 +75,55 @@ struct Proc {
     node_id: u64,
 }
 
+impl Proc {
+    /// Runs `cmd` (a `hawser start` with its flags) with its log in `log`, and waits (at
+    /// most 60 s) for its ready line, which gives the addresses and the node id.
+    fn spawn(
+        mut cmd: Command,
+        name: &str,
+        data: &Path,
+        log: std::fs::File,
+    ) -> anyhow::Result<Proc> {
+        let mut child = cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::from(log))
+            .spawn()
+            .with_context(|| format!("start {:?}", cmd.get_program()))?;
+        let stdout = child.stdout.take().context("child stdout")?;
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut line = String::new();
+            let _ = BufReader::new(stdout).read_line(&mut line);
+            let _ = tx.send(line);
+        });
+        let mut proc = Proc {
+            child: Some(child),
+            name: name.into(),
+            data: data.into(),
+            grpc: String::new(),
+            http: String::new(),
+            node_id: 0,
+        };
+        let line = rx.recv_timeout(Duration::from_secs(60)).with_context(|| {
+            format!(
+                "{name} did not become ready; see {}",
+                data.with_extension("log").display()
+            )
+        })?;
+        let field = |k: &str| {
+            line.split_whitespace()
+                .find_map(|kv| kv.strip_prefix(k).and_then(|v| v.strip_prefix('=')))
+        };
+        proc.grpc = field("grpc")
+            .with_context(|| format!("ready line {line:?}"))?
+            .to_string();
+        proc.http = field("http").context("http address")?.to_string();
+        proc.node_id = field("node_id").context("node id")?.parse()?;
+        Ok(proc)
+    }
+}
+
 impl Drop for Proc {
     fn drop(&mut self) {
         self.kill9();
@@ -120,43 +169,7 @@ impl Cluster {
             cmd.args(["--join", j]);
         }
         let log = std::fs::File::create(data.with_extension("log"))?;
-        let mut child = cmd
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::from(log))
-            .spawn()
-            .with_context(|| format!("start {}", self.bin.display()))?;
-        let stdout = child.stdout.take().context("child stdout")?;
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let mut line = String::new();
-            let _ = BufReader::new(stdout).read_line(&mut line);
-            let _ = tx.send(line);
-        });
-        let mut proc = Proc {
-            child: Some(child),
-            name: name.into(),
-            data: data.into(),
-            grpc: String::new(),
-            http: String::new(),
-            node_id: 0,
-        };
-        let line = rx.recv_timeout(Duration::from_secs(60)).with_context(|| {
-            format!(
-                "{name} did not become ready; see {}",
-                data.with_extension("log").display()
-            )
-        })?;
-        let field = |k: &str| {
-            line.split_whitespace()
-                .find_map(|kv| kv.strip_prefix(k).and_then(|v| v.strip_prefix('=')))
-        };
-        proc.grpc = field("grpc")
-            .with_context(|| format!("ready line {line:?}"))?
-            .to_string();
-        proc.http = field("http").context("http address")?.to_string();
-        proc.node_id = field("node_id").context("node id")?.parse()?;
-        Ok(proc)
+        Proc::spawn(cmd, name, data, log)
     }
 
     fn members(&self, except: usize) -> String {
