@@ -18,7 +18,10 @@
 //! Commits are serialized only for LSN assignment and the in-memory batch apply; the
 //! flush, the slow part, is shared: while one commit flushes, the others apply and then
 //! wait for the next flush, which covers all of them. No background task is involved.
-//! Readers are read-committed: they read the engine directly and see whole batches.
+//! Readers are read-committed: they read the engine directly. A batch is atomic across
+//! crashes; its keys become visible in batch order (rows, then log record, then
+//! high-water), so a scan racing a multi-row commit may see part of it
+//! (`docs/storage.md`, "Write-ahead log").
 
 use std::collections::{BTreeMap, HashMap};
 use std::ops::Bound;
@@ -1022,8 +1025,8 @@ impl Inner {
             layout::high_water_key(gtid.origin),
             gtid.seq.to_be_bytes().to_vec(),
         );
-        // Write: rows, catalog, log record and high-water in one atomic batch. It is
-        // visible to readers from here on, durable only after the flush.
+        // Write: rows, catalog, log record and high-water in one batch, atomic across
+        // crashes. It is visible to readers from here on, durable only after the flush.
         self.engine.apply(batch)?;
         state.last_lsn = lsn;
         if gtid.origin == self.opts.node_id {
@@ -1077,8 +1080,8 @@ impl Inner {
         for (origin, seq) in &high_water {
             batch.put(layout::high_water_key(*origin), seq.to_be_bytes().to_vec());
         }
-        // Write: rows, log records and high-waters in one atomic batch, visible from
-        // here on, durable only after the flush.
+        // Write: rows, log records and high-waters in one batch (atomic across crashes),
+        // visible from here on, durable only after the flush.
         self.engine.apply(batch)?;
         state.last_lsn = lsn;
         if let Some(&own) = high_water.get(&self.opts.node_id) {

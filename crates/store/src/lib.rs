@@ -35,6 +35,7 @@ mod locks;
 pub mod log;
 pub mod sequence;
 pub mod txn;
+mod wal;
 
 pub use apply::{ApplyInfo, ReplicatedTxn};
 pub use db::{CommitInfo, Database, DbOptions, KeyRange, RowIter, StoreStats};

@@ -1,0 +1,507 @@
+//! hawser's write-ahead log: what makes a commit durable.
+//!
+//! sled makes a batch atomic by sealing and writing one of its I/O buffers for every
+//! `apply_batch`, and durable with a `flush` that writes and syncs all of them: the two
+//! cost several hundred microseconds of CPU and wall time per commit. [`crate::engine`]
+//! therefore writes batches into sled as plain inserts and gets atomicity and durability
+//! from this log instead (`docs/storage.md`, "Write-ahead log"):
+//!
+//! ```text
+//!  apply(batch)  ──► frame n = encoded batch ──► redo record n in sled (first insert)
+//!                                              ─► the batch's puts/deletes in sled
+//!                                              ─► frame n appended to the pending buffer
+//!  flush()       ──► pending buffer written to the open segment, fdatasync   (group commit)
+//!  checkpoint    ──► sled flush; sled's checkpoint := n; redo records ≤ n and whole
+//!                    segments ≤ n removed                                    (every second)
+//!  open          ──► redo records after the checkpoint, then log frames after them,
+//!                    re-applied in order; checkpoint; a fresh segment
+//! ```
+//!
+//! A segment is a file `wal-<first frame, 20 digits>.log` of frames:
+//! `[payload length u32 LE][crc32 of frame number and payload u32 LE][frame number u64
+//! LE][payload]`. Frame numbers are dense across segments, so a reader stops at the first
+//! frame that is torn, fails its checksum, or is not the next number.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use parking_lot::Mutex;
+
+use crate::engine::WriteBatch;
+use crate::error::StoreError;
+
+/// A segment is closed once it holds this much; the next write starts a new one.
+pub(crate) const SEGMENT_BYTES: u64 = 64 << 20;
+/// Length, checksum and frame number.
+const HEADER_BYTES: usize = 16;
+/// Tags of the operations in a payload.
+const OP_DELETE: u8 = 0;
+const OP_PUT: u8 = 1;
+
+/// Encodes a batch as a frame payload: `[op count u32]` then per operation `[tag u8]
+/// [key length u32][key]` and, for a put, `[value length u32][value]` (little endian).
+pub(crate) fn encode_batch(batch: &WriteBatch) -> Vec<u8> {
+    let ops = batch.ops();
+    let mut out = Vec::with_capacity(4 + batch.size_bytes() + ops.len() * 9);
+    out.extend_from_slice(&(ops.len() as u32).to_le_bytes());
+    for (k, v) in ops {
+        out.push(if v.is_some() { OP_PUT } else { OP_DELETE });
+        out.extend_from_slice(&(k.len() as u32).to_le_bytes());
+        out.extend_from_slice(k);
+        if let Some(v) = v {
+            out.extend_from_slice(&(v.len() as u32).to_le_bytes());
+            out.extend_from_slice(v);
+        }
+    }
+    out
+}
+
+/// The batch a payload holds, or what is wrong with it.
+pub(crate) fn decode_batch(mut bytes: &[u8]) -> Result<WriteBatch, String> {
+    fn take<'a>(bytes: &mut &'a [u8], n: usize, what: &str) -> Result<&'a [u8], String> {
+        if bytes.len() < n {
+            return Err(format!("{what} runs past the end of the frame"));
+        }
+        let (head, rest) = bytes.split_at(n);
+        *bytes = rest;
+        Ok(head)
+    }
+    fn len(bytes: &mut &[u8], what: &str) -> Result<usize, String> {
+        let b = take(bytes, 4, what)?;
+        Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize)
+    }
+    let count = len(&mut bytes, "operation count")?;
+    let mut batch = WriteBatch::new();
+    for i in 0..count {
+        let tag = take(&mut bytes, 1, "operation tag")?[0];
+        let klen = len(&mut bytes, "key length")?;
+        let key = take(&mut bytes, klen, "key")?.to_vec();
+        match tag {
+            OP_PUT => {
+                let vlen = len(&mut bytes, "value length")?;
+                batch.put(key, take(&mut bytes, vlen, "value")?.to_vec());
+            }
+            OP_DELETE => batch.delete(key),
+            t => return Err(format!("operation {i} has unknown tag {t}")),
+        }
+    }
+    if !bytes.is_empty() {
+        return Err(format!("{} bytes after the last operation", bytes.len()));
+    }
+    Ok(batch)
+}
+
+fn checksum(frame: u64, payload: &[u8]) -> u32 {
+    let mut h = crc32fast::Hasher::new();
+    h.update(&frame.to_le_bytes());
+    h.update(payload);
+    h.finalize()
+}
+
+fn segment_name(first_frame: u64) -> String {
+    format!("wal-{first_frame:020}.log")
+}
+
+/// The segments in `dir`, oldest first, as `(first frame, path)`.
+pub(crate) fn segments(dir: &Path) -> Result<Vec<(u64, PathBuf)>, StoreError> {
+    let mut found = Vec::new();
+    let entries = match fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(found),
+        Err(e) => return Err(StoreError::io(format!("listing {}", dir.display()), e)),
+    };
+    for entry in entries {
+        let entry = entry.map_err(|e| StoreError::io(format!("listing {}", dir.display()), e))?;
+        let name = entry.file_name();
+        let Some(name) = name.to_str() else { continue };
+        let first = name
+            .strip_prefix("wal-")
+            .and_then(|n| n.strip_suffix(".log"))
+            .and_then(|n| n.parse::<u64>().ok());
+        if let Some(first) = first {
+            found.push((first, entry.path()));
+        }
+    }
+    found.sort();
+    Ok(found)
+}
+
+/// Reads the log in `dir` and hands every frame numbered above `after` to `apply`, in
+/// order. Reading stops at the end of the log: the first torn or corrupt frame, or a
+/// frame that is not the next number. Returns the last frame handed over, if any.
+///
+/// A log whose frames start beyond `after + 1` would leave a hole between what the
+/// store has and what the log holds: that is refused, naming both.
+pub(crate) fn replay(
+    dir: &Path,
+    after: u64,
+    mut apply: impl FnMut(u64, &[u8]) -> Result<(), StoreError>,
+) -> Result<Option<u64>, StoreError> {
+    let mut expected: Option<u64> = None;
+    let mut last = None;
+    for (first, path) in segments(dir)? {
+        if expected.is_some_and(|e| e != first) {
+            break;
+        }
+        let mut bytes = Vec::new();
+        File::open(&path)
+            .and_then(|mut f| f.read_to_end(&mut bytes))
+            .map_err(|e| StoreError::io(format!("reading {}", path.display()), e))?;
+        let mut at = 0usize;
+        let mut next = first;
+        while bytes.len() - at >= HEADER_BYTES {
+            let h = &bytes[at..at + HEADER_BYTES];
+            let len = u32::from_le_bytes([h[0], h[1], h[2], h[3]]) as usize;
+            let crc = u32::from_le_bytes([h[4], h[5], h[6], h[7]]);
+            let frame = u64::from_le_bytes(h[8..16].try_into().expect("8 bytes"));
+            let end = at + HEADER_BYTES + len;
+            if len == 0 || end > bytes.len() || frame != next {
+                break;
+            }
+            let payload = &bytes[at + HEADER_BYTES..end];
+            if checksum(frame, payload) != crc {
+                break;
+            }
+            if frame > after {
+                if last.is_none() && frame != after + 1 {
+                    return Err(StoreError::IncompatibleFormat(format!(
+                        "the write-ahead log in {} continues at frame {frame} but the store \
+                         holds frames only up to {after}: frames in between are missing",
+                        dir.display()
+                    )));
+                }
+                apply(frame, payload)?;
+                last = Some(frame);
+            }
+            next = frame + 1;
+            at = end;
+        }
+        if at < bytes.len() {
+            // A torn or corrupt frame: a crash during the last write. Segments are
+            // written one after another, each synced before the next is created, so
+            // nothing durable follows it.
+            break;
+        }
+        expected = Some(next);
+    }
+    Ok(last)
+}
+
+/// Frames appended but not yet written.
+#[derive(Default)]
+struct Pending {
+    buf: Vec<u8>,
+    /// Number of the first and last frame in `buf`.
+    first: u64,
+    last: u64,
+}
+
+/// The segment being written.
+struct Open {
+    file: File,
+    len: u64,
+    /// Closed segments still on disk, oldest first: `(first frame, path)`.
+    closed: Vec<(u64, PathBuf)>,
+    current: (u64, PathBuf),
+    /// A cleared buffer handed back to `pending` after a write, to keep its capacity.
+    spare: Vec<u8>,
+}
+
+/// The appending side of the log: frames go into a buffer; [`Wal::sync`] writes the
+/// buffer and syncs it, for every frame appended so far (group commit).
+pub(crate) struct Wal {
+    dir: PathBuf,
+    pending: Mutex<Pending>,
+    /// `None` until the first write opens a segment.
+    open: Mutex<Option<Open>>,
+    /// The last frame known durable.
+    synced: AtomicU64,
+    /// Set by the first failed write or sync; every later sync fails with it, since
+    /// what reached the disk is no longer known (the node needs a restart, which
+    /// recovers from the log and sled).
+    failed: Mutex<Option<String>>,
+}
+
+impl Wal {
+    /// A log in `dir` whose next frame is `next_frame`. `dir` must hold no segment with
+    /// frames at or beyond it (recovery removes the old ones).
+    pub(crate) fn new(dir: &Path, next_frame: u64) -> Result<Self, StoreError> {
+        fs::create_dir_all(dir)
+            .map_err(|e| StoreError::io(format!("creating {}", dir.display()), e))?;
+        Ok(Self {
+            dir: dir.to_path_buf(),
+            pending: Mutex::new(Pending {
+                buf: Vec::new(),
+                first: next_frame,
+                last: next_frame - 1,
+            }),
+            open: Mutex::new(None),
+            synced: AtomicU64::new(next_frame - 1),
+            failed: Mutex::new(None),
+        })
+    }
+
+    /// Appends frame `frame` (the next number) holding `payload`. Not written yet.
+    pub(crate) fn append(&self, frame: u64, payload: &[u8]) {
+        let mut p = self.pending.lock();
+        debug_assert_eq!(frame, p.last + 1, "frames are appended in order");
+        if p.buf.is_empty() {
+            p.first = frame;
+        }
+        p.buf.reserve(HEADER_BYTES + payload.len());
+        p.buf
+            .extend_from_slice(&(payload.len() as u32).to_le_bytes());
+        p.buf
+            .extend_from_slice(&checksum(frame, payload).to_le_bytes());
+        p.buf.extend_from_slice(&frame.to_le_bytes());
+        p.buf.extend_from_slice(payload);
+        p.last = frame;
+    }
+
+    /// Bytes appended and not yet written.
+    pub(crate) fn pending_bytes(&self) -> usize {
+        self.pending.lock().buf.len()
+    }
+
+    /// Writes and syncs every frame appended before this call. Concurrent callers
+    /// queue on the write; the one behind usually finds its frames written by the one
+    /// ahead.
+    pub(crate) fn sync(&self) -> Result<(), StoreError> {
+        let mut open = self.open.lock();
+        if let Some(reason) = self.failed.lock().clone() {
+            return Err(StoreError::io(
+                "write-ahead log",
+                std::io::Error::other(format!("an earlier write failed: {reason}")),
+            ));
+        }
+        let (mut buf, first, last) = {
+            let mut p = self.pending.lock();
+            if p.buf.is_empty() {
+                return Ok(());
+            }
+            let spare = open.as_mut().map(|o| std::mem::take(&mut o.spare));
+            let buf = std::mem::replace(&mut p.buf, spare.unwrap_or_default());
+            (buf, p.first, p.last)
+        };
+        match self.write(&mut open, &buf, first) {
+            Ok(()) => {
+                self.synced.store(last, Ordering::Release);
+                buf.clear();
+                if let Some(o) = open.as_mut() {
+                    o.spare = buf;
+                }
+                Ok(())
+            }
+            Err(e) => {
+                *self.failed.lock() = Some(e.to_string());
+                Err(e)
+            }
+        }
+    }
+
+    fn write(&self, open: &mut Option<Open>, buf: &[u8], first: u64) -> Result<(), StoreError> {
+        let roll = match open {
+            None => true,
+            Some(o) => o.len > 0 && o.len + buf.len() as u64 > SEGMENT_BYTES,
+        };
+        if roll {
+            let path = self.dir.join(segment_name(first));
+            let file = OpenOptions::new()
+                .create(true)
+                .truncate(true)
+                .write(true)
+                .open(&path)
+                .map_err(|e| StoreError::io(format!("creating {}", path.display()), e))?;
+            // The new name must survive a crash before frames in it count as durable.
+            sync_dir(&self.dir)?;
+            let next = Open {
+                file,
+                len: 0,
+                closed: Vec::new(),
+                current: (first, path),
+                spare: Vec::new(),
+            };
+            if let Some(old) = open.replace(next) {
+                let o = open.as_mut().expect("just set");
+                o.closed = old.closed;
+                o.closed.push(old.current);
+                o.spare = old.spare;
+            }
+        }
+        let o = open.as_mut().expect("a segment is open");
+        let path = &o.current.1;
+        o.file
+            .write_all(buf)
+            .map_err(|e| StoreError::io(format!("writing {}", path.display()), e))?;
+        o.file
+            .sync_data()
+            .map_err(|e| StoreError::io(format!("syncing {}", path.display()), e))?;
+        o.len += buf.len() as u64;
+        Ok(())
+    }
+
+    /// The last frame known durable in the log.
+    #[cfg(test)]
+    pub(crate) fn synced(&self) -> u64 {
+        self.synced.load(Ordering::Acquire)
+    }
+
+    /// Removes the closed segments whose frames are all at or below `frame` (the store
+    /// holds them durably now).
+    pub(crate) fn release_through(&self, frame: u64) -> Result<(), StoreError> {
+        let mut open = self.open.lock();
+        let Some(o) = open.as_mut() else {
+            return Ok(());
+        };
+        // A closed segment ends where the next one (or the current one) begins.
+        let mut ends: Vec<u64> = o.closed.iter().skip(1).map(|(f, _)| *f).collect();
+        ends.push(o.current.0);
+        let mut keep = Vec::new();
+        for ((first, path), next_first) in o.closed.drain(..).zip(ends) {
+            if next_first - 1 <= frame {
+                fs::remove_file(&path)
+                    .map_err(|e| StoreError::io(format!("removing {}", path.display()), e))?;
+            } else {
+                keep.push((first, path));
+            }
+        }
+        o.closed = keep;
+        Ok(())
+    }
+}
+
+/// Makes the directory's entries (a created segment's name) durable.
+pub(crate) fn sync_dir(dir: &Path) -> Result<(), StoreError> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| StoreError::io(format!("syncing directory {}", dir.display()), e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn batch(i: u8) -> WriteBatch {
+        let mut b = WriteBatch::new();
+        b.put(vec![b'k', i], vec![i; (i as usize) * 7 % 50]);
+        b.delete(vec![b'd', i]);
+        b.put(vec![], vec![]);
+        b
+    }
+
+    fn read_all(dir: &Path, after: u64) -> Result<Vec<(u64, WriteBatch)>, StoreError> {
+        let mut got = Vec::new();
+        replay(dir, after, |f, p| {
+            got.push((f, decode_batch(p).unwrap()));
+            Ok(())
+        })?;
+        Ok(got)
+    }
+
+    fn same(a: &WriteBatch, b: &WriteBatch) -> bool {
+        a.ops() == b.ops()
+    }
+
+    #[test]
+    fn batches_round_trip_and_bad_payloads_are_named() {
+        for i in 0..20 {
+            let b = batch(i);
+            assert!(same(&decode_batch(&encode_batch(&b)).unwrap(), &b));
+        }
+        let bytes = encode_batch(&batch(3));
+        let err = decode_batch(&bytes[..bytes.len() - 1]).unwrap_err();
+        assert!(err.contains("past the end"), "{err}");
+        let mut extra = bytes.clone();
+        extra.push(9);
+        assert!(decode_batch(&extra).unwrap_err().contains("after the last"));
+        let mut bad_tag = bytes;
+        bad_tag[4] = 7;
+        assert!(decode_batch(&bad_tag)
+            .unwrap_err()
+            .contains("unknown tag 7"));
+    }
+
+    #[test]
+    fn synced_frames_read_back_in_order_across_segments() {
+        let dir = tempfile::tempdir().unwrap();
+        let wal = Wal::new(dir.path(), 1).unwrap();
+        for i in 1..=6u8 {
+            wal.append(i as u64, &encode_batch(&batch(i)));
+            if i % 2 == 1 {
+                wal.sync().unwrap();
+            }
+        }
+        // Frame 6 is appended but not written: not durable, and not read back.
+        assert_eq!(wal.synced(), 5);
+        let got = read_all(dir.path(), 0).unwrap();
+        assert_eq!(
+            got.iter().map(|(f, _)| *f).collect::<Vec<_>>(),
+            [1, 2, 3, 4, 5]
+        );
+        assert!(same(&got[3].1, &batch(4)));
+        assert_eq!(
+            read_all(dir.path(), 3)
+                .unwrap()
+                .iter()
+                .map(|(f, _)| *f)
+                .collect::<Vec<_>>(),
+            [4, 5]
+        );
+    }
+
+    #[test]
+    fn a_torn_or_corrupt_tail_ends_the_log() {
+        let dir = tempfile::tempdir().unwrap();
+        let wal = Wal::new(dir.path(), 1).unwrap();
+        for i in 1..=3u8 {
+            wal.append(i as u64, &encode_batch(&batch(i)));
+        }
+        wal.sync().unwrap();
+        let (_, path) = segments(dir.path()).unwrap().pop().unwrap();
+        let full = fs::read(&path).unwrap();
+        // Torn: the last frame lacks its final byte.
+        fs::write(&path, &full[..full.len() - 1]).unwrap();
+        assert_eq!(read_all(dir.path(), 0).unwrap().len(), 2);
+        // Corrupt: a flipped payload byte in frame 2 fails its checksum.
+        let mut bad = full.clone();
+        let second = HEADER_BYTES + encode_batch(&batch(1)).len() + HEADER_BYTES;
+        bad[second] ^= 0xff;
+        fs::write(&path, &bad).unwrap();
+        assert_eq!(read_all(dir.path(), 0).unwrap().len(), 1);
+    }
+
+    #[test]
+    fn a_log_that_skips_frames_the_store_lacks_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let wal = Wal::new(dir.path(), 10).unwrap();
+        wal.append(10, &encode_batch(&batch(1)));
+        wal.sync().unwrap();
+        let err = read_all(dir.path(), 5).unwrap_err().to_string();
+        assert!(err.contains("frame 10") && err.contains("up to 5"), "{err}");
+        assert_eq!(read_all(dir.path(), 9).unwrap().len(), 1);
+    }
+
+    #[test]
+    fn released_segments_are_removed_and_the_rest_still_reads() {
+        let dir = tempfile::tempdir().unwrap();
+        let wal = Wal::new(dir.path(), 1).unwrap();
+        let big = vec![7u8; (SEGMENT_BYTES / 2) as usize + 1];
+        let mut b = WriteBatch::new();
+        b.put(b"big".to_vec(), big);
+        let payload = encode_batch(&b);
+        for f in 1..=3 {
+            wal.append(f, &payload);
+            wal.sync().unwrap();
+        }
+        assert_eq!(segments(dir.path()).unwrap().len(), 3);
+        wal.release_through(1).unwrap();
+        assert_eq!(segments(dir.path()).unwrap().len(), 2);
+        let got = read_all(dir.path(), 1).unwrap();
+        assert_eq!(got.iter().map(|(f, _)| *f).collect::<Vec<_>>(), [2, 3]);
+        // The open segment is never removed.
+        wal.release_through(3).unwrap();
+        assert_eq!(segments(dir.path()).unwrap().len(), 1);
+    }
+}
