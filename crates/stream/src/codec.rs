@@ -18,6 +18,8 @@
 //! carries the raw size, and decompression refuses to produce more than that or more
 //! than [`MAX_RAW_BATCH`], so a small hostile payload cannot blow up memory.
 
+use std::borrow::Cow;
+
 use bincode::Options;
 use hawser_core::{
     ChangeOp, ColumnDef, DataType, Epoch, Gtid, Ident, QualName, RowChange, TableDef, Transaction,
@@ -25,6 +27,7 @@ use hawser_core::{
 };
 use hawser_store::{DdlOp, LogEntry, SequenceDef};
 use rust_decimal::Decimal;
+use serde::ser::{SerializeTupleVariant, Serializer};
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
 use thiserror::Error;
 
@@ -135,6 +138,7 @@ fn from_v(v: V) -> Result<Value, CodecError> {
     })
 }
 
+#[cfg(test)]
 fn to_row(row: &[Value]) -> Vec<V> {
     row.iter().map(to_v).collect()
 }
@@ -271,6 +275,29 @@ fn from_table(t: WTable) -> Result<TableDef, CodecError> {
     })
 }
 
+fn to_ddl(op: &DdlOp) -> WDdl {
+    match op {
+        DdlOp::CreateTable(t) => WDdl::CreateTable(to_table(t)),
+        DdlOp::DropTable(n) => WDdl::DropTable(n.clone()),
+        DdlOp::AddColumn { table, column } => WDdl::AddColumn {
+            table: table.clone(),
+            column: to_column(column),
+        },
+        DdlOp::CreateSequence(s) => WDdl::CreateSequence(WSequence {
+            name: s.name.clone(),
+            increment: s.increment,
+            min_value: s.min_value,
+            max_value: s.max_value,
+            start: s.start,
+            cycle: s.cycle,
+        }),
+        DdlOp::DropSequence(n) => WDdl::DropSequence(n.clone()),
+    }
+}
+
+/// The owned mirror of an entry: what [`RecordRef`] writes without building it. Kept
+/// as the reference the borrowed encoding is tested against.
+#[cfg(test)]
 fn to_entry(e: &LogEntry) -> WEntry {
     match e {
         LogEntry::Txn(t) => WEntry::Txn {
@@ -295,23 +322,7 @@ fn to_entry(e: &LogEntry) -> WEntry {
         } => WEntry::Ddl {
             gtid: *gtid,
             commit_micros: *commit_micros,
-            op: match op {
-                DdlOp::CreateTable(t) => WDdl::CreateTable(to_table(t)),
-                DdlOp::DropTable(n) => WDdl::DropTable(n.clone()),
-                DdlOp::AddColumn { table, column } => WDdl::AddColumn {
-                    table: table.clone(),
-                    column: to_column(column),
-                },
-                DdlOp::CreateSequence(s) => WDdl::CreateSequence(WSequence {
-                    name: s.name.clone(),
-                    increment: s.increment,
-                    min_value: s.min_value,
-                    max_value: s.max_value,
-                    start: s.start,
-                    cycle: s.cycle,
-                }),
-                DdlOp::DropSequence(n) => WDdl::DropSequence(n.clone()),
-            },
+            op: to_ddl(op),
         },
         LogEntry::SequenceBlock {
             gtid,
@@ -388,6 +399,146 @@ fn from_entry(e: WEntry) -> Result<LogEntry, CodecError> {
     })
 }
 
+// ---- borrowed encoding ------------------------------------------------------------
+//
+// The sender encodes every record it ships. Building the owned mirror types first would
+// copy every row value (and allocate for each string and row) only to serialize and drop
+// the copy, so the records are serialized straight from the log's types through these
+// views instead. Each writes exactly what serde's derive writes for the mirror type it
+// stands for (same variant indices, same field order), so the bytes are the same and
+// the decoder needs no change; a property test compares the two encodings.
+
+/// Serializes a [`Value`] as [`V`].
+struct ValueRef<'a>(&'a Value);
+
+impl Serialize for ValueRef<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self.0 {
+            Value::Null => s.serialize_unit_variant("V", 0, "Null"),
+            Value::Bool(b) => s.serialize_newtype_variant("V", 1, "Bool", b),
+            Value::Int(i) => s.serialize_newtype_variant("V", 2, "Int", i),
+            Value::Decimal(d) => {
+                let mut t = s.serialize_tuple_variant("V", 3, "Decimal", 2)?;
+                t.serialize_field(&d.mantissa())?;
+                t.serialize_field(&d.scale())?;
+                t.end()
+            }
+            Value::Double(d) => s.serialize_newtype_variant("V", 4, "Double", d),
+            Value::Text(t) => s.serialize_newtype_variant("V", 5, "Text", t),
+            Value::Bytes(b) => s.serialize_newtype_variant("V", 6, "Bytes", b),
+            Value::Date(d) => s.serialize_newtype_variant("V", 7, "Date", d),
+            Value::Timestamp(t) => s.serialize_newtype_variant("V", 8, "Timestamp", t),
+        }
+    }
+}
+
+/// Serializes a row as `Vec<V>`.
+struct RowRef<'a>(&'a [Value]);
+
+impl Serialize for RowRef<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(self.0.iter().map(ValueRef))
+    }
+}
+
+/// Serializes a [`RowChange`] as [`WChange`].
+#[derive(Serialize)]
+struct ChangeRef<'a> {
+    table: &'a QualName,
+    op: ChangeOp,
+    key: RowRef<'a>,
+    before: Option<RowRef<'a>>,
+    after: Option<RowRef<'a>>,
+}
+
+/// Serializes a transaction's changes as `Vec<WChange>`.
+struct ChangesRef<'a>(&'a [RowChange]);
+
+impl Serialize for ChangesRef<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(self.0.iter().map(|c| ChangeRef {
+            table: &c.table,
+            op: c.op,
+            key: RowRef(&c.key),
+            before: c.before.as_deref().map(RowRef),
+            after: c.after.as_deref().map(RowRef),
+        }))
+    }
+}
+
+/// Serializes a [`LogEntry`] as [`WEntry`]: the variants in [`WEntry`]'s order. DDL is
+/// rare and small, so it goes through the owned [`WDdl`].
+#[derive(Serialize)]
+enum EntryRef<'a> {
+    Txn {
+        gtid: Gtid,
+        commit_micros: i64,
+        changes: ChangesRef<'a>,
+    },
+    Ddl {
+        gtid: Gtid,
+        commit_micros: i64,
+        op: WDdl,
+    },
+    SequenceBlock {
+        gtid: Gtid,
+        commit_micros: i64,
+        name: &'a QualName,
+        restart_at: Option<i64>,
+    },
+}
+
+impl<'a> EntryRef<'a> {
+    fn new(e: &'a LogEntry) -> Self {
+        match e {
+            LogEntry::Txn(t) => EntryRef::Txn {
+                gtid: t.gtid,
+                commit_micros: t.commit_micros,
+                changes: ChangesRef(&t.changes),
+            },
+            LogEntry::Ddl {
+                gtid,
+                commit_micros,
+                op,
+            } => EntryRef::Ddl {
+                gtid: *gtid,
+                commit_micros: *commit_micros,
+                op: to_ddl(op),
+            },
+            LogEntry::SequenceBlock {
+                gtid,
+                commit_micros,
+                name,
+                restart_at,
+            } => EntryRef::SequenceBlock {
+                gtid: *gtid,
+                commit_micros: *commit_micros,
+                name,
+                restart_at: *restart_at,
+            },
+        }
+    }
+}
+
+/// Serializes a [`WireRecord`] as [`WRecord`].
+#[derive(Serialize)]
+struct RecordRef<'a> {
+    epoch: Epoch,
+    entry: EntryRef<'a>,
+}
+
+/// Serializes records as `Vec<WRecord>`.
+struct RecordsRef<'a>(&'a [WireRecord]);
+
+impl Serialize for RecordsRef<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(self.0.iter().map(|r| RecordRef {
+            epoch: r.epoch,
+            entry: EntryRef::new(&r.entry),
+        }))
+    }
+}
+
 // ---- public API -----------------------------------------------------------------
 
 /// One record as a batch carries it: the entry and the element epoch it was committed
@@ -400,14 +551,7 @@ pub struct WireRecord {
 
 /// Encodes records in order, version byte first.
 pub fn encode_records(records: &[WireRecord]) -> Vec<u8> {
-    let w: Vec<WRecord> = records
-        .iter()
-        .map(|r| WRecord {
-            epoch: r.epoch,
-            entry: to_entry(&r.entry),
-        })
-        .collect();
-    encode_versioned(&w)
+    encode_versioned(&RecordsRef(records))
 }
 
 /// Decodes what [`encode_records`] wrote.
@@ -433,20 +577,26 @@ pub fn decode_table_def(bytes: &[u8]) -> Result<TableDef, CodecError> {
     from_table(decode_versioned(bytes)?)
 }
 
-/// Compresses a whole batch.
-pub fn compress(codec: Compression, raw: &[u8]) -> Vec<u8> {
+/// Compresses a whole batch. Without compression the bytes are the payload as they
+/// are (no copy).
+pub fn compress(codec: Compression, raw: Vec<u8>) -> Vec<u8> {
     match codec {
-        Compression::None => raw.to_vec(),
-        Compression::Lz4 => lz4_flex::block::compress(raw),
+        Compression::None => raw,
+        Compression::Lz4 => lz4_flex::block::compress(&raw),
         // Level 3 is zstd's default: a good ratio at a few hundred MB/s. Compressing
         // from memory into memory fails only on allocation failure, which aborts anyway.
-        Compression::Zstd => zstd::bulk::compress(raw, 3)
+        Compression::Zstd => zstd::bulk::compress(&raw, 3)
             .unwrap_or_else(|e| unreachable!("zstd compression into memory failed: {e}")),
     }
 }
 
-/// Decompresses a batch whose header says it holds `raw_size` bytes.
-pub fn decompress(codec: Compression, wire: &[u8], raw_size: u64) -> Result<Vec<u8>, CodecError> {
+/// Decompresses a batch whose header says it holds `raw_size` bytes. Without
+/// compression the payload is borrowed as it is.
+pub fn decompress(
+    codec: Compression,
+    wire: &[u8],
+    raw_size: u64,
+) -> Result<Cow<'_, [u8]>, CodecError> {
     if raw_size > MAX_RAW_BATCH {
         return Err(CodecError::TooLarge {
             size: raw_size,
@@ -459,19 +609,21 @@ pub fn decompress(codec: Compression, wire: &[u8], raw_size: u64) -> Result<Vec<
         max: MAX_RAW_BATCH,
     })?;
     let out = match codec {
-        Compression::None => wire.to_vec(),
+        Compression::None => Cow::Borrowed(wire),
         Compression::Lz4 => {
-            lz4_flex::block::decompress(wire, capacity).map_err(|e| CodecError::Decompress {
+            Cow::Owned(lz4_flex::block::decompress(wire, capacity).map_err(|e| {
+                CodecError::Decompress {
+                    codec,
+                    reason: e.to_string(),
+                }
+            })?)
+        }
+        Compression::Zstd => Cow::Owned(zstd::bulk::decompress(wire, capacity).map_err(|e| {
+            CodecError::Decompress {
                 codec,
                 reason: e.to_string(),
-            })?
-        }
-        Compression::Zstd => {
-            zstd::bulk::decompress(wire, capacity).map_err(|e| CodecError::Decompress {
-                codec,
-                reason: e.to_string(),
-            })?
-        }
+            }
+        })?),
     };
     if out.len() as u64 != raw_size {
         return Err(CodecError::SizeMismatch {
@@ -552,15 +704,36 @@ mod tests {
         ]
     }
 
+    /// The encoding through the owned mirror types, which the borrowed views must match
+    /// byte for byte.
+    fn encode_through_mirror(records: &[WireRecord]) -> Vec<u8> {
+        let w: Vec<WRecord> = records
+            .iter()
+            .map(|r| WRecord {
+                epoch: r.epoch,
+                entry: to_entry(&r.entry),
+            })
+            .collect();
+        encode_versioned(&w)
+    }
+
     proptest! {
+        #[test]
+        fn the_borrowed_encoding_writes_the_mirror_types_bytes(
+            records in proptest::collection::vec(record(), 0..8),
+        ) {
+            prop_assert_eq!(encode_records(&records), encode_through_mirror(&records));
+        }
+
         #[test]
         fn records_round_trip_through_every_codec(
             records in proptest::collection::vec(record(), 0..8),
             codec in codec(),
         ) {
             let raw = encode_records(&records);
-            let wire = compress(codec, &raw);
-            let back = decompress(codec, &wire, raw.len() as u64).unwrap();
+            let raw_size = raw.len() as u64;
+            let wire = compress(codec, raw);
+            let back = decompress(codec, &wire, raw_size).unwrap();
             prop_assert_eq!(decode_records(&back).unwrap(), records);
         }
 
@@ -631,6 +804,7 @@ mod tests {
             },
         ];
         assert_eq!(decode_records(&encode_records(&records)).unwrap(), records);
+        assert_eq!(encode_records(&records), encode_through_mirror(&records));
     }
 
     #[test]
@@ -647,15 +821,11 @@ mod tests {
     #[test]
     fn decompression_refuses_sizes_that_lie() {
         let raw = vec![7u8; 10_000];
-        let wire = compress(Compression::Lz4, &raw);
+        let wire = compress(Compression::Lz4, raw.clone());
         assert!(wire.len() < raw.len() / 10, "repetitive bytes compress");
         assert!(decompress(Compression::Lz4, &wire, 100).is_err());
         assert!(matches!(
-            decompress(
-                Compression::Zstd,
-                &compress(Compression::Zstd, &raw),
-                20_000
-            ),
+            decompress(Compression::Zstd, &compress(Compression::Zstd, raw), 20_000),
             Err(CodecError::SizeMismatch { .. }) | Err(CodecError::Decompress { .. })
         ));
         assert!(matches!(

@@ -13,7 +13,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use hawser_core::{Epoch, Ident, NodeId, QualName, RowChange, TableDef, Transaction};
+use hawser_core::{Epoch, Ident, NodeId, QualName, TableDef};
 use hawser_scheme::ast::TableDefinitionChecking;
 use hawser_scheme::route::Link;
 use hawser_store::{DdlOp, LogEntry};
@@ -190,8 +190,9 @@ impl LinkConfig {
     }
 
     /// What of `entry` goes to the receiver, which has `high_water` of each origin:
-    /// `None` when nothing does.
-    pub fn filter(&self, entry: &LogEntry, high_water: &BTreeMap<NodeId, u64>) -> Option<LogEntry> {
+    /// `None` when nothing does. Takes the entry by value so that what is kept moves on
+    /// to the wire without a copy (the sender owns the records it read).
+    pub fn filter(&self, entry: LogEntry, high_water: &BTreeMap<NodeId, u64>) -> Option<LogEntry> {
         let gtid = entry.gtid();
         if gtid.origin == self.receiver_node
             || gtid.seq <= high_water.get(&gtid.origin).copied().unwrap_or(0)
@@ -199,20 +200,12 @@ impl LinkConfig {
             return None;
         }
         match entry {
-            LogEntry::Txn(t) => {
-                let changes: Vec<RowChange> = t
-                    .changes
-                    .iter()
-                    .filter(|c| self.carries_table(&c.table, gtid.origin))
-                    .cloned()
-                    .collect();
-                (!changes.is_empty()).then_some(LogEntry::Txn(Transaction {
-                    gtid,
-                    commit_micros: t.commit_micros,
-                    changes,
-                }))
+            LogEntry::Txn(mut t) => {
+                t.changes
+                    .retain(|c| self.carries_table(&c.table, gtid.origin));
+                (!t.changes.is_empty()).then_some(LogEntry::Txn(t))
             }
-            LogEntry::Ddl { op, .. } => {
+            LogEntry::Ddl { ref op, .. } => {
                 let carried = match op {
                     // A table's DDL goes where its rows go (EXCLUDEd tables stay home).
                     DdlOp::CreateTable(def) => self.carries_table(&def.name, gtid.origin),
@@ -223,12 +216,12 @@ impl LinkConfig {
                         self.origins().contains(&gtid.origin)
                     }
                 };
-                (self.replicate_ddl && carried).then(|| entry.clone())
+                (self.replicate_ddl && carried).then_some(entry)
             }
-            LogEntry::SequenceBlock { name, .. } => self
+            LogEntry::SequenceBlock { ref name, .. } => self
                 .sequences
                 .contains_key(&(name.clone(), gtid.origin))
-                .then(|| entry.clone()),
+                .then_some(entry),
         }
     }
 }
@@ -310,7 +303,7 @@ pub fn check_table(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use hawser_core::{ColumnDef, DataType, Gtid, Value};
+    use hawser_core::{ColumnDef, DataType, Gtid, RowChange, Transaction, Value};
 
     fn col(name: &str, t: DataType) -> ColumnDef {
         ColumnDef {
@@ -417,16 +410,16 @@ mod tests {
         };
         let hw = BTreeMap::from([(m, 5)]);
         // Only the carried table's change goes.
-        let LogEntry::Txn(t) = cfg.filter(&txn(m, 6, &["a", "b"]), &hw).unwrap() else {
+        let LogEntry::Txn(t) = cfg.filter(txn(m, 6, &["a", "b"]), &hw).unwrap() else {
             panic!("a transaction stays a transaction")
         };
         assert_eq!(t.changes, vec![change("a")]);
         // At or below the receiver's high-water: already there.
-        assert!(cfg.filter(&txn(m, 5, &["a"]), &hw).is_none());
+        assert!(cfg.filter(txn(m, 5, &["a"]), &hw).is_none());
         // b is carried from origin x only; never back to the receiver's own origin.
-        assert!(cfg.filter(&txn(m, 7, &["b"]), &hw).is_none());
-        assert!(cfg.filter(&txn(x, 1, &["b"]), &hw).is_some());
-        assert!(cfg.filter(&txn(s, 9, &["a", "b"]), &hw).is_none());
+        assert!(cfg.filter(txn(m, 7, &["b"]), &hw).is_none());
+        assert!(cfg.filter(txn(x, 1, &["b"]), &hw).is_some());
+        assert!(cfg.filter(txn(s, 9, &["a", "b"]), &hw).is_none());
 
         // A DATASTORE rule carries tables planned after the config, except EXCLUDEd ones.
         let cfg = LinkConfig {
@@ -438,11 +431,11 @@ mod tests {
             }],
             ..cfg
         };
-        let LogEntry::Txn(t) = cfg.filter(&txn(m, 8, &["new", "secret"]), &hw).unwrap() else {
+        let LogEntry::Txn(t) = cfg.filter(txn(m, 8, &["new", "secret"]), &hw).unwrap() else {
             panic!("a transaction stays a transaction")
         };
         assert_eq!(t.changes, vec![change("new")]);
-        assert!(cfg.filter(&txn(x, 2, &["new"]), &hw).is_none());
+        assert!(cfg.filter(txn(x, 2, &["new"]), &hw).is_none());
         let only = DatastoreRule {
             element: Ident::unquoted("d"),
             origin: m,

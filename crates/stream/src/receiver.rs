@@ -211,7 +211,7 @@ fn refused(code: RefuseCode, reason: impl Into<String>) -> pb::ReceiverMessage {
     }
 }
 
-fn marks(m: &BTreeMap<NodeId, u64>) -> Vec<pb::OriginMark> {
+fn to_pb(m: &BTreeMap<NodeId, u64>) -> Vec<pb::OriginMark> {
     m.iter()
         .map(|(o, s)| pb::OriginMark {
             origin: o.0,
@@ -224,6 +224,50 @@ fn now_micros() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX))
+}
+
+/// The high-water marks a stream's acks carry, per origin.
+///
+/// They start from the store's marks when the stream is accepted and then follow what
+/// the stream applies, so an ack costs no read of the store; the store's marks are
+/// merged in again when the stream is idle (a heartbeat), for origins other streams
+/// or local commits advanced. Every mark is one the store has reached, never ahead
+/// of it: apply errors end the stream before they are counted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Marks {
+    /// Committed here (RETURN TWOSAFE).
+    applied: BTreeMap<NodeId, u64>,
+    /// Committed and flushed here (RETURN RECEIPT).
+    durable: BTreeMap<NodeId, u64>,
+}
+
+impl Marks {
+    fn new(store: BTreeMap<NodeId, u64>) -> Self {
+        Self {
+            durable: store.clone(),
+            applied: store,
+        }
+    }
+
+    /// Raises the applied marks to `seen` where it is ahead.
+    fn refresh(&mut self, seen: &BTreeMap<NodeId, u64>) {
+        for (origin, seq) in seen {
+            let m = self.applied.entry(*origin).or_insert(0);
+            *m = (*m).max(*seq);
+        }
+    }
+}
+
+/// Applies `f` to `sender`'s entry, created when missing (the name is cloned only then).
+fn with_status(
+    m: &mut BTreeMap<Ident, InboundStatus>,
+    sender: &Ident,
+    f: impl FnOnce(&mut InboundStatus),
+) {
+    match m.get_mut(sender) {
+        Some(s) => f(s),
+        None => f(m.entry(sender.clone()).or_default()),
+    }
 }
 
 /// A stream that passed Hello.
@@ -314,9 +358,18 @@ impl ReceiverService {
         })
     }
 
+    /// Changes `sender`'s status and wakes the watch's waiters (connection, refusal).
     fn update_status(&self, sender: &Ident, f: impl FnOnce(&mut InboundStatus)) {
-        self.status
-            .send_modify(|m| f(m.entry(sender.clone()).or_default()));
+        self.status.send_modify(|m| with_status(m, sender, f));
+    }
+
+    /// Changes `sender`'s counters in place: readers see them, waiters are not woken
+    /// (they change with every message).
+    fn update_counters(&self, sender: &Ident, f: impl FnOnce(&mut InboundStatus)) {
+        self.status.send_if_modified(|m| {
+            with_status(m, sender, f);
+            false
+        });
     }
 
     /// Serves one accepted stream until it ends, is refused or is cancelled.
@@ -350,7 +403,7 @@ impl ReceiverService {
     ) {
         let sender = accepted.sender.clone();
         let metrics = InboundMetrics::new(&sender);
-        let mut durable = self.db.high_waters().unwrap_or_default();
+        let mut marks = Marks::new(self.db.high_waters().unwrap_or_default());
         let mut heartbeat = tokio::time::interval(self.config.heartbeat);
         let mut last_contact = Instant::now();
         // A message read while gathering a backlog that is not a batch: handled next.
@@ -367,6 +420,9 @@ impl ReceiverService {
                             break;
                         }
                         send_heartbeat(&out);
+                        if let Ok(now) = self.db.high_waters() {
+                            marks.refresh(&now);
+                        }
                         continue;
                     }
                     msg = queue.recv() => match msg {
@@ -385,7 +441,7 @@ impl ReceiverService {
                 }
             };
             last_contact = Instant::now();
-            self.update_status(&sender, |s| s.last_contact = Some(last_contact));
+            self.update_counters(&sender, |s| s.last_contact = Some(last_contact));
             match msg.msg {
                 Some(sender_message::Msg::Batch(batch)) => {
                     let mut backlog = vec![batch];
@@ -394,7 +450,7 @@ impl ReceiverService {
                             gather_backlog(&mut queue, &mut backlog, self.config.max_run_bytes);
                     }
                     let applied = {
-                        let apply = self.apply_backlog(&accepted, &backlog, &mut durable);
+                        let apply = self.apply_backlog(&accepted, &backlog, &mut marks);
                         tokio::pin!(apply);
                         // Heartbeats go on while a long run applies, or the sender
                         // would take this receiver for dead and start over.
@@ -414,7 +470,7 @@ impl ReceiverService {
                             let wire: u64 = backlog.iter().map(|b| b.payload.len() as u64).sum();
                             let raw: u64 = backlog.iter().map(|b| b.raw_bytes).sum();
                             metrics.record(&done.tally);
-                            self.update_status(&sender, |s| {
+                            self.update_counters(&sender, |s| {
                                 let t = &done.tally;
                                 s.through_lsn = done.ack.through_lsn;
                                 s.batches += backlog.len() as u64;
@@ -464,7 +520,7 @@ impl ReceiverService {
         &self,
         accepted: &Accepted,
         backlog: &[pb::Batch],
-        durable: &mut BTreeMap<NodeId, u64>,
+        marks: &mut Marks,
     ) -> Result<Applied, (RefuseCode, String)> {
         // Epochs are checked on every batch: a master change since Hello makes this
         // sender stale from that moment on.
@@ -500,8 +556,14 @@ impl ReceiverService {
         let mut tally = Tally::default();
         let mut run: Vec<ReplicatedTxn> = Vec::new();
         let mut all_durable = true;
+        // The highest seq of each origin in the backlog: applied (or found here
+        // already) once every run below has returned.
+        let mut received: BTreeMap<NodeId, u64> = BTreeMap::new();
         for batch in backlog {
             for r in decode_batch(batch)? {
+                let gtid = r.entry.gtid();
+                let seq = received.entry(gtid.origin).or_insert(0);
+                *seq = (*seq).max(gtid.seq);
                 match r.entry {
                     LogEntry::Txn(mut txn) => {
                         for c in &mut txn.changes {
@@ -539,15 +601,15 @@ impl ReceiverService {
             }
         }
         all_durable &= self.apply_run(run, compiles, &mut tally).await?;
-        let applied = self.db.high_waters().map_err(failed)?;
+        marks.refresh(&received);
         if all_durable {
             // Everything applied so far was flushed: the durable marks catch up.
-            *durable = applied.clone();
+            marks.durable.clone_from(&marks.applied);
         }
         Ok(Applied {
             ack: pb::Ack {
-                durable: marks(durable),
-                applied: marks(&applied),
+                durable: to_pb(&marks.durable),
+                applied: to_pb(&marks.applied),
                 through_lsn,
             },
             tally,
@@ -827,7 +889,7 @@ impl pb::replication_server::Replication for ReceiverService {
                 });
                 let _ = tx.try_send(Ok(pb::ReceiverMessage {
                     msg: Some(receiver_message::Msg::HelloReply(pb::HelloReply {
-                        high_waters: marks(&high_waters),
+                        high_waters: to_pb(&high_waters),
                     })),
                 }));
                 info!(sender = %sender, "replication stream accepted");
@@ -859,6 +921,20 @@ mod tests {
 
     fn throughs(backlog: &[pb::Batch]) -> Vec<u64> {
         backlog.iter().map(|b| b.through_lsn).collect()
+    }
+
+    #[test]
+    fn marks_only_rise_and_durable_follows_applied_when_told() {
+        let (a, b, c) = (NodeId(1), NodeId(2), NodeId(3));
+        let mut m = Marks::new(BTreeMap::from([(a, 5), (b, 9)]));
+        // A backlog of origin a up to 7 and of a new origin c.
+        m.refresh(&BTreeMap::from([(a, 7), (c, 2)]));
+        // The store's marks read later, lower for a (read before) and higher for b.
+        m.refresh(&BTreeMap::from([(a, 6), (b, 11)]));
+        assert_eq!(m.applied, BTreeMap::from([(a, 7), (b, 11), (c, 2)]));
+        assert_eq!(m.durable, BTreeMap::from([(a, 5), (b, 9)]));
+        m.durable.clone_from(&m.applied);
+        assert_eq!(m.durable, m.applied);
     }
 
     #[test]

@@ -55,6 +55,12 @@ pub enum SenderState {
 }
 
 /// A sender's status, for `hawser status` and the return-service tracker.
+///
+/// Changes of state and acknowledgements (marks, acknowledged position, lag) wake the
+/// watch's waiters; the per-batch counters (`sent_lsn`, `transactions_sent`,
+/// `batches_sent`, bytes) and `last_contact` on a heartbeat are updated in place
+/// without waking them: readers see them, and a batch sent does not wake every task
+/// waiting for an acknowledgement.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SenderStatus {
     pub state: SenderState,
@@ -346,7 +352,10 @@ impl Sender {
                             });
                         }
                         Some(receiver_message::Msg::Heartbeat(_)) => {
-                            self.status.send_modify(|s| s.last_contact = Some(last_contact));
+                            self.status.send_if_modified(|s| {
+                                s.last_contact = Some(last_contact);
+                                false
+                            });
                         }
                         Some(receiver_message::Msg::Refused(r)) => {
                             return Err(StreamError::Refused { code: r.code, reason: r.reason });
@@ -401,7 +410,14 @@ impl Sender {
         while in_flight.len() < tuning.max_in_flight_batches
             && *in_flight_bytes < tuning.max_in_flight_bytes
         {
-            let records = self.db.log_range(*cursor, tuning.max_batch_records)?;
+            // The log's end is an atomic read; reading the log itself sets up a scan and
+            // decodes records, so it is skipped when there is nothing past the cursor
+            // (every wake after the one that shipped a commit group finds nothing new).
+            let records = if self.db.last_lsn() < *cursor {
+                Vec::new()
+            } else {
+                self.db.log_range(*cursor, tuning.max_batch_records)?
+            };
             let Some(last) = records.last() else {
                 if let Some(position) = *unsent {
                     if last_sent.elapsed() >= tuning.position_every {
@@ -417,8 +433,9 @@ impl Sender {
             let mut wire: Vec<WireRecord> = Vec::new();
             let mut first_commit_micros = None;
             let mut size = 0usize;
-            for r in &records {
-                if let Some(entry) = self.link.filter(&r.entry, high_water) {
+            for r in records {
+                through = r.lsn;
+                if let Some(entry) = self.link.filter(r.entry, high_water) {
                     size += entry_size(&entry);
                     first_commit_micros.get_or_insert(entry.commit_micros());
                     wire.push(WireRecord {
@@ -426,7 +443,6 @@ impl Sender {
                         entry,
                     });
                 }
-                through = r.lsn;
                 if size >= tuning.max_batch_bytes {
                     break;
                 }
@@ -462,16 +478,18 @@ impl Sender {
         in_flight_bytes: &mut u64,
     ) -> Result<(), StreamError> {
         let raw = encode_records(&wire);
-        let payload = compress(self.link.compression, &raw);
+        let count = wire.len() as u64;
+        drop(wire);
+        let raw_bytes = raw.len() as u64;
+        let payload = compress(self.link.compression, raw);
         let batch = pb::Batch {
             through_lsn: through.0,
-            count: u32::try_from(wire.len()).unwrap_or(u32::MAX),
+            count: u32::try_from(count).unwrap_or(u32::MAX),
             codec: codec_to_pb(self.link.compression) as i32,
-            raw_bytes: raw.len() as u64,
+            raw_bytes,
             payload,
         };
         let wire_bytes = batch.payload.len() as u64;
-        let count = wire.len() as u64;
         tx.send(pb::SenderMessage {
             msg: Some(sender_message::Msg::Batch(batch)),
         })
@@ -483,12 +501,14 @@ impl Sender {
             first_commit_micros,
         });
         *in_flight_bytes += wire_bytes;
-        self.status.send_modify(|s| {
+        // Counters only: readers see them, waiters are not woken (see SenderStatus).
+        self.status.send_if_modified(|s| {
             s.sent_lsn = through;
             s.batches_sent += 1;
             s.transactions_sent += count;
-            s.raw_bytes += raw.len() as u64;
+            s.raw_bytes += raw_bytes;
             s.wire_bytes += wire_bytes;
+            false
         });
         Ok(())
     }
