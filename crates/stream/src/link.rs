@@ -41,8 +41,9 @@ pub struct SenderTuning {
     /// Reconnect backoff: first and largest wait.
     pub backoff_min: Duration,
     pub backoff_max: Duration,
-    /// How often an idle sender looks for new log records when nobody calls
-    /// [`crate::SenderHandle::wake`].
+    /// How often a sender looks for new log records besides the times
+    /// [`crate::SenderHandle::wake`] tells it to (a look that finds nothing new reads
+    /// only the log's end position).
     pub poll_interval: Duration,
     /// How often the position of log the receiver gets nothing of is sent on its own
     /// (a record-less batch), so its acknowledged position keeps up while idle.

@@ -25,6 +25,7 @@ use std::time::Instant;
 use hawser_core::{Lsn, NodeId};
 use hawser_store::{Database, LogEntry};
 use tokio::sync::{mpsc, watch, Notify};
+use tokio::time::MissedTickBehavior;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -316,6 +317,10 @@ impl Sender {
         let mut in_flight: VecDeque<InFlight> = VecDeque::new();
         let mut in_flight_bytes = 0u64;
         let mut heartbeat = tokio::time::interval(tuning.heartbeat);
+        // One timer for the session rather than a new one per turn of the loop (each
+        // wake and each ack is a turn).
+        let mut poll = tokio::time::interval(tuning.poll_interval);
+        poll.set_missed_tick_behavior(MissedTickBehavior::Delay);
         loop {
             let room = in_flight.len() < tuning.max_in_flight_batches
                 && in_flight_bytes < tuning.max_in_flight_bytes;
@@ -381,7 +386,7 @@ impl Sender {
                 _ = self.wake.notified(), if room => {
                     self.ship(&tx, &mut cursor, &mut unsent, &high_water, &mut in_flight, &mut in_flight_bytes, &mut last_sent).await?;
                 }
-                _ = tokio::time::sleep(tuning.poll_interval), if room => {
+                _ = poll.tick(), if room => {
                     self.ship(&tx, &mut cursor, &mut unsent, &high_water, &mut in_flight, &mut in_flight_bytes, &mut last_sent).await?;
                 }
             }
@@ -410,13 +415,18 @@ impl Sender {
         while in_flight.len() < tuning.max_in_flight_batches
             && *in_flight_bytes < tuning.max_in_flight_bytes
         {
-            // The log's end is an atomic read; reading the log itself sets up a scan and
-            // decodes records, so it is skipped when there is nothing past the cursor
-            // (every wake after the one that shipped a commit group finds nothing new).
-            let records = if self.db.last_lsn() < *cursor {
+            // The log's end is an atomic read; reading the log is a range scan whose every
+            // step descends the tree. So the log is not read when nothing is past the
+            // cursor (every wake after the one that shipped a commit group), and otherwise
+            // asked for exactly the records there are (LSNs are dense), which spares the
+            // scan the step that would only find the end.
+            let last_lsn = self.db.last_lsn();
+            let records = if last_lsn < *cursor {
                 Vec::new()
             } else {
-                self.db.log_range(*cursor, tuning.max_batch_records)?
+                let available = usize::try_from(last_lsn.0 - cursor.0 + 1).unwrap_or(usize::MAX);
+                self.db
+                    .log_range(*cursor, available.min(tuning.max_batch_records))?
             };
             let Some(last) = records.last() else {
                 if let Some(position) = *unsent {
