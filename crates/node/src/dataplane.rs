@@ -372,6 +372,19 @@ fn wanted_links(
             out.insert((name.clone(), link.receiver.clone()), (config, addr));
         }
     }
+    // Streams from this node to the same receiver node (several schemes) keep each
+    // origin's transactions in seq order between them (`LinkConfig::siblings`).
+    let configs: Vec<((QualName, Ident), LinkConfig)> = out
+        .iter()
+        .map(|(k, (c, _))| (k.clone(), c.clone()))
+        .collect();
+    for (key, (config, _)) in out.iter_mut() {
+        config.siblings = configs
+            .iter()
+            .filter(|(k, c)| k != key && c.receiver_node == config.receiver_node)
+            .map(|(_, c)| c.clone())
+            .collect();
+    }
     set_returns(returns, store, &all_links, ds_routes);
     returns.set_replication(replication);
     // A table this store also masters (bidirectional, general workload) stays writable.

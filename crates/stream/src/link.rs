@@ -92,6 +92,12 @@ pub struct LinkConfig {
     pub compression: Compression,
     pub table_check: TableDefinitionChecking,
     pub tuning: SenderTuning,
+    /// The other streams from this sender to the same receiver node (other schemes),
+    /// with empty `siblings` of their own. The receiver keeps one high-water per origin,
+    /// so it must get each origin's transactions in seq order across all of them: this
+    /// stream does not move past a transaction a sibling carries until the receiver has
+    /// it ([`LinkConfig::waits_for_sibling`]).
+    pub siblings: Vec<LinkConfig>,
 }
 
 /// The tables a DATASTORE element carries, as its INCLUDE / EXCLUDE says.
@@ -177,7 +183,54 @@ impl LinkConfig {
             },
             table_check: link.receiver_settings.table_definition_checking,
             tuning: SenderTuning::default(),
+            siblings: Vec::new(),
         })
+    }
+
+    /// Whether any of `entry` goes to the receiver on this stream, the receiver's
+    /// high-water aside.
+    pub fn carries(&self, entry: &LogEntry) -> bool {
+        let gtid = entry.gtid();
+        if gtid.origin == self.receiver_node {
+            return false;
+        }
+        match entry {
+            LogEntry::Txn(t) => t
+                .changes
+                .iter()
+                .any(|c| self.carries_table(&c.table, gtid.origin)),
+            LogEntry::Ddl { op, .. } => {
+                let carried = match op {
+                    DdlOp::CreateTable(def) => self.carries_table(&def.name, gtid.origin),
+                    DdlOp::DropTable(name) | DdlOp::AddColumn { table: name, .. } => {
+                        self.carries_table(name, gtid.origin)
+                    }
+                    DdlOp::CreateSequence(_) | DdlOp::DropSequence(_) => {
+                        self.origins().contains(&gtid.origin)
+                    }
+                };
+                self.replicate_ddl && carried
+            }
+            LogEntry::SequenceBlock { name, .. } => {
+                self.sequences.contains_key(&(name.clone(), gtid.origin))
+            }
+        }
+    }
+
+    /// Whether this stream must stop before `entry`: another stream to the same
+    /// receiver carries it, this one does not, and the receiver (with `high_water`)
+    /// does not have it yet. Moving past it would let this stream deliver a later
+    /// transaction of the same origin first, after which the receiver would take the
+    /// sibling's for a duplicate.
+    pub fn waits_for_sibling(&self, entry: &LogEntry, high_water: &BTreeMap<NodeId, u64>) -> bool {
+        if self.siblings.is_empty() {
+            return false;
+        }
+        let gtid = entry.gtid();
+        gtid.origin != self.receiver_node
+            && gtid.seq > high_water.get(&gtid.origin).copied().unwrap_or(0)
+            && !self.carries(entry)
+            && self.siblings.iter().any(|s| s.carries(entry))
     }
 
     /// Whether rows of `table` committed at `origin` go to the receiver.
@@ -375,6 +428,54 @@ mod tests {
     }
 
     #[test]
+    fn a_stream_stops_before_what_a_sibling_to_the_same_receiver_carries() {
+        let (m, s) = (NodeId(1), NodeId(2));
+        let link = |table: &str| LinkConfig {
+            sender_node: m,
+            sender_store: Ident::unquoted("m"),
+            receiver_store: Ident::unquoted("s"),
+            receiver_node: s,
+            scheme_version: 1,
+            elements: BTreeMap::new(),
+            tables: BTreeMap::from([((QualName::bare(table), m), Ident::unquoted("e"))]),
+            sequences: BTreeMap::new(),
+            replicate_ddl: false,
+            datastore: Vec::new(),
+            compression: Compression::None,
+            table_check: TableDefinitionChecking::Exact,
+            tuning: SenderTuning::default(),
+            siblings: Vec::new(),
+        };
+        let txn = |origin: NodeId, seq: u64, table: &str| {
+            LogEntry::Txn(Transaction {
+                gtid: Gtid::new(origin, seq),
+                commit_micros: 0,
+                changes: vec![RowChange {
+                    table: QualName::bare(table),
+                    op: hawser_core::ChangeOp::Insert,
+                    key: vec![Value::Int(1)],
+                    before: None,
+                    after: Some(vec![Value::Int(1)]),
+                }],
+            })
+        };
+        let mut t3 = link("t3");
+        let hw = BTreeMap::from([(m, 5)]);
+        // Alone, a stream skips what it does not carry.
+        assert!(!t3.waits_for_sibling(&txn(m, 6, "t1"), &hw));
+        t3.siblings = vec![link("t1")];
+        // The t1 stream carries seq 6 and the receiver lacks it: t3's stream waits.
+        assert!(t3.waits_for_sibling(&txn(m, 6, "t1"), &hw));
+        // Not once the receiver has it, not for its own tables, not for tables nobody
+        // carries, not for the receiver's own transactions.
+        assert!(!t3.waits_for_sibling(&txn(m, 5, "t1"), &hw));
+        assert!(!t3.waits_for_sibling(&txn(m, 6, "t3"), &hw));
+        assert!(!t3.waits_for_sibling(&txn(m, 6, "t9"), &hw));
+        assert!(!t3.waits_for_sibling(&txn(s, 6, "t1"), &hw));
+        assert!(t3.carries(&txn(m, 1, "t3")) && !t3.carries(&txn(m, 1, "t1")));
+    }
+
+    #[test]
     fn filter_keeps_carried_changes_and_never_echoes() {
         let (m, s, x) = (NodeId(1), NodeId(2), NodeId(3));
         let mut tables = BTreeMap::new();
@@ -394,6 +495,7 @@ mod tests {
             compression: Compression::None,
             table_check: TableDefinitionChecking::Exact,
             tuning: SenderTuning::default(),
+            siblings: Vec::new(),
         };
         let change = |t: &str| RowChange {
             table: QualName::bare(t),

@@ -602,7 +602,14 @@ impl ReceiverService {
         }
         all_durable &= self.apply_run(run, compiles, &mut tally).await?;
         marks.refresh(&received);
-        if all_durable {
+        if count == 0 {
+            // A record-less batch: the sender is asking where this store stands (it
+            // waits for a transaction another stream carries). The store's marks answer
+            // it; they say nothing of durability, so the durable marks stay.
+            if let Ok(now) = self.db.high_waters() {
+                marks.refresh(&now);
+            }
+        } else if all_durable {
             // Everything applied so far was flushed: the durable marks catch up.
             marks.durable.clone_from(&marks.applied);
         }

@@ -428,7 +428,7 @@ impl Sender {
                 self.db
                     .log_range(*cursor, available.min(tuning.max_batch_records))?
             };
-            let Some(last) = records.last() else {
+            if records.is_empty() {
                 if let Some(position) = *unsent {
                     if last_sent.elapsed() >= tuning.position_every {
                         self.send(tx, Vec::new(), position, None, in_flight, in_flight_bytes)
@@ -438,13 +438,20 @@ impl Sender {
                     }
                 }
                 return Ok(());
-            };
-            let mut through = last.lsn;
+            }
+            let mut through = None;
             let mut wire: Vec<WireRecord> = Vec::new();
             let mut first_commit_micros = None;
             let mut size = 0usize;
+            let mut blocked = false;
             for r in records {
-                through = r.lsn;
+                if self.link.waits_for_sibling(&r.entry, high_water) {
+                    // Another stream to this receiver carries it: stop before it until
+                    // the receiver has it (see LinkConfig::siblings).
+                    blocked = true;
+                    break;
+                }
+                through = Some(r.lsn);
                 if let Some(entry) = self.link.filter(r.entry, high_water) {
                     size += entry_size(&entry);
                     first_commit_micros.get_or_insert(entry.commit_micros());
@@ -457,9 +464,24 @@ impl Sender {
                     break;
                 }
             }
+            let Some(through) = through else {
+                // Blocked at the cursor: ask for the receiver's marks (a record-less
+                // batch is answered with them) at most every poll, and wait.
+                if last_sent.elapsed() >= tuning.poll_interval {
+                    let position = unsent.unwrap_or(Lsn(cursor.0.saturating_sub(1)));
+                    self.send(tx, Vec::new(), position, None, in_flight, in_flight_bytes)
+                        .await?;
+                    *last_sent = Instant::now();
+                    *unsent = None;
+                }
+                return Ok(());
+            };
             *cursor = through.next();
             if wire.is_empty() {
                 *unsent = Some(through);
+                if blocked {
+                    return Ok(());
+                }
                 continue;
             }
             self.send(
@@ -473,6 +495,9 @@ impl Sender {
             .await?;
             *last_sent = Instant::now();
             *unsent = None;
+            if blocked {
+                return Ok(());
+            }
         }
         Ok(())
     }

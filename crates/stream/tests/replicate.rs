@@ -172,6 +172,7 @@ fn link(
             backoff_max: Duration::from_millis(200),
             ..SenderTuning::default()
         },
+        siblings: Vec::new(),
     }
 }
 
