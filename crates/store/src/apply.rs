@@ -136,7 +136,25 @@ impl Database {
         &self,
         batch: Vec<ReplicatedTxn>,
     ) -> Result<ApplyInfo, StoreError> {
-        self.apply_internal(&batch, None).await
+        let durable = self.inner.opts.durable_commits;
+        self.apply_internal(&batch, None, durable).await
+    }
+
+    /// [`Database::apply_replicated`] without waiting for the flush (`ApplyInfo.durable`
+    /// is `false`): for a receiver nobody's commit waits on, which makes its applies
+    /// durable with [`Database::flush`] now and then instead of once per batch.
+    pub async fn apply_replicated_lazily(
+        &self,
+        batch: Vec<ReplicatedTxn>,
+    ) -> Result<ApplyInfo, StoreError> {
+        self.apply_internal(&batch, None, false).await
+    }
+
+    /// Makes every commit and apply so far durable; returns the LSN it covers.
+    pub async fn flush(&self) -> Result<Lsn, StoreError> {
+        let upto = self.last_lsn();
+        self.inner.wait_durable(upto).await?;
+        Ok(upto)
     }
 
     /// Applies a run as the net operations of its RTL compilation, in one atomic batch
@@ -158,8 +176,28 @@ impl Database {
         run: &[ReplicatedTxn],
         compiled: &Compilation,
     ) -> Result<ApplyInfo, StoreError> {
+        let durable = self.inner.opts.durable_commits;
+        self.apply_compiled_as(run, compiled, durable).await
+    }
+
+    /// [`Database::apply_compiled`] without waiting for the flush (see
+    /// [`Database::apply_replicated_lazily`]).
+    pub async fn apply_compiled_lazily(
+        &self,
+        run: &[ReplicatedTxn],
+        compiled: &Compilation,
+    ) -> Result<ApplyInfo, StoreError> {
+        self.apply_compiled_as(run, compiled, false).await
+    }
+
+    async fn apply_compiled_as(
+        &self,
+        run: &[ReplicatedTxn],
+        compiled: &Compilation,
+        durable: bool,
+    ) -> Result<ApplyInfo, StoreError> {
         let Some(tables) = compiled.tables() else {
-            return self.apply_internal(run, None).await;
+            return self.apply_internal(run, None, durable).await;
         };
         if compiled.counts.transactions != run.len() as u64 {
             return Err(StoreError::InvalidBatch(format!(
@@ -173,7 +211,7 @@ impl Database {
             .flat_map(|t| &t.operations)
             .all(|op| !matches!(op, NetOp::Update { after: None, .. }));
         let net = whole_rows.then_some(tables);
-        self.apply_internal(run, net).await
+        self.apply_internal(run, net, durable).await
     }
 
     /// Applies a DDL statement received from another origin (a [`LogEntry::Ddl`] read
@@ -245,7 +283,9 @@ impl Database {
                 },
                 epoch,
             };
-            return self.apply_internal(&[noop], None).await;
+            return self
+                .apply_internal(&[noop], None, self.inner.opts.durable_commits)
+                .await;
         }
         let origin = Origin::Replicated {
             gtid,
@@ -294,6 +334,7 @@ impl Database {
         &self,
         batch: &[ReplicatedTxn],
         net: Option<&[NetTable]>,
+        durable: bool,
     ) -> Result<ApplyInfo, StoreError> {
         let inner = &self.inner;
         let started = Instant::now();
@@ -326,7 +367,6 @@ impl Database {
         // The marks are written: the next apply may build its batch while this one
         // waits for the flush (which then often covers both).
         drop(serial);
-        let durable = inner.opts.durable_commits;
         if durable {
             // Flush (shared with concurrent commits) and advance. With nothing applied
             // this still covers the skipped transactions, which an earlier

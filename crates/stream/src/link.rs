@@ -14,7 +14,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use hawser_core::{Epoch, Ident, NodeId, QualName, TableDef};
-use hawser_scheme::ast::TableDefinitionChecking;
+use hawser_scheme::ast::{ReturnService, TableDefinitionChecking};
 use hawser_scheme::route::Link;
 use hawser_store::{DdlOp, LogEntry};
 use thiserror::Error;
@@ -86,6 +86,9 @@ pub struct LinkConfig {
     pub sequences: BTreeMap<(QualName, NodeId), Ident>,
     /// Ship DDL of the carried origins (DATASTORE elements).
     pub replicate_ddl: bool,
+    /// A return service (RECEIPT or TWOSAFE, by request or not) covers a table of the
+    /// stream: the receiver flushes every batch before its ack (Hello.returns_wait).
+    pub returns_wait: bool,
     /// DATASTORE elements by rule: a table of the origin created after this config was
     /// planned is carried too, if the element's INCLUDE / EXCLUDE lets it in.
     pub datastore: Vec<DatastoreRule>,
@@ -175,6 +178,10 @@ impl LinkConfig {
             tables,
             sequences,
             replicate_ddl: false,
+            returns_wait: link
+                .tables
+                .iter()
+                .any(|t| t.return_service != ReturnService::NoReturn),
             datastore: Vec::new(),
             compression: if link.sender_settings.compress_traffic {
                 Compression::Lz4
@@ -440,6 +447,7 @@ mod tests {
             tables: BTreeMap::from([((QualName::bare(table), m), Ident::unquoted("e"))]),
             sequences: BTreeMap::new(),
             replicate_ddl: false,
+            returns_wait: true,
             datastore: Vec::new(),
             compression: Compression::None,
             table_check: TableDefinitionChecking::Exact,
@@ -491,6 +499,7 @@ mod tests {
             tables,
             sequences: BTreeMap::new(),
             replicate_ddl: false,
+            returns_wait: true,
             datastore: Vec::new(),
             compression: Compression::None,
             table_check: TableDefinitionChecking::Exact,

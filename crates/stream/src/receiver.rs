@@ -226,6 +226,9 @@ fn now_micros() -> i64 {
         .map_or(0, |d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX))
 }
 
+/// How often a stream no return service waits on flushes what it applied.
+const LAZY_FLUSH_EVERY: std::time::Duration = std::time::Duration::from_millis(20);
+
 /// The high-water marks a stream's acks carry, per origin.
 ///
 /// They start from the store's marks when the stream is accepted and then follow what
@@ -273,6 +276,10 @@ fn with_status(
 /// A stream that passed Hello.
 struct Accepted {
     sender: Ident,
+    /// A return service may wait on this stream: every apply is flushed before its ack.
+    /// Otherwise applies do not wait for the flush, and durable marks follow a flush
+    /// every [`LAZY_FLUSH_EVERY`].
+    returns_wait: bool,
     elements: BTreeMap<Ident, Epoch>,
     /// Column maps of tables whose columns are in another order (RELAXED).
     maps: BTreeMap<QualName, Vec<usize>>,
@@ -353,6 +360,7 @@ impl ReceiverService {
         }
         Ok(Accepted {
             sender: Ident::quoted(&hello.sender_store),
+            returns_wait: hello.returns_wait,
             elements,
             maps,
         })
@@ -405,6 +413,9 @@ impl ReceiverService {
         let metrics = InboundMetrics::new(&sender);
         let mut marks = Marks::new(self.db.high_waters().unwrap_or_default());
         let mut heartbeat = tokio::time::interval(self.config.heartbeat);
+        let mut lazy_flush = tokio::time::interval(LAZY_FLUSH_EVERY);
+        lazy_flush.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut last_through = 0u64;
         let mut last_contact = Instant::now();
         // A message read while gathering a backlog that is not a batch: handled next.
         let mut carried = None;
@@ -414,6 +425,28 @@ impl ReceiverService {
                 None => tokio::select! {
                     biased;
                     _ = self.shutdown.cancelled() => break,
+                    _ = lazy_flush.tick(), if marks.durable != marks.applied => {
+                        // Applied without waiting for the flush (no return service on
+                        // this stream): one flush covers them all, then the durable
+                        // marks catch up.
+                        let applied = marks.applied.clone();
+                        if let Err(e) = self.db.flush().await {
+                            warn!(sender = %sender, error = %e, "flush failed; dropping the stream");
+                            break;
+                        }
+                        marks.durable = applied;
+                        let ack = pb::ReceiverMessage {
+                            msg: Some(receiver_message::Msg::Ack(pb::Ack {
+                                durable: to_pb(&marks.durable),
+                                applied: to_pb(&marks.applied),
+                                through_lsn: last_through,
+                            })),
+                        };
+                        if out.send(Ok(ack)).await.is_err() {
+                            break;
+                        }
+                        continue;
+                    }
                     _ = heartbeat.tick() => {
                         if last_contact.elapsed() > self.config.peer_timeout {
                             info!(sender = %sender, "sender silent past the peer timeout; dropping the stream");
@@ -484,6 +517,7 @@ impl ReceiverService {
                                 s.raw_bytes += raw;
                                 s.wire_bytes += wire;
                             });
+                            last_through = done.ack.through_lsn;
                             let ack = pb::ReceiverMessage {
                                 msg: Some(receiver_message::Msg::Ack(done.ack)),
                             };
@@ -590,7 +624,7 @@ impl ReceiverService {
                     }
                     entry @ (LogEntry::Ddl { .. } | LogEntry::SequenceBlock { .. }) => {
                         all_durable &= self
-                            .apply_run(std::mem::take(&mut run), compiles, &mut tally)
+                            .apply_run(accepted, std::mem::take(&mut run), compiles, &mut tally)
                             .await?;
                         self.db
                             .apply_replicated_ddl(&entry, r.epoch)
@@ -600,7 +634,7 @@ impl ReceiverService {
                 }
             }
         }
-        all_durable &= self.apply_run(run, compiles, &mut tally).await?;
+        all_durable &= self.apply_run(accepted, run, compiles, &mut tally).await?;
         marks.refresh(&received);
         if count == 0 {
             // A record-less batch: the sender is asking where this store stands (it
@@ -623,10 +657,24 @@ impl ReceiverService {
         })
     }
 
+    /// Applies a run in log order, waiting for its flush unless `lazy`.
+    async fn apply_in_order(
+        &self,
+        run: Vec<ReplicatedTxn>,
+        lazy: bool,
+    ) -> Result<hawser_store::ApplyInfo, hawser_store::StoreError> {
+        if lazy {
+            self.db.apply_replicated_lazily(run).await
+        } else {
+            self.db.apply_replicated(run).await
+        }
+    }
+
     /// Applies one run of transactions as RTL net rows (`compiles`) or in log order,
     /// and counts what was written. Returns whether the apply was flushed.
     async fn apply_run(
         &self,
+        accepted: &Accepted,
         run: Vec<ReplicatedTxn>,
         compiles: bool,
         tally: &mut Tally,
@@ -635,6 +683,7 @@ impl ReceiverService {
             return Ok(true);
         }
         let failed = |e: hawser_store::StoreError| (RefuseCode::ApplyFailed, e.to_string());
+        let lazy = !accepted.returns_wait;
         let info = if compiles {
             let catalog: Vec<TableDef> = self.db.tables().iter().map(|t| (**t).clone()).collect();
             // Compilation is CPU work proportional to the run: off the async workers.
@@ -650,17 +699,18 @@ impl ReceiverService {
                 )
             })?;
             match compiled {
+                Ok(compiled) if lazy => self.db.apply_compiled_lazily(&run, &compiled).await,
                 Ok(compiled) => self.db.apply_compiled(&run, &compiled).await,
                 // A run the compiler cannot read (a change without the image it
                 // needs) is applied in log order, which reports the problem precisely
                 // if it is real.
                 Err(e) => {
                     debug!(error = %e, "run not read by the compiler; applying in log order");
-                    self.db.apply_replicated(run).await
+                    self.apply_in_order(run, lazy).await
                 }
             }
         } else {
-            self.db.apply_replicated(run).await
+            self.apply_in_order(run, lazy).await
         }
         .map_err(failed)?;
         tally.skipped += info.skipped;

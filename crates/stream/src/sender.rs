@@ -256,6 +256,7 @@ impl Sender {
                 hawser_scheme::ast::TableDefinitionChecking::Relaxed => pb::TableCheck::Relaxed,
             } as i32,
             carries_ddl: self.link.replicate_ddl,
+            returns_wait: self.link.returns_wait,
         }
     }
 
@@ -338,7 +339,13 @@ impl Sender {
                                     in_flight_bytes -= f.wire_bytes;
                                 }
                             }
-                            self.acked_lsn = self.acked_lsn.max(through);
+                            // A session resumes after `acked_lsn`, so it moves only with
+                            // an ack that says everything through it is durable there (a
+                            // receiver no return service waits on acks applies first and
+                            // durability after its next flush).
+                            if ack.durable == ack.applied {
+                                self.acked_lsn = self.acked_lsn.max(through);
+                            }
                             let applied = from_marks(&ack.applied);
                             for (o, s) in &applied {
                                 let hw = high_water.entry(*o).or_insert(0);

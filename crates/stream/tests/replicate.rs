@@ -164,6 +164,7 @@ fn link(
         tables: BTreeMap::from([((tab(), NodeId(master)), id("e"))]),
         sequences: BTreeMap::new(),
         replicate_ddl: false,
+        returns_wait: true,
         datastore: Vec::new(),
         compression: codec,
         table_check: TableDefinitionChecking::Exact,
@@ -276,6 +277,30 @@ async fn rows_committed_on_the_master_appear_on_two_subscribers() -> Result<()> 
     assert_eq!(h1.status().borrow().state, SenderState::Stopped);
     r1.stop().await;
     r2.stop().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_return_service_durable_marks_follow_a_periodic_flush() -> Result<()> {
+    let master = open(1).await?;
+    let sub = open(2).await?;
+    let view = epochs(1);
+    let r = Receiver::start(&sub, "s1", view.subscribe(), None).await?;
+    let senders = Senders::default();
+    let mut lazy = link(1, "s1", 2, 1, Compression::None);
+    lazy.returns_wait = false;
+    let h = senders.spawn(lazy, &master, r.endpoint());
+    for i in 0..20 {
+        write(&master, i..i + 1, "one at a time").await?;
+        h.wake();
+    }
+    // No apply waited for its flush, yet the durable marks reach the master: the
+    // receiver's periodic flush acks them.
+    caught_up(&h, &master).await?;
+    assert_eq!(rows(&sub)?, rows(&master)?);
+    assert_eq!(sub.flushed_lsn(), sub.last_lsn());
+    senders.stop().await;
+    r.stop().await;
     Ok(())
 }
 

@@ -31,5 +31,6 @@ pub fn hello(def: &TableDef) -> pb::Hello {
         codec: pb::Codec::None as i32,
         table_check: pb::TableCheck::Exact as i32,
         carries_ddl: false,
+        returns_wait: true,
     }
 }
