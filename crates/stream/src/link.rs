@@ -266,23 +266,9 @@ impl LinkConfig {
                     .retain(|c| self.carries_table(&c.table, gtid.origin));
                 (!t.changes.is_empty()).then_some(LogEntry::Txn(t))
             }
-            LogEntry::Ddl { ref op, .. } => {
-                let carried = match op {
-                    // A table's DDL goes where its rows go (EXCLUDEd tables stay home).
-                    DdlOp::CreateTable(def) => self.carries_table(&def.name, gtid.origin),
-                    DdlOp::DropTable(name) | DdlOp::AddColumn { table: name, .. } => {
-                        self.carries_table(name, gtid.origin)
-                    }
-                    DdlOp::CreateSequence(_) | DdlOp::DropSequence(_) => {
-                        self.origins().contains(&gtid.origin)
-                    }
-                };
-                (self.replicate_ddl && carried).then_some(entry)
-            }
-            LogEntry::SequenceBlock { ref name, .. } => self
-                .sequences
-                .contains_key(&(name.clone(), gtid.origin))
-                .then_some(entry),
+            // A table's DDL goes where its rows go (EXCLUDEd tables stay home); a
+            // sequence's blocks go where the sequence does.
+            other => self.carries(&other).then_some(other),
         }
     }
 }
@@ -434,17 +420,16 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_stream_stops_before_what_a_sibling_to_the_same_receiver_carries() {
-        let (m, s) = (NodeId(1), NodeId(2));
-        let link = |table: &str| LinkConfig {
+    /// A stream from `m` to `s` carrying `tables`, with no DDL, sequences or siblings.
+    fn test_link(m: NodeId, s: NodeId, tables: BTreeMap<(QualName, NodeId), Ident>) -> LinkConfig {
+        LinkConfig {
             sender_node: m,
             sender_store: Ident::unquoted("m"),
             receiver_store: Ident::unquoted("s"),
             receiver_node: s,
             scheme_version: 1,
             elements: BTreeMap::new(),
-            tables: BTreeMap::from([((QualName::bare(table), m), Ident::unquoted("e"))]),
+            tables,
             sequences: BTreeMap::new(),
             replicate_ddl: false,
             returns_wait: true,
@@ -453,20 +438,40 @@ mod tests {
             table_check: TableDefinitionChecking::Exact,
             tuning: SenderTuning::default(),
             siblings: Vec::new(),
+        }
+    }
+
+    /// An insert of one row into `t`.
+    fn change(t: &str) -> RowChange {
+        RowChange {
+            table: QualName::bare(t),
+            op: hawser_core::ChangeOp::Insert,
+            key: vec![Value::Int(1)],
+            before: None,
+            after: Some(vec![Value::Int(1)]),
+        }
+    }
+
+    /// A transaction of `origin` inserting one row into each of `tables`.
+    fn txn(origin: NodeId, seq: u64, tables: &[&str]) -> LogEntry {
+        LogEntry::Txn(Transaction {
+            gtid: Gtid::new(origin, seq),
+            commit_micros: 0,
+            changes: tables.iter().map(|t| change(t)).collect(),
+        })
+    }
+
+    #[test]
+    fn a_stream_stops_before_what_a_sibling_to_the_same_receiver_carries() {
+        let (m, s) = (NodeId(1), NodeId(2));
+        let link = |table: &str| {
+            test_link(
+                m,
+                s,
+                BTreeMap::from([((QualName::bare(table), m), Ident::unquoted("e"))]),
+            )
         };
-        let txn = |origin: NodeId, seq: u64, table: &str| {
-            LogEntry::Txn(Transaction {
-                gtid: Gtid::new(origin, seq),
-                commit_micros: 0,
-                changes: vec![RowChange {
-                    table: QualName::bare(table),
-                    op: hawser_core::ChangeOp::Insert,
-                    key: vec![Value::Int(1)],
-                    before: None,
-                    after: Some(vec![Value::Int(1)]),
-                }],
-            })
-        };
+        let txn = |origin: NodeId, seq: u64, table: &str| txn(origin, seq, &[table]);
         let mut t3 = link("t3");
         let hw = BTreeMap::from([(m, 5)]);
         // Alone, a stream skips what it does not carry.
@@ -489,37 +494,7 @@ mod tests {
         let mut tables = BTreeMap::new();
         tables.insert((QualName::bare("a"), m), Ident::unquoted("e"));
         tables.insert((QualName::bare("b"), x), Ident::unquoted("e"));
-        let cfg = LinkConfig {
-            sender_node: m,
-            sender_store: Ident::unquoted("m"),
-            receiver_store: Ident::unquoted("s"),
-            receiver_node: s,
-            scheme_version: 1,
-            elements: BTreeMap::new(),
-            tables,
-            sequences: BTreeMap::new(),
-            replicate_ddl: false,
-            returns_wait: true,
-            datastore: Vec::new(),
-            compression: Compression::None,
-            table_check: TableDefinitionChecking::Exact,
-            tuning: SenderTuning::default(),
-            siblings: Vec::new(),
-        };
-        let change = |t: &str| RowChange {
-            table: QualName::bare(t),
-            op: hawser_core::ChangeOp::Insert,
-            key: vec![Value::Int(1)],
-            before: None,
-            after: Some(vec![Value::Int(1)]),
-        };
-        let txn = |origin: NodeId, seq: u64, tables: &[&str]| {
-            LogEntry::Txn(Transaction {
-                gtid: Gtid::new(origin, seq),
-                commit_micros: 0,
-                changes: tables.iter().map(|t| change(t)).collect(),
-            })
-        };
+        let cfg = test_link(m, s, tables);
         let hw = BTreeMap::from([(m, 5)]);
         // Only the carried table's change goes.
         let LogEntry::Txn(t) = cfg.filter(txn(m, 6, &["a", "b"]), &hw).unwrap() else {
