@@ -96,6 +96,10 @@ pub struct StoreStats {
     pub rows_written: u64,
     /// Bytes of log records written.
     pub log_bytes_written: u64,
+    /// The first LSN still in the log (older records were released).
+    pub log_start: Lsn,
+    /// Bytes of log held from `log_start` on.
+    pub log_retained_bytes: u64,
     pub last_lsn: Lsn,
     pub flushed_lsn: Lsn,
     /// Row locks held right now.
@@ -245,6 +249,13 @@ pub(crate) struct Inner {
     applied_lsn: AtomicU64,
     /// Highest LSN known flushed.
     flushed_lsn: AtomicU64,
+    /// The first LSN still in the log (`applied_lsn + 1` when it is empty): records
+    /// before it were released ([`Database::release_log`]).
+    log_start: AtomicU64,
+    /// Bytes (keys and encoded records) of the log from `log_start` on.
+    log_retained_bytes: AtomicU64,
+    /// Held by the one release in progress.
+    release_lock: Mutex<()>,
     /// Held by the one commit that is flushing for everybody.
     flush_lock: tokio::sync::Mutex<()>,
     pub(crate) locks: LockManager,
@@ -356,6 +367,20 @@ impl Database {
                 .ok_or_else(|| StoreError::corrupt(&k, "malformed log key"))?),
             None => Lsn::ZERO,
         };
+        // The log's first record and size, for retention ([`Database::release_log`]).
+        let mut log_start = None;
+        let mut log_retained_bytes = 0u64;
+        for kv in engine.scan(layout::prefix_range(&[layout::LOG_PREFIX]), false) {
+            let (k, v) = kv?;
+            if log_start.is_none() {
+                log_start = Some(
+                    layout::suffix_u64(&k)
+                        .ok_or_else(|| StoreError::corrupt(&k, "malformed log key"))?,
+                );
+            }
+            log_retained_bytes += (k.len() + v.len()) as u64;
+        }
+        let log_start = log_start.unwrap_or(last_lsn.0 + 1);
         let hw_key = layout::high_water_key(opts.node_id);
         let last_seq = match engine.get(&hw_key)? {
             Some(v) => u64_value(&hw_key, &v)?,
@@ -366,6 +391,8 @@ impl Database {
             tables = catalog.tables.len(),
             sequences = sequences.len(),
             last_lsn = last_lsn.0,
+            log_start,
+            log_retained_bytes,
             last_seq,
             "store opened"
         );
@@ -381,6 +408,9 @@ impl Database {
             }),
             applied_lsn: AtomicU64::new(last_lsn.0),
             flushed_lsn: AtomicU64::new(last_lsn.0),
+            log_start: AtomicU64::new(log_start),
+            log_retained_bytes: AtomicU64::new(log_retained_bytes),
+            release_lock: Mutex::new(()),
             flush_lock: tokio::sync::Mutex::new(()),
             locks: LockManager::default(),
             epoch: AtomicU64::new(0),
@@ -871,6 +901,99 @@ impl Database {
         Ok(bytes)
     }
 
+    /// The first LSN still in the log: everything before it was released. One past
+    /// [`Database::last_lsn`] when nothing was ever committed.
+    pub fn log_start(&self) -> Lsn {
+        Lsn(self.inner.log_start.load(Ordering::Acquire))
+    }
+
+    /// Bytes of log (keys and encoded records) still held, from [`Database::log_start`]
+    /// on.
+    pub fn log_retained_bytes(&self) -> u64 {
+        self.inner.log_retained_bytes.load(Ordering::Relaxed)
+    }
+
+    /// Releases the log through LSN `through`, oldest first, while more than
+    /// `keep_bytes` of log would remain: the records are deleted and
+    /// [`Database::log_start`] moves past them. The last record is never released
+    /// (opening reads the last LSN from it). Returns how many records went.
+    ///
+    /// The caller decides what nobody needs any more (every stream that retains log
+    /// has acknowledged it, DESIGN.md §4); a reader asking for released LSNs gets the
+    /// log from `log_start` on, so readers compare their position with it first.
+    pub fn release_log(&self, through: Lsn, keep_bytes: u64) -> Result<u64, StoreError> {
+        const CHUNK: usize = 1024;
+        let inner = &self.inner;
+        let _one = inner.release_lock.lock();
+        let limit = through.0.min(self.last_lsn().0.saturating_sub(1));
+        let mut released = 0u64;
+        loop {
+            let start = inner.log_start.load(Ordering::Acquire);
+            let mut retained = inner.log_retained_bytes.load(Ordering::Relaxed);
+            if start > limit || retained <= keep_bytes {
+                break;
+            }
+            let mut batch = WriteBatch::new();
+            let mut bytes = 0u64;
+            let mut last = None;
+            for kv in inner.engine.scan(log_from(Lsn(start)), false).take(CHUNK) {
+                let (k, v) = kv?;
+                let lsn = layout::suffix_u64(&k)
+                    .ok_or_else(|| StoreError::corrupt(&k, "malformed log key"))?;
+                let size = (k.len() + v.len()) as u64;
+                if lsn > limit || retained.saturating_sub(size) < keep_bytes {
+                    break;
+                }
+                retained -= size;
+                bytes += size;
+                batch.delete(k);
+                last = Some(lsn);
+            }
+            let Some(last) = last else { break };
+            let count = batch.len() as u64;
+            inner.engine.apply(batch)?;
+            inner.log_start.store(last + 1, Ordering::Release);
+            inner.log_retained_bytes.fetch_sub(bytes, Ordering::Relaxed);
+            released += count;
+        }
+        Ok(released)
+    }
+
+    /// The retained positions of this node's outbound streams, by link name: the last
+    /// LSN each receiver acknowledged durably ([`Database::set_positions`]).
+    pub fn positions(&self) -> Result<BTreeMap<String, Lsn>, StoreError> {
+        let mut out = BTreeMap::new();
+        for kv in self
+            .inner
+            .engine
+            .scan(layout::prefix_range(&[layout::POSITION_PREFIX]), false)
+        {
+            let (k, v) = kv?;
+            let name = String::from_utf8(k[1..].to_vec())
+                .map_err(|_| StoreError::corrupt(&k, "position name is not UTF-8"))?;
+            out.insert(name, Lsn(u64_value(&k, &v)?));
+        }
+        Ok(out)
+    }
+
+    /// Records streams' positions (`Some`) and forgets others (`None`), durably: a
+    /// release that relies on a position must not outlive it in a crash.
+    pub fn set_positions(&self, changes: &[(String, Option<Lsn>)]) -> Result<(), StoreError> {
+        if changes.is_empty() {
+            return Ok(());
+        }
+        let mut batch = WriteBatch::new();
+        for (name, lsn) in changes {
+            let key = layout::position_key(name);
+            match lsn {
+                Some(lsn) => batch.put(key, lsn.0.to_be_bytes().to_vec()),
+                None => batch.delete(key),
+            }
+        }
+        self.inner.engine.apply(batch)?;
+        self.inner.engine.flush()
+    }
+
     /// The LSN of the last committed record (0 when the log is empty).
     pub fn last_lsn(&self) -> Lsn {
         Lsn(self.inner.applied_lsn.load(Ordering::Acquire))
@@ -925,6 +1048,8 @@ impl Database {
             flushes: c.flushes.load(Ordering::Relaxed),
             rows_written: c.rows_written.load(Ordering::Relaxed),
             log_bytes_written: c.log_bytes.load(Ordering::Relaxed),
+            log_start: self.log_start(),
+            log_retained_bytes: self.log_retained_bytes(),
             last_lsn: self.last_lsn(),
             flushed_lsn: self.flushed_lsn(),
             locks_held: self.inner.locks.held_count() as u64,
@@ -1020,7 +1145,9 @@ impl Inner {
         let record = LogRecord { lsn, epoch, entry };
         let bytes = codec::encode_record(&record);
         let log_bytes = bytes.len() as u64;
-        batch.put(layout::log_key(lsn), bytes);
+        let key = layout::log_key(lsn);
+        let retained = (key.len() + bytes.len()) as u64;
+        batch.put(key, bytes);
         batch.put(
             layout::high_water_key(gtid.origin),
             gtid.seq.to_be_bytes().to_vec(),
@@ -1033,6 +1160,8 @@ impl Inner {
             state.last_seq = state.last_seq.max(gtid.seq);
         }
         install();
+        self.log_retained_bytes
+            .fetch_add(retained, Ordering::Relaxed);
         self.applied_lsn.store(lsn.0, Ordering::Release);
         drop(state);
         self.counters.commits.fetch_add(1, Ordering::Relaxed);
@@ -1071,11 +1200,14 @@ impl Inner {
         let count = records.len() as u64;
         let mut lsn = state.last_lsn;
         let mut log_bytes = 0;
+        let mut retained = 0;
         for (epoch, entry) in records {
             lsn = lsn.next();
             let bytes = codec::encode_record(&LogRecord { lsn, epoch, entry });
             log_bytes += bytes.len() as u64;
-            batch.put(layout::log_key(lsn), bytes);
+            let key = layout::log_key(lsn);
+            retained += (key.len() + bytes.len()) as u64;
+            batch.put(key, bytes);
         }
         for (origin, seq) in &high_water {
             batch.put(layout::high_water_key(*origin), seq.to_be_bytes().to_vec());
@@ -1089,6 +1221,8 @@ impl Inner {
             // commits continue after them.
             state.last_seq = state.last_seq.max(own);
         }
+        self.log_retained_bytes
+            .fetch_add(retained, Ordering::Relaxed);
         self.applied_lsn.store(lsn.0, Ordering::Release);
         drop(state);
         self.counters.commits.fetch_add(count, Ordering::Relaxed);

@@ -8,6 +8,8 @@
 //! R <table id u64 BE> <encode_key(pk)> → row
 //! L <lsn u64 BE>                 → commit log record
 //! H <origin node id u64 BE>      → highest seq of that origin committed here
+//! P <link name>                  → a stream's retained position: scheme version u64 BE,
+//!                                  acknowledged LSN u64 BE (log retention)
 //! ```
 //!
 //! Rows sit under a numeric table id assigned at CREATE TABLE and never reused, so a
@@ -27,6 +29,7 @@ pub(crate) const SEQUENCE_PREFIX: u8 = b'S';
 pub(crate) const ROW_PREFIX: u8 = b'R';
 pub(crate) const LOG_PREFIX: u8 = b'L';
 pub(crate) const HIGH_WATER_PREFIX: u8 = b'H';
+pub(crate) const POSITION_PREFIX: u8 = b'P';
 
 /// What the format key holds before the version number.
 pub(crate) const FORMAT_MAGIC: &[u8] = b"hawser-store";
@@ -79,6 +82,12 @@ pub(crate) fn log_key(lsn: Lsn) -> Vec<u8> {
 pub(crate) fn high_water_key(origin: NodeId) -> Vec<u8> {
     let mut k = vec![HIGH_WATER_PREFIX];
     k.extend_from_slice(&origin.0.to_be_bytes());
+    k
+}
+
+pub(crate) fn position_key(link: &str) -> Vec<u8> {
+    let mut k = vec![POSITION_PREFIX];
+    k.extend_from_slice(link.as_bytes());
     k
 }
 

@@ -47,6 +47,8 @@ on_both_engines!(
     a_table_without_primary_key_keys_on_all_columns,
     a_hiding_commit_is_invisible_and_blocks_writers_until_its_hold_ends,
     a_received_table_refuses_client_writes_naming_why,
+    released_log_is_gone_and_stays_gone_after_reopening,
+    stream_positions_persist_until_forgotten,
 );
 
 fn code<T: std::fmt::Debug>(r: Result<T, StoreError>) -> &'static str {
@@ -736,4 +738,68 @@ async fn a_received_table_refuses_client_writes_naming_why(f: Fixture) {
         .await
         .unwrap();
     txn.commit().await.unwrap();
+}
+
+async fn released_log_is_gone_and_stays_gone_after_reopening(mut f: Fixture) {
+    let db = f.db();
+    db.create_table(accounts()).await.unwrap();
+    let t = accounts_name();
+    for i in 1..=9 {
+        let mut txn = db.begin();
+        txn.insert(&t, account(i, "ann", "1")).await.unwrap();
+        txn.commit().await.unwrap();
+    }
+    // LSN 1 is the CREATE TABLE, 2..=10 the inserts.
+    assert_eq!((db.log_start(), db.last_lsn()), (Lsn(1), Lsn(10)));
+    let full = db.log_retained_bytes();
+    assert!(full > 0);
+    // Nothing goes while the log is no bigger than what is kept.
+    assert_eq!(db.release_log(Lsn(5), full).unwrap(), 0);
+    assert_eq!(db.log_start(), Lsn(1));
+
+    assert_eq!(db.release_log(Lsn(4), 0).unwrap(), 4);
+    assert_eq!(db.log_start(), Lsn(5));
+    assert!(db.log_retained_bytes() < full);
+    let first = db.log_range(Lsn(1), 100).unwrap();
+    assert_eq!(first.first().map(|r| r.lsn), Some(Lsn(5)));
+    assert_eq!(first.len(), 6);
+    // Releasing less than is already gone changes nothing.
+    assert_eq!(db.release_log(Lsn(3), 0).unwrap(), 0);
+    // `keep_bytes` keeps the newest records: at least that many bytes stay.
+    let keep = db.log_retained_bytes() / 2;
+    let released = db.release_log(Lsn(100), keep).unwrap();
+    assert!(released > 0 && db.log_retained_bytes() >= keep);
+    // The last record is never released: the next LSN is read from it.
+    db.release_log(Lsn(100), 0).unwrap();
+    assert_eq!(db.log_start(), Lsn(10));
+    assert_eq!(db.log_range(Lsn(1), 100).unwrap().len(), 1);
+    let retained = db.log_retained_bytes();
+    // Rows are untouched by a release.
+    assert_eq!(db.scan(&t, KeyRange::all()).unwrap().count(), 9);
+
+    let db = f.reopen();
+    assert_eq!((db.log_start(), db.last_lsn()), (Lsn(10), Lsn(10)));
+    assert_eq!(db.log_retained_bytes(), retained);
+    let mut txn = db.begin();
+    txn.insert(&t, account(10, "bob", "1")).await.unwrap();
+    assert_eq!(txn.commit().await.unwrap().lsn, Lsn(11));
+}
+
+async fn stream_positions_persist_until_forgotten(mut f: Fixture) {
+    let db = f.db();
+    assert!(db.positions().unwrap().is_empty());
+    db.set_positions(&[
+        ("r/n2".to_string(), Some(Lsn(7))),
+        ("r/n3".to_string(), Some(Lsn(2))),
+    ])
+    .unwrap();
+    db.set_positions(&[
+        ("r/n2".to_string(), Some(Lsn(9))),
+        ("r/n3".to_string(), None),
+    ])
+    .unwrap();
+    let expected: std::collections::BTreeMap<String, Lsn> =
+        [("r/n2".to_string(), Lsn(9))].into_iter().collect();
+    assert_eq!(db.positions().unwrap(), expected);
+    assert_eq!(f.reopen().positions().unwrap(), expected);
 }
