@@ -391,14 +391,22 @@ fn outbound_to(node: &Node, receiver: &str) -> Option<Value> {
         .cloned()
 }
 
+/// Where `node`'s commit log starts (`replication.log.start_lsn`).
+fn log_start(node: &Node) -> Option<u64> {
+    let (_, body) = http_get(&node.http, "/replication");
+    serde_json::from_str::<Value>(&body).ok()?["log"]["start_lsn"].as_u64()
+}
+
+/// Receiver states with TimesTen's log retention: PAUSE holds the master's log, FAILED
+/// releases it. The master keeps no log beyond what streams hold (`--log-keep-bytes 0`).
 #[test]
 fn receiver_states_and_failthreshold_stop_the_stream_and_release_commits() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     // FAILTHRESHOLD counts log files of this many bytes.
     let mut args: Vec<&str> = FAST_RAFT.to_vec();
-    args.extend(["--log-file-size", "4096"]);
-    let n1 = Node::start_at("n1", &d.join("n1"), "127.0.0.1:0", &args);
+    args.extend(["--log-file-size", "4096", "--log-keep-bytes", "0"]);
+    let mut n1 = Node::start_at("n1", &d.join("n1"), "127.0.0.1:0", &args);
     let out = n1.cli(&["init"]);
     assert!(out.status.success(), "{}", stderr(&out));
     let mut n2 = start("n2", d, "127.0.0.1:0", Some(&n1.grpc));
@@ -421,6 +429,11 @@ fn receiver_states_and_failthreshold_stop_the_stream_and_release_commits() {
     let (results, _) = sql_ok(&n1, "insert into t values (1, 'a')");
     assert!(warnings(&results).is_empty(), "{results:?}");
     assert_eq!(count(&n2, "t"), Some(1));
+    // What n2 acknowledged is released (the last record always stays).
+    let last = n1.status()["last_lsn"].as_u64().unwrap();
+    wait_for("n1 to release the acknowledged log", WAIT, || {
+        (log_start(&n1) == Some(last)).then_some(())
+    });
 
     // PAUSE (set through another node): no stream, and RECEIPT commits do not wait for
     // a paused subscriber (RETURN SERVICES OFF WHEN REPLICATION STOPPED, its default).
@@ -436,17 +449,22 @@ fn receiver_states_and_failthreshold_stop_the_stream_and_release_commits() {
     });
     assert_eq!(receivers(&n1, "r"), ["n2=PAUSE"]);
     let released = returns(&n1)["released_disabled"].as_u64().unwrap();
+    let paused_at = n1.status()["last_lsn"].as_u64().unwrap();
     let (results, _) = sql_ok(&n1, "insert into t values (2, 'b')");
     assert!(warnings(&results).is_empty(), "{results:?}");
     assert_eq!(
         returns(&n1)["released_disabled"].as_u64().unwrap(),
         released + 1
     );
-    // Back to START: n2 gets what it missed.
+    sql_ok(&n1, "insert into t values (3, 'c')");
+    assert!(log_start(&n1).unwrap() <= paused_at + 1);
+    // Back to START: n2 gets what it missed — the paused receiver held the log (had
+    // it been released, the sender would report `log_released` and n2 would stay at
+    // one row).
     let out = n1.cli(&["receiver", "--subscriber", "n2", "--state", "start"]);
     assert!(out.status.success(), "{}", stderr(&out));
     wait_for("n2 catches up", WAIT, || {
-        (count(&n2, "t") == Some(2)).then_some(())
+        (count(&n2, "t") == Some(3)).then_some(())
     });
     assert!(receivers(&n1, "r").is_empty());
     // FAILED is the master's to set.
@@ -470,24 +488,45 @@ fn receiver_states_and_failthreshold_stop_the_stream_and_release_commits() {
     let (results, _) = sql_ok(&n1, "insert into t values (99, 'after')");
     assert!(warnings(&results).is_empty(), "{results:?}");
     assert!(outbound_to(&n1, "n2").is_none());
-
-    // Back on its data, n2 stays behind until someone sets it to START; hawser keeps
-    // its whole log, so it then catches up without a duplicate.
-    let n2 = start("n2", d, &n2.grpc, Some(&n1.grpc));
-    let out = n1.cli(&[
-        "receiver",
-        "--scheme",
-        "r",
-        "--subscriber",
-        "n2",
-        "--state",
-        "start",
-    ]);
-    assert!(out.status.success(), "{}", stderr(&out));
-    wait_for("n2 catches up after FAILED", WAIT, || {
-        (count(&n2, "t") == count(&n1, "t")).then_some(())
+    // A FAILED receiver holds no log: everything but the last record goes.
+    let last = n1.status()["last_lsn"].as_u64().unwrap();
+    wait_for("n1 to release the log n2 lacks", WAIT, || {
+        (log_start(&n1) == Some(last)).then_some(())
     });
-    assert_eq!(count(&n2, "t"), Some(33));
+
+    // n1 restarts: the position n2 acknowledged is kept across the restart.
+    assert!(
+        n1.terminate().is_some_and(|s| s.success()),
+        "n1 did not stop cleanly"
+    );
+    let n1_grpc = n1.grpc.clone();
+    drop(n1);
+    let n1 = Node::start_at("n1", &d.join("n1"), &n1_grpc, &args);
+    // Back on its data, n2 stays behind until someone sets it to START; the log it
+    // lacks is gone, so its sender says it needs a duplicate rather than skip it.
+    let n2 = start("n2", d, &n2.grpc, Some(&n1.grpc));
+    let out = wait_for("a leader to take the receiver state", WAIT, || {
+        let out = n1.cli(&[
+            "receiver",
+            "--scheme",
+            "r",
+            "--subscriber",
+            "n2",
+            "--state",
+            "start",
+        ]);
+        (!stderr(&out).contains("57P03")).then_some(out)
+    });
+    assert!(out.status.success(), "{}", stderr(&out));
+    let out = wait_for("n1's sender to n2 to give up", WAIT, || {
+        outbound_to(&n1, "n2").filter(|o| o["state"] == "log_released")
+    });
+    let reason = out["reason"].as_str().unwrap_or("");
+    assert!(
+        reason.contains("released") && reason.contains("duplicate"),
+        "{reason}"
+    );
+    assert_eq!(count(&n2, "t"), Some(3), "n2 got part of what it missed");
 }
 
 #[test]

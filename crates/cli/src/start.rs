@@ -23,7 +23,7 @@ pub struct StartArgs {
     /// data_dir, durable_commits, lock_timeout, max_message_bytes, join, advertise,
     /// raft_heartbeat, raft_election_min, raft_election_max, raft_snapshot_every,
     /// raft_log_keep, compile, compile_threshold_txns, compile_threshold_bytes,
-    /// log_file_size).
+    /// log_file_size, log_keep_bytes).
     #[arg(long, env = "HAWSER_CONFIG")]
     config: Option<PathBuf>,
     /// Store name replication schemes use for this node [default: hawser].
@@ -77,6 +77,12 @@ pub struct StartArgs {
     /// this many bytes [default: 67108864].
     #[arg(long, env = "HAWSER_LOG_FILE_SIZE", value_name = "BYTES")]
     log_file_size: Option<u64>,
+    /// Bytes of commit log kept even when no stream needs them (recent history for a
+    /// subscriber added later); older log is released once every receiver in START or
+    /// PAUSE state has acknowledged it. Receivers in STOP or FAILED state do not hold
+    /// log: one that missed released log needs a duplicate [default: 67108864].
+    #[arg(long, env = "HAWSER_LOG_KEEP_BYTES", value_name = "BYTES")]
+    log_keep_bytes: Option<u64>,
     #[command(flatten)]
     compile: CompileArgs,
     /// Stop cleanly when the process that started this one goes away, even if it was
@@ -186,6 +192,9 @@ impl StartArgs {
         }
         if let Some(v) = self.log_file_size {
             c.log_file_size = v;
+        }
+        if let Some(v) = self.log_keep_bytes {
+            c.log_keep_bytes = v;
         }
         c.validate()?;
         Ok(c)

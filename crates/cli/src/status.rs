@@ -53,7 +53,20 @@ pub async fn run(args: StatusArgs) -> anyhow::Result<ExitCode> {
                     "no"
                 }
             );
-            println!("log         last LSN {}", s.last_lsn);
+            let log = serde_json::from_str::<serde_json::Value>(&s.replication_json)
+                .ok()
+                .and_then(|r| {
+                    let l = r.get("log")?;
+                    Some((l["start_lsn"].as_u64()?, l["retained_bytes"].as_u64()?))
+                });
+            match log {
+                Some((start, bytes)) => println!(
+                    "log         last LSN {}, held from LSN {start} ({:.1} MiB)",
+                    s.last_lsn,
+                    bytes as f64 / (1024.0 * 1024.0)
+                ),
+                None => println!("log         last LSN {}", s.last_lsn),
+            }
             println!(
                 "commits     {} in {} flushes, {} rows written",
                 s.commits, s.flushes, s.rows_written

@@ -64,6 +64,10 @@ pub struct NodeConfig {
     /// FAILED once the log it has not acknowledged exceeds FAILTHRESHOLD × this many
     /// bytes.
     pub log_file_size: u64,
+    /// Bytes of commit log kept even when no stream needs them, so a subscriber added
+    /// soon after can still get recent history; older log is released once every
+    /// stream that holds log (receivers in START or PAUSE state) has acknowledged it.
+    pub log_keep_bytes: u64,
 }
 
 impl Default for NodeConfig {
@@ -87,6 +91,7 @@ impl Default for NodeConfig {
             compile_threshold_txns: CompilePolicy::DEFAULT_MIN_TRANSACTIONS,
             compile_threshold_bytes: CompilePolicy::DEFAULT_MIN_BYTES,
             log_file_size: 64 * 1024 * 1024,
+            log_keep_bytes: 64 * 1024 * 1024,
         }
     }
 }

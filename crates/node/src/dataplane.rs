@@ -19,6 +19,17 @@
 //! INCLUDE / EXCLUDE of DATASTORE elements it masters are read from its own catalog)
 //! and only an approximation for links other nodes send, which this node ignores.
 //!
+//! Log retention: every link this store sends to a receiver in START or PAUSE state
+//! holds the log after its *position* — the last LSN its receiver acknowledged
+//! durably, kept in the store (`P` keys) so a restarted node resumes there instead of
+//! rescanning its whole log. Once a second the positions are saved and the log is
+//! released through the lowest of them, keeping at least `log_keep_bytes` of recent
+//! log (which is also all a store without streams keeps). Receivers in STOP or FAILED
+//! state hold nothing (TimesTen: updates for a stopped subscriber are not retained);
+//! their position stays, so when one is started again and the log it lacks is gone,
+//! its sender says it needs a duplicate instead of skipping what is missing. A link
+//! that leaves every scheme forgets its position.
+//!
 //! The gRPC client handlers wake every sender after each request that may have
 //! committed ([`wake_all`]); the sender's poll (every few milliseconds) covers the rest.
 
@@ -28,7 +39,7 @@ use std::time::Duration;
 
 use hawser_control::state::ReceiverState;
 use hawser_control::{ClusterState, ControlPlane};
-use hawser_core::{Epoch, Ident, NodeId, QualName};
+use hawser_core::{Epoch, Ident, Lsn, NodeId, QualName};
 use hawser_scheme::ast::ReturnService;
 use hawser_scheme::route::{Link, SequenceInfo, StoreCatalog};
 use hawser_scheme::Topology;
@@ -38,7 +49,8 @@ use hawser_stream::returns::{
     ReplicationState, ReturnLevel, ReturnRoutes, ReturnSettings, ReturnWait,
 };
 use hawser_stream::{
-    DatastoreRule, LinkConfig, ReceiverService, SenderHandle, SenderState, StreamSender,
+    DatastoreRule, LinkConfig, ReceiverService, SenderHandle, SenderStart, SenderState,
+    StreamSender,
 };
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -78,6 +90,15 @@ type Wanted = BTreeMap<(QualName, Ident), (LinkConfig, String)>;
 /// FAILTHRESHOLD of the master's STORE clause for each wanted link (0 = no limit).
 type Thresholds = BTreeMap<(QualName, Ident), u32>;
 
+/// The links this store sends in the cluster state, whatever their receiver's state
+/// (`true`: START or PAUSE, so the link holds log).
+type Known = BTreeMap<(QualName, Ident), bool>;
+
+/// The name a link's position is kept under.
+fn position_name((scheme, receiver): &(QualName, Ident)) -> String {
+    format!("{scheme}\u{1f}{receiver}")
+}
+
 /// What [`run`] needs.
 pub(crate) struct DataPlaneTask {
     /// Given the return-service routes at each re-plan; fed acks by a watcher per sender.
@@ -92,6 +113,8 @@ pub(crate) struct DataPlaneTask {
     pub(crate) shutdown: CancellationToken,
     /// The unit of FAILTHRESHOLD, in bytes of log (TimesTen's LogFileSize).
     pub(crate) log_file_size: u64,
+    /// Recent log kept whatever the streams need.
+    pub(crate) log_keep_bytes: u64,
 }
 
 /// Keeps this node's senders and its receiver's epochs in line with the cluster state
@@ -103,6 +126,16 @@ pub(crate) async fn run(task: DataPlaneTask) {
     let mut problems = BTreeSet::new();
     let mut thresholds = Thresholds::new();
     let mut failing = BTreeSet::new();
+    let mut known = Known::new();
+    let mut positions = match task.db.positions() {
+        Ok(p) => p,
+        Err(e) => {
+            // Without positions nothing is released (every link starts at the log's
+            // start and holds it from there).
+            warn!(error = %e, "cannot read the streams' retained positions");
+            BTreeMap::new()
+        }
+    };
     loop {
         let state = state_rx.borrow_and_update().clone();
         task.epochs.send_if_modified(|current| {
@@ -114,14 +147,16 @@ pub(crate) async fn run(task: DataPlaneTask) {
             &task.store,
             &task.returns,
             &mut thresholds,
+            &mut known,
         );
         // Each problem is logged once, when it appears, not at every re-plan.
         for p in now.difference(&problems) {
             warn!("{p}");
         }
         problems = now;
-        reconcile(&task, &mut running, wanted);
+        reconcile(&task, &mut running, wanted, &positions);
         check_fail_thresholds(&task, &running, &thresholds, &mut failing);
+        retain_log(&task, &running, &known, &mut positions).await;
         export_metrics(&running);
         tokio::select! {
             _ = task.shutdown.cancelled() => break,
@@ -147,7 +182,11 @@ fn reconcile(
     task: &DataPlaneTask,
     running: &mut BTreeMap<(QualName, Ident), Running>,
     mut wanted: Wanted,
+    positions: &BTreeMap<String, Lsn>,
 ) {
+    // The status of a sender replaced by a new one (same link, new settings), which
+    // carries its counters and acknowledged position on.
+    let mut replaced: BTreeMap<(QualName, Ident), hawser_stream::SenderStatus> = BTreeMap::new();
     running.retain(|key, r| {
         let keep = wanted
             .get(key)
@@ -155,6 +194,9 @@ fn reconcile(
         if !keep {
             info!(scheme = %key.0, receiver = %key.1, "stopping sender");
             r.stop.cancel();
+            if wanted.contains_key(key) {
+                replaced.insert(key.clone(), r.handle.status().borrow().clone());
+            }
         }
         keep
     });
@@ -167,12 +209,26 @@ fn reconcile(
                 continue;
             }
         };
-        info!(scheme = %key.0, receiver = %key.1, %addr, version = link.scheme_version, "starting sender");
+        // A link seen before resumes at its position; a new one starts with the log
+        // as it is now.
+        let resume_after = positions
+            .get(&position_name(&key))
+            .copied()
+            .unwrap_or_else(|| Lsn(task.db.log_start().0.saturating_sub(1)));
+        info!(
+            scheme = %key.0, receiver = %key.1, %addr, version = link.scheme_version,
+            resume_after = resume_after.0, "starting sender"
+        );
         let stop = task.shutdown.child_token();
+        let start = SenderStart {
+            resume_after,
+            previous: replaced.remove(&key),
+        };
         let handle = StreamSender::spawn(
             link.clone(),
             task.db.clone(),
             endpoint,
+            start,
             &task.tracker,
             stop.clone(),
         );
@@ -229,8 +285,10 @@ fn wanted_links(
     store: &Ident,
     returns: &Returns,
     thresholds: &mut Thresholds,
+    known: &mut Known,
 ) -> (Wanted, BTreeSet<String>) {
     thresholds.clear();
+    known.clear();
     let mut replication: BTreeMap<Ident, ReplicationState> = BTreeMap::new();
     let catalog = StoreCatalog {
         tables: db.tables().iter().map(|t| (**t).clone()).collect(),
@@ -325,6 +383,10 @@ fn wanted_links(
                 ReceiverState::Stop => ReplicationState::Stop,
                 ReceiverState::Failed => ReplicationState::Failed,
             };
+            known.insert(
+                (name.clone(), link.receiver.clone()),
+                matches!(rstate, ReplicationState::Start | ReplicationState::Pause),
+            );
             let e = replication.entry(link.receiver.clone()).or_default();
             if rstate != ReplicationState::Start {
                 *e = rstate;
@@ -484,6 +546,96 @@ fn check_fail_thresholds(
     }
 }
 
+/// Saves the links' positions and releases the log nobody holds (the module's "Log
+/// retention"). Positions only move forward; a link that holds log but has none yet
+/// (its sender has not started: no address, a planning problem) gets the log's start,
+/// so the log is held for it from the moment it appears.
+async fn retain_log(
+    task: &DataPlaneTask,
+    running: &BTreeMap<(QualName, Ident), Running>,
+    known: &Known,
+    positions: &mut BTreeMap<String, Lsn>,
+) {
+    let db = &task.db;
+    let mut changes: Vec<(String, Option<Lsn>)> = Vec::new();
+    let names: BTreeMap<String, bool> = known
+        .iter()
+        .map(|(k, holds)| (position_name(k), *holds))
+        .collect();
+    for name in positions.keys() {
+        if !names.contains_key(name) {
+            changes.push((name.clone(), None));
+        }
+    }
+    for (key, r) in running {
+        let acked = r.handle.status().borrow().acked_lsn;
+        let name = position_name(key);
+        if positions.get(&name).is_none_or(|p| *p < acked) {
+            changes.push((name, Some(acked)));
+        }
+    }
+    let start = Lsn(db.log_start().0.saturating_sub(1));
+    for (name, holds) in &names {
+        if *holds && !positions.contains_key(name) && !changes.iter().any(|(n, _)| n == name) {
+            changes.push((name.clone(), Some(start)));
+        }
+    }
+    if !changes.is_empty() {
+        let saved = {
+            let db = db.clone();
+            let changes = changes.clone();
+            tokio::task::spawn_blocking(move || db.set_positions(&changes)).await
+        };
+        match saved {
+            Ok(Ok(())) => {
+                for (name, lsn) in changes {
+                    match lsn {
+                        Some(lsn) => positions.insert(name, lsn),
+                        None => positions.remove(&name),
+                    };
+                }
+            }
+            // Unsaved positions are not used for a release: try again next time.
+            Ok(Err(e)) => {
+                warn!(error = %e, "cannot save the streams' retained positions");
+                return;
+            }
+            Err(e) => {
+                warn!(error = %e, "saving the streams' retained positions panicked");
+                return;
+            }
+        }
+    }
+    // Released through the lowest position of a link that holds log; with none, all
+    // but the recent log kept anyway. A link whose receiver already lacks released log
+    // (its sender says it needs a duplicate) is past helping and holds nothing.
+    let released_before = db.log_start().0.saturating_sub(1);
+    let through = names
+        .iter()
+        .filter(|(_, holds)| **holds)
+        .filter_map(|(name, _)| positions.get(name).copied())
+        .filter(|p| p.0 >= released_before)
+        .min()
+        .unwrap_or_else(|| db.last_lsn());
+    if through < db.log_start() || db.log_retained_bytes() <= task.log_keep_bytes {
+        return;
+    }
+    let keep = task.log_keep_bytes;
+    let released = {
+        let db = db.clone();
+        tokio::task::spawn_blocking(move || db.release_log(through, keep)).await
+    };
+    match released {
+        Ok(Ok(0)) => {}
+        Ok(Ok(n)) => {
+            metrics::counter!("hawser_log_released_records_total").increment(n);
+            tracing::debug!(records = n, log_start = db.log_start().0, "released log");
+        }
+        Ok(Err(e)) => warn!(error = %e, "cannot release the log"),
+        Err(e) => warn!(error = %e, "releasing the log panicked"),
+    }
+}
+
 /// A DATASTORE element's INCLUDE TABLE names (`None`: every table) and EXCLUDE TABLE
 /// names.
 type TableLists = (Option<BTreeSet<QualName>>, BTreeSet<QualName>);
@@ -621,6 +773,7 @@ pub(crate) fn streams_json(senders: &Senders, receiver: &ReceiverService) -> ser
                 SenderState::Streaming => ("streaming", None),
                 SenderState::Backoff { error } => ("backoff", Some(error.clone())),
                 SenderState::Refused { reason } => ("refused", Some(reason.clone())),
+                SenderState::LogReleased { reason } => ("log_released", Some(reason.clone())),
                 SenderState::Stopped => ("stopped", None),
             };
             serde_json::json!({

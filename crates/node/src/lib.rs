@@ -140,6 +140,12 @@ impl NodeState {
     pub(crate) fn replication_json(&self) -> serde_json::Value {
         let mut json = dataplane::streams_json(&self.senders, &self.receiver);
         json["returns"] = self.returns.json();
+        json["log"] = serde_json::json!({
+            "start_lsn": self.db.log_start().0,
+            "last_lsn": self.db.last_lsn().0,
+            "retained_bytes": self.db.log_retained_bytes(),
+            "keep_bytes": self.config.log_keep_bytes,
+        });
         json
     }
 }
@@ -364,6 +370,7 @@ pub async fn run(
     state.tasks.spawn(dataplane::run(dataplane::DataPlaneTask {
         returns: state.returns.clone(),
         log_file_size: state.config.log_file_size,
+        log_keep_bytes: state.config.log_keep_bytes,
         plane: state.plane.clone(),
         db: state.db.clone(),
         store,

@@ -22,6 +22,14 @@ pub enum StreamError {
     Closed,
     #[error("protocol violation: {0}")]
     Protocol(String),
+    #[error(
+        "the log this receiver needs was released: it acknowledged through LSN {acked} and \
+         the log now starts at LSN {log_start}; the subscriber needs a duplicate"
+    )]
+    LogReleased {
+        acked: hawser_core::Lsn,
+        log_start: hawser_core::Lsn,
+    },
     #[error("reading the log: {0}")]
     Store(#[from] hawser_store::StoreError),
     #[error(transparent)]

@@ -12,11 +12,14 @@
 //!             heartbeat when idle; silence past the peer timeout ends the session
 //! ```
 //!
-//! The cursor resumes at the LSN after the last acknowledged batch (at LSN 1 when the
-//! process starts), and records the receiver already has are skipped by its
-//! high-water marks, so a reconnect re-sends nothing it does not need and the store's
-//! idempotent apply absorbs any overlap. The task owns nothing durable: the log is the
-//! sender's state, the high-water marks the receiver's.
+//! The cursor resumes at the LSN after the last durably acknowledged batch — at first
+//! the position the caller gives ([`SenderStart`]: the link's retained position, kept
+//! durably by the node, or the start of the log for a new link) — and records the
+//! receiver already has are skipped by its high-water marks, so a reconnect re-sends
+//! nothing it does not need and the store's idempotent apply absorbs any overlap. When
+//! the log after that position was released (a receiver in STOP or FAILED state does
+//! not hold the log), the sender does not connect: status says the subscriber needs a
+//! duplicate.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
@@ -50,6 +53,11 @@ pub enum SenderState {
     /// The receiver refused the stream; retried after a backoff (the cause may be
     /// fixed: a table created, an epoch caught up).
     Refused {
+        reason: String,
+    },
+    /// The log after what the receiver acknowledged was released: nothing can be sent
+    /// until it is duplicated (checked again after a backoff).
+    LogReleased {
         reason: String,
     },
     Stopped,
@@ -125,6 +133,18 @@ impl SenderHandle {
     }
 }
 
+/// Where a new sender starts.
+#[derive(Debug, Clone, Default)]
+pub struct SenderStart {
+    /// The receiver has everything of this link through this LSN: the first session
+    /// reads the log after it.
+    pub resume_after: Lsn,
+    /// The status of the sender this one replaces (a re-plan): its counters and marks
+    /// carry on, and it resumes after that sender's acknowledged position when that is
+    /// further.
+    pub previous: Option<SenderStatus>,
+}
+
 /// Starts senders.
 pub struct StreamSender;
 
@@ -135,10 +155,22 @@ impl StreamSender {
         link: LinkConfig,
         db: Database,
         endpoint: Endpoint,
+        start: SenderStart,
         tracker: &TaskTracker,
         shutdown: CancellationToken,
     ) -> SenderHandle {
-        let (status_tx, status) = watch::channel(SenderStatus::new());
+        let mut initial = SenderStatus::new();
+        if let Some(p) = start.previous {
+            initial = SenderStatus {
+                state: SenderState::Connecting,
+                lag_micros: 0,
+                ..p
+            };
+        }
+        let acked_lsn = initial.acked_lsn.max(start.resume_after);
+        initial.acked_lsn = acked_lsn;
+        initial.sent_lsn = initial.sent_lsn.max(acked_lsn);
+        let (status_tx, status) = watch::channel(initial);
         let wake = Arc::new(Notify::new());
         let task = Sender {
             link,
@@ -147,7 +179,7 @@ impl StreamSender {
             shutdown,
             status: status_tx,
             wake: wake.clone(),
-            acked_lsn: Lsn::ZERO,
+            acked_lsn,
         };
         tracker.spawn(task.run());
         SenderHandle { status, wake }
@@ -200,6 +232,12 @@ impl Sender {
                 Err(StreamError::Refused { reason, .. }) => {
                     warn!(reason = %reason, "receiver refused the stream");
                     SenderState::Refused { reason }
+                }
+                Err(e @ StreamError::LogReleased { .. }) => {
+                    warn!(error = %e, "cannot stream");
+                    SenderState::LogReleased {
+                        reason: e.to_string(),
+                    }
                 }
                 Err(e) => {
                     debug!(error = %e, "stream ended");
@@ -262,6 +300,7 @@ impl Sender {
 
     /// One connection, from connect to its end. `Ok` only on shutdown.
     async fn session(&mut self, streamed: &mut bool) -> Result<(), StreamError> {
+        self.check_log()?;
         let tuning = self.link.tuning.clone();
         let channel = tokio::time::timeout(tuning.connect_timeout, self.endpoint.connect())
             .await
@@ -398,6 +437,19 @@ impl Sender {
                 }
             }
         }
+    }
+
+    /// Fails when log after the acknowledged position was released: whatever this
+    /// receiver needed of it is gone, and sending what follows would skip it silently.
+    fn check_log(&self) -> Result<(), StreamError> {
+        let log_start = self.db.log_start();
+        if self.acked_lsn.next() < log_start {
+            return Err(StreamError::LogReleased {
+                acked: self.acked_lsn,
+                log_start,
+            });
+        }
+        Ok(())
     }
 
     /// Reads the log from `cursor` and sends batches while there is log and room.

@@ -17,8 +17,8 @@ use hawser_store::{Database, DbOptions, KeyRange};
 use hawser_stream::codec::{encode_records, WireRecord};
 use hawser_stream::pb::{self, receiver_message, sender_message};
 use hawser_stream::{
-    Compression, LinkConfig, ReceiverConfig, ReceiverService, SenderHandle, SenderState,
-    SenderStatus, SenderTuning, StreamSender,
+    Compression, LinkConfig, ReceiverConfig, ReceiverService, SenderHandle, SenderStart,
+    SenderState, SenderStatus, SenderTuning, StreamSender,
 };
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -190,6 +190,7 @@ impl Senders {
             link,
             master.clone(),
             endpoint,
+            SenderStart::default(),
             &self.tracker,
             self.shutdown.clone(),
         )
