@@ -44,7 +44,7 @@ use hawser_rtl::{Compilation, NetOp, NetTable};
 
 use crate::codec;
 use crate::db::{
-    coerce_key, key_text, u64_value, validate_row, Database, ForeignAppend, Inner, Origin, TableRef,
+    coerce_key, key_text, validate_row, Database, ForeignAppend, Inner, Origin, TableRef,
 };
 use crate::engine::WriteBatch;
 use crate::error::StoreError;
@@ -738,13 +738,7 @@ fn write(
         let mark = match marks.get(&origin) {
             Some(&m) => m,
             None if origin == inner.opts.node_id => own_seq,
-            None => {
-                let key = layout::high_water_key(origin);
-                match inner.engine.get(&key)? {
-                    Some(v) => u64_value(&key, &v)?,
-                    None => 0,
-                }
-            }
+            None => inner.mark(origin),
         };
         if seq <= mark {
             // Only this node's own origin can move between the first check and here

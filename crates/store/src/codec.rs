@@ -285,6 +285,37 @@ struct StoredRecord {
     entry: StoredEntry,
 }
 
+/// The leading fields of a stored record, up to its Gtid (every entry kind starts
+/// with it): enough to derive high-water marks without decoding the changes.
+#[derive(Deserialize)]
+struct StoredHead {
+    _lsn: Lsn,
+    _epoch: Epoch,
+    entry: HeadEntry,
+}
+
+#[derive(Deserialize)]
+enum HeadEntry {
+    Txn { gtid: Gtid },
+    Ddl { gtid: Gtid },
+    SequenceBlock { gtid: Gtid },
+}
+
+/// The Gtid of a stored log record, read from its first bytes only.
+pub(crate) fn record_gtid(key: &[u8], bytes: &[u8]) -> Result<Gtid, StoreError> {
+    let head: StoredHead = bincode::DefaultOptions::new()
+        .with_fixint_encoding()
+        .allow_trailing_bytes()
+        .with_limit(bytes.len() as u64)
+        .deserialize(bytes)
+        .map_err(|e| StoreError::corrupt(key, e))?;
+    Ok(match head.entry {
+        HeadEntry::Txn { gtid } | HeadEntry::Ddl { gtid } | HeadEntry::SequenceBlock { gtid } => {
+            gtid
+        }
+    })
+}
+
 pub(crate) fn encode_record(r: &LogRecord) -> Vec<u8> {
     let entry = match &r.entry {
         LogEntry::Txn(t) => StoredEntry::Txn {
@@ -433,5 +464,47 @@ mod tests {
         // A huge length prefix must fail, not allocate.
         let e = decode_row(b"k", &[0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0x7F]).unwrap_err();
         assert_eq!(e.code(), "XX001");
+    }
+
+    #[test]
+    fn the_gtid_is_read_from_the_head_of_every_kind_of_record() {
+        let name = QualName::bare("t");
+        let entries = [
+            LogEntry::Txn(Transaction {
+                gtid: Gtid::new(hawser_core::NodeId(3), 17),
+                commit_micros: 5,
+                changes: vec![RowChange {
+                    table: name.clone(),
+                    op: ChangeOp::Insert,
+                    key: vec![Value::Int(1)],
+                    before: None,
+                    after: Some(vec![Value::Int(1), Value::Text("x".into())]),
+                }],
+            }),
+            LogEntry::Ddl {
+                gtid: Gtid::new(hawser_core::NodeId(4), 2),
+                commit_micros: 6,
+                op: DdlOp::DropTable(name.clone()),
+            },
+            LogEntry::SequenceBlock {
+                gtid: Gtid::new(hawser_core::NodeId(u64::MAX), u64::MAX),
+                commit_micros: 7,
+                name,
+                restart_at: Some(40),
+            },
+        ];
+        for entry in entries {
+            let gtid = entry.gtid();
+            let bytes = encode_record(&LogRecord {
+                lsn: Lsn(9),
+                epoch: Epoch(1),
+                entry,
+            });
+            assert_eq!(record_gtid(b"L", &bytes).unwrap(), gtid);
+            assert!(
+                record_gtid(b"L", &bytes[..10]).is_err(),
+                "a short record is corrupt"
+            );
+        }
     }
 }

@@ -256,6 +256,11 @@ pub(crate) struct Inner {
     log_retained_bytes: AtomicU64,
     /// Held by the one release in progress.
     release_lock: Mutex<()>,
+    /// The high-water mark of every other origin committed here (this node's own is
+    /// the commit state's `last_seq`). Changed under the commit mutex with the batch
+    /// that writes the origin's log record; derived from the log at open (see
+    /// [`Database::open`]).
+    marks: RwLock<BTreeMap<NodeId, u64>>,
     /// Held by the one commit that is flushing for everybody.
     flush_lock: tokio::sync::Mutex<()>,
     pub(crate) locks: LockManager,
@@ -367,6 +372,16 @@ impl Database {
                 .ok_or_else(|| StoreError::corrupt(&k, "malformed log key"))?),
             None => Lsn::ZERO,
         };
+        // High-water marks: the `H` keys hold every origin's mark as of the log
+        // released so far; the records still held raise them to the last commit.
+        let mut marks = BTreeMap::new();
+        for kv in engine.scan(layout::prefix_range(&[layout::HIGH_WATER_PREFIX]), false) {
+            let (k, v) = kv?;
+            let origin = layout::suffix_u64(&k)
+                .filter(|_| k.len() == 9)
+                .ok_or_else(|| StoreError::corrupt(&k, "malformed high-water key"))?;
+            marks.insert(NodeId(origin), u64_value(&k, &v)?);
+        }
         // The log's first record and size, for retention ([`Database::release_log`]).
         let mut log_start = None;
         let mut log_retained_bytes = 0u64;
@@ -379,13 +394,12 @@ impl Database {
                 );
             }
             log_retained_bytes += (k.len() + v.len()) as u64;
+            let gtid = codec::record_gtid(&k, &v)?;
+            let mark = marks.entry(gtid.origin).or_insert(0);
+            *mark = (*mark).max(gtid.seq);
         }
         let log_start = log_start.unwrap_or(last_lsn.0 + 1);
-        let hw_key = layout::high_water_key(opts.node_id);
-        let last_seq = match engine.get(&hw_key)? {
-            Some(v) => u64_value(&hw_key, &v)?,
-            None => 0,
-        };
+        let last_seq = marks.remove(&opts.node_id).unwrap_or(0);
         tracing::info!(
             node = %opts.node_id,
             tables = catalog.tables.len(),
@@ -411,6 +425,7 @@ impl Database {
             log_start: AtomicU64::new(log_start),
             log_retained_bytes: AtomicU64::new(log_retained_bytes),
             release_lock: Mutex::new(()),
+            marks: RwLock::new(marks),
             flush_lock: tokio::sync::Mutex::new(()),
             locks: LockManager::default(),
             epoch: AtomicU64::new(0),
@@ -936,6 +951,9 @@ impl Database {
             let mut batch = WriteBatch::new();
             let mut bytes = 0u64;
             let mut last = None;
+            // The marks the released records carry go to the `H` keys in the same
+            // batch: they are what opening derives the marks from.
+            let mut released_marks: BTreeMap<NodeId, u64> = BTreeMap::new();
             for kv in inner.engine.scan(log_from(Lsn(start)), false).take(CHUNK) {
                 let (k, v) = kv?;
                 let lsn = layout::suffix_u64(&k)
@@ -944,6 +962,9 @@ impl Database {
                 if lsn > limit || retained.saturating_sub(size) < keep_bytes {
                     break;
                 }
+                let gtid = codec::record_gtid(&k, &v)?;
+                let mark = released_marks.entry(gtid.origin).or_insert(0);
+                *mark = (*mark).max(gtid.seq);
                 retained -= size;
                 bytes += size;
                 batch.delete(k);
@@ -951,6 +972,16 @@ impl Database {
             }
             let Some(last) = last else { break };
             let count = batch.len() as u64;
+            for (origin, seq) in released_marks {
+                let key = layout::high_water_key(origin);
+                let kept = match inner.engine.get(&key)? {
+                    Some(v) => u64_value(&key, &v)?,
+                    None => 0,
+                };
+                if seq > kept {
+                    batch.put(key, seq.to_be_bytes().to_vec());
+                }
+            }
             inner.engine.apply(batch)?;
             inner.log_start.store(last + 1, Ordering::Release);
             inner.log_retained_bytes.fetch_sub(bytes, Ordering::Relaxed);
@@ -1009,31 +1040,14 @@ impl Database {
         if origin == self.node_id() {
             return Ok(self.inner.commit.lock().last_seq);
         }
-        let key = layout::high_water_key(origin);
-        match self.inner.engine.get(&key)? {
-            Some(v) => u64_value(&key, &v),
-            None => Ok(0),
-        }
+        Ok(self.inner.marks.read().get(&origin).copied().unwrap_or(0))
     }
 
     /// The high-water mark of every origin with a transaction committed here: this
     /// node's own and every origin it applied from (DESIGN.md §2). A receiver answers
     /// a sender's `Hello` with these.
     pub fn high_waters(&self) -> Result<BTreeMap<NodeId, u64>, StoreError> {
-        let mut marks = BTreeMap::new();
-        for kv in self
-            .inner
-            .engine
-            .scan(layout::prefix_range(&[layout::HIGH_WATER_PREFIX]), false)
-        {
-            let (k, v) = kv?;
-            let origin = layout::suffix_u64(&k)
-                .filter(|_| k.len() == 9)
-                .ok_or_else(|| StoreError::corrupt(&k, "malformed high-water key"))?;
-            marks.insert(NodeId(origin), u64_value(&k, &v)?);
-        }
-        // The commit state is authoritative for this node's own origin (it is updated
-        // under the commit mutex, in step with the batch that writes the key).
+        let mut marks = self.inner.marks.read().clone();
         let own = self.inner.commit.lock().last_seq;
         if own > 0 {
             marks.insert(self.node_id(), own);
@@ -1148,16 +1162,17 @@ impl Inner {
         let key = layout::log_key(lsn);
         let retained = (key.len() + bytes.len()) as u64;
         batch.put(key, bytes);
-        batch.put(
-            layout::high_water_key(gtid.origin),
-            gtid.seq.to_be_bytes().to_vec(),
-        );
-        // Write: rows, catalog, log record and high-water in one batch, atomic across
-        // crashes. It is visible to readers from here on, durable only after the flush.
+        // Write: rows, catalog and log record in one batch, atomic across crashes (the
+        // record carries the origin's new high-water). It is visible to readers from
+        // here on, durable only after the flush.
         self.engine.apply(batch)?;
         state.last_lsn = lsn;
         if gtid.origin == self.opts.node_id {
             state.last_seq = state.last_seq.max(gtid.seq);
+        } else {
+            let mut marks = self.marks.write();
+            let mark = marks.entry(gtid.origin).or_insert(0);
+            *mark = (*mark).max(gtid.seq);
         }
         install();
         self.log_retained_bytes
@@ -1209,18 +1224,23 @@ impl Inner {
             retained += (key.len() + bytes.len()) as u64;
             batch.put(key, bytes);
         }
-        for (origin, seq) in &high_water {
-            batch.put(layout::high_water_key(*origin), seq.to_be_bytes().to_vec());
-        }
-        // Write: rows, log records and high-waters in one batch (atomic across crashes),
-        // visible from here on, durable only after the flush.
+        // Write: rows and log records in one batch (atomic across crashes; the records
+        // carry the new high-waters), visible from here on, durable only after the
+        // flush.
         self.engine.apply(batch)?;
         state.last_lsn = lsn;
-        if let Some(&own) = high_water.get(&self.opts.node_id) {
-            // This node's own transactions, received back (after a duplicate): local
-            // commits continue after them.
-            state.last_seq = state.last_seq.max(own);
+        let mut marks = self.marks.write();
+        for (origin, seq) in high_water {
+            if origin == self.opts.node_id {
+                // This node's own transactions, received back (after a duplicate):
+                // local commits continue after them.
+                state.last_seq = state.last_seq.max(seq);
+            } else {
+                let mark = marks.entry(origin).or_insert(0);
+                *mark = (*mark).max(seq);
+            }
         }
+        drop(marks);
         self.log_retained_bytes
             .fetch_add(retained, Ordering::Relaxed);
         self.applied_lsn.store(lsn.0, Ordering::Release);
@@ -1234,6 +1254,11 @@ impl Inner {
     }
 
     /// Counts row writes of a replicated apply with the other row writes.
+    /// The high-water mark of another origin (see `marks`).
+    pub(crate) fn mark(&self, origin: NodeId) -> u64 {
+        self.marks.read().get(&origin).copied().unwrap_or(0)
+    }
+
     pub(crate) fn count_rows_written(&self, rows: u64) {
         self.counters
             .rows_written
@@ -1555,6 +1580,16 @@ fn check_format(engine: &dyn KvEngine) -> Result<(), StoreError> {
                 })?;
             if version == FORMAT_VERSION {
                 Ok(())
+            } else if version == 1 {
+                // Format 1 wrote every origin's high-water key with each commit; format
+                // 2 derives the marks from the log and writes the keys only as log is
+                // released. A format-1 store is a valid format-2 store (its keys are
+                // current), so it is upgraded by rewriting the marker: a build that
+                // reads only format 1 must not open it afterwards, its keys go stale.
+                let mut batch = WriteBatch::new();
+                batch.put(FORMAT_KEY.to_vec(), layout::format_value());
+                engine.apply(batch)?;
+                engine.flush()
             } else if version > FORMAT_VERSION {
                 Err(StoreError::IncompatibleFormat(format!(
                     "written by a newer hawser (store format {version}; this build reads format {FORMAT_VERSION})"

@@ -7,7 +7,8 @@
 //! S <encode_key(owner, name)>    → sequence definition and restart point
 //! R <table id u64 BE> <encode_key(pk)> → row
 //! L <lsn u64 BE>                 → commit log record
-//! H <origin node id u64 BE>      → highest seq of that origin committed here
+//! H <origin node id u64 BE>      → highest seq of that origin in the log released so far
+//!                                  (the log records still held raise it; see db::open)
 //! P <link name>                  → a stream's retained position: scheme version u64 BE,
 //!                                  acknowledged LSN u64 BE (log retention)
 //! ```
@@ -34,7 +35,10 @@ pub(crate) const POSITION_PREFIX: u8 = b'P';
 /// What the format key holds before the version number.
 pub(crate) const FORMAT_MAGIC: &[u8] = b"hawser-store";
 /// The on-disk format this build reads and writes.
-pub const FORMAT_VERSION: u32 = 1;
+/// Format 1 wrote every origin's high-water mark with each commit; format 2 derives the
+/// marks from the log and writes `H` keys only for log it releases. Format 1 is
+/// upgraded when opened.
+pub const FORMAT_VERSION: u32 = 2;
 
 pub(crate) fn format_value() -> Vec<u8> {
     let mut v = FORMAT_MAGIC.to_vec();

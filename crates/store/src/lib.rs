@@ -10,7 +10,7 @@
 //!          ▼
 //!   db (catalog, commit path, group flush) ── txn (buffer, row locks) ── locks
 //!          │                                   sequence (blocks of 20)
-//!          ▼  one WriteBatch per commit: rows + log record + high-water
+//!          ▼  one WriteBatch per commit: rows + log record
 //!   engine: KvEngine ── SledEngine (real) | MemEngine (tests, simulation)
 //! ```
 //!

@@ -47,6 +47,7 @@ on_both_engines!(
     an_unknown_table_refuses_the_whole_batch,
     log_records_carry_the_original_gtid_and_epoch,
     high_water_marks_survive_reopen,
+    high_water_marks_survive_release_and_reopen,
     apply_waits_for_a_local_transaction_holding_the_row,
     a_compiled_run_writes_net_rows_and_every_record,
     a_run_that_does_not_compile_is_applied_in_log_order,
@@ -360,6 +361,37 @@ async fn log_records_carry_the_original_gtid_and_epoch(f: Fixture) {
     local_insert(db, 3, 30).await;
     let (_, _, mine) = txn_records(db).pop().unwrap();
     assert_eq!(mine.gtid, Gtid::new(db.node_id(), own_before + 1));
+}
+
+async fn high_water_marks_survive_release_and_reopen(mut f: Fixture) {
+    setup(&f).await;
+    let db = f.db();
+    db.apply_replicated(vec![
+        rtxn(ORIGIN, 3, vec![ins(1, 10)]),
+        rtxn(NodeId(200), 9, vec![ins(2, 20)]),
+        rtxn(ORIGIN, 4, vec![ins(3, 30)]),
+    ])
+    .await
+    .unwrap();
+    local_insert(db, 4, 40).await;
+    let marks = db.high_waters().unwrap();
+    // Every record but the last (this node's insert) is released: the marks they
+    // carried must come back from the high-water keys.
+    db.release_log(db.last_lsn(), 0).unwrap();
+    assert_eq!(db.log_start(), db.last_lsn());
+    assert_eq!(db.high_waters().unwrap(), marks);
+    let db = f.reopen();
+    assert_eq!(db.high_waters().unwrap(), marks);
+    assert_eq!(
+        marks,
+        BTreeMap::from([(opts().node_id, 2), (ORIGIN, 4), (NodeId(200), 9)])
+    );
+    // Released transactions are still recognised as applied.
+    let info = db
+        .apply_replicated(vec![rtxn(ORIGIN, 4, vec![ins(3, 99)])])
+        .await
+        .unwrap();
+    assert_eq!((info.applied, info.skipped), (0, 1));
 }
 
 async fn high_water_marks_survive_reopen(mut f: Fixture) {

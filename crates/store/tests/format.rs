@@ -24,6 +24,22 @@ fn open(engine: &Arc<MemEngine>) -> Result<Database, hawser_store::StoreError> {
 }
 
 #[test]
+fn a_format_1_store_is_upgraded_and_keeps_its_high_water_marks() {
+    // Format 1 wrote the high-water keys with every commit; format 2 reads them as the
+    // marks of released log and raises them with the log it holds.
+    let mut marker = b"hawser-store".to_vec();
+    marker.extend_from_slice(&1u32.to_be_bytes());
+    let mut hw = vec![b'H'];
+    hw.extend_from_slice(&77u64.to_be_bytes());
+    let engine = engine_with(&[(b"Fformat", &marker), (&hw, &5u64.to_be_bytes())]);
+    let db = open(&engine).unwrap();
+    assert_eq!(db.high_water(hawser_core::NodeId(77)).unwrap(), 5);
+    let mut upgraded = b"hawser-store".to_vec();
+    upgraded.extend_from_slice(&2u32.to_be_bytes());
+    assert_eq!(engine.get(b"Fformat").unwrap(), Some(upgraded));
+}
+
+#[test]
 fn a_newer_format_is_refused_and_not_rewritten() {
     let mut marker = b"hawser-store".to_vec();
     marker.extend_from_slice(&99u32.to_be_bytes());

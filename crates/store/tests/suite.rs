@@ -780,9 +780,11 @@ async fn released_log_is_gone_and_stays_gone_after_reopening(mut f: Fixture) {
     let db = f.reopen();
     assert_eq!((db.log_start(), db.last_lsn()), (Lsn(10), Lsn(10)));
     assert_eq!(db.log_retained_bytes(), retained);
+    assert_eq!(db.high_water(db.node_id()).unwrap(), 10);
     let mut txn = db.begin();
     txn.insert(&t, account(10, "bob", "1")).await.unwrap();
-    assert_eq!(txn.commit().await.unwrap().lsn, Lsn(11));
+    let c = txn.commit().await.unwrap();
+    assert_eq!((c.lsn, c.gtid.seq), (Lsn(11), 11));
 }
 
 async fn stream_positions_persist_until_forgotten(mut f: Fixture) {
