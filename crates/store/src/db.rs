@@ -23,7 +23,7 @@
 //! high-water), so a scan racing a multi-row commit may see part of it
 //! (`docs/storage.md`, "Write-ahead log").
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::ops::Bound;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -261,6 +261,10 @@ pub(crate) struct Inner {
     /// that writes the origin's log record; derived from the log at open (see
     /// [`Database::open`]).
     marks: RwLock<BTreeMap<NodeId, u64>>,
+    /// The newest log records, decoded, for senders that keep up ([`Database::log_tail`]):
+    /// appended under the commit mutex once their batch is applied, at most
+    /// [`TAIL_RECORDS`] of them.
+    tail: Mutex<VecDeque<Arc<LogRecord>>>,
     /// Held by the one commit that is flushing for everybody.
     flush_lock: tokio::sync::Mutex<()>,
     pub(crate) locks: LockManager,
@@ -426,6 +430,7 @@ impl Database {
             log_retained_bytes: AtomicU64::new(log_retained_bytes),
             release_lock: Mutex::new(()),
             marks: RwLock::new(marks),
+            tail: Mutex::new(VecDeque::with_capacity(TAIL_RECORDS)),
             flush_lock: tokio::sync::Mutex::new(()),
             locks: LockManager::default(),
             epoch: AtomicU64::new(0),
@@ -904,6 +909,28 @@ impl Database {
             .collect()
     }
 
+    /// Up to `limit` records from LSN `from` on, through the last applied LSN, when
+    /// the in-memory tail of the log still has `from` (a sender that keeps up): no
+    /// read of the engine and no decoding. `None` when `from` is older than the tail;
+    /// [`Database::log_range`] has it then.
+    pub fn log_tail(&self, from: Lsn, limit: usize) -> Option<Vec<Arc<LogRecord>>> {
+        let last = self.last_lsn();
+        let tail = self.inner.tail.lock();
+        let first = tail.front()?.lsn;
+        if from < first || from > last {
+            return (from > last && from >= first).then(Vec::new);
+        }
+        let skip = usize::try_from(from.0 - first.0).ok()?;
+        Some(
+            tail.iter()
+                .skip(skip)
+                .take_while(|r| r.lsn <= last)
+                .take(limit)
+                .cloned()
+                .collect(),
+        )
+    }
+
     /// Bytes of log (keys and encoded records) from LSN `from` on: what a receiver
     /// that has everything before `from` still lacks, as FAILTHRESHOLD measures it.
     /// Reads every record key from `from` on, so callers bound how often they ask.
@@ -1156,7 +1183,7 @@ impl Inner {
             } => (gtid, epoch, commit_micros),
         };
         let (mut batch, entry, install) = prepare(&mut state, gtid, micros)?;
-        let record = LogRecord { lsn, epoch, entry };
+        let record = Arc::new(LogRecord { lsn, epoch, entry });
         let bytes = codec::encode_record(&record);
         let log_bytes = bytes.len() as u64;
         let key = layout::log_key(lsn);
@@ -1177,6 +1204,7 @@ impl Inner {
         install();
         self.log_retained_bytes
             .fetch_add(retained, Ordering::Relaxed);
+        self.push_tail([record]);
         self.applied_lsn.store(lsn.0, Ordering::Release);
         drop(state);
         self.counters.commits.fetch_add(1, Ordering::Relaxed);
@@ -1216,13 +1244,16 @@ impl Inner {
         let mut lsn = state.last_lsn;
         let mut log_bytes = 0;
         let mut retained = 0;
+        let mut written = Vec::with_capacity(records.len());
         for (epoch, entry) in records {
             lsn = lsn.next();
-            let bytes = codec::encode_record(&LogRecord { lsn, epoch, entry });
+            let record = Arc::new(LogRecord { lsn, epoch, entry });
+            let bytes = codec::encode_record(&record);
             log_bytes += bytes.len() as u64;
             let key = layout::log_key(lsn);
             retained += (key.len() + bytes.len()) as u64;
             batch.put(key, bytes);
+            written.push(record);
         }
         // Write: rows and log records in one batch (atomic across crashes; the records
         // carry the new high-waters), visible from here on, durable only after the
@@ -1243,6 +1274,7 @@ impl Inner {
         drop(marks);
         self.log_retained_bytes
             .fetch_add(retained, Ordering::Relaxed);
+        self.push_tail(written);
         self.applied_lsn.store(lsn.0, Ordering::Release);
         drop(state);
         self.counters.commits.fetch_add(count, Ordering::Relaxed);
@@ -1254,6 +1286,18 @@ impl Inner {
     }
 
     /// Counts row writes of a replicated apply with the other row writes.
+    /// Appends records just applied to the tail, dropping the oldest past its size.
+    /// Called under the commit mutex, so the tail stays in LSN order and dense.
+    fn push_tail(&self, records: impl IntoIterator<Item = Arc<LogRecord>>) {
+        let mut tail = self.tail.lock();
+        for r in records {
+            if tail.len() == TAIL_RECORDS {
+                tail.pop_front();
+            }
+            tail.push_back(r);
+        }
+    }
+
     /// The high-water mark of another origin (see `marks`).
     pub(crate) fn mark(&self, origin: NodeId) -> u64 {
         self.marks.read().get(&origin).copied().unwrap_or(0)
@@ -1386,6 +1430,9 @@ impl Inner {
         self.locks.release_all(txn, keys);
     }
 }
+
+/// How many of the newest log records [`Database::log_tail`] keeps decoded in memory.
+pub const TAIL_RECORDS: usize = 4096;
 
 /// The keys of the log records from LSN `from` on.
 fn log_from(from: Lsn) -> ByteRange {

@@ -49,6 +49,7 @@ on_both_engines!(
     a_received_table_refuses_client_writes_naming_why,
     released_log_is_gone_and_stays_gone_after_reopening,
     stream_positions_persist_until_forgotten,
+    the_log_tail_serves_recent_records_as_the_log_has_them,
 );
 
 fn code<T: std::fmt::Debug>(r: Result<T, StoreError>) -> &'static str {
@@ -804,4 +805,30 @@ async fn stream_positions_persist_until_forgotten(mut f: Fixture) {
         [("r/n2".to_string(), Lsn(9))].into_iter().collect();
     assert_eq!(db.positions().unwrap(), expected);
     assert_eq!(f.reopen().positions().unwrap(), expected);
+}
+
+async fn the_log_tail_serves_recent_records_as_the_log_has_them(f: Fixture) {
+    let db = f.db();
+    db.create_table(accounts()).await.unwrap();
+    let t = accounts_name();
+    let commits = hawser_store::db::TAIL_RECORDS as i64 + 10;
+    for i in 1..=commits {
+        let mut txn = db.begin();
+        txn.insert(&t, account(i, "ann", "1")).await.unwrap();
+        txn.commit().await.unwrap();
+    }
+    let last = db.last_lsn();
+    assert_eq!(last.0, commits as u64 + 1);
+    // Recent LSNs: the same records the engine holds.
+    let from = Lsn(last.0 - 20);
+    let tail = db
+        .log_tail(from, 8)
+        .expect("recent records are in the tail");
+    let stored = db.log_range(from, 8).unwrap();
+    assert_eq!(tail.len(), 8);
+    assert!(tail.iter().zip(&stored).all(|(a, b)| **a == *b));
+    // Past the end: nothing yet, not a miss.
+    assert_eq!(db.log_tail(last.next(), 8).map(|v| v.len()), Some(0));
+    // Older than the tail: the engine has them.
+    assert!(db.log_tail(Lsn(1), 8).is_none());
 }

@@ -527,14 +527,14 @@ struct RecordRef<'a> {
     entry: EntryRef<'a>,
 }
 
-/// Serializes records as `Vec<WRecord>`.
-struct RecordsRef<'a>(&'a [WireRecord]);
+/// Serializes (epoch, entry) pairs as `Vec<WRecord>`.
+struct RecordsRef<'a, 'e>(&'a [(Epoch, &'e LogEntry)]);
 
-impl Serialize for RecordsRef<'_> {
+impl Serialize for RecordsRef<'_, '_> {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_seq(self.0.iter().map(|r| RecordRef {
-            epoch: r.epoch,
-            entry: EntryRef::new(&r.entry),
+        s.collect_seq(self.0.iter().map(|(epoch, entry)| RecordRef {
+            epoch: *epoch,
+            entry: EntryRef::new(entry),
         }))
     }
 }
@@ -551,6 +551,13 @@ pub struct WireRecord {
 
 /// Encodes records in order, version byte first.
 pub fn encode_records(records: &[WireRecord]) -> Vec<u8> {
+    let refs: Vec<(Epoch, &LogEntry)> = records.iter().map(|r| (r.epoch, &r.entry)).collect();
+    encode_entries(&refs)
+}
+
+/// [`encode_records`] from borrowed entries (the sender encodes log records without
+/// copying them); the same bytes.
+pub fn encode_entries(records: &[(Epoch, &LogEntry)]) -> Vec<u8> {
     encode_versioned(&RecordsRef(records))
 }
 

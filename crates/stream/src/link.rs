@@ -10,6 +10,7 @@
 //! columns in the same order; RELAXED wants the same key, the same number of columns
 //! and the same names and types in any order, and maps columns by name.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
@@ -254,6 +255,16 @@ impl LinkConfig {
     /// `None` when nothing does. Takes the entry by value so that what is kept moves on
     /// to the wire without a copy (the sender owns the records it read).
     pub fn filter(&self, entry: LogEntry, high_water: &BTreeMap<NodeId, u64>) -> Option<LogEntry> {
+        self.filter_ref(&entry, high_water).map(Cow::into_owned)
+    }
+
+    /// [`LinkConfig::filter`] on a borrowed entry: the entry itself when all of it goes
+    /// (the common case: no copy), a copy with the carried changes when only some do.
+    pub fn filter_ref<'a>(
+        &self,
+        entry: &'a LogEntry,
+        high_water: &BTreeMap<NodeId, u64>,
+    ) -> Option<Cow<'a, LogEntry>> {
         let gtid = entry.gtid();
         if gtid.origin == self.receiver_node
             || gtid.seq <= high_water.get(&gtid.origin).copied().unwrap_or(0)
@@ -261,14 +272,26 @@ impl LinkConfig {
             return None;
         }
         match entry {
-            LogEntry::Txn(mut t) => {
-                t.changes
-                    .retain(|c| self.carries_table(&c.table, gtid.origin));
-                (!t.changes.is_empty()).then_some(LogEntry::Txn(t))
+            LogEntry::Txn(t) => {
+                let carried = t
+                    .changes
+                    .iter()
+                    .filter(|c| self.carries_table(&c.table, gtid.origin))
+                    .count();
+                if carried == t.changes.len() {
+                    Some(Cow::Borrowed(entry))
+                } else if carried == 0 {
+                    None
+                } else {
+                    let mut t = t.clone();
+                    t.changes
+                        .retain(|c| self.carries_table(&c.table, gtid.origin));
+                    Some(Cow::Owned(LogEntry::Txn(t)))
+                }
             }
             // A table's DDL goes where its rows go (EXCLUDEd tables stay home); a
             // sequence's blocks go where the sequence does.
-            other => self.carries(&other).then_some(other),
+            other => self.carries(other).then_some(Cow::Borrowed(other)),
         }
     }
 }
@@ -507,6 +530,11 @@ mod tests {
         assert!(cfg.filter(txn(m, 7, &["b"]), &hw).is_none());
         assert!(cfg.filter(txn(x, 1, &["b"]), &hw).is_some());
         assert!(cfg.filter(txn(s, 9, &["a", "b"]), &hw).is_none());
+        // Borrowed: a transaction that goes whole is not copied, a partial one is.
+        let whole = txn(m, 6, &["a"]);
+        assert!(matches!(cfg.filter_ref(&whole, &hw), Some(Cow::Borrowed(e)) if *e == whole));
+        let partial = txn(m, 6, &["a", "b"]);
+        assert!(matches!(cfg.filter_ref(&partial, &hw), Some(Cow::Owned(_))));
 
         // A DATASTORE rule carries tables planned after the config, except EXCLUDEd ones.
         let cfg = LinkConfig {

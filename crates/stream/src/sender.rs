@@ -21,12 +21,13 @@
 //! not hold the log), the sender does not connect: status says the subscriber needs a
 //! duplicate.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 use std::time::Instant;
 
-use hawser_core::{Lsn, NodeId};
-use hawser_store::{Database, LogEntry};
+use hawser_core::{Epoch, Lsn, NodeId};
+use hawser_store::{Database, LogEntry, LogRecord};
 use tokio::sync::{mpsc, watch, Notify};
 use tokio::time::MissedTickBehavior;
 use tokio_stream::wrappers::ReceiverStream;
@@ -35,7 +36,7 @@ use tokio_util::task::TaskTracker;
 use tonic::transport::Endpoint;
 use tracing::{debug, info, instrument, warn};
 
-use crate::codec::{self, compress, encode_records, Compression, WireRecord};
+use crate::codec::{self, compress, encode_entries, Compression};
 use crate::error::StreamError;
 use crate::link::LinkConfig;
 use crate::pb::{self, receiver_message, sender_message};
@@ -479,13 +480,24 @@ impl Sender {
             // cursor (every wake after the one that shipped a commit group), and otherwise
             // asked for exactly the records there are (LSNs are dense), which spares the
             // scan the step that would only find the end.
+            //
+            // A sender that keeps up reads the store's in-memory tail of the log (no
+            // engine read, no decoding); one that is behind reads the engine.
             let last_lsn = self.db.last_lsn();
-            let records = if last_lsn < *cursor {
+            let records: Vec<Arc<LogRecord>> = if last_lsn < *cursor {
                 Vec::new()
             } else {
                 let available = usize::try_from(last_lsn.0 - cursor.0 + 1).unwrap_or(usize::MAX);
-                self.db
-                    .log_range(*cursor, available.min(tuning.max_batch_records))?
+                let limit = available.min(tuning.max_batch_records);
+                match self.db.log_tail(*cursor, limit) {
+                    Some(records) => records,
+                    None => self
+                        .db
+                        .log_range(*cursor, limit)?
+                        .into_iter()
+                        .map(Arc::new)
+                        .collect(),
+                }
             };
             if records.is_empty() {
                 if let Some(position) = *unsent {
@@ -499,11 +511,11 @@ impl Sender {
                 return Ok(());
             }
             let mut through = None;
-            let mut wire: Vec<WireRecord> = Vec::new();
+            let mut wire: Vec<(Epoch, Cow<'_, LogEntry>)> = Vec::new();
             let mut first_commit_micros = None;
             let mut size = 0usize;
             let mut blocked = false;
-            for r in records {
+            for r in &records {
                 if self.link.waits_for_sibling(&r.entry, high_water) {
                     // Another stream to this receiver carries it: stop before it until
                     // the receiver has it (see LinkConfig::siblings).
@@ -511,13 +523,10 @@ impl Sender {
                     break;
                 }
                 through = Some(r.lsn);
-                if let Some(entry) = self.link.filter(r.entry, high_water) {
+                if let Some(entry) = self.link.filter_ref(&r.entry, high_water) {
                     size += entry_size(&entry);
                     first_commit_micros.get_or_insert(entry.commit_micros());
-                    wire.push(WireRecord {
-                        epoch: r.epoch,
-                        entry,
-                    });
+                    wire.push((r.epoch, entry));
                 }
                 if size >= tuning.max_batch_bytes {
                     break;
@@ -565,13 +574,16 @@ impl Sender {
     async fn send(
         &self,
         tx: &mpsc::Sender<pb::SenderMessage>,
-        wire: Vec<WireRecord>,
+        wire: Vec<(Epoch, Cow<'_, LogEntry>)>,
         through: Lsn,
         first_commit_micros: Option<i64>,
         in_flight: &mut VecDeque<InFlight>,
         in_flight_bytes: &mut u64,
     ) -> Result<(), StreamError> {
-        let raw = encode_records(&wire);
+        let raw = {
+            let refs: Vec<(Epoch, &LogEntry)> = wire.iter().map(|(e, r)| (*e, &**r)).collect();
+            encode_entries(&refs)
+        };
         let count = wire.len() as u64;
         drop(wire);
         let raw_bytes = raw.len() as u64;
