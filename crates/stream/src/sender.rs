@@ -515,7 +515,26 @@ impl Sender {
             let mut first_commit_micros = None;
             let mut size = 0usize;
             let mut blocked = false;
+            let mut unflushed = false;
+            // This node's own commits go out only once durable here: a receiver must
+            // never hold a commit this node could lose in a crash, since after it this
+            // node would give the lost commit's seq to another transaction and the
+            // receiver would skip that one as a duplicate. (Other origins' records may
+            // go before: a crash here loses them on both sides' terms, and they come
+            // back from their origin under the same Gtid.) With non-durable commits
+            // (`--durable-commits false`) the node accepts that loss, and ships at once.
+            let durable_from = if self.db.options().durable_commits {
+                self.db.flushed_lsn().next()
+            } else {
+                Lsn(u64::MAX)
+            };
+            let own = self.db.node_id();
             for r in &records {
+                if r.lsn >= durable_from && r.entry.gtid().origin == own {
+                    // Its commit is flushing; the committer wakes the senders after.
+                    unflushed = true;
+                    break;
+                }
                 if self.link.waits_for_sibling(&r.entry, high_water) {
                     // Another stream to this receiver carries it: stop before it until
                     // the receiver has it (see LinkConfig::siblings).
@@ -533,6 +552,9 @@ impl Sender {
                 }
             }
             let Some(through) = through else {
+                if unflushed {
+                    return Ok(());
+                }
                 // Blocked at the cursor: ask for the receiver's marks (a record-less
                 // batch is answered with them) at most every poll, and wait.
                 if last_sent.elapsed() >= tuning.poll_interval {
@@ -547,7 +569,7 @@ impl Sender {
             *cursor = through.next();
             if wire.is_empty() {
                 *unsent = Some(through);
-                if blocked {
+                if blocked || unflushed {
                     return Ok(());
                 }
                 continue;
@@ -563,7 +585,7 @@ impl Sender {
             .await?;
             *last_sent = Instant::now();
             *unsent = None;
-            if blocked {
+            if blocked || unflushed {
                 return Ok(());
             }
         }

@@ -281,6 +281,104 @@ async fn rows_committed_on_the_master_appear_on_two_subscribers() -> Result<()> 
     Ok(())
 }
 
+/// A memory engine whose flush waits while the test holds its gate shut.
+#[derive(Default)]
+struct GatedEngine {
+    inner: hawser_store::MemEngine,
+    shut: std::sync::Mutex<bool>,
+    opened: std::sync::Condvar,
+}
+
+impl GatedEngine {
+    fn set_shut(&self, shut: bool) {
+        *self.shut.lock().unwrap_or_else(|e| e.into_inner()) = shut;
+        self.opened.notify_all();
+    }
+}
+
+/// Opens the gate when dropped, so a failing test does not leave a flush hanging
+/// (the runtime waits for its blocking threads).
+struct OpenOnDrop(std::sync::Arc<GatedEngine>);
+
+impl Drop for OpenOnDrop {
+    fn drop(&mut self) {
+        self.0.set_shut(false);
+    }
+}
+
+impl hawser_store::KvEngine for GatedEngine {
+    fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, hawser_store::StoreError> {
+        self.inner.get(key)
+    }
+    fn scan(&self, range: hawser_store::ByteRange, reverse: bool) -> hawser_store::KvIter {
+        self.inner.scan(range, reverse)
+    }
+    fn apply(&self, batch: hawser_store::WriteBatch) -> Result<(), hawser_store::StoreError> {
+        self.inner.apply(batch)
+    }
+    fn flush(&self) -> Result<(), hawser_store::StoreError> {
+        let mut shut = self.shut.lock().unwrap();
+        while *shut {
+            shut = self.opened.wait(shut).unwrap();
+        }
+        drop(shut);
+        self.inner.flush()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_goes_out_only_once_it_is_durable_on_the_master() -> Result<()> {
+    let engine = std::sync::Arc::new(GatedEngine::default());
+    let master = Database::open(engine.clone(), DbOptions::new(NodeId(1)))?;
+    master.create_table(tab_def()).await?;
+    let sub = open(2).await?;
+    let view = epochs(1);
+    let r = Receiver::start(&sub, "s1", view.subscribe(), None).await?;
+    let senders = Senders::default();
+    let h = senders.spawn(
+        link(1, "s1", 2, 1, Compression::None),
+        &master,
+        r.endpoint(),
+    );
+    write(&master, 0..1, "durable").await?;
+    caught_up(&h, &master).await?;
+
+    // A commit applied on the master whose flush hangs: were it shipped now, a crash of
+    // the master would leave the subscriber with a commit the master lost (and whose
+    // seq it would give to another).
+    engine.set_shut(true);
+    let _open = OpenOnDrop(engine.clone());
+    let before = master.last_lsn();
+    let m = master.clone();
+    let commit = tokio::spawn(async move { write(&m, 1..2, "not yet durable").await });
+    tokio::time::timeout(DEADLINE, async {
+        while master.last_lsn() == before {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    })
+    .await
+    .context("the commit was never applied")?;
+    h.wake();
+    // The sender polls every few milliseconds: 300 ms is many chances to ship it.
+    let shipped = tokio::time::timeout(Duration::from_millis(300), async {
+        while rows(&sub).map_or(0, |r| r.len()) < 2 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+    assert!(
+        shipped.is_err(),
+        "a commit reached the subscriber before its flush"
+    );
+    engine.set_shut(false);
+    commit.await??;
+    caught_up(&h, &master).await?;
+    assert_eq!(rows(&sub)?, rows(&master)?);
+    senders.stop().await;
+    r.stop().await;
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_a_return_service_durable_marks_follow_a_periodic_flush() -> Result<()> {
     let master = open(1).await?;
