@@ -181,6 +181,7 @@ impl StreamSender {
             status: status_tx,
             wake: wake.clone(),
             acked_lsn,
+            unflushed_since: std::sync::Mutex::new(None),
         };
         tracker.spawn(task.run());
         SenderHandle { status, wake }
@@ -195,7 +196,14 @@ struct Sender {
     status: watch::Sender<SenderStatus>,
     wake: Arc<Notify>,
     acked_lsn: Lsn,
+    /// Since when the log at the cursor is this node's own commit not yet flushed.
+    unflushed_since: std::sync::Mutex<Option<Instant>>,
 }
+
+/// How long a sender waits for an own commit's flush before flushing itself: a commit
+/// whose caller went away (a dropped request) is applied but nobody flushes it, and
+/// without a later commit it would hold the stream back for good.
+const UNFLUSHED_PATIENCE: std::time::Duration = std::time::Duration::from_millis(20);
 
 /// One batch sent and not yet acknowledged.
 struct InFlight {
@@ -453,6 +461,13 @@ impl Sender {
         Ok(())
     }
 
+    fn clear_unflushed(&self) {
+        *self
+            .unflushed_since
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = None;
+    }
+
     /// Reads the log from `cursor` and sends batches while there is log and room.
     ///
     /// Log this receiver gets nothing of (other tables, other elements) is skipped
@@ -553,7 +568,19 @@ impl Sender {
             }
             let Some(through) = through else {
                 if unflushed {
-                    return Ok(());
+                    // Normally the committer's flush ends within a millisecond and it
+                    // wakes the senders; past that, flush on its behalf.
+                    let since = *self
+                        .unflushed_since
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .get_or_insert_with(Instant::now);
+                    if since.elapsed() < UNFLUSHED_PATIENCE {
+                        return Ok(());
+                    }
+                    self.db.flush().await?;
+                    self.clear_unflushed();
+                    continue;
                 }
                 // Blocked at the cursor: ask for the receiver's marks (a record-less
                 // batch is answered with them) at most every poll, and wait.
@@ -566,6 +593,7 @@ impl Sender {
                 }
                 return Ok(());
             };
+            self.clear_unflushed();
             *cursor = through.next();
             if wire.is_empty() {
                 *unsent = Some(through);
