@@ -1067,7 +1067,7 @@ impl Database {
         if origin == self.node_id() {
             return Ok(self.inner.commit.lock().last_seq);
         }
-        Ok(self.inner.marks.read().get(&origin).copied().unwrap_or(0))
+        Ok(self.inner.mark(origin))
     }
 
     /// The high-water mark of every origin with a transaction committed here: this
@@ -1633,10 +1633,7 @@ fn check_format(engine: &dyn KvEngine) -> Result<(), StoreError> {
                 // released. A format-1 store is a valid format-2 store (its keys are
                 // current), so it is upgraded by rewriting the marker: a build that
                 // reads only format 1 must not open it afterwards, its keys go stale.
-                let mut batch = WriteBatch::new();
-                batch.put(FORMAT_KEY.to_vec(), layout::format_value());
-                engine.apply(batch)?;
-                engine.flush()
+                write_format_marker(engine)
             } else if version > FORMAT_VERSION {
                 Err(StoreError::IncompatibleFormat(format!(
                     "written by a newer hawser (store format {version}; this build reads format {FORMAT_VERSION})"
@@ -1658,10 +1655,15 @@ fn check_format(engine: &dyn KvEngine) -> Result<(), StoreError> {
                     printable_key(&k)
                 )));
             }
-            let mut batch = WriteBatch::new();
-            batch.put(FORMAT_KEY.to_vec(), layout::format_value());
-            engine.apply(batch)?;
-            engine.flush()
+            write_format_marker(engine)
         }
     }
+}
+
+/// Writes this build's format marker, durably.
+fn write_format_marker(engine: &dyn KvEngine) -> Result<(), StoreError> {
+    let mut batch = WriteBatch::new();
+    batch.put(FORMAT_KEY.to_vec(), layout::format_value());
+    engine.apply(batch)?;
+    engine.flush()
 }

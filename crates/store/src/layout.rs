@@ -9,8 +9,8 @@
 //! L <lsn u64 BE>                 → commit log record
 //! H <origin node id u64 BE>      → highest seq of that origin in the log released so far
 //!                                  (the log records still held raise it; see db::open)
-//! P <link name>                  → a stream's retained position: scheme version u64 BE,
-//!                                  acknowledged LSN u64 BE (log retention)
+//! P <link name>                  → a stream's retained position: the LSN its receiver
+//!                                  acknowledged durably, u64 BE (log retention)
 //! ```
 //!
 //! Rows sit under a numeric table id assigned at CREATE TABLE and never reused, so a
