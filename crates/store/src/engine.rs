@@ -136,16 +136,18 @@ const CHECKPOINT_EVERY: Duration = Duration::from_secs(1);
 const PENDING_WAKE_BYTES: usize = 4 << 20;
 /// The key of the checkpoint in the redo tree: sorts before every frame number.
 const CHECKPOINT_KEY: &[u8] = b"";
+/// How long an open waits for sled's directory lock. The lock outlives the last handle
+/// by a moment (sled's own I/O threads finish their writes first), and a restarted node
+/// can start while its predecessor is still exiting; a store still locked after this is
+/// held by another live process.
+const LOCK_PATIENCE: Duration = Duration::from_secs(10);
 
 impl SledEngine {
     /// Opens (or creates) the sled database in `dir`, with its write-ahead log in
     /// `dir/wal`, and recovers: batches the log or the redo records hold beyond sled's
     /// checkpoint are applied again, in order.
     pub fn open(dir: &Path) -> Result<Self, StoreError> {
-        let db = sled::Config::new()
-            .path(dir)
-            .open()
-            .map_err(|e| StoreError::io(format!("open of {}", dir.display()), e))?;
+        let db = open_sled(dir)?;
         let redo = db
             .open_tree("hawser_redo")
             .map_err(|e| StoreError::io("open of the redo records", e))?;
@@ -178,6 +180,38 @@ impl SledEngine {
     pub fn checkpoint(&self) -> Result<(), StoreError> {
         self.shared.checkpoint()
     }
+}
+
+/// Opens sled in `dir`, waiting up to [`LOCK_PATIENCE`] for its directory lock.
+fn open_sled(dir: &Path) -> Result<sled::Db, StoreError> {
+    let deadline = std::time::Instant::now() + LOCK_PATIENCE;
+    loop {
+        match sled::Config::new().path(dir).open() {
+            Ok(db) => return Ok(db),
+            Err(e) if is_lock_conflict(&e) => {
+                if std::time::Instant::now() >= deadline {
+                    return Err(StoreError::io(
+                        format!(
+                            "open of {}: another process (another hawser on the same \
+                             data directory?) still holds its lock after {} s",
+                            dir.display(),
+                            LOCK_PATIENCE.as_secs()
+                        ),
+                        e,
+                    ));
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            Err(e) => return Err(StoreError::io(format!("open of {}", dir.display()), e)),
+        }
+    }
+}
+
+/// Whether sled refused an open because its directory lock is held (sled reports it as
+/// an I/O error wrapping the `WouldBlock` of the failed `flock`).
+fn is_lock_conflict(e: &sled::Error) -> bool {
+    matches!(e, sled::Error::Io(io) if io.kind() == std::io::ErrorKind::WouldBlock
+        || io.to_string().contains("could not acquire lock"))
 }
 
 /// Re-applies what sled may lack and checkpoints it; returns the last frame.
@@ -488,6 +522,22 @@ mod tests {
     fn sled_engine_applies_batches_in_order_and_scans_both_ways() {
         let dir = tempfile::tempdir().unwrap();
         exercise(&SledEngine::open(dir.path()).unwrap());
+    }
+
+    #[test]
+    fn an_open_waits_for_the_lock_of_a_store_being_closed() {
+        let dir = tempfile::tempdir().unwrap();
+        let first = SledEngine::open(dir.path()).unwrap();
+        first.apply(put(&[1], b"kept")).unwrap();
+        first.flush().unwrap();
+        let closer = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(200));
+            drop(first);
+        });
+        // Opened while the first handle still holds the lock: the open waits for it.
+        let second = SledEngine::open(dir.path()).unwrap();
+        closer.join().unwrap();
+        assert_eq!(second.get(&[1]).unwrap().as_deref(), Some(&b"kept"[..]));
     }
 
     fn put(k: &[u8], v: &[u8]) -> WriteBatch {

@@ -60,23 +60,10 @@ impl Fixture {
                 Database::open(engine.clone() as Arc<dyn KvEngine>, self.opts.clone()).unwrap()
             }
             Kind::Sled(dir) => {
-                // sled releases its directory lock once the last handle is dropped —
-                // including its own background I/O threads, which may still be finishing
-                // a write for a moment after the database is gone (seen under a loaded
-                // CI run). Wait for the lock, boundedly.
-                let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-                let engine = loop {
-                    match SledEngine::open(dir.path()) {
-                        Ok(engine) => break engine,
-                        Err(e)
-                            if e.to_string().contains("could not acquire lock")
-                                && std::time::Instant::now() < deadline =>
-                        {
-                            std::thread::sleep(std::time::Duration::from_millis(10));
-                        }
-                        Err(e) => panic!("reopen of {}: {e}", dir.path().display()),
-                    }
-                };
+                // The open waits (boundedly) for sled's directory lock, which sled's own
+                // I/O threads may hold a moment after the last handle is dropped.
+                let engine = SledEngine::open(dir.path())
+                    .unwrap_or_else(|e| panic!("reopen of {}: {e}", dir.path().display()));
                 Database::open(Arc::new(engine), self.opts.clone()).unwrap()
             }
         };
