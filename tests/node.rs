@@ -168,10 +168,61 @@ fn client_library_typed_rows_status_and_http_endpoints() {
         let err = c.get("nosuch", &[Value::Int(1)]).await.unwrap_err();
         assert!(err.to_string().contains("42P01"), "{err}");
 
+        // A write stream: many transactions over one stream; a failed write is answered
+        // with its error (and changes nothing) and the stream goes on.
+        let mut w = c.writer().await.unwrap();
+        for k in 20..30i64 {
+            let out = w
+                .write(vec![RowOp::Upsert {
+                    table: "kv".into(),
+                    row: vec![Value::Int(k), Value::Text(format!("s{k}"))],
+                }])
+                .await
+                .unwrap();
+            assert!(out.durable && out.lsn > 0, "{out:?}");
+        }
+        let err = w
+            .write(vec![RowOp::Insert {
+                table: "kv".into(),
+                row: vec![Value::Int(20), Value::Text("again".into())],
+            }])
+            .await
+            .unwrap_err();
+        let hawser_client::ClientError::Status(status) = &err else {
+            panic!("{err}")
+        };
+        assert_eq!(hawser_client::sqlstate(status), Some("23505"), "{err}");
+        let err = w
+            .write(vec![RowOp::Upsert {
+                table: "nosuch".into(),
+                row: vec![Value::Int(1)],
+            }])
+            .await
+            .unwrap_err();
+        assert!(err.to_string().contains("42P01"), "{err}");
+        let last = w
+            .write(vec![RowOp::Delete {
+                table: "kv".into(),
+                key: vec![Value::Int(29)],
+            }])
+            .await
+            .unwrap();
+        assert!(last.durable, "{last:?}");
+        assert_eq!(
+            c.get("kv", &[Value::Int(20)]).await.unwrap(),
+            Some(vec![Value::Int(20), Value::Text("s20".into())])
+        );
+        assert_eq!(c.get("kv", &[Value::Int(29)]).await.unwrap(), None);
+        assert_eq!(
+            c.get("kv", &[Value::Int(28)]).await.unwrap().unwrap()[1],
+            Value::Text("s28".into())
+        );
+        drop(w);
+
         let s = c.status().await.unwrap();
         assert_eq!(s.name, "ds2");
         assert_eq!(s.node_id, node.node_id);
-        assert!(s.commits >= 12, "{s:?}");
+        assert!(s.commits >= 23, "{s:?}");
         assert!(s.tables.iter().any(|t| t.name == "kv"));
     });
 

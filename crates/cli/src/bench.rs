@@ -23,7 +23,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use hawser_client::{Client, ClientError, RowOp};
+use hawser_client::{Client, ClientError, RowOp, Writer};
 use hawser_core::Value;
 use hawser_proto::v1;
 use hdrhistogram::Histogram;
@@ -48,7 +48,8 @@ pub struct BenchArgs {
         default_value = "127.0.0.1:7420"
     )]
     pub host: String,
-    /// Concurrent clients, each with its own connection and one commit in flight.
+    /// Concurrent clients, each with its own connection and write stream (the
+    /// `WriteStream` RPC) and one commit in flight.
     #[arg(long, value_name = "N", default_value_t = 16,
           value_parser = clap::value_parser!(u32).range(1..=4096))]
     pub clients: u32,
@@ -445,6 +446,7 @@ async fn client_loop(
     cancel: CancellationToken,
 ) -> ClientRun {
     let mut rng = StdRng::from_entropy();
+    let mut writer: Option<Writer> = None;
     let mut run = ClientRun {
         latency_us: new_histogram(),
         commits: 0,
@@ -466,12 +468,25 @@ async fn client_loop(
             row: vec![Value::Int(key), Value::Text(value)],
         };
         let sent = Instant::now();
+        // Each client commits over one write stream (what a continuously writing
+        // application uses), opened again after an error closed it.
+        let commit = async {
+            if writer.is_none() {
+                writer = Some(client.writer().await?);
+            }
+            let w = writer.as_mut().expect("opened above");
+            let result = w.write(vec![op]).await;
+            if matches!(&result, Err(ClientError::SessionClosed)) {
+                writer = None;
+            }
+            result
+        };
         let result = tokio::select! {
             // Checked first so that a stopped run does not start one more commit.
             biased;
             _ = cancel.cancelled() => break,
             _ = tokio::time::sleep_until(work.end) => break,
-            result = client.write(vec![op]) => result,
+            result = commit => result,
         };
         let measured = sent >= work.measure_from;
         match result {
@@ -494,6 +509,7 @@ async fn client_loop(
                     run.first_errors.push(error_text(&e));
                 }
                 if may_mean_server_gone(&e) {
+                    writer = None;
                     match Client::connect_with_timeout(&work.host, PROBE_TIMEOUT).await {
                         Ok(fresh) => client = fresh,
                         Err(probe) => {

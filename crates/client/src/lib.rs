@@ -255,45 +255,28 @@ impl Client {
         ops: Vec<RowOp>,
         commit: Option<CommitOptions>,
     ) -> Result<WriteOutcome, ClientError> {
-        let ops = ops
-            .into_iter()
-            .map(|op| {
-                let (table, op) = match op {
-                    RowOp::Insert { table, row } => {
-                        (table, v1::row_op::Op::Insert(row_to_pb(&row)))
-                    }
-                    RowOp::Upsert { table, row } => {
-                        (table, v1::row_op::Op::Upsert(row_to_pb(&row)))
-                    }
-                    RowOp::Delete { table, key } => {
-                        (table, v1::row_op::Op::DeleteKey(row_to_pb(&key)))
-                    }
-                };
-                v1::RowOp {
-                    table,
-                    op: Some(op),
-                }
-            })
-            .collect();
         let resp = self
             .client
-            .write(self.request(v1::WriteRequest {
-                ops,
-                commit: commit.map(|c| v1::CommitOptions {
-                    request_return: c.request_return,
-                    return_wait_seconds: c.return_wait_seconds,
-                    local_action: c.local_action,
-                }),
-            }))
+            .write(self.request(write_request(ops, commit)))
             .await?
             .into_inner();
-        Ok(WriteOutcome {
-            origin: resp.origin,
-            seq: resp.seq,
-            lsn: resp.lsn,
-            durable: resp.durable,
-            warnings: resp.warnings,
-            return_outcome: resp.return_outcome,
+        Ok(WriteOutcome::from_pb(resp))
+    }
+
+    /// Opens a write stream: many transactions over one gRPC stream, each committed in
+    /// turn (cheaper per write than [`Client::write`]).
+    pub async fn writer(&mut self) -> Result<Writer, ClientError> {
+        let (tx, rx) = mpsc::channel(4);
+        // No deadline on the stream itself; each write has one.
+        let responses = self
+            .client
+            .write_stream(tokio_stream::wrappers::ReceiverStream::new(rx))
+            .await?
+            .into_inner();
+        Ok(Writer {
+            tx: Some(tx),
+            responses,
+            timeout: self.timeout,
         })
     }
 
@@ -403,6 +386,112 @@ impl Client {
 }
 
 /// An interactive SQL session (`BEGIN` ... `COMMIT` across calls).
+fn write_request(ops: Vec<RowOp>, commit: Option<CommitOptions>) -> v1::WriteRequest {
+    let ops = ops
+        .into_iter()
+        .map(|op| {
+            let (table, op) = match op {
+                RowOp::Insert { table, row } => (table, v1::row_op::Op::Insert(row_to_pb(&row))),
+                RowOp::Upsert { table, row } => (table, v1::row_op::Op::Upsert(row_to_pb(&row))),
+                RowOp::Delete { table, key } => (table, v1::row_op::Op::DeleteKey(row_to_pb(&key))),
+            };
+            v1::RowOp {
+                table,
+                op: Some(op),
+            }
+        })
+        .collect();
+    v1::WriteRequest {
+        ops,
+        commit: commit.map(|c| v1::CommitOptions {
+            request_return: c.request_return,
+            return_wait_seconds: c.return_wait_seconds,
+            local_action: c.local_action,
+        }),
+    }
+}
+
+impl WriteOutcome {
+    fn from_pb(resp: v1::WriteResponse) -> Self {
+        WriteOutcome {
+            origin: resp.origin,
+            seq: resp.seq,
+            lsn: resp.lsn,
+            durable: resp.durable,
+            warnings: resp.warnings,
+            return_outcome: resp.return_outcome,
+        }
+    }
+}
+
+/// A write stream ([`Client::writer`]): transactions committed one after another over
+/// one gRPC stream. A write that fails gives its error and the stream goes on; a write
+/// that gets no answer within the deadline closes the stream (a later answer could no
+/// longer be told apart), and every later write fails with
+/// [`ClientError::SessionClosed`].
+pub struct Writer {
+    tx: Option<mpsc::Sender<v1::WriteRequest>>,
+    responses: tonic::Streaming<v1::WriteStreamResponse>,
+    timeout: Duration,
+}
+
+impl Writer {
+    /// Applies `ops` as one transaction, with the scheme's return services.
+    pub async fn write(&mut self, ops: Vec<RowOp>) -> Result<WriteOutcome, ClientError> {
+        self.write_with(ops, None).await
+    }
+
+    /// Applies `ops` as one transaction with return-service options.
+    pub async fn write_with(
+        &mut self,
+        ops: Vec<RowOp>,
+        commit: Option<CommitOptions>,
+    ) -> Result<WriteOutcome, ClientError> {
+        let tx = self.tx.as_ref().ok_or(ClientError::SessionClosed)?;
+        if tx.send(write_request(ops, commit)).await.is_err() {
+            self.tx = None;
+            return Err(ClientError::SessionClosed);
+        }
+        let next = match tokio::time::timeout(self.timeout, self.responses.message()).await {
+            Ok(next) => next,
+            Err(_) => {
+                self.tx = None;
+                return Err(tonic::Status::deadline_exceeded(
+                    "no answer on the write stream; it is closed",
+                )
+                .into());
+            }
+        };
+        let resp = match next {
+            Ok(Some(resp)) => resp,
+            Ok(None) => {
+                self.tx = None;
+                return Err(ClientError::SessionClosed);
+            }
+            Err(status) => {
+                self.tx = None;
+                return Err(status.into());
+            }
+        };
+        match resp.result {
+            Some(v1::write_stream_response::Result::Ok(ok)) => Ok(WriteOutcome::from_pb(ok)),
+            Some(v1::write_stream_response::Result::Error(e)) => {
+                let mut status = tonic::Status::new(tonic::Code::from(e.code), e.message);
+                if !e.sqlstate.is_empty() {
+                    if let Ok(v) = e.sqlstate.parse() {
+                        status.metadata_mut().insert("hawser-sqlstate", v);
+                    }
+                }
+                Err(status.into())
+            }
+            None => {
+                self.tx = None;
+                Err(tonic::Status::internal("the server sent an empty write answer").into())
+            }
+        }
+    }
+}
+
 pub struct Session {
     tx: mpsc::Sender<v1::ExecuteRequest>,
     responses: tonic::Streaming<v1::ExecuteResponse>,

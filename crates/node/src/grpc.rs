@@ -94,6 +94,74 @@ fn pb_outcome(o: &hawser_sql::ScriptOutcome, in_transaction: bool) -> v1::Execut
 }
 
 impl Services {
+    /// Commits one typed write (the body of `Write` and of each `WriteStream` request).
+    async fn commit_write(&self, request: v1::WriteRequest) -> Result<v1::WriteResponse, Status> {
+        let ops = request.ops;
+        let sync = match request.commit {
+            Some(c) => commit_options(&c)?,
+            None => hawser_sql::SyncSettings::default(),
+        };
+        if ops.is_empty() {
+            return Err(bad_request("a write needs at least one operation".into()));
+        }
+        let mut txn = self.state.db.begin();
+        for (i, op) in ops.iter().enumerate() {
+            let table = self.table(&op.table)?;
+            match &op.op {
+                Some(v1::row_op::Op::Insert(row)) => {
+                    let row =
+                        self.typed_row(&table, Some(row), &Self::all_columns(&table), "row")?;
+                    txn.insert(&table.name, row)
+                        .await
+                        .map_err(|e| store_status(&e))?;
+                }
+                Some(v1::row_op::Op::Upsert(row)) => {
+                    let row =
+                        self.typed_row(&table, Some(row), &Self::all_columns(&table), "row")?;
+                    let key = table.key_of(&row);
+                    let existing = txn
+                        .lock_and_get(&table.name, &key)
+                        .await
+                        .map_err(|e| store_status(&e))?;
+                    match existing {
+                        Some(_) => txn.update(&table.name, &key, row).await.map(|_| ()),
+                        None => txn.insert(&table.name, row).await,
+                    }
+                    .map_err(|e| store_status(&e))?;
+                }
+                Some(v1::row_op::Op::DeleteKey(key)) => {
+                    let key = self.typed_row(&table, Some(key), &table.primary_key, "key")?;
+                    txn.delete(&table.name, &key)
+                        .await
+                        .map_err(|e| store_status(&e))?;
+                }
+                None => return Err(bad_request(format!("operation {} has no kind set", i + 1))),
+            }
+        }
+        let opts = crate::returns::sync_options(&sync);
+        let wait = self.state.returns.wait_for(&opts);
+        let committed = self.state.returns.commit(txn, opts).await.map_err(|e| {
+            warn!(error = %e, "typed write failed to commit");
+            store_status(&e)
+        })?;
+        let info = committed.info;
+        let warnings = crate::returns::outcome_warning(&committed.outcome, wait)
+            .into_iter()
+            .map(|w| v1::Warning {
+                code: w.code,
+                message: w.message,
+            })
+            .collect();
+        Ok(v1::WriteResponse {
+            origin: info.gtid.origin.0,
+            seq: info.gtid.seq,
+            lsn: info.lsn.0,
+            durable: info.durable,
+            warnings,
+            return_outcome: crate::returns::outcome_label(&committed.outcome).into(),
+        })
+    }
+
     fn table(&self, name: &str) -> Result<Arc<TableDef>, Status> {
         let qn = QualName::parse_unquoted(name.trim());
         self.state
@@ -165,6 +233,7 @@ fn commit_options(c: &v1::CommitOptions) -> Result<hawser_sql::SyncSettings, Sta
 }
 
 type SessionStream = Pin<Box<dyn Stream<Item = Result<v1::ExecuteResponse, Status>> + Send>>;
+type WriteStream = Pin<Box<dyn Stream<Item = Result<v1::WriteStreamResponse, Status>> + Send>>;
 
 #[tonic::async_trait]
 impl Client for Services {
@@ -241,71 +310,60 @@ impl Client for Services {
         &self,
         request: Request<v1::WriteRequest>,
     ) -> Result<Response<v1::WriteResponse>, Status> {
-        let request = request.into_inner();
-        let ops = request.ops;
-        let sync = match request.commit {
-            Some(c) => commit_options(&c)?,
-            None => hawser_sql::SyncSettings::default(),
-        };
-        if ops.is_empty() {
-            return Err(bad_request("a write needs at least one operation".into()));
-        }
-        let mut txn = self.state.db.begin();
-        for (i, op) in ops.iter().enumerate() {
-            let table = self.table(&op.table)?;
-            match &op.op {
-                Some(v1::row_op::Op::Insert(row)) => {
-                    let row =
-                        self.typed_row(&table, Some(row), &Self::all_columns(&table), "row")?;
-                    txn.insert(&table.name, row)
-                        .await
-                        .map_err(|e| store_status(&e))?;
-                }
-                Some(v1::row_op::Op::Upsert(row)) => {
-                    let row =
-                        self.typed_row(&table, Some(row), &Self::all_columns(&table), "row")?;
-                    let key = table.key_of(&row);
-                    let existing = txn
-                        .lock_and_get(&table.name, &key)
-                        .await
-                        .map_err(|e| store_status(&e))?;
-                    match existing {
-                        Some(_) => txn.update(&table.name, &key, row).await.map(|_| ()),
-                        None => txn.insert(&table.name, row).await,
+        self.commit_write(request.into_inner())
+            .await
+            .map(Response::new)
+    }
+
+    type WriteStreamStream = WriteStream;
+
+    async fn write_stream(
+        &self,
+        request: Request<Streaming<v1::WriteRequest>>,
+    ) -> Result<Response<Self::WriteStreamStream>, Status> {
+        let mut inbound = request.into_inner();
+        let (tx, rx) = tokio::sync::mpsc::channel(4);
+        let services = self.clone();
+        let shutdown = self.state.shutdown.clone();
+        // One task per stream commits its writes in the order they arrive; it ends with
+        // the client's stream, when the client stops reading, or at shutdown.
+        self.state.tasks.spawn(async move {
+            loop {
+                let next = tokio::select! {
+                    biased;
+                    _ = shutdown.cancelled() => break,
+                    next = inbound.next() => next,
+                };
+                let req = match next {
+                    Some(Ok(req)) => req,
+                    Some(Err(e)) => {
+                        debug!(error = %e, "write stream failed");
+                        break;
                     }
-                    .map_err(|e| store_status(&e))?;
+                    None => break,
+                };
+                let result = match services.commit_write(req).await {
+                    Ok(ok) => v1::write_stream_response::Result::Ok(ok),
+                    Err(status) => v1::write_stream_response::Result::Error(v1::WriteError {
+                        code: status.code() as i32,
+                        sqlstate: status
+                            .metadata()
+                            .get("hawser-sqlstate")
+                            .and_then(|v| v.to_str().ok())
+                            .unwrap_or_default()
+                            .to_string(),
+                        message: status.message().to_string(),
+                    }),
+                };
+                let resp = v1::WriteStreamResponse {
+                    result: Some(result),
+                };
+                if tx.send(Ok(resp)).await.is_err() {
+                    break;
                 }
-                Some(v1::row_op::Op::DeleteKey(key)) => {
-                    let key = self.typed_row(&table, Some(key), &table.primary_key, "key")?;
-                    txn.delete(&table.name, &key)
-                        .await
-                        .map_err(|e| store_status(&e))?;
-                }
-                None => return Err(bad_request(format!("operation {} has no kind set", i + 1))),
             }
-        }
-        let opts = crate::returns::sync_options(&sync);
-        let wait = self.state.returns.wait_for(&opts);
-        let committed = self.state.returns.commit(txn, opts).await.map_err(|e| {
-            warn!(error = %e, "typed write failed to commit");
-            store_status(&e)
-        })?;
-        let info = committed.info;
-        let warnings = crate::returns::outcome_warning(&committed.outcome, wait)
-            .into_iter()
-            .map(|w| v1::Warning {
-                code: w.code,
-                message: w.message,
-            })
-            .collect();
-        Ok(Response::new(v1::WriteResponse {
-            origin: info.gtid.origin.0,
-            seq: info.gtid.seq,
-            lsn: info.lsn.0,
-            durable: info.durable,
-            warnings,
-            return_outcome: crate::returns::outcome_label(&committed.outcome).into(),
-        }))
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }
 
     async fn get(
