@@ -96,14 +96,15 @@ pub trait KvEngine: Send + Sync + 'static {
 /// The sled engine: one tree holds the whole keyspace; [`crate::wal`] makes its
 /// batches atomic and durable.
 ///
-/// `apply` writes a batch as plain sled inserts, led by a redo record (the whole batch,
-/// in a tree of its own) and followed by the batch's frame in the write-ahead log;
-/// `flush` syncs the log. A background thread checkpoints every second: it flushes
-/// sled, records the last frame sled holds durably and drops the redo records and log
-/// segments at or below it. sled recovers a prefix of its inserts, so after a crash the
-/// store holds every batch up to some point and perhaps part of the next, whose redo
-/// record came first: opening re-applies the redo records and then the log frames after
-/// the checkpoint, in order, which leaves every batch whole.
+/// `apply` appends a batch's frame to the write-ahead log and puts its operations in an
+/// in-memory overlay, where readers see them at once. `flush` syncs the log and then
+/// moves the batches it made durable from the overlay into sled, as plain inserts, in
+/// frame order. A background thread checkpoints every second: it flushes sled, records
+/// the last frame sled holds durably and drops the log segments at or below it. sled
+/// never gets a batch before its frame is durable, and recovers a prefix of its
+/// inserts, so after a crash it holds every batch up to some point and perhaps part of
+/// the next — whose frame the log holds: opening re-applies the log frames after the
+/// checkpoint, in order, which leaves every batch whole.
 pub struct SledEngine {
     shared: Arc<Shared>,
     checkpointer: Option<std::thread::JoinHandle<()>>,
@@ -118,19 +119,32 @@ struct Shared {
     /// The last frame applied; held while a batch is applied, so frames are applied
     /// and logged in number order.
     applying: Mutex<u64>,
+    /// Batches applied (visible) whose frames sled does not have yet.
+    overlay: RwLock<Overlay>,
+    /// Held while batches move from the overlay into sled, so they go in frame order.
+    moving: Mutex<()>,
     /// The last frame whose inserts are all in sled.
     applied: AtomicU64,
-    /// The last frame sled holds durably (its redo records and log frames are gone).
+    /// The last frame sled holds durably (log segments up to it are gone).
     checkpoint: AtomicU64,
     /// Set when an insert failed halfway through a batch: sled holds part of it, so
-    /// nothing more is applied until a restart re-applies its redo record.
+    /// nothing more is applied until a restart re-applies its frame.
     broken: Mutex<Option<String>>,
     stop: Mutex<bool>,
     wake: Condvar,
 }
 
-/// How often the checkpoint thread flushes sled and trims the redo records and log.
+/// How often the checkpoint thread flushes sled and trims the log.
 const CHECKPOINT_EVERY: Duration = Duration::from_secs(1);
+
+/// What readers see of batches sled does not have yet: the newest operation of each
+/// key, and the batches themselves, oldest first, waiting to move into sled.
+#[derive(Default)]
+struct Overlay {
+    /// Key → (the frame that last wrote it, its value; `None` = deleted).
+    keys: BTreeMap<Vec<u8>, (u64, Option<Vec<u8>>)>,
+    frames: std::collections::VecDeque<(u64, WriteBatch)>,
+}
 /// Appended log bytes that wake the checkpoint thread early to write them out (when
 /// nobody waits for durability, e.g. with non-durable commits).
 const PENDING_WAKE_BYTES: usize = 4 << 20;
@@ -158,6 +172,8 @@ impl SledEngine {
             db,
             redo,
             applying: Mutex::new(last),
+            overlay: RwLock::new(Overlay::default()),
+            moving: Mutex::new(()),
             applied: AtomicU64::new(last),
             checkpoint: AtomicU64::new(last),
             broken: Mutex::new(None),
@@ -175,7 +191,7 @@ impl SledEngine {
         })
     }
 
-    /// Flushes sled and trims the redo records and the log now (also done every
+    /// Flushes sled and trims the log (and redo records of older stores) now (also done every
     /// second in the background).
     pub fn checkpoint(&self) -> Result<(), StoreError> {
         self.shared.checkpoint()
@@ -298,6 +314,55 @@ fn set_checkpoint(db: &sled::Db, redo: &sled::Tree, frame: u64) -> Result<(), St
 }
 
 impl Shared {
+    /// Syncs the log and moves the batches it made durable into sled.
+    fn sync(&self) -> Result<(), StoreError> {
+        self.wal.sync()?;
+        self.move_durable()
+    }
+
+    /// Moves the batches whose frames are durable from the overlay into sled, oldest
+    /// first; each key leaves the overlay once sled has it (readers look in the overlay
+    /// first, so they never miss it), unless a later batch wrote it again.
+    fn move_durable(&self) -> Result<(), StoreError> {
+        let _moving = self.moving.lock();
+        let durable = self.wal.synced();
+        loop {
+            let next = {
+                let mut o = self.overlay.write();
+                match o.frames.front() {
+                    Some((frame, _)) if *frame <= durable => o.frames.pop_front(),
+                    _ => None,
+                }
+            };
+            let Some((frame, batch)) = next else {
+                return Ok(());
+            };
+            if let Some(reason) = self.broken.lock().clone() {
+                return Err(broken_error(&reason));
+            }
+            for (k, v) in batch.ops() {
+                let r = match v {
+                    Some(v) => self.db.insert(k.as_slice(), v.as_slice()).map(|_| ()),
+                    None => self.db.remove(k.as_slice()).map(|_| ()),
+                };
+                if let Err(e) = r {
+                    // The batch stays visible in the overlay; the frame is durable, so
+                    // a restart completes it.
+                    *self.broken.lock() = Some(e.to_string());
+                    return Err(StoreError::io("batch write", e));
+                }
+            }
+            let mut o = self.overlay.write();
+            for (k, _) in batch.ops() {
+                if o.keys.get(k).is_some_and(|(f, _)| *f == frame) {
+                    o.keys.remove(k);
+                }
+            }
+            drop(o);
+            self.applied.store(frame, Ordering::Release);
+        }
+    }
+
     fn checkpoint(&self) -> Result<(), StoreError> {
         // Everything written before the load is in sled; after the flush, durably.
         let frame = self.applied.load(Ordering::Acquire);
@@ -325,7 +390,7 @@ impl Shared {
                 }
             }
             // Appended frames nobody waited for still reach the disk within a tick.
-            if let Err(e) = self.wal.sync().and_then(|()| self.checkpoint()) {
+            if let Err(e) = self.sync().and_then(|()| self.checkpoint()) {
                 tracing::warn!(error = %e, "checkpoint failed; retrying in a second");
             }
         }
@@ -340,12 +405,7 @@ impl Drop for SledEngine {
             let _ = t.join();
         }
         // A clean close leaves nothing to recover.
-        if let Err(e) = self
-            .shared
-            .wal
-            .sync()
-            .and_then(|()| self.shared.checkpoint())
-        {
+        if let Err(e) = self.shared.sync().and_then(|()| self.shared.checkpoint()) {
             tracing::warn!(error = %e, "final checkpoint failed; the next open recovers");
         }
     }
@@ -353,6 +413,10 @@ impl Drop for SledEngine {
 
 impl KvEngine for SledEngine {
     fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        // The overlay first: a key leaves it only after sled has it.
+        if let Some((_, v)) = self.shared.overlay.read().keys.get(key) {
+            return Ok(v.clone());
+        }
         self.shared
             .db
             .get(key)
@@ -364,15 +428,26 @@ impl KvEngine for SledEngine {
         if range_is_empty(&range) {
             return Box::new(std::iter::empty());
         }
+        // The overlay's part of the range, taken now, merged with sled's as it is read:
+        // a key both hold is read from the overlay (sled has the same or an older value).
+        let mut pending: Vec<(Vec<u8>, Option<Vec<u8>>)> = self
+            .shared
+            .overlay
+            .read()
+            .keys
+            .range(range.clone())
+            .map(|(k, (_, v))| (k.clone(), v.clone()))
+            .collect();
         let iter = self.shared.db.range(range);
         let map = |r: sled::Result<(sled::IVec, sled::IVec)>| {
             r.map(|(k, v)| (k.to_vec(), v.to_vec()))
                 .map_err(|e| StoreError::io("scan", e))
         };
         if reverse {
-            Box::new(iter.rev().map(map))
+            Box::new(Merged::new(Box::new(iter.rev().map(map)), pending, true))
         } else {
-            Box::new(iter.map(map))
+            pending.reverse();
+            Box::new(Merged::new(Box::new(iter.map(map)), pending, false))
         }
     }
 
@@ -384,32 +459,18 @@ impl KvEngine for SledEngine {
         let payload = crate::wal::encode_batch(&batch);
         let mut last = s.applying.lock();
         if let Some(reason) = s.broken.lock().clone() {
-            return Err(StoreError::io(
-                "batch write",
-                std::io::Error::other(format!(
-                    "an earlier batch was written only in part ({reason}); restart to recover it"
-                )),
-            ));
+            return Err(broken_error(&reason));
         }
         let frame = *last + 1;
-        // The redo record goes first: whatever part of the batch sled keeps after a
-        // crash, the record is there to complete it.
-        s.redo
-            .insert(frame.to_be_bytes(), payload.as_slice())
-            .map_err(|e| StoreError::io("batch write", e))?;
-        for (k, v) in batch.into_ops() {
-            let r = match v {
-                Some(v) => s.db.insert(k, v).map(|_| ()),
-                None => s.db.remove(k).map(|_| ()),
-            };
-            if let Err(e) = r {
-                *s.broken.lock() = Some(e.to_string());
-                return Err(StoreError::io("batch write", e));
-            }
-        }
         s.wal.append(frame, &payload);
+        {
+            let mut o = s.overlay.write();
+            for (k, v) in batch.ops() {
+                o.keys.insert(k.clone(), (frame, v.clone()));
+            }
+            o.frames.push_back((frame, batch));
+        }
         *last = frame;
-        s.applied.store(frame, Ordering::Release);
         drop(last);
         if s.wal.pending_bytes() > PENDING_WAKE_BYTES {
             s.wake.notify_all();
@@ -418,7 +479,63 @@ impl KvEngine for SledEngine {
     }
 
     fn flush(&self) -> Result<(), StoreError> {
-        self.shared.wal.sync()
+        self.shared.sync()
+    }
+}
+
+fn broken_error(reason: &str) -> StoreError {
+    StoreError::io(
+        "batch write",
+        std::io::Error::other(format!(
+            "an earlier batch was written only in part ({reason}); restart to recover it"
+        )),
+    )
+}
+
+/// Sled's part of a scan merged with the overlay's, in the scan's direction.
+struct Merged {
+    sled: std::iter::Peekable<KvIter>,
+    /// The overlay's pairs, the next one last.
+    pending: Vec<(Vec<u8>, Option<Vec<u8>>)>,
+    reverse: bool,
+}
+
+impl Merged {
+    fn new(sled: KvIter, pending: Vec<(Vec<u8>, Option<Vec<u8>>)>, reverse: bool) -> Self {
+        Self {
+            sled: sled.peekable(),
+            pending,
+            reverse,
+        }
+    }
+}
+
+impl Iterator for Merged {
+    type Item = Result<(Vec<u8>, Vec<u8>), StoreError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        loop {
+            let take_overlay = match (self.sled.peek(), self.pending.last()) {
+                (_, None) | (Some(Err(_)), _) => return self.sled.next(),
+                (None, Some(_)) => true,
+                (Some(Ok((sk, _))), Some((ok, _))) => match sk.cmp(ok) {
+                    std::cmp::Ordering::Equal => {
+                        // Both have it: the overlay's is newer.
+                        self.sled.next();
+                        true
+                    }
+                    order => (order == std::cmp::Ordering::Greater) != self.reverse,
+                },
+            };
+            if take_overlay {
+                let (k, v) = self.pending.pop().expect("peeked");
+                match v {
+                    Some(v) => return Some(Ok((k, v))),
+                    None => continue, // deleted, not yet in sled
+                }
+            }
+            return self.sled.next();
+        }
     }
 }
 
@@ -547,21 +664,27 @@ mod tests {
     }
 
     #[test]
-    fn a_checkpoint_drops_redo_records_and_reopening_keeps_everything() {
+    fn batches_reach_sled_only_once_their_frames_are_durable() {
         let dir = tempfile::tempdir().unwrap();
         {
             let e = SledEngine::open(dir.path()).unwrap();
             for i in 0..50u8 {
                 e.apply(put(&[b'k', i], &[i])).unwrap();
             }
-            assert_eq!(
-                e.shared.redo.len(),
-                51,
-                "50 redo records and the checkpoint"
-            );
+            // Visible at once, but sled has none of it before the log is synced.
+            assert_eq!(e.get(&[b'k', 7]).unwrap(), Some(vec![7]));
+            assert_eq!(e.shared.db.get([b'k', 7]).unwrap(), None);
+            assert_eq!(e.shared.overlay.read().frames.len(), 50);
             e.flush().unwrap();
+            assert_eq!(
+                e.shared.db.get([b'k', 7]).unwrap().as_deref(),
+                Some(&[7u8][..])
+            );
+            let o = e.shared.overlay.read();
+            assert!(o.frames.is_empty() && o.keys.is_empty());
+            drop(o);
             e.checkpoint().unwrap();
-            // Only the checkpoint itself is left.
+            // No redo records: only the checkpoint is in their tree.
             assert_eq!(e.shared.redo.len(), 1);
             assert_eq!(e.shared.checkpoint.load(Ordering::Acquire), 50);
             e.apply(put(b"late", b"1")).unwrap();
@@ -572,6 +695,90 @@ mod tests {
         assert_eq!(e.get(b"late").unwrap(), Some(b"1".to_vec()));
         // Frame numbers go on from where they were.
         assert_eq!(*e.shared.applying.lock(), 51);
+    }
+
+    #[test]
+    fn a_batch_sled_kept_only_in_part_is_completed_from_the_log() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let e = SledEngine::open(dir.path()).unwrap();
+            e.apply(put(b"x", b"0")).unwrap();
+        }
+        // As after a crash while frame 2 moved into sled: the log has it durably, sled
+        // got its first insert and not its second.
+        let mut two = put(b"x", b"2");
+        two.put(b"y".to_vec(), b"2".to_vec());
+        let wal = Wal::new(&dir.path().join("wal"), 2).unwrap();
+        wal.append(2, &crate::wal::encode_batch(&two));
+        wal.sync().unwrap();
+        drop(wal);
+        {
+            let db = sled::open(dir.path()).unwrap();
+            db.insert(b"x", b"2").unwrap();
+            db.flush().unwrap();
+        }
+        let e = SledEngine::open(dir.path()).unwrap();
+        assert_eq!(e.get(b"x").unwrap(), Some(b"2".to_vec()));
+        assert_eq!(e.get(b"y").unwrap(), Some(b"2".to_vec()));
+        assert_eq!(*e.shared.applying.lock(), 2);
+    }
+
+    /// One step of the comparison below: a put, a delete, or a flush.
+    #[derive(Debug, Clone)]
+    enum Step {
+        Put(u8, u8),
+        Delete(u8),
+        Flush,
+    }
+
+    fn step() -> impl proptest::strategy::Strategy<Value = Step> {
+        use proptest::prelude::*;
+        prop_oneof![
+            4 => (0u8..24, any::<u8>()).prop_map(|(k, v)| Step::Put(k, v)),
+            2 => (0u8..24).prop_map(Step::Delete),
+            1 => Just(Step::Flush),
+        ]
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+
+        /// Whatever mix of batches sled has and the overlay still holds, reads and
+        /// scans (both ways, any bounds) see what the in-memory engine sees.
+        #[test]
+        fn reads_merge_the_overlay_with_sled(
+            batches in proptest::collection::vec(proptest::collection::vec(step(), 1..4), 1..30),
+            lo in 0u8..24,
+            hi in 0u8..26,
+        ) {
+            let dir = tempfile::tempdir().unwrap();
+            let sled = SledEngine::open(dir.path()).unwrap();
+            let mem = MemEngine::new();
+            for steps in &batches {
+                let mut b = WriteBatch::new();
+                for s in steps {
+                    match s {
+                        Step::Put(k, v) => b.put(vec![*k], vec![*v]),
+                        Step::Delete(k) => b.delete(vec![*k]),
+                        Step::Flush => sled.flush().unwrap(),
+                    }
+                }
+                sled.apply(b.clone()).unwrap();
+                mem.apply(b).unwrap();
+            }
+            for k in 0u8..24 {
+                proptest::prop_assert_eq!(sled.get(&[k]).unwrap(), mem.get(&[k]).unwrap());
+            }
+            let range = || (Bound::Included(vec![lo]), Bound::Excluded(vec![hi]));
+            for reverse in [false, true] {
+                let a: Vec<_> = sled.scan(range(), reverse).map(|r| r.unwrap()).collect();
+                let b: Vec<_> = mem.scan(range(), reverse).map(|r| r.unwrap()).collect();
+                proptest::prop_assert_eq!(a, b);
+                let a: Vec<_> = sled.scan((Bound::Unbounded, Bound::Unbounded), reverse).map(|r| r.unwrap()).collect();
+                let b: Vec<_> = mem.scan((Bound::Unbounded, Bound::Unbounded), reverse).map(|r| r.unwrap()).collect();
+                proptest::prop_assert_eq!(a, b);
+            }
+        }
     }
 
     #[test]

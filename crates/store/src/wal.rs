@@ -3,18 +3,19 @@
 //! sled makes a batch atomic by sealing and writing one of its I/O buffers for every
 //! `apply_batch`, and durable with a `flush` that writes and syncs all of them: the two
 //! cost several hundred microseconds of CPU and wall time per commit. [`crate::engine`]
-//! therefore writes batches into sled as plain inserts and gets atomicity and durability
-//! from this log instead (`docs/storage.md`, "Write-ahead log"):
+//! therefore writes batches into sled as plain inserts, only once their frames here are
+//! durable, and gets atomicity and durability from this log instead (`docs/storage.md`,
+//! "Write-ahead log"):
 //!
 //! ```text
-//!  apply(batch)  ──► frame n = encoded batch ──► redo record n in sled (first insert)
-//!                                              ─► the batch's puts/deletes in sled
-//!                                              ─► frame n appended to the pending buffer
+//!  apply(batch)  ──► frame n = encoded batch ──► frame n appended to the pending buffer
+//!                                              ─► the batch's puts/deletes in the overlay
 //!  flush()       ──► pending buffer written to the open segment, fdatasync   (group commit)
-//!  checkpoint    ──► sled flush; sled's checkpoint := n; redo records ≤ n and whole
-//!                    segments ≤ n removed                                    (every second)
-//!  open          ──► redo records after the checkpoint, then log frames after them,
-//!                    re-applied in order; checkpoint; a fresh segment
+//!                ──► durable batches moved from the overlay into sled, in order
+//!  checkpoint    ──► sled flush; sled's checkpoint := n; whole segments ≤ n removed
+//!                                                                            (every second)
+//!  open          ──► redo records of older stores after the checkpoint, then log frames
+//!                    after them, re-applied in order; checkpoint; a fresh segment
 //! ```
 //!
 //! A segment is a file `wal-<first frame, 20 digits>.log` of frames:
@@ -362,7 +363,6 @@ impl Wal {
     }
 
     /// The last frame known durable in the log.
-    #[cfg(test)]
     pub(crate) fn synced(&self) -> u64 {
         self.synced.load(Ordering::Acquire)
     }
