@@ -50,6 +50,27 @@ fn store_status(e: &StoreError) -> Status {
     status_with_code(grpc, code, e.to_string())
 }
 
+/// The next request on a client's stream; `None` once the stream ends or fails (logged)
+/// or the node shuts down.
+async fn next_request<T>(
+    inbound: &mut Streaming<T>,
+    shutdown: &tokio_util::sync::CancellationToken,
+    what: &str,
+) -> Option<T> {
+    let next = tokio::select! {
+        biased;
+        _ = shutdown.cancelled() => return None,
+        next = inbound.next() => next,
+    };
+    match next? {
+        Ok(req) => Some(req),
+        Err(e) => {
+            debug!(error = %e, "{what} stream failed");
+            None
+        }
+    }
+}
+
 fn bad_request(message: String) -> Status {
     status_with_code(tonic::Code::InvalidArgument, "22023", message)
 }
@@ -278,20 +299,7 @@ impl Client for Services {
             state
                 .sessions
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            loop {
-                let next = tokio::select! {
-                    biased;
-                    _ = shutdown.cancelled() => break,
-                    next = inbound.next() => next,
-                };
-                let req = match next {
-                    Some(Ok(req)) => req,
-                    Some(Err(e)) => {
-                        debug!(error = %e, "session stream failed");
-                        break;
-                    }
-                    None => break,
-                };
+            while let Some(req) = next_request(&mut inbound, &shutdown, "session").await {
                 let outcome = session.execute(&req.sql).await;
                 crate::dataplane::wake_all(&state.senders);
                 let resp = pb_outcome(&outcome, session.in_transaction());
@@ -328,20 +336,7 @@ impl Client for Services {
         // One task per stream commits its writes in the order they arrive; it ends with
         // the client's stream, when the client stops reading, or at shutdown.
         self.state.tasks.spawn(async move {
-            loop {
-                let next = tokio::select! {
-                    biased;
-                    _ = shutdown.cancelled() => break,
-                    next = inbound.next() => next,
-                };
-                let req = match next {
-                    Some(Ok(req)) => req,
-                    Some(Err(e)) => {
-                        debug!(error = %e, "write stream failed");
-                        break;
-                    }
-                    None => break,
-                };
+            while let Some(req) = next_request(&mut inbound, &shutdown, "write").await {
                 let result = match services.commit_write(req).await {
                     Ok(ok) => v1::write_stream_response::Result::Ok(ok),
                     Err(status) => v1::write_stream_response::Result::Error(v1::WriteError {
