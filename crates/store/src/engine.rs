@@ -137,14 +137,6 @@ struct Shared {
 /// How often the checkpoint thread flushes sled and trims the log.
 const CHECKPOINT_EVERY: Duration = Duration::from_secs(1);
 
-/// What readers see of batches sled does not have yet: the newest operation of each
-/// key, and the batches themselves, oldest first, waiting to move into sled.
-#[derive(Default)]
-struct Overlay {
-    /// Key → (the frame that last wrote it, its value; `None` = deleted).
-    keys: BTreeMap<Vec<u8>, (u64, Option<Vec<u8>>)>,
-    frames: std::collections::VecDeque<(u64, WriteBatch)>,
-}
 /// Appended log bytes that wake the checkpoint thread early to write them out (when
 /// nobody waits for durability, e.g. with non-durable commits).
 const PENDING_WAKE_BYTES: usize = 4 << 20;
@@ -155,6 +147,15 @@ const CHECKPOINT_KEY: &[u8] = b"";
 /// can start while its predecessor is still exiting; a store still locked after this is
 /// held by another live process.
 const LOCK_PATIENCE: Duration = Duration::from_secs(10);
+
+/// What readers see of batches sled does not have yet: the newest operation of each
+/// key, and the batches themselves, oldest first, waiting to move into sled.
+#[derive(Default)]
+struct Overlay {
+    /// Key → (the frame that last wrote it, its value; `None` = deleted).
+    keys: BTreeMap<Vec<u8>, (u64, Option<Vec<u8>>)>,
+    frames: std::collections::VecDeque<(u64, WriteBatch)>,
+}
 
 impl SledEngine {
     /// Opens (or creates) the sled database in `dir`, with its write-ahead log in
@@ -321,46 +322,47 @@ impl Shared {
     }
 
     /// Moves the batches whose frames are durable from the overlay into sled, oldest
-    /// first; each key leaves the overlay once sled has it (readers look in the overlay
-    /// first, so they never miss it), unless a later batch wrote it again.
+    /// first; their keys leave the overlay once sled has them all (readers look in the
+    /// overlay first, so they never miss one), unless a later batch wrote them again.
     fn move_durable(&self) -> Result<(), StoreError> {
         let _moving = self.moving.lock();
+        if let Some(reason) = self.broken.lock().clone() {
+            return Err(broken_error(&reason));
+        }
         let durable = self.wal.synced();
-        loop {
-            let next = {
-                let mut o = self.overlay.write();
-                match o.frames.front() {
-                    Some((frame, _)) if *frame <= durable => o.frames.pop_front(),
-                    _ => None,
-                }
-            };
-            let Some((frame, batch)) = next else {
-                return Ok(());
-            };
-            if let Some(reason) = self.broken.lock().clone() {
-                return Err(broken_error(&reason));
-            }
+        let moving: Vec<(u64, WriteBatch)> = {
+            let mut o = self.overlay.write();
+            let n = o.frames.iter().take_while(|(f, _)| *f <= durable).count();
+            o.frames.drain(..n).collect()
+        };
+        let Some(&(last, _)) = moving.last() else {
+            return Ok(());
+        };
+        for (_, batch) in &moving {
             for (k, v) in batch.ops() {
                 let r = match v {
                     Some(v) => self.db.insert(k.as_slice(), v.as_slice()).map(|_| ()),
                     None => self.db.remove(k.as_slice()).map(|_| ()),
                 };
                 if let Err(e) = r {
-                    // The batch stays visible in the overlay; the frame is durable, so
-                    // a restart completes it.
+                    // The batches stay visible in the overlay; their frames are durable,
+                    // so a restart completes them.
                     *self.broken.lock() = Some(e.to_string());
                     return Err(StoreError::io("batch write", e));
                 }
             }
-            let mut o = self.overlay.write();
+        }
+        let mut o = self.overlay.write();
+        for (frame, batch) in &moving {
             for (k, _) in batch.ops() {
-                if o.keys.get(k).is_some_and(|(f, _)| *f == frame) {
+                if o.keys.get(k).is_some_and(|(f, _)| f == frame) {
                     o.keys.remove(k);
                 }
             }
-            drop(o);
-            self.applied.store(frame, Ordering::Release);
         }
+        drop(o);
+        self.applied.store(last, Ordering::Release);
+        Ok(())
     }
 
     fn checkpoint(&self) -> Result<(), StoreError> {
