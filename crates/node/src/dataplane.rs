@@ -99,6 +99,11 @@ fn position_name((scheme, receiver): &(QualName, Ident)) -> String {
     format!("{scheme}\u{1f}{receiver}")
 }
 
+/// The last LSN released from the log (the one before its first record).
+fn released_through(db: &Database) -> Lsn {
+    Lsn(db.log_start().0.saturating_sub(1))
+}
+
 /// What [`run`] needs.
 pub(crate) struct DataPlaneTask {
     /// Given the return-service routes at each re-plan; fed acks by a watcher per sender.
@@ -214,7 +219,7 @@ fn reconcile(
         let resume_after = positions
             .get(&position_name(&key))
             .copied()
-            .unwrap_or_else(|| Lsn(task.db.log_start().0.saturating_sub(1)));
+            .unwrap_or_else(|| released_through(&task.db));
         info!(
             scheme = %key.0, receiver = %key.1, %addr, version = link.scheme_version,
             resume_after = resume_after.0, "starting sender"
@@ -574,10 +579,10 @@ async fn retain_log(
             changes.push((name, Some(acked)));
         }
     }
-    let start = Lsn(db.log_start().0.saturating_sub(1));
+    let floor = released_through(db);
     for (name, holds) in &names {
         if *holds && !positions.contains_key(name) && !changes.iter().any(|(n, _)| n == name) {
-            changes.push((name.clone(), Some(start)));
+            changes.push((name.clone(), Some(floor)));
         }
     }
     if !changes.is_empty() {
@@ -609,12 +614,11 @@ async fn retain_log(
     // Released through the lowest position of a link that holds log; with none, all
     // but the recent log kept anyway. A link whose receiver already lacks released log
     // (its sender says it needs a duplicate) is past helping and holds nothing.
-    let released_before = db.log_start().0.saturating_sub(1);
     let through = names
         .iter()
         .filter(|(_, holds)| **holds)
         .filter_map(|(name, _)| positions.get(name).copied())
-        .filter(|p| p.0 >= released_before)
+        .filter(|p| *p >= floor)
         .min()
         .unwrap_or_else(|| db.last_lsn());
     if through < db.log_start() || db.log_retained_bytes() <= task.log_keep_bytes {
