@@ -1637,12 +1637,15 @@ fn check_format(engine: &dyn KvEngine) -> Result<(), StoreError> {
                 })?;
             if version == FORMAT_VERSION {
                 Ok(())
-            } else if version == 1 {
+            } else if version == 1 || version == 2 {
                 // Format 1 wrote every origin's high-water key with each commit; format
                 // 2 derives the marks from the log and writes the keys only as log is
                 // released. A format-1 store is a valid format-2 store (its keys are
-                // current), so it is upgraded by rewriting the marker: a build that
-                // reads only format 1 must not open it afterwards, its keys go stale.
+                // current). Format 3 keeps the log keys in the sled engine's
+                // write-ahead log; the engine still reads and deletes those an older
+                // store left in sled. So both are upgraded by rewriting the marker: an
+                // older build must not open the store afterwards (it would not find the
+                // log, and would drop the log segments that hold it).
                 write_format_marker(engine)
             } else if version > FORMAT_VERSION {
                 Err(StoreError::IncompatibleFormat(format!(

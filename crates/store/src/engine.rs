@@ -22,6 +22,7 @@ use std::time::Duration;
 use parking_lot::{Condvar, Mutex, RwLock};
 
 use crate::error::StoreError;
+use crate::layout::LOG_PREFIX;
 use crate::wal::Wal;
 
 /// A range of keys: lower and upper bound.
@@ -121,6 +122,8 @@ struct Shared {
     applying: Mutex<u64>,
     /// Batches applied (visible) whose frames sled does not have yet.
     overlay: RwLock<Overlay>,
+    /// Where the log keys are: in the write-ahead log, never in sled.
+    log: RwLock<LogIndex>,
     /// Held while batches move from the overlay into sled, so they go in frame order.
     moving: Mutex<()>,
     /// The last frame whose inserts are all in sled.
@@ -157,6 +160,74 @@ struct Overlay {
     frames: std::collections::VecDeque<(u64, WriteBatch)>,
 }
 
+/// The commit log's keys ([`layout::LOG_PREFIX`]) do not go into sled: the
+/// write-ahead log frame that put one already holds its value, so the engine keeps
+/// the frame number and reads the value back from the log. Commit log records are
+/// written once and deleted when released (`db::release_log`), so this saves a sled
+/// insert per commit and keeps the log on disk once; the log segments holding a key
+/// stay until it is deleted.
+#[derive(Default)]
+struct LogIndex {
+    /// Log key → the frame whose batch last put it.
+    keys: BTreeMap<Vec<u8>, u64>,
+    /// Frame → how many of `keys` it holds: the segments before the first one held
+    /// (and at or below the checkpoint) can go.
+    frames: BTreeMap<u64, u32>,
+    /// Log keys sled still holds, from a store of format 2 or older. They are read
+    /// from sled and deleted there; opening removes any the log holds too.
+    legacy: usize,
+}
+
+impl LogIndex {
+    fn put(&mut self, key: Vec<u8>, frame: u64) {
+        if let Some(old) = self.keys.insert(key, frame) {
+            self.unhold(old);
+        }
+        *self.frames.entry(frame).or_default() += 1;
+    }
+
+    /// Removes `key`; false when it is not here.
+    fn delete(&mut self, key: &[u8]) -> bool {
+        match self.keys.remove(key) {
+            Some(frame) => {
+                self.unhold(frame);
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn unhold(&mut self, frame: u64) {
+        if let std::collections::btree_map::Entry::Occupied(mut e) = self.frames.entry(frame) {
+            *e.get_mut() -= 1;
+            if *e.get() == 0 {
+                e.remove();
+            }
+        }
+    }
+
+    /// The oldest frame a log key is read from.
+    fn first_held(&self) -> Option<u64> {
+        self.frames.keys().next().copied()
+    }
+}
+
+/// The log keys one frame puts, with their values.
+type FrameLog = BTreeMap<Vec<u8>, Vec<u8>>;
+
+/// Whether `key` is a commit log key, kept in the write-ahead log ([`LogIndex`]).
+fn is_log_key(key: &[u8]) -> bool {
+    key.first() == Some(&LOG_PREFIX)
+}
+
+/// The byte range of every log key.
+fn log_key_range() -> ByteRange {
+    (
+        Bound::Included(vec![LOG_PREFIX]),
+        Bound::Excluded(vec![LOG_PREFIX + 1]),
+    )
+}
+
 impl SledEngine {
     /// Opens (or creates) the sled database in `dir`, with its write-ahead log in
     /// `dir/wal`, and recovers: batches the log or the redo records hold beyond sled's
@@ -167,13 +238,14 @@ impl SledEngine {
             .open_tree("hawser_redo")
             .map_err(|e| StoreError::io("open of the redo records", e))?;
         let wal_dir = dir.join("wal");
-        let last = recover(&db, &redo, &wal_dir)?;
+        let Recovered { last, log, kept } = recover(&db, &redo, &wal_dir)?;
         let shared = Arc::new(Shared {
-            wal: Wal::new(&wal_dir, last + 1)?,
+            wal: Wal::open(&wal_dir, last + 1, kept)?,
             db,
             redo,
             applying: Mutex::new(last),
             overlay: RwLock::new(Overlay::default()),
+            log: RwLock::new(log),
             moving: Mutex::new(()),
             applied: AtomicU64::new(last),
             checkpoint: AtomicU64::new(last),
@@ -231,8 +303,18 @@ fn is_lock_conflict(e: &sled::Error) -> bool {
         || io.to_string().contains("could not acquire lock"))
 }
 
-/// Re-applies what sled may lack and checkpoints it; returns the last frame.
-fn recover(db: &sled::Db, redo: &sled::Tree, wal_dir: &Path) -> Result<u64, StoreError> {
+/// What opening found.
+struct Recovered {
+    /// The last frame.
+    last: u64,
+    log: LogIndex,
+    /// The log segments kept: they hold log keys.
+    kept: Vec<crate::wal::ScannedSegment>,
+}
+
+/// Re-applies what sled may lack, checkpoints it, and indexes the log keys the log
+/// segments hold; removes the segments that hold none.
+fn recover(db: &sled::Db, redo: &sled::Tree, wal_dir: &Path) -> Result<Recovered, StoreError> {
     let io = |what: &'static str| move |e: sled::Error| StoreError::io(what, e);
     let checkpoint = match redo.get(CHECKPOINT_KEY).map_err(io("recovery"))? {
         Some(v) => frame_number(&v)?,
@@ -252,27 +334,86 @@ fn recover(db: &sled::Db, redo: &sled::Tree, wal_dir: &Path) -> Result<u64, Stor
         apply_frame(db, frame, &v)?;
         last = frame;
     }
-    // Then the log: batches sled may not have at all.
-    if let Some(l) = crate::wal::replay(wal_dir, last, |frame, payload| {
-        apply_frame(db, frame, payload)
-    })? {
+    // Log keys older stores kept in sled.
+    let mut log = LogIndex {
+        legacy: db.range(log_key_range()).count(),
+        ..LogIndex::default()
+    };
+    // Then the log, from its oldest segment: the log keys of every frame, and the
+    // other changes of the frames sled may not have at all.
+    let in_sled = last;
+    let mut replayed: Option<u64> = None;
+    let scanned = crate::wal::scan(wal_dir, |frame, payload| {
+        let batch = crate::wal::decode_batch(payload).map_err(|reason| {
+            StoreError::corrupt(&frame.to_be_bytes(), format!("frame {frame}: {reason}"))
+        })?;
+        let redo = frame > in_sled;
+        if redo {
+            crate::wal::check_continues(wal_dir, in_sled, replayed, frame)?;
+            replayed = Some(frame);
+        }
+        let failed = |e| StoreError::io(format!("re-applying frame {frame}"), e);
+        for (k, v) in batch.into_ops() {
+            if is_log_key(&k) {
+                if v.is_some() {
+                    // An older store may have moved it into sled too.
+                    if log.legacy > 0 && db.remove(&k).map_err(failed)?.is_some() {
+                        log.legacy -= 1;
+                    }
+                    log.put(k, frame);
+                } else if !log.delete(&k)
+                    && redo
+                    && log.legacy > 0
+                    && db.remove(&k).map_err(failed)?.is_some()
+                {
+                    log.legacy -= 1;
+                }
+                continue;
+            }
+            if redo {
+                match v {
+                    Some(v) => db.insert(k, v).map(|_| ()),
+                    None => db.remove(k).map(|_| ()),
+                }
+                .map_err(failed)?;
+            }
+        }
+        Ok(())
+    })?;
+    if let Some(l) = replayed {
+        tracing::info!(
+            from = checkpoint + 1,
+            to = l,
+            "recovered batches from the redo records and the write-ahead log"
+        );
         last = l;
-    }
-    if last > checkpoint {
+    } else if last > checkpoint {
         tracing::info!(
             from = checkpoint + 1,
             to = last,
-            "recovered batches from the redo records and the write-ahead log"
+            "recovered batches from the redo records"
         );
     }
-    // Make all of it sled's, then start the log afresh.
+    // Make all of it sled's; then only the segments with log keys in them stay.
     db.flush().map_err(io("recovery flush"))?;
     set_checkpoint(db, redo, last)?;
-    for (_, path) in crate::wal::segments(wal_dir)? {
-        std::fs::remove_file(&path)
-            .map_err(|e| StoreError::io(format!("removing {}", path.display()), e))?;
+    let first_held = log.first_held().unwrap_or(u64::MAX);
+    let mut kept = Vec::new();
+    let remove = |path: &Path| {
+        std::fs::remove_file(path)
+            .map_err(|e| StoreError::io(format!("removing {}", path.display()), e))
+    };
+    for segment in scanned.segments {
+        if segment.offsets.is_empty() || segment.last() < first_held {
+            remove(&segment.path)?;
+        } else {
+            kept.push(segment);
+        }
     }
-    Ok(last)
+    for path in &scanned.stale {
+        remove(path)?;
+    }
+    Ok(Recovered { last, log, kept })
 }
 
 /// The smallest redo record key.
@@ -338,18 +479,45 @@ impl Shared {
         let Some(&(last, _)) = moving.last() else {
             return Ok(());
         };
+        let broken = |e: sled::Error| {
+            // The batches stay visible in the overlay; their frames are durable, so a
+            // restart completes them.
+            *self.broken.lock() = Some(e.to_string());
+            StoreError::io("batch write", e)
+        };
         for (_, batch) in &moving {
             for (k, v) in batch.ops() {
-                let r = match v {
+                if is_log_key(k) {
+                    continue;
+                }
+                match v {
                     Some(v) => self.db.insert(k.as_slice(), v.as_slice()).map(|_| ()),
                     None => self.db.remove(k.as_slice()).map(|_| ()),
-                };
-                if let Err(e) = r {
-                    // The batches stay visible in the overlay; their frames are durable,
-                    // so a restart completes them.
-                    *self.broken.lock() = Some(e.to_string());
-                    return Err(StoreError::io("batch write", e));
                 }
+                .map_err(broken)?;
+            }
+        }
+        // Log keys: readable from their (durable) frames from now on.
+        let mut legacy_deletes = Vec::new();
+        {
+            let mut log = self.log.write();
+            for (frame, batch) in &moving {
+                for (k, v) in batch.ops() {
+                    if !is_log_key(k) {
+                        continue;
+                    }
+                    if v.is_some() {
+                        log.put(k.clone(), *frame);
+                    } else if !log.delete(k) && log.legacy > 0 {
+                        legacy_deletes.push(k.as_slice());
+                    }
+                }
+            }
+        }
+        for k in legacy_deletes {
+            if self.db.remove(k).map_err(broken)?.is_some() {
+                let mut log = self.log.write();
+                log.legacy = log.legacy.saturating_sub(1);
             }
         }
         let mut o = self.overlay.write();
@@ -365,19 +533,103 @@ impl Shared {
         Ok(())
     }
 
+    /// The value log key `key` has in frame `frame`; `None` when the frame's segment
+    /// was released meanwhile (the key was deleted).
+    fn log_value(&self, frame: u64, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        let Some(mut values) = self.log_values(frame)? else {
+            return Ok(None);
+        };
+        match values.remove(key) {
+            Some(v) => Ok(Some(v)),
+            None => Err(StoreError::corrupt(
+                key,
+                format!("log key in frame {frame}: the frame does not put it"),
+            )),
+        }
+    }
+
+    /// The log keys frame `frame` puts, with their values; `None` when the frame's
+    /// segment was released meanwhile.
+    fn log_values(&self, frame: u64) -> Result<Option<FrameLog>, StoreError> {
+        let Some(payload) = self.wal.read_frame(frame)? else {
+            return Ok(None);
+        };
+        let batch = crate::wal::decode_batch(&payload).map_err(|reason| {
+            StoreError::corrupt(&frame.to_be_bytes(), format!("frame {frame}: {reason}"))
+        })?;
+        let mut values = FrameLog::new();
+        for (k, v) in batch.into_ops() {
+            if is_log_key(&k) {
+                match v {
+                    Some(v) => values.insert(k, v),
+                    None => values.remove(&k),
+                };
+            }
+        }
+        Ok(Some(values))
+    }
+
+    /// sled's part of a scan with the log keys in it, from the log.
+    fn disk_scan(self: &Arc<Self>, range: ByteRange, reverse: bool) -> KvIter {
+        let sled_part = |r: ByteRange| -> KvIter {
+            let iter = self.db.range(r);
+            let map = |r: sled::Result<(sled::IVec, sled::IVec)>| {
+                r.map(|(k, v)| (k.to_vec(), v.to_vec()))
+                    .map_err(|e| StoreError::io("scan", e))
+            };
+            if reverse {
+                Box::new(iter.rev().map(map))
+            } else {
+                Box::new(iter.map(map))
+            }
+        };
+        let (log_lo, log_hi) = log_key_range();
+        let Some(in_log) = intersect(&range, &log_key_range()) else {
+            return sled_part(range);
+        };
+        let mut parts: Vec<KvIter> = Vec::with_capacity(3);
+        if let Some(below) = intersect(&range, &(Bound::Unbounded, exclude(log_lo))) {
+            parts.push(sled_part(below));
+        }
+        let from_log: KvIter = Box::new(LogIter {
+            shared: self.clone(),
+            range: in_log.clone(),
+            reverse,
+            buf: std::collections::VecDeque::new(),
+            done: false,
+            frame: None,
+        });
+        parts.push(if self.log.read().legacy > 0 {
+            Box::new(Union::new(from_log, sled_part(in_log), reverse))
+        } else {
+            from_log
+        });
+        if let Some(above) = intersect(&range, &(include(log_hi), Bound::Unbounded)) {
+            parts.push(sled_part(above));
+        }
+        if reverse {
+            parts.reverse();
+        }
+        Box::new(parts.into_iter().flatten())
+    }
+
     fn checkpoint(&self) -> Result<(), StoreError> {
         // Everything written before the load is in sled; after the flush, durably.
         let frame = self.applied.load(Ordering::Acquire);
-        if frame <= self.checkpoint.load(Ordering::Acquire) {
-            return Ok(());
+        if frame > self.checkpoint.load(Ordering::Acquire) {
+            self.db
+                .flush()
+                .map_err(|e| StoreError::io("checkpoint flush", e))?;
+            set_checkpoint(&self.db, &self.redo, frame)?;
+            self.checkpoint.store(frame, Ordering::Release);
         }
-        self.db
-            .flush()
-            .map_err(|e| StoreError::io("checkpoint flush", e))?;
-        set_checkpoint(&self.db, &self.redo, frame)?;
-        self.wal.release_through(frame)?;
-        self.checkpoint.store(frame, Ordering::Release);
-        Ok(())
+        // Segments go once sled has their frames and no log key is read from them.
+        let through = self.checkpoint.load(Ordering::Acquire);
+        let through = match self.log.read().first_held() {
+            Some(held) => through.min(held - 1),
+            None => through,
+        };
+        self.wal.release_through(through)
     }
 
     fn run_checkpoints(&self) {
@@ -419,6 +671,19 @@ impl KvEngine for SledEngine {
         if let Some((_, v)) = self.shared.overlay.read().keys.get(key) {
             return Ok(v.clone());
         }
+        if is_log_key(key) {
+            // A key leaves the overlay only after it is in the index.
+            let (frame, legacy) = {
+                let log = self.shared.log.read();
+                (log.keys.get(key).copied(), log.legacy > 0)
+            };
+            if let Some(frame) = frame {
+                return self.shared.log_value(frame, key);
+            }
+            if !legacy {
+                return Ok(None);
+            }
+        }
         self.shared
             .db
             .get(key)
@@ -440,17 +705,11 @@ impl KvEngine for SledEngine {
             .range(range.clone())
             .map(|(k, (_, v))| (k.clone(), v.clone()))
             .collect();
-        let iter = self.shared.db.range(range);
-        let map = |r: sled::Result<(sled::IVec, sled::IVec)>| {
-            r.map(|(k, v)| (k.to_vec(), v.to_vec()))
-                .map_err(|e| StoreError::io("scan", e))
-        };
-        if reverse {
-            Box::new(Merged::new(Box::new(iter.rev().map(map)), pending, true))
-        } else {
+        let disk = self.shared.disk_scan(range, reverse);
+        if !reverse {
             pending.reverse();
-            Box::new(Merged::new(Box::new(iter.map(map)), pending, false))
         }
+        Box::new(Merged::new(disk, pending, reverse))
     }
 
     fn apply(&self, batch: WriteBatch) -> Result<(), StoreError> {
@@ -539,6 +798,151 @@ impl Iterator for Merged {
             return self.sled.next();
         }
     }
+}
+
+/// The log keys of a scan, from the index and the frames that hold them, read a
+/// chunk of keys at a time (the index is not held while frames are read).
+struct LogIter {
+    shared: Arc<Shared>,
+    /// What is left to read.
+    range: ByteRange,
+    reverse: bool,
+    buf: std::collections::VecDeque<(Vec<u8>, u64)>,
+    done: bool,
+    /// The last frame read: a batch of replicated commits puts many log keys.
+    frame: Option<(u64, FrameLog)>,
+}
+
+/// Log keys a [`LogIter`] takes from the index at a time.
+const LOG_CHUNK: usize = 128;
+
+impl Iterator for LogIter {
+    type Item = Result<(Vec<u8>, Vec<u8>), StoreError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        loop {
+            if self.buf.is_empty() {
+                if self.done || range_is_empty(&self.range) {
+                    return None;
+                }
+                {
+                    let log = self.shared.log.read();
+                    let found = log.keys.range(self.range.clone());
+                    let take = |(k, f): (&Vec<u8>, &u64)| (k.clone(), *f);
+                    if self.reverse {
+                        self.buf.extend(found.rev().take(LOG_CHUNK).map(take));
+                    } else {
+                        self.buf.extend(found.take(LOG_CHUNK).map(take));
+                    }
+                }
+                self.done = self.buf.len() < LOG_CHUNK;
+                if let Some((k, _)) = self.buf.back() {
+                    if self.reverse {
+                        self.range.1 = Bound::Excluded(k.clone());
+                    } else {
+                        self.range.0 = Bound::Excluded(k.clone());
+                    }
+                }
+            }
+            let (key, frame) = self.buf.pop_front()?;
+            if self.frame.as_ref().is_none_or(|(f, _)| *f != frame) {
+                match self.shared.log_values(frame) {
+                    Ok(Some(values)) => self.frame = Some((frame, values)),
+                    // Deleted and its segment released since the chunk was taken.
+                    Ok(None) => continue,
+                    Err(e) => return Some(Err(e)),
+                }
+            }
+            let (_, values) = self.frame.as_mut().expect("just read");
+            return Some(match values.remove(&key) {
+                Some(value) => Ok((key, value)),
+                None => Err(StoreError::corrupt(
+                    &key,
+                    format!("log key in frame {frame}: the frame does not put it"),
+                )),
+            });
+        }
+    }
+}
+
+/// Two scans of disjoint keys merged in the scan's direction.
+struct Union {
+    a: std::iter::Peekable<KvIter>,
+    b: std::iter::Peekable<KvIter>,
+    reverse: bool,
+}
+
+impl Union {
+    fn new(a: KvIter, b: KvIter, reverse: bool) -> Self {
+        Self {
+            a: a.peekable(),
+            b: b.peekable(),
+            reverse,
+        }
+    }
+}
+
+impl Iterator for Union {
+    type Item = Result<(Vec<u8>, Vec<u8>), StoreError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let a_first = match (self.a.peek(), self.b.peek()) {
+            (None, _) => false,
+            (_, None) | (Some(Err(_)), _) => true,
+            (_, Some(Err(_))) => false,
+            (Some(Ok((ka, _))), Some(Ok((kb, _)))) => (ka < kb) != self.reverse,
+        };
+        if a_first {
+            self.a.next()
+        } else {
+            self.b.next()
+        }
+    }
+}
+
+fn include(b: Bound<Vec<u8>>) -> Bound<Vec<u8>> {
+    match b {
+        Bound::Excluded(k) | Bound::Included(k) => Bound::Included(k),
+        Bound::Unbounded => Bound::Unbounded,
+    }
+}
+
+fn exclude(b: Bound<Vec<u8>>) -> Bound<Vec<u8>> {
+    match b {
+        Bound::Excluded(k) | Bound::Included(k) => Bound::Excluded(k),
+        Bound::Unbounded => Bound::Unbounded,
+    }
+}
+
+/// The keys both ranges hold, `None` when there are none.
+fn intersect(a: &ByteRange, b: &ByteRange) -> Option<ByteRange> {
+    use Bound::*;
+    let lower = match (a.0.clone(), b.0.clone()) {
+        (Unbounded, x) | (x, Unbounded) => x,
+        (Included(x), Included(y)) => Included(x.max(y)),
+        (Excluded(x), Excluded(y)) => Excluded(x.max(y)),
+        (Included(i), Excluded(e)) | (Excluded(e), Included(i)) => {
+            if i > e {
+                Included(i)
+            } else {
+                Excluded(e)
+            }
+        }
+    };
+    let upper = match (a.1.clone(), b.1.clone()) {
+        (Unbounded, x) | (x, Unbounded) => x,
+        (Included(x), Included(y)) => Included(x.min(y)),
+        (Excluded(x), Excluded(y)) => Excluded(x.min(y)),
+        (Included(i), Excluded(e)) | (Excluded(e), Included(i)) => {
+            if i < e {
+                Included(i)
+            } else {
+                Excluded(e)
+            }
+        }
+    };
+    let r = (lower, upper);
+    (!range_is_empty(&r)).then_some(r)
 }
 
 /// The in-memory engine: a `BTreeMap` behind a lock. `flush` has nothing to do.
@@ -747,11 +1151,18 @@ mod tests {
         ]
     }
 
+    /// Key `k` of the comparison below: eight keys before the log keys, eight log keys
+    /// (kept in the write-ahead log), eight after them; 24 and 25 are bounds past all.
+    fn key(k: u8) -> Vec<u8> {
+        vec![LOG_PREFIX - 1 + k / 8, k % 8]
+    }
+
     proptest::proptest! {
         #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
 
-        /// Whatever mix of batches sled has and the overlay still holds, reads and
-        /// scans (both ways, any bounds) see what the in-memory engine sees.
+        /// Whatever mix of batches sled has, the overlay still holds and the log holds
+        /// (log keys), reads and scans (both ways, any bounds) see what the in-memory
+        /// engine sees, before and after a reopen.
         #[test]
         fn reads_merge_the_overlay_with_sled(
             batches in proptest::collection::vec(proptest::collection::vec(step(), 1..4), 1..30),
@@ -759,33 +1170,145 @@ mod tests {
             hi in 0u8..26,
         ) {
             let dir = tempfile::tempdir().unwrap();
-            let sled = SledEngine::open(dir.path()).unwrap();
+            let mut sled = SledEngine::open(dir.path()).unwrap();
             let mem = MemEngine::new();
             for steps in &batches {
                 let mut b = WriteBatch::new();
                 for s in steps {
                     match s {
-                        Step::Put(k, v) => b.put(vec![*k], vec![*v]),
-                        Step::Delete(k) => b.delete(vec![*k]),
+                        Step::Put(k, v) => b.put(key(*k), vec![*v]),
+                        Step::Delete(k) => b.delete(key(*k)),
                         Step::Flush => sled.flush().unwrap(),
                     }
                 }
                 sled.apply(b.clone()).unwrap();
                 mem.apply(b).unwrap();
             }
-            for k in 0u8..24 {
-                proptest::prop_assert_eq!(sled.get(&[k]).unwrap(), mem.get(&[k]).unwrap());
-            }
-            let range = || (Bound::Included(vec![lo]), Bound::Excluded(vec![hi]));
-            for reverse in [false, true] {
-                let a: Vec<_> = sled.scan(range(), reverse).map(|r| r.unwrap()).collect();
-                let b: Vec<_> = mem.scan(range(), reverse).map(|r| r.unwrap()).collect();
-                proptest::prop_assert_eq!(a, b);
-                let a: Vec<_> = sled.scan((Bound::Unbounded, Bound::Unbounded), reverse).map(|r| r.unwrap()).collect();
-                let b: Vec<_> = mem.scan((Bound::Unbounded, Bound::Unbounded), reverse).map(|r| r.unwrap()).collect();
-                proptest::prop_assert_eq!(a, b);
+            for round in 0..2 {
+                if round == 1 {
+                    // Everything again from what the log and sled hold after a restart.
+                    drop(sled);
+                    sled = SledEngine::open(dir.path()).unwrap();
+                }
+                for k in 0u8..24 {
+                    proptest::prop_assert_eq!(sled.get(&key(k)).unwrap(), mem.get(&key(k)).unwrap());
+                }
+                let range = || (Bound::Included(key(lo)), Bound::Excluded(key(hi)));
+                for reverse in [false, true] {
+                    let a: Vec<_> = sled.scan(range(), reverse).map(|r| r.unwrap()).collect();
+                    let b: Vec<_> = mem.scan(range(), reverse).map(|r| r.unwrap()).collect();
+                    proptest::prop_assert_eq!(a, b);
+                    let a: Vec<_> = sled.scan((Bound::Unbounded, Bound::Unbounded), reverse).map(|r| r.unwrap()).collect();
+                    let b: Vec<_> = mem.scan((Bound::Unbounded, Bound::Unbounded), reverse).map(|r| r.unwrap()).collect();
+                    proptest::prop_assert_eq!(a, b);
+                }
             }
         }
+    }
+
+    fn log_key(n: u8) -> Vec<u8> {
+        vec![LOG_PREFIX, n]
+    }
+
+    fn segment_count(dir: &Path) -> usize {
+        crate::wal::segments(&dir.join("wal")).unwrap().len()
+    }
+
+    #[test]
+    fn log_keys_stay_in_the_log_and_hold_its_segments_until_deleted() {
+        let dir = tempfile::tempdir().unwrap();
+        // Values of half a segment and more: each frame below fills a segment.
+        let big = |n: u8| vec![n; (crate::wal::SEGMENT_BYTES / 2) as usize + 1];
+        {
+            let e = SledEngine::open(dir.path()).unwrap();
+            e.apply(put(&log_key(1), &big(1))).unwrap();
+            e.flush().unwrap();
+            e.apply(put(&log_key(2), &big(2))).unwrap();
+            e.flush().unwrap();
+            e.apply(put(b"row", &big(3))).unwrap();
+            e.flush().unwrap();
+            e.checkpoint().unwrap();
+            // sled has the row and no log key; the log keeps the segments of both.
+            assert!(e.shared.db.get(b"row").unwrap().is_some());
+            assert_eq!(e.shared.db.range(log_key_range()).count(), 0);
+            assert_eq!(segment_count(dir.path()), 3);
+            assert_eq!(e.get(&log_key(1)).unwrap(), Some(big(1)));
+            let mut gone = WriteBatch::new();
+            gone.delete(log_key(1));
+            e.apply(gone).unwrap();
+            e.flush().unwrap();
+            e.checkpoint().unwrap();
+            assert_eq!(segment_count(dir.path()), 2, "key 1's segment went");
+            assert_eq!(e.get(&log_key(1)).unwrap(), None);
+        }
+        let e = SledEngine::open(dir.path()).unwrap();
+        // Reopened: key 2 read from its segment, which stays with the one after it.
+        let keys: Vec<_> = e.scan(log_key_range(), false).map(|r| r.unwrap()).collect();
+        assert_eq!(keys, vec![(log_key(2), big(2))]);
+        assert_eq!(segment_count(dir.path()), 2);
+        let mut gone = WriteBatch::new();
+        gone.delete(log_key(2));
+        e.apply(gone).unwrap();
+        e.flush().unwrap();
+        e.checkpoint().unwrap();
+        // Only the segment being written is left.
+        assert_eq!(segment_count(dir.path()), 1);
+        assert_eq!(e.get(&log_key(2)).unwrap(), None);
+        drop(e);
+        let e = SledEngine::open(dir.path()).unwrap();
+        assert_eq!(e.scan(log_key_range(), false).count(), 0);
+        assert_eq!(e.get(b"row").unwrap(), Some(big(3)));
+    }
+
+    #[test]
+    fn log_keys_an_older_store_left_in_sled_are_read_and_deleted_there() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let e = SledEngine::open(dir.path()).unwrap();
+            e.apply(put(b"row", b"1")).unwrap();
+        }
+        {
+            // As a format-2 store left them: log keys 1 and 3 in sled, and key 5 in
+            // sled as well as in a log frame after the checkpoint.
+            let db = sled::open(dir.path()).unwrap();
+            for n in [1u8, 3, 5] {
+                db.insert(log_key(n), vec![n]).unwrap();
+            }
+            db.flush().unwrap();
+        }
+        {
+            let redo = sled::open(dir.path())
+                .unwrap()
+                .open_tree("hawser_redo")
+                .unwrap();
+            let at = frame_number(&redo.get(CHECKPOINT_KEY).unwrap().unwrap()).unwrap();
+            let wal = Wal::new(&dir.path().join("wal"), at + 1).unwrap();
+            wal.append(at + 1, &crate::wal::encode_batch(&put(&log_key(5), &[5])));
+            wal.sync().unwrap();
+        }
+        let e = SledEngine::open(dir.path()).unwrap();
+        // Key 5 is read from the log only.
+        assert_eq!(e.shared.db.get(log_key(5)).unwrap(), None);
+        assert_eq!(e.shared.log.read().legacy, 2);
+        e.apply(put(&log_key(4), &[4])).unwrap();
+        e.flush().unwrap();
+        let scan = |reverse| -> Vec<u8> {
+            e.scan(log_key_range(), reverse)
+                .map(|r| r.unwrap().0[1])
+                .collect()
+        };
+        assert_eq!(scan(false), vec![1, 3, 4, 5]);
+        assert_eq!(scan(true), vec![5, 4, 3, 1]);
+        assert_eq!(e.get(&log_key(3)).unwrap(), Some(vec![3]));
+        let mut gone = WriteBatch::new();
+        gone.delete(log_key(1));
+        gone.delete(log_key(4));
+        e.apply(gone).unwrap();
+        e.flush().unwrap();
+        assert_eq!(e.shared.db.get(log_key(1)).unwrap(), None);
+        assert_eq!(e.shared.log.read().legacy, 1);
+        assert_eq!(scan(false), vec![3, 5]);
+        assert_eq!(e.get(b"row").unwrap(), Some(b"1".to_vec()));
     }
 
     #[test]

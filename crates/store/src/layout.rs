@@ -6,7 +6,8 @@
 //! T <table id u64 BE>            → catalog entry of a table (id, version, definition)
 //! S <encode_key(owner, name)>    → sequence definition and restart point
 //! R <table id u64 BE> <encode_key(pk)> → row
-//! L <lsn u64 BE>                 → commit log record
+//! L <lsn u64 BE>                 → commit log record (the sled engine keeps these in its
+//!                                  write-ahead log, not in sled)
 //! H <origin node id u64 BE>      → highest seq of that origin in the log released so far
 //!                                  (the log records still held raise it; see db::open)
 //! P <link name>                  → a stream's retained position: the LSN its receiver
@@ -36,9 +37,10 @@ pub(crate) const POSITION_PREFIX: u8 = b'P';
 pub(crate) const FORMAT_MAGIC: &[u8] = b"hawser-store";
 /// The on-disk format this build reads and writes.
 /// Format 1 wrote every origin's high-water mark with each commit; format 2 derives the
-/// marks from the log and writes `H` keys only for log it releases. Format 1 is
-/// upgraded when opened.
-pub const FORMAT_VERSION: u32 = 2;
+/// marks from the log and writes `H` keys only for log it releases; format 3 keeps the
+/// log's `L` keys in the write-ahead log instead of sled (`crate::engine`, `LogIndex`).
+/// Older formats are upgraded when opened.
+pub const FORMAT_VERSION: u32 = 3;
 
 pub(crate) fn format_value() -> Vec<u8> {
     let mut v = FORMAT_MAGIC.to_vec();

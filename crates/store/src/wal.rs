@@ -23,13 +23,15 @@
 //! LE][payload]`. Frame numbers are dense across segments, so a reader stops at the first
 //! frame that is torn, fails its checksum, or is not the next number.
 
+use std::collections::BTreeMap;
 use std::fs::{self, File, OpenOptions};
 use std::io::Read;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
-use parking_lot::Mutex;
+use parking_lot::{Mutex, RwLock};
 
 use crate::engine::WriteBatch;
 use crate::error::StoreError;
@@ -136,22 +138,46 @@ pub(crate) fn segments(dir: &Path) -> Result<Vec<(u64, PathBuf)>, StoreError> {
     Ok(found)
 }
 
-/// Reads the log in `dir` and hands every frame numbered above `after` to `apply`, in
-/// order. Reading stops at the end of the log: the first torn or corrupt frame, or a
-/// frame that is not the next number. Returns the last frame handed over, if any.
-///
-/// A log whose frames start beyond `after + 1` would leave a hole between what the
-/// store has and what the log holds: that is refused, naming both.
-pub(crate) fn replay(
+/// A segment found on disk by [`scan`]: its first frame, its path, and where each of
+/// its whole frames starts.
+pub(crate) struct ScannedSegment {
+    pub(crate) first: u64,
+    pub(crate) path: PathBuf,
+    /// File offset of frame `first + i`.
+    pub(crate) offsets: Vec<u64>,
+}
+
+impl ScannedSegment {
+    /// The number of its last whole frame (`first - 1` when it holds none).
+    pub(crate) fn last(&self) -> u64 {
+        self.first + self.offsets.len() as u64 - 1
+    }
+}
+
+/// What [`scan`] found: the segments that continue one another from the oldest on,
+/// and those after a break (frames that can never have been durable: a new segment
+/// is created only after the previous one's frames synced).
+pub(crate) struct Scanned {
+    pub(crate) segments: Vec<ScannedSegment>,
+    pub(crate) stale: Vec<PathBuf>,
+}
+
+/// Reads the log in `dir` and hands every frame to `visit`, in order, from the oldest
+/// segment on. Reading stops at the end of the log: the first torn or corrupt frame,
+/// or a frame that is not the next number.
+pub(crate) fn scan(
     dir: &Path,
-    after: u64,
-    mut apply: impl FnMut(u64, &[u8]) -> Result<(), StoreError>,
-) -> Result<Option<u64>, StoreError> {
+    mut visit: impl FnMut(u64, &[u8]) -> Result<(), StoreError>,
+) -> Result<Scanned, StoreError> {
     let mut expected: Option<u64> = None;
-    let mut last = None;
+    let mut found = Scanned {
+        segments: Vec::new(),
+        stale: Vec::new(),
+    };
     for (first, path) in segments(dir)? {
         if expected.is_some_and(|e| e != first) {
-            break;
+            found.stale.push(path);
+            continue;
         }
         let mut bytes = Vec::new();
         File::open(&path)
@@ -159,6 +185,7 @@ pub(crate) fn replay(
             .map_err(|e| StoreError::io(format!("reading {}", path.display()), e))?;
         let mut at = 0usize;
         let mut next = first;
+        let mut offsets = Vec::new();
         while bytes.len() - at >= HEADER_BYTES {
             let h = &bytes[at..at + HEADER_BYTES];
             let len = u32::from_le_bytes([h[0], h[1], h[2], h[3]]) as usize;
@@ -172,26 +199,64 @@ pub(crate) fn replay(
             if checksum(frame, payload) != crc {
                 break;
             }
-            if frame > after {
-                if last.is_none() && frame != after + 1 {
-                    return Err(StoreError::IncompatibleFormat(format!(
-                        "the write-ahead log in {} continues at frame {frame} but the store \
-                         holds frames only up to {after}: frames in between are missing",
-                        dir.display()
-                    )));
-                }
-                apply(frame, payload)?;
-                last = Some(frame);
-            }
+            visit(frame, payload)?;
+            offsets.push(at as u64);
             next = frame + 1;
             at = end;
         }
         // The segment ends at zeros (space filled ahead of writes), or at a frame torn
         // by a crash; either way only a segment starting at the next number continues
-        // the log (a new segment is created only after the last one's frames synced).
+        // the log.
         expected = Some(next);
+        found.segments.push(ScannedSegment {
+            first,
+            path,
+            offsets,
+        });
     }
+    Ok(found)
+}
+
+/// Hands every frame of the log in `dir` numbered above `after` to `apply`, in order
+/// ([`scan`]); returns the last one handed over, if any.
+///
+/// A log whose frames start beyond `after + 1` would leave a hole between what the
+/// store has and what the log holds: that is refused, naming both.
+#[cfg(test)]
+pub(crate) fn replay(
+    dir: &Path,
+    after: u64,
+    mut apply: impl FnMut(u64, &[u8]) -> Result<(), StoreError>,
+) -> Result<Option<u64>, StoreError> {
+    let mut last = None;
+    scan(dir, |frame, payload| {
+        if frame <= after {
+            return Ok(());
+        }
+        check_continues(dir, after, last, frame)?;
+        apply(frame, payload)?;
+        last = Some(frame);
+        Ok(())
+    })?;
     Ok(last)
+}
+
+/// Refuses a first frame past `after` that is not `after + 1`: the frames in between
+/// are neither in the store nor in the log.
+pub(crate) fn check_continues(
+    dir: &Path,
+    after: u64,
+    last: Option<u64>,
+    frame: u64,
+) -> Result<(), StoreError> {
+    if last.is_none() && frame != after + 1 {
+        return Err(StoreError::IncompatibleFormat(format!(
+            "the write-ahead log in {} continues at frame {frame} but the store \
+             holds frames only up to {after}: frames in between are missing",
+            dir.display()
+        )));
+    }
+    Ok(())
 }
 
 /// Frames appended but not yet written.
@@ -205,25 +270,35 @@ struct Pending {
 
 /// The segment being written.
 struct Open {
-    file: File,
+    file: Arc<File>,
+    /// Its first frame.
+    first: u64,
     /// Where the next frame goes.
     len: u64,
     /// The file is zero-filled (and that synced) up to here.
     zeroed: u64,
-    /// Closed segments still on disk, oldest first: `(first frame, path)`.
-    closed: Vec<(u64, PathBuf)>,
-    current: (u64, PathBuf),
     /// A cleared buffer handed back to `pending` after a write, to keep its capacity.
     spare: Vec<u8>,
 }
 
+/// A segment on disk, as readers use it.
+struct Segment {
+    path: PathBuf,
+    file: Arc<File>,
+    /// File offset of frame `first + i`, for every frame written and synced.
+    offsets: Vec<u64>,
+}
+
 /// The appending side of the log: frames go into a buffer; [`Wal::sync`] writes the
-/// buffer and syncs it, for every frame appended so far (group commit).
+/// buffer and syncs it, for every frame appended so far (group commit). Synced frames
+/// can be read back by number ([`Wal::read_frame`]) until their segment is released.
 pub(crate) struct Wal {
     dir: PathBuf,
     pending: Mutex<Pending>,
     /// `None` until the first write opens a segment.
     open: Mutex<Option<Open>>,
+    /// Every segment on disk by first frame, the one being written included.
+    segments: RwLock<BTreeMap<u64, Segment>>,
     /// The last frame known durable.
     synced: AtomicU64,
     /// Set by the first failed write or sync; every later sync fails with it, since
@@ -233,11 +308,39 @@ pub(crate) struct Wal {
 }
 
 impl Wal {
-    /// A log in `dir` whose next frame is `next_frame`. `dir` must hold no segment with
-    /// frames at or beyond it (recovery removes the old ones).
+    /// A log in `dir` holding no segment yet, whose next frame is `next_frame`.
+    #[cfg(test)]
     pub(crate) fn new(dir: &Path, next_frame: u64) -> Result<Self, StoreError> {
+        Self::open(dir, next_frame, Vec::new())
+    }
+
+    /// The log in `dir` whose next frame is `next_frame`, keeping the segments
+    /// `kept` (found by [`scan`], every frame below `next_frame`) readable. The next
+    /// write starts a new segment.
+    pub(crate) fn open(
+        dir: &Path,
+        next_frame: u64,
+        kept: Vec<ScannedSegment>,
+    ) -> Result<Self, StoreError> {
         fs::create_dir_all(dir)
             .map_err(|e| StoreError::io(format!("creating {}", dir.display()), e))?;
+        let mut segments = BTreeMap::new();
+        for s in kept {
+            debug_assert!(
+                s.last() < next_frame,
+                "kept segments end before the next frame"
+            );
+            let file = File::open(&s.path)
+                .map_err(|e| StoreError::io(format!("opening {}", s.path.display()), e))?;
+            segments.insert(
+                s.first,
+                Segment {
+                    path: s.path,
+                    file: Arc::new(file),
+                    offsets: s.offsets,
+                },
+            );
+        }
         Ok(Self {
             dir: dir.to_path_buf(),
             pending: Mutex::new(Pending {
@@ -246,6 +349,7 @@ impl Wal {
                 last: next_frame - 1,
             }),
             open: Mutex::new(None),
+            segments: RwLock::new(segments),
             synced: AtomicU64::new(next_frame - 1),
             failed: Mutex::new(None),
         })
@@ -319,29 +423,37 @@ impl Wal {
             let file = OpenOptions::new()
                 .create(true)
                 .truncate(true)
+                .read(true)
                 .write(true)
                 .open(&path)
                 .map_err(|e| StoreError::io(format!("creating {}", path.display()), e))?;
             // The new name must survive a crash before frames in it count as durable.
             sync_dir(&self.dir)?;
-            let next = Open {
+            let file = Arc::new(file);
+            self.segments.write().insert(
+                first,
+                Segment {
+                    path,
+                    file: file.clone(),
+                    offsets: Vec::new(),
+                },
+            );
+            let spare = open.take().map(|o| o.spare).unwrap_or_default();
+            *open = Some(Open {
                 file,
+                first,
                 len: 0,
                 zeroed: 0,
-                closed: Vec::new(),
-                current: (first, path),
-                spare: Vec::new(),
-            };
-            if let Some(old) = open.replace(next) {
-                let o = open.as_mut().expect("just set");
-                o.closed = old.closed;
-                o.closed.push(old.current);
-                o.spare = old.spare;
-            }
+                spare,
+            });
         }
         let o = open.as_mut().expect("a segment is open");
-        let path = &o.current.1;
-        let end = o.len + buf.len() as u64;
+        let (seg_first, at) = (o.first, o.len);
+        let end = at + buf.len() as u64;
+        let failed = |what: &str, e| {
+            let path = self.dir.join(segment_name(seg_first));
+            StoreError::io(format!("{what} {}", path.display()), e)
+        };
         if end > o.zeroed {
             // Zero-fill ahead: this sync commits the new size once, the next ones
             // only write data.
@@ -349,16 +461,26 @@ impl Wal {
             let zeros = vec![0u8; (to - o.zeroed) as usize];
             o.file
                 .write_all_at(&zeros, o.zeroed)
-                .map_err(|e| StoreError::io(format!("extending {}", path.display()), e))?;
+                .map_err(|e| failed("extending", e))?;
             o.zeroed = to;
         }
         o.file
-            .write_all_at(buf, o.len)
-            .map_err(|e| StoreError::io(format!("writing {}", path.display()), e))?;
-        o.file
-            .sync_data()
-            .map_err(|e| StoreError::io(format!("syncing {}", path.display()), e))?;
-        o.len += buf.len() as u64;
+            .write_all_at(buf, at)
+            .map_err(|e| failed("writing", e))?;
+        o.file.sync_data().map_err(|e| failed("syncing", e))?;
+        o.len = end;
+        // Readers find the frames from here on.
+        let mut segments = self.segments.write();
+        let offsets = &mut segments
+            .get_mut(&seg_first)
+            .expect("the open segment is listed")
+            .offsets;
+        let mut rel = 0usize;
+        while rel < buf.len() {
+            offsets.push(at + rel as u64);
+            let len = u32::from_le_bytes(buf[rel..rel + 4].try_into().expect("4 bytes"));
+            rel += HEADER_BYTES + len as usize;
+        }
         Ok(())
     }
 
@@ -367,26 +489,69 @@ impl Wal {
         self.synced.load(Ordering::Acquire)
     }
 
-    /// Removes the closed segments whose frames are all at or below `frame` (the store
-    /// holds them durably now).
-    pub(crate) fn release_through(&self, frame: u64) -> Result<(), StoreError> {
-        let mut open = self.open.lock();
-        let Some(o) = open.as_mut() else {
-            return Ok(());
+    /// The payload of synced frame `frame`, read back from its segment; `None` when
+    /// its segment was released.
+    pub(crate) fn read_frame(&self, frame: u64) -> Result<Option<Vec<u8>>, StoreError> {
+        let (file, offset, first) = {
+            let segments = self.segments.read();
+            let Some((&first, seg)) = segments.range(..=frame).next_back() else {
+                return Ok(None);
+            };
+            let Some(&offset) = usize::try_from(frame - first)
+                .ok()
+                .and_then(|i| seg.offsets.get(i))
+            else {
+                return Ok(None);
+            };
+            (seg.file.clone(), offset, first)
         };
-        // A closed segment ends where the next one (or the current one) begins.
-        let mut ends: Vec<u64> = o.closed.iter().skip(1).map(|(f, _)| *f).collect();
-        ends.push(o.current.0);
-        let mut keep = Vec::new();
-        for ((first, path), next_first) in o.closed.drain(..).zip(ends) {
-            if next_first - 1 <= frame {
-                fs::remove_file(&path)
-                    .map_err(|e| StoreError::io(format!("removing {}", path.display()), e))?;
-            } else {
-                keep.push((first, path));
-            }
+        let path = || self.dir.join(segment_name(first));
+        let mut header = [0u8; HEADER_BYTES];
+        file.read_exact_at(&mut header, offset)
+            .map_err(|e| StoreError::io(format!("reading {}", path().display()), e))?;
+        let len = u32::from_le_bytes(header[0..4].try_into().expect("4 bytes")) as usize;
+        let crc = u32::from_le_bytes(header[4..8].try_into().expect("4 bytes"));
+        let number = u64::from_le_bytes(header[8..16].try_into().expect("8 bytes"));
+        let mut payload = vec![0u8; len];
+        file.read_exact_at(&mut payload, offset + HEADER_BYTES as u64)
+            .map_err(|e| StoreError::io(format!("reading {}", path().display()), e))?;
+        if number != frame || checksum(frame, &payload) != crc {
+            return Err(StoreError::corrupt(
+                &frame.to_be_bytes(),
+                format!(
+                    "frame {frame} at offset {offset} of {} fails its check (it was written \
+                     and synced there)",
+                    path().display()
+                ),
+            ));
         }
-        o.closed = keep;
+        Ok(Some(payload))
+    }
+
+    /// Removes the segments, other than the one being written, whose frames are all at
+    /// or below `frame` (nothing needs them any more).
+    pub(crate) fn release_through(&self, frame: u64) -> Result<(), StoreError> {
+        let open = self.open.lock();
+        let current = open.as_ref().map(|o| o.first);
+        let mut segments = self.segments.write();
+        let mut gone = Vec::new();
+        let mut iter = segments.iter().peekable();
+        while let Some((&first, seg)) = iter.next() {
+            // A segment ends where the next one begins, the last one at its last frame.
+            let last = match iter.peek() {
+                Some((&next_first, _)) => next_first - 1,
+                None => first + seg.offsets.len() as u64 - 1,
+            };
+            if last > frame || Some(first) == current {
+                break;
+            }
+            gone.push(first);
+        }
+        for first in gone {
+            let seg = segments.remove(&first).expect("listed");
+            fs::remove_file(&seg.path)
+                .map_err(|e| StoreError::io(format!("removing {}", seg.path.display()), e))?;
+        }
         Ok(())
     }
 }

@@ -24,19 +24,26 @@ fn open(engine: &Arc<MemEngine>) -> Result<Database, hawser_store::StoreError> {
 }
 
 #[test]
-fn a_format_1_store_is_upgraded_and_keeps_its_high_water_marks() {
-    // Format 1 wrote the high-water keys with every commit; format 2 reads them as the
-    // marks of released log and raises them with the log it holds.
-    let mut marker = b"hawser-store".to_vec();
-    marker.extend_from_slice(&1u32.to_be_bytes());
-    let mut hw = vec![b'H'];
-    hw.extend_from_slice(&77u64.to_be_bytes());
-    let engine = engine_with(&[(b"Fformat", &marker), (&hw, &5u64.to_be_bytes())]);
-    let db = open(&engine).unwrap();
-    assert_eq!(db.high_water(hawser_core::NodeId(77)).unwrap(), 5);
-    let mut upgraded = b"hawser-store".to_vec();
-    upgraded.extend_from_slice(&2u32.to_be_bytes());
-    assert_eq!(engine.get(b"Fformat").unwrap(), Some(upgraded));
+fn format_1_and_2_stores_are_upgraded_and_keep_their_high_water_marks() {
+    // Format 1 wrote the high-water keys with every commit; formats 2 and 3 read them as
+    // the marks of released log and raise them with the log they hold. Format 3 moved
+    // the log keys out of sled, which changes nothing for a store in memory.
+    for old in [1u32, 2] {
+        let mut marker = b"hawser-store".to_vec();
+        marker.extend_from_slice(&old.to_be_bytes());
+        let mut hw = vec![b'H'];
+        hw.extend_from_slice(&77u64.to_be_bytes());
+        let engine = engine_with(&[(b"Fformat", &marker), (&hw, &5u64.to_be_bytes())]);
+        let db = open(&engine).unwrap();
+        assert_eq!(db.high_water(hawser_core::NodeId(77)).unwrap(), 5);
+        let mut upgraded = b"hawser-store".to_vec();
+        upgraded.extend_from_slice(&hawser_store::layout::FORMAT_VERSION.to_be_bytes());
+        assert_eq!(
+            engine.get(b"Fformat").unwrap(),
+            Some(upgraded),
+            "from {old}"
+        );
+    }
 }
 
 #[test]
