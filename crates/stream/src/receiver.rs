@@ -228,6 +228,13 @@ fn now_micros() -> i64 {
 
 /// How often a stream no return service waits on flushes what it applied.
 const LAZY_FLUSH_EVERY: std::time::Duration = std::time::Duration::from_millis(20);
+/// A stream no return service waits on acks after this many batches, or this many
+/// wire bytes, applied since its last ack (or at its next lazy flush, whichever comes
+/// first) rather than after every batch: each ack is a message both ends handle, and
+/// nothing waits on it. Well inside the sender's default window
+/// ([`crate::SenderTuning`]: 32 batches, 8 MiB), so the sender never stalls on it.
+const LAZY_ACK_BATCHES: usize = 8;
+const LAZY_ACK_BYTES: u64 = 1 << 20;
 
 /// The high-water marks a stream's acks carry, per origin.
 ///
@@ -416,6 +423,9 @@ impl ReceiverService {
         let mut lazy_flush = tokio::time::interval(LAZY_FLUSH_EVERY);
         lazy_flush.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut last_through = 0u64;
+        // Batches and wire bytes applied on a lazy stream since its last ack.
+        let mut unacked_batches = 0usize;
+        let mut unacked_bytes = 0u64;
         let mut last_contact = Instant::now();
         // A message read while gathering a backlog that is not a batch: handled next.
         let mut carried = None;
@@ -425,16 +435,19 @@ impl ReceiverService {
                 None => tokio::select! {
                     biased;
                     _ = self.shutdown.cancelled() => break,
-                    _ = lazy_flush.tick(), if marks.durable != marks.applied => {
+                    _ = lazy_flush.tick(), if marks.durable != marks.applied || unacked_batches > 0 => {
                         // Applied without waiting for the flush (no return service on
                         // this stream): one flush covers them all, then the durable
-                        // marks catch up.
+                        // marks catch up, and one ack answers every batch since the
+                        // last.
                         let applied = marks.applied.clone();
                         if let Err(e) = self.db.flush().await {
                             warn!(sender = %sender, error = %e, "flush failed; dropping the stream");
                             break;
                         }
                         marks.durable = applied;
+                        unacked_batches = 0;
+                        unacked_bytes = 0;
                         let ack = pb::ReceiverMessage {
                             msg: Some(receiver_message::Msg::Ack(pb::Ack {
                                 durable: to_pb(&marks.durable),
@@ -518,11 +531,23 @@ impl ReceiverService {
                                 s.wire_bytes += wire;
                             });
                             last_through = done.ack.through_lsn;
-                            let ack = pb::ReceiverMessage {
-                                msg: Some(receiver_message::Msg::Ack(done.ack)),
-                            };
-                            if out.send(Ok(ack)).await.is_err() {
-                                break;
+                            // Nobody waits on a lazy stream's acks: they free the
+                            // sender's window and report progress, so one answers
+                            // several batches (and the lazy flush acks the rest).
+                            unacked_batches += backlog.len();
+                            unacked_bytes += wire;
+                            if accepted.returns_wait
+                                || unacked_batches >= LAZY_ACK_BATCHES
+                                || unacked_bytes >= LAZY_ACK_BYTES
+                            {
+                                unacked_batches = 0;
+                                unacked_bytes = 0;
+                                let ack = pb::ReceiverMessage {
+                                    msg: Some(receiver_message::Msg::Ack(done.ack)),
+                                };
+                                if out.send(Ok(ack)).await.is_err() {
+                                    break;
+                                }
                             }
                         }
                         Err((code, reason)) => {

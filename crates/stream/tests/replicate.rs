@@ -399,6 +399,22 @@ async fn without_a_return_service_durable_marks_follow_a_periodic_flush() -> Res
     assert_eq!(rows(&sub)?, rows(&master)?);
     assert_eq!(sub.flushed_lsn(), sub.last_lsn());
     senders.stop().await;
+    // A sender that starts over finds everything there: its batches apply nothing
+    // and need no flush, yet acks still come (acks of a lazy stream are coalesced),
+    // so its acknowledged position reaches the end of the log.
+    let senders = Senders::default();
+    let mut lazy = link(1, "s1", 2, 1, Compression::None);
+    lazy.returns_wait = false;
+    let h = senders.spawn(lazy, &master, r.endpoint());
+    let last = master.last_lsn();
+    wait_status(
+        &h,
+        "the acknowledged position to reach the end of the log",
+        |s| s.acked_lsn >= last,
+    )
+    .await?;
+    assert_eq!(records_from(&sub, NodeId(1))?, 20);
+    senders.stop().await;
     r.stop().await;
     Ok(())
 }
