@@ -49,6 +49,11 @@ pub struct SenderTuning {
     /// How often the position of log the receiver gets nothing of is sent on its own
     /// (a record-less batch), so its acknowledged position keeps up while idle.
     pub position_every: Duration,
+    /// On a stream no return service waits on: how long a commit may wait for others
+    /// to share its batch, unless `linger_records` are ready sooner. Zero ships every
+    /// commit as soon as it is durable, as streams a return service waits on always do.
+    pub linger: Duration,
+    pub linger_records: usize,
 }
 
 impl Default for SenderTuning {
@@ -65,6 +70,8 @@ impl Default for SenderTuning {
             backoff_max: Duration::from_secs(5),
             poll_interval: Duration::from_millis(5),
             position_every: Duration::from_millis(20),
+            linger: Duration::from_millis(1),
+            linger_records: 32,
         }
     }
 }

@@ -24,7 +24,7 @@
 use std::borrow::Cow;
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use hawser_core::{Epoch, Lsn, NodeId};
 use hawser_store::{Database, LogEntry, LogRecord};
@@ -203,7 +203,7 @@ struct Sender {
 /// How long a sender waits for an own commit's flush before flushing itself: a commit
 /// whose caller went away (a dropped request) is applied but nobody flushes it, and
 /// without a later commit it would hold the stream back for good.
-const UNFLUSHED_PATIENCE: std::time::Duration = std::time::Duration::from_millis(20);
+const UNFLUSHED_PATIENCE: Duration = Duration::from_millis(20);
 
 /// One batch sent and not yet acknowledged.
 struct InFlight {
@@ -370,6 +370,12 @@ impl Sender {
         // wake and each ack is a turn).
         let mut poll = tokio::time::interval(tuning.poll_interval);
         poll.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        // A lazy stream's commits wait up to `linger` for company (see SenderTuning):
+        // set when a wake found too few records to ship at once.
+        let lingers = !self.link.returns_wait && !tuning.linger.is_zero();
+        let linger = tokio::time::sleep(Duration::ZERO);
+        tokio::pin!(linger);
+        let mut lingering = false;
         loop {
             let room = in_flight.len() < tuning.max_in_flight_batches
                 && in_flight_bytes < tuning.max_in_flight_bytes;
@@ -439,9 +445,25 @@ impl Sender {
                     }
                 }
                 _ = self.wake.notified(), if room => {
+                    if lingers {
+                        let ready = self.db.last_lsn().0.saturating_sub(cursor.0.saturating_sub(1));
+                        if ready < tuning.linger_records as u64 {
+                            if !lingering {
+                                lingering = true;
+                                linger.as_mut().reset(tokio::time::Instant::now() + tuning.linger);
+                            }
+                            continue;
+                        }
+                    }
+                    lingering = false;
+                    self.ship(&tx, &mut cursor, &mut unsent, &high_water, &mut in_flight, &mut in_flight_bytes, &mut last_sent).await?;
+                }
+                _ = &mut linger, if lingering && room => {
+                    lingering = false;
                     self.ship(&tx, &mut cursor, &mut unsent, &high_water, &mut in_flight, &mut in_flight_bytes, &mut last_sent).await?;
                 }
                 _ = poll.tick(), if room => {
+                    lingering = false;
                     self.ship(&tx, &mut cursor, &mut unsent, &high_water, &mut in_flight, &mut in_flight_bytes, &mut last_sent).await?;
                 }
             }

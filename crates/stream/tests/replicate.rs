@@ -420,6 +420,33 @@ async fn without_a_return_service_durable_marks_follow_a_periodic_flush() -> Res
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lazy_stream_lets_commits_share_a_batch() -> Result<()> {
+    let master = open(1).await?;
+    let sub = open(2).await?;
+    let view = epochs(1);
+    let r = Receiver::start(&sub, "s1", view.subscribe(), None).await?;
+    let senders = Senders::default();
+    let mut lazy = link(1, "s1", 2, 1, Compression::None);
+    lazy.returns_wait = false;
+    // Far longer than the test: only the record count can ship these.
+    lazy.tuning.linger = Duration::from_secs(30);
+    lazy.tuning.linger_records = 3;
+    lazy.tuning.poll_interval = Duration::from_secs(30);
+    let h = senders.spawn(lazy, &master, r.endpoint());
+    wait_status(&h, "the stream", |s| s.state == SenderState::Streaming).await?;
+    for i in 0..3 {
+        write(&master, i..i + 1, "together").await?;
+        h.wake();
+    }
+    let st = caught_up(&h, &master).await?;
+    assert_eq!(rows(&sub)?, rows(&master)?);
+    assert_eq!((st.transactions_sent, st.batches_sent), (3, 1), "{st:?}");
+    senders.stop().await;
+    r.stop().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn compression_shrinks_wire_bytes_for_compressible_rows() -> Result<()> {
     let master = open(1).await?;
     let sub = open(2).await?;
