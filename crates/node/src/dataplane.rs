@@ -228,6 +228,7 @@ fn reconcile(
         let start = SenderStart {
             resume_after,
             previous: replaced.remove(&key),
+            on_ack: Some(task.returns.ack_hook(key.1.clone())),
         };
         let handle = StreamSender::spawn(
             link.clone(),
@@ -237,11 +238,6 @@ fn reconcile(
             &task.tracker,
             stop.clone(),
         );
-        let returns = task.returns.clone();
-        let watched = handle.clone();
-        let subscriber = key.1.clone();
-        task.tracker
-            .spawn(async move { returns.watch_acks(subscriber, watched).await });
         running.insert(
             key,
             Running {

@@ -4,7 +4,7 @@
 //! ```text
 //!  client commit ─► Txn::commit_holding(hide = any TWOSAFE) ─► log + rows, flushed
 //!                      │ hold: wake senders, ReturnTracker::begin(seq, awaits) ─► wait
-//!  sender status (acks per origin) ─► ack watcher per sender ─► ReturnTracker::ack
+//!  sender (acks per origin) ─► its AckHook, on the sender's task ─► ReturnTracker::ack
 //!  timer (next deadline) ─► ReturnTracker::tick ─► releases with 8170, DISABLE RETURN
 //!                      └─ released ─► locks freed, rows visible ─► reply (+ TT8170)
 //! ```
@@ -22,6 +22,7 @@
 //! the 8170 message says which action the scheme named (see `docs/stream.md`).
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 use std::time::Instant;
 
 use hawser_core::{Ident, NodeId};
@@ -36,7 +37,7 @@ use hawser_stream::returns::{
     AckMarks, ReplicationState, ReturnEvent, ReturnLevel, ReturnOutcome, ReturnRoutes,
     ReturnSettings, ReturnTracker, ReturnWait, Step, SyncOptions,
 };
-use hawser_stream::SenderHandle;
+use hawser_stream::{AckHook, SenderStatus};
 use parking_lot::Mutex;
 use tokio::sync::{oneshot, Notify};
 use tokio_util::sync::CancellationToken;
@@ -69,6 +70,8 @@ struct Inner {
     /// oldest are forgotten past [`REMEMBERED_COMMITS`].
     awaited: BTreeMap<u64, Vec<Ident>>,
     counts: ReturnCounts,
+    /// The deadline the timer task sleeps until (`None`: none, it waits for a wake).
+    timer_armed: Option<Instant>,
 }
 
 /// This node's return services; one per node, shared by the SQL engine and the
@@ -99,6 +102,7 @@ impl Returns {
                 subscribers: BTreeMap::new(),
                 awaited: BTreeMap::new(),
                 counts: ReturnCounts::default(),
+                timer_armed: None,
             }),
             node_id,
             senders,
@@ -179,8 +183,15 @@ impl Returns {
                     }
                     let step = inner.tracker.begin(seq, awaits, &sync, Instant::now());
                     Self::dispatch(&mut inner, step);
+                    // The timer needs waking only for an earlier deadline than the one
+                    // it sleeps until (commits usually share one wait time, so a new
+                    // commit's deadline comes after those already waiting).
+                    let next = inner.tracker.next_deadline();
+                    if next.is_some_and(|n| inner.timer_armed.is_none_or(|armed| n < armed)) {
+                        inner.timer_armed = next;
+                        self.timer.notify_one();
+                    }
                 }
-                self.timer.notify_one();
                 // A dropped sender means the node is shutting down: nothing to wait for.
                 rx.await.unwrap_or(ReturnOutcome::NotRequested)
             })
@@ -249,7 +260,12 @@ impl Returns {
     /// Releases timed-out commits at their deadlines until `shutdown`.
     pub(crate) async fn run_timer(&self, shutdown: CancellationToken) {
         loop {
-            let deadline = self.inner.lock().tracker.next_deadline();
+            let deadline = {
+                let mut inner = self.inner.lock();
+                let next = inner.tracker.next_deadline();
+                inner.timer_armed = next;
+                next
+            };
             let sleep = async {
                 match deadline {
                     Some(d) => tokio::time::sleep_until(d.into()).await,
@@ -270,25 +286,22 @@ impl Returns {
         self.inner.lock().waiters.clear();
     }
 
-    /// Feeds a sender's acknowledgements of this origin's commits to the tracker
-    /// until the sender stops.
-    pub(crate) async fn watch_acks(&self, subscriber: Ident, handle: SenderHandle) {
-        let mut status = handle.status();
-        loop {
-            let marks = {
-                let s = status.borrow_and_update();
-                AckMarks {
-                    receipt: s.acked_durable.get(&self.node_id).copied().unwrap_or(0),
-                    commit: s.acked_applied.get(&self.node_id).copied().unwrap_or(0),
-                }
+    /// The hook through which a sender to `subscriber` feeds its acknowledgements of
+    /// this origin's commits to the tracker, on the sender's task.
+    pub(crate) fn ack_hook(self: &Arc<Self>, subscriber: Ident) -> AckHook {
+        let returns = Arc::downgrade(self);
+        AckHook(Arc::new(move |s: &SenderStatus| {
+            let Some(returns) = returns.upgrade() else {
+                return;
+            };
+            let marks = AckMarks {
+                receipt: s.acked_durable.get(&returns.node_id).copied().unwrap_or(0),
+                commit: s.acked_applied.get(&returns.node_id).copied().unwrap_or(0),
             };
             if marks != AckMarks::default() {
-                self.ack(&subscriber, marks);
+                returns.ack(&subscriber, marks);
             }
-            if status.changed().await.is_err() {
-                break;
-            }
-        }
+        }))
     }
 
     /// How long a commit with `opts` waits (for the 8170 message).

@@ -134,6 +134,18 @@ impl SenderHandle {
     }
 }
 
+/// Called by a sender, on its own task, each time its receiver's acknowledged marks
+/// may have moved (an Ack, the Hello exchange): return services learn of an ack
+/// without another task watching the status for it.
+#[derive(Clone)]
+pub struct AckHook(pub Arc<dyn Fn(&SenderStatus) + Send + Sync>);
+
+impl std::fmt::Debug for AckHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("AckHook")
+    }
+}
+
 /// Where a new sender starts.
 #[derive(Debug, Clone, Default)]
 pub struct SenderStart {
@@ -144,6 +156,8 @@ pub struct SenderStart {
     /// carry on, and it resumes after that sender's acknowledged position when that is
     /// further.
     pub previous: Option<SenderStatus>,
+    /// Told of every acknowledgement (see [`AckHook`]), and once at the start.
+    pub on_ack: Option<AckHook>,
 }
 
 /// Starts senders.
@@ -182,7 +196,9 @@ impl StreamSender {
             wake: wake.clone(),
             acked_lsn,
             unflushed_since: std::sync::Mutex::new(None),
+            on_ack: start.on_ack,
         };
+        task.report_acks();
         tracker.spawn(task.run());
         SenderHandle { status, wake }
     }
@@ -198,6 +214,7 @@ struct Sender {
     acked_lsn: Lsn,
     /// Since when the log at the cursor is this node's own commit not yet flushed.
     unflushed_since: std::sync::Mutex<Option<Instant>>,
+    on_ack: Option<AckHook>,
 }
 
 /// How long a sender waits for an own commit's flush before flushing itself: a commit
@@ -359,6 +376,7 @@ impl Sender {
                 }
             }
         });
+        self.report_acks();
         info!("streaming");
         let mut cursor = self.acked_lsn.next();
         // The end of log read but not sent: records this receiver does not get.
@@ -416,6 +434,7 @@ impl Sender {
                                 s.lag_records = last.0.saturating_sub(acked_lsn.0);
                                 s.lag_micros = oldest.map_or(0, |m| now_micros().saturating_sub(m).max(0) as u64);
                             });
+                            self.report_acks();
                         }
                         Some(receiver_message::Msg::Heartbeat(_)) => {
                             self.status.send_if_modified(|s| {
@@ -481,6 +500,13 @@ impl Sender {
             });
         }
         Ok(())
+    }
+
+    /// Hands the current status to the ack hook, if there is one.
+    fn report_acks(&self) {
+        if let Some(hook) = &self.on_ack {
+            (hook.0)(&self.status.borrow());
+        }
     }
 
     fn clear_unflushed(&self) {
