@@ -177,6 +177,14 @@ fn link(
     }
 }
 
+/// A link from node 1 to store s1 on node 2 that no return service waits on.
+fn lazy_link() -> LinkConfig {
+    LinkConfig {
+        returns_wait: false,
+        ..link(1, "s1", 2, 1, Compression::None)
+    }
+}
+
 /// The senders a test starts, stopped together.
 #[derive(Default)]
 struct Senders {
@@ -386,9 +394,7 @@ async fn without_a_return_service_durable_marks_follow_a_periodic_flush() -> Res
     let view = epochs(1);
     let r = Receiver::start(&sub, "s1", view.subscribe(), None).await?;
     let senders = Senders::default();
-    let mut lazy = link(1, "s1", 2, 1, Compression::None);
-    lazy.returns_wait = false;
-    let h = senders.spawn(lazy, &master, r.endpoint());
+    let h = senders.spawn(lazy_link(), &master, r.endpoint());
     for i in 0..20 {
         write(&master, i..i + 1, "one at a time").await?;
         h.wake();
@@ -403,9 +409,7 @@ async fn without_a_return_service_durable_marks_follow_a_periodic_flush() -> Res
     // and need no flush, yet acks still come (acks of a lazy stream are coalesced),
     // so its acknowledged position reaches the end of the log.
     let senders = Senders::default();
-    let mut lazy = link(1, "s1", 2, 1, Compression::None);
-    lazy.returns_wait = false;
-    let h = senders.spawn(lazy, &master, r.endpoint());
+    let h = senders.spawn(lazy_link(), &master, r.endpoint());
     let last = master.last_lsn();
     wait_status(
         &h,
@@ -426,8 +430,7 @@ async fn a_lazy_stream_lets_commits_share_a_batch() -> Result<()> {
     let view = epochs(1);
     let r = Receiver::start(&sub, "s1", view.subscribe(), None).await?;
     let senders = Senders::default();
-    let mut lazy = link(1, "s1", 2, 1, Compression::None);
-    lazy.returns_wait = false;
+    let mut lazy = lazy_link();
     // Far longer than the test: only the record count can ship these.
     lazy.tuning.linger = Duration::from_secs(30);
     lazy.tuning.linger_records = 3;
