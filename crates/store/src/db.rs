@@ -254,6 +254,9 @@ pub(crate) struct Inner {
     log_start: AtomicU64,
     /// Bytes (keys and encoded records) of the log from `log_start` on.
     log_retained_bytes: AtomicU64,
+    /// The size of every record held ([`Database::log_bytes_from`]); `log_start` moves
+    /// under this lock too.
+    log_sizes: Mutex<LogSizes>,
     /// Held by the one release in progress.
     release_lock: Mutex<()>,
     /// The high-water mark of every other origin committed here (this node's own is
@@ -330,6 +333,49 @@ pub(crate) fn decode_stored_row(
     Ok(row)
 }
 
+/// The size of every log record held, so the bytes from an LSN on are known without
+/// reading the log: cumulative bytes (key and encoded record) through each record
+/// from `log_start` on, counted from an arbitrary origin. LSNs are dense, so the
+/// record at LSN `log_start + i` is entry `i`.
+#[derive(Default)]
+struct LogSizes {
+    /// Cumulative bytes through the last record released.
+    released: u64,
+    /// Cumulative bytes through `log_start + i`.
+    through: VecDeque<u64>,
+}
+
+impl LogSizes {
+    fn push(&mut self, size: u64) {
+        let end = self.through.back().copied().unwrap_or(self.released);
+        self.through.push_back(end + size);
+    }
+
+    /// Forgets the oldest `count` records (released).
+    fn release(&mut self, count: u64) {
+        for _ in 0..count {
+            match self.through.pop_front() {
+                Some(c) => self.released = c,
+                None => break,
+            }
+        }
+    }
+
+    /// Bytes of the records from entry `index` on.
+    fn bytes_from(&self, index: u64) -> u64 {
+        let end = self.through.back().copied().unwrap_or(self.released);
+        let before = match index.checked_sub(1) {
+            None => self.released,
+            Some(i) => usize::try_from(i)
+                .ok()
+                .and_then(|i| self.through.get(i))
+                .copied()
+                .unwrap_or(end),
+        };
+        end - before
+    }
+}
+
 impl Database {
     /// Opens a database on `engine`, creating an empty one when the keyspace is empty.
     ///
@@ -389,14 +435,17 @@ impl Database {
         // The log's first record and size, for retention ([`Database::release_log`]).
         let mut log_start = None;
         let mut log_retained_bytes = 0u64;
+        let mut log_sizes = LogSizes::default();
         for kv in engine.scan(layout::prefix_range(&[layout::LOG_PREFIX]), false) {
             let (k, v) = kv?;
-            if log_start.is_none() {
-                log_start = Some(
-                    layout::suffix_u64(&k)
-                        .ok_or_else(|| StoreError::corrupt(&k, "malformed log key"))?,
-                );
+            let lsn = layout::suffix_u64(&k)
+                .ok_or_else(|| StoreError::corrupt(&k, "malformed log key"))?;
+            let start = *log_start.get_or_insert(lsn);
+            // LSNs are dense; a gap (none is known to happen) counts as empty records.
+            while (log_sizes.through.len() as u64) < lsn - start {
+                log_sizes.push(0);
             }
+            log_sizes.push((k.len() + v.len()) as u64);
             log_retained_bytes += (k.len() + v.len()) as u64;
             let gtid = codec::record_gtid(&k, &v)?;
             let mark = marks.entry(gtid.origin).or_insert(0);
@@ -428,6 +477,7 @@ impl Database {
             flushed_lsn: AtomicU64::new(last_lsn.0),
             log_start: AtomicU64::new(log_start),
             log_retained_bytes: AtomicU64::new(log_retained_bytes),
+            log_sizes: Mutex::new(log_sizes),
             release_lock: Mutex::new(()),
             marks: RwLock::new(marks),
             tail: Mutex::new(VecDeque::with_capacity(TAIL_RECORDS)),
@@ -933,14 +983,11 @@ impl Database {
 
     /// Bytes of log (keys and encoded records) from LSN `from` on: what a receiver
     /// that has everything before `from` still lacks, as FAILTHRESHOLD measures it.
-    /// Reads every record key from `from` on, so callers bound how often they ask.
+    /// Counted from the sizes kept in memory, not read from the log.
     pub fn log_bytes_from(&self, from: Lsn) -> Result<u64, StoreError> {
-        let mut bytes = 0u64;
-        for kv in self.inner.engine.scan(log_from(from), false) {
-            let (k, v) = kv?;
-            bytes += (k.len() + v.len()) as u64;
-        }
-        Ok(bytes)
+        let sizes = self.inner.log_sizes.lock();
+        let start = self.inner.log_start.load(Ordering::Acquire);
+        Ok(sizes.bytes_from(from.0.saturating_sub(start)))
     }
 
     /// The first LSN still in the log: everything before it was released. One past
@@ -1010,7 +1057,11 @@ impl Database {
                 }
             }
             inner.engine.apply(batch)?;
-            inner.log_start.store(last + 1, Ordering::Release);
+            {
+                let mut sizes = inner.log_sizes.lock();
+                sizes.release(last + 1 - start);
+                inner.log_start.store(last + 1, Ordering::Release);
+            }
             inner.log_retained_bytes.fetch_sub(bytes, Ordering::Relaxed);
             released += count;
         }
@@ -1204,6 +1255,7 @@ impl Inner {
         install();
         self.log_retained_bytes
             .fetch_add(retained, Ordering::Relaxed);
+        self.log_sizes.lock().push(retained);
         self.push_tail([record]);
         self.applied_lsn.store(lsn.0, Ordering::Release);
         drop(state);
@@ -1245,12 +1297,14 @@ impl Inner {
         let mut log_bytes = 0;
         let mut retained = 0;
         let mut written = Vec::with_capacity(records.len());
+        let mut sizes = Vec::with_capacity(records.len());
         for (epoch, entry) in records {
             lsn = lsn.next();
             let record = Arc::new(LogRecord { lsn, epoch, entry });
             let bytes = codec::encode_record(&record);
             log_bytes += bytes.len() as u64;
             let key = layout::log_key(lsn);
+            sizes.push((key.len() + bytes.len()) as u64);
             retained += (key.len() + bytes.len()) as u64;
             batch.put(key, bytes);
             written.push(record);
@@ -1274,6 +1328,12 @@ impl Inner {
         drop(marks);
         self.log_retained_bytes
             .fetch_add(retained, Ordering::Relaxed);
+        {
+            let mut held = self.log_sizes.lock();
+            for size in sizes {
+                held.push(size);
+            }
+        }
         self.push_tail(written);
         self.applied_lsn.store(lsn.0, Ordering::Release);
         drop(state);

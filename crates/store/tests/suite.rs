@@ -754,6 +754,7 @@ async fn released_log_is_gone_and_stays_gone_after_reopening(mut f: Fixture) {
     assert_eq!((db.log_start(), db.last_lsn()), (Lsn(1), Lsn(10)));
     let full = db.log_retained_bytes();
     assert!(full > 0);
+    assert_log_bytes_add_up(db);
     // Nothing goes while the log is no bigger than what is kept.
     assert_eq!(db.release_log(Lsn(5), full).unwrap(), 0);
     assert_eq!(db.log_start(), Lsn(1));
@@ -761,6 +762,7 @@ async fn released_log_is_gone_and_stays_gone_after_reopening(mut f: Fixture) {
     assert_eq!(db.release_log(Lsn(4), 0).unwrap(), 4);
     assert_eq!(db.log_start(), Lsn(5));
     assert!(db.log_retained_bytes() < full);
+    assert_log_bytes_add_up(db);
     let first = db.log_range(Lsn(1), 100).unwrap();
     assert_eq!(first.first().map(|r| r.lsn), Some(Lsn(5)));
     assert_eq!(first.len(), 6);
@@ -782,10 +784,31 @@ async fn released_log_is_gone_and_stays_gone_after_reopening(mut f: Fixture) {
     assert_eq!((db.log_start(), db.last_lsn()), (Lsn(10), Lsn(10)));
     assert_eq!(db.log_retained_bytes(), retained);
     assert_eq!(db.high_water(db.node_id()).unwrap(), 10);
+    assert_log_bytes_add_up(db);
     let mut txn = db.begin();
     txn.insert(&t, account(10, "bob", "1")).await.unwrap();
     let c = txn.commit().await.unwrap();
     assert_eq!((c.lsn, c.gtid.seq), (Lsn(11), 11));
+    assert_log_bytes_add_up(db);
+}
+
+/// `log_bytes_from` (kept in memory) agrees with what the log holds: everything from
+/// the log's start or before, less and less after it, nothing past its end.
+fn assert_log_bytes_add_up(db: &hawser_store::Database) {
+    let (start, last) = (db.log_start(), db.last_lsn());
+    let all = db.log_retained_bytes();
+    assert_eq!(db.log_bytes_from(Lsn(0)).unwrap(), all);
+    assert_eq!(db.log_bytes_from(start).unwrap(), all);
+    assert_eq!(db.log_bytes_from(last.next()).unwrap(), 0);
+    let mut before = all;
+    for lsn in start.0 + 1..=last.0 {
+        let from = db.log_bytes_from(Lsn(lsn)).unwrap();
+        assert!(
+            0 < from && from < before,
+            "bytes from {lsn}: {from} of {before}"
+        );
+        before = from;
+    }
 }
 
 async fn stream_positions_persist_until_forgotten(mut f: Fixture) {
