@@ -101,7 +101,8 @@ pub trait KvEngine: Send + Sync + 'static {
 /// in-memory overlay, where readers see them at once. `flush` syncs the log and then
 /// moves the batches it made durable from the overlay into sled, as plain inserts, in
 /// frame order. A background thread checkpoints every second: it flushes sled, records
-/// the last frame sled holds durably and drops the log segments at or below it. sled
+/// the last frame sled holds durably and drops the log segments at or below it that no
+/// commit log key is read from ([`LogIndex`]: those keys never go into sled). sled
 /// never gets a batch before its frame is durable, and recovers a prefix of its
 /// inserts, so after a crash it holds every batch up to some point and perhaps part of
 /// the next — whose frame the log holds: opening re-applies the log frames after the

@@ -11,12 +11,18 @@
 //!  apply(batch)  ──► frame n = encoded batch ──► frame n appended to the pending buffer
 //!                                              ─► the batch's puts/deletes in the overlay
 //!  flush()       ──► pending buffer written to the open segment, fdatasync   (group commit)
-//!                ──► durable batches moved from the overlay into sled, in order
-//!  checkpoint    ──► sled flush; sled's checkpoint := n; whole segments ≤ n removed
-//!                                                                            (every second)
+//!                ──► durable batches moved from the overlay into sled, in order (the
+//!                    commit log's keys stay here: the engine indexes them by frame)
+//!  checkpoint    ──► sled flush; sled's checkpoint := n; whole segments ≤ n removed,
+//!                    but none a commit log key is still read from    (every second)
 //!  open          ──► redo records of older stores after the checkpoint, then log frames
-//!                    after them, re-applied in order; checkpoint; a fresh segment
+//!                    after them, re-applied in order; log keys of every kept segment
+//!                    indexed; checkpoint; segments without log keys removed; the next
+//!                    write starts a fresh segment
 //! ```
+//!
+//! Synced frames are read back by number ([`Wal::read_frame`]): every segment on disk
+//! keeps an open handle and the offset of each of its frames.
 //!
 //! A segment is a file `wal-<first frame, 20 digits>.log` of frames:
 //! `[payload length u32 LE][crc32 of frame number and payload u32 LE][frame number u64
