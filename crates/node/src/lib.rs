@@ -48,21 +48,21 @@ pub use config::{ConfigError, NodeConfig};
 pub use grpc::MAX_SCAN_ROWS;
 
 /// Why a node could not start or stopped on its own.
+///
+/// Each message includes its cause, so no variant declares a source: a printer that
+/// walks the source chain (`{:#}` of an `anyhow::Error`) would print the cause twice.
 #[derive(Debug, Error)]
 pub enum NodeError {
     #[error(transparent)]
     Config(#[from] ConfigError),
     #[error("node identity: {0}")]
     Identity(String),
-    #[error("cannot create data directory {path}: {source}")]
-    DataDir {
-        path: String,
-        source: std::io::Error,
-    },
+    #[error("cannot create data directory {path}: {error}")]
+    DataDir { path: String, error: std::io::Error },
     #[error("cannot open the database: {0}")]
-    Open(#[source] StoreError),
+    Open(StoreError),
     #[error("cannot start the control plane: {0}")]
-    Control(#[source] PlaneError),
+    Control(PlaneError),
     #[error("the control plane stopped the node: {0}")]
     ControlFailed(String),
     #[error("{task} failed: {reason}")]
@@ -227,9 +227,9 @@ pub async fn run(
     ready: Option<tokio::sync::oneshot::Sender<NodeId>>,
 ) -> Result<(), NodeError> {
     config.validate()?;
-    std::fs::create_dir_all(&config.data_dir).map_err(|source| NodeError::DataDir {
+    std::fs::create_dir_all(&config.data_dir).map_err(|error| NodeError::DataDir {
         path: config.data_dir.display().to_string(),
-        source,
+        error,
     })?;
     let node_id = identity::load_or_create(&config.data_dir, &config.name)?;
     let opts = DbOptions {
@@ -459,4 +459,35 @@ async fn start_control(
     ControlPlane::start(cfg, engine)
         .await
         .map_err(NodeError::Control)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The whole chain a `{:#}` printer shows: the error, then each source.
+    fn chain(e: &dyn std::error::Error) -> String {
+        let mut out = e.to_string();
+        let mut next = e.source();
+        while let Some(cause) = next {
+            out.push_str(": ");
+            out.push_str(&cause.to_string());
+            next = cause.source();
+        }
+        out
+    }
+
+    #[test]
+    fn a_start_error_names_its_cause_once() {
+        let open = NodeError::Open(StoreError::IncompatibleFormat("format 9".into()));
+        assert_eq!(
+            chain(&open),
+            "cannot open the database: incompatible data directory: format 9"
+        );
+        let dir = NodeError::DataDir {
+            path: "/d".into(),
+            error: std::io::Error::other("read-only"),
+        };
+        assert_eq!(chain(&dir), "cannot create data directory /d: read-only");
+    }
 }
