@@ -252,10 +252,8 @@ pub(crate) struct Inner {
     /// The first LSN still in the log (`applied_lsn + 1` when it is empty): records
     /// before it were released ([`Database::release_log`]).
     log_start: AtomicU64,
-    /// Bytes (keys and encoded records) of the log from `log_start` on.
-    log_retained_bytes: AtomicU64,
-    /// The size of every record held ([`Database::log_bytes_from`]); `log_start` moves
-    /// under this lock too.
+    /// The size of every record held ([`Database::log_bytes_from`],
+    /// [`Database::log_retained_bytes`]); `log_start` moves under this lock too.
     log_sizes: Mutex<LogSizes>,
     /// Held by the one release in progress.
     release_lock: Mutex<()>,
@@ -434,7 +432,6 @@ impl Database {
         }
         // The log's first record and size, for retention ([`Database::release_log`]).
         let mut log_start = None;
-        let mut log_retained_bytes = 0u64;
         let mut log_sizes = LogSizes::default();
         for kv in engine.scan(layout::prefix_range(&[layout::LOG_PREFIX]), false) {
             let (k, v) = kv?;
@@ -446,12 +443,12 @@ impl Database {
                 log_sizes.push(0);
             }
             log_sizes.push((k.len() + v.len()) as u64);
-            log_retained_bytes += (k.len() + v.len()) as u64;
             let gtid = codec::record_gtid(&k, &v)?;
             let mark = marks.entry(gtid.origin).or_insert(0);
             *mark = (*mark).max(gtid.seq);
         }
         let log_start = log_start.unwrap_or(last_lsn.0 + 1);
+        let log_retained_bytes = log_sizes.bytes_from(0);
         let last_seq = marks.remove(&opts.node_id).unwrap_or(0);
         tracing::info!(
             node = %opts.node_id,
@@ -476,7 +473,6 @@ impl Database {
             applied_lsn: AtomicU64::new(last_lsn.0),
             flushed_lsn: AtomicU64::new(last_lsn.0),
             log_start: AtomicU64::new(log_start),
-            log_retained_bytes: AtomicU64::new(log_retained_bytes),
             log_sizes: Mutex::new(log_sizes),
             release_lock: Mutex::new(()),
             marks: RwLock::new(marks),
@@ -999,7 +995,7 @@ impl Database {
     /// Bytes of log (keys and encoded records) still held, from [`Database::log_start`]
     /// on.
     pub fn log_retained_bytes(&self) -> u64 {
-        self.inner.log_retained_bytes.load(Ordering::Relaxed)
+        self.inner.log_sizes.lock().bytes_from(0)
     }
 
     /// Releases the log through LSN `through`, oldest first, while more than
@@ -1018,12 +1014,11 @@ impl Database {
         let mut released = 0u64;
         loop {
             let start = inner.log_start.load(Ordering::Acquire);
-            let mut retained = inner.log_retained_bytes.load(Ordering::Relaxed);
+            let mut retained = self.log_retained_bytes();
             if start > limit || retained <= keep_bytes {
                 break;
             }
             let mut batch = WriteBatch::new();
-            let mut bytes = 0u64;
             let mut last = None;
             // The marks the released records carry go to the `H` keys in the same
             // batch: they are what opening derives the marks from.
@@ -1040,7 +1035,6 @@ impl Database {
                 let mark = released_marks.entry(gtid.origin).or_insert(0);
                 *mark = (*mark).max(gtid.seq);
                 retained -= size;
-                bytes += size;
                 batch.delete(k);
                 last = Some(lsn);
             }
@@ -1062,7 +1056,6 @@ impl Database {
                 sizes.release(last + 1 - start);
                 inner.log_start.store(last + 1, Ordering::Release);
             }
-            inner.log_retained_bytes.fetch_sub(bytes, Ordering::Relaxed);
             released += count;
         }
         Ok(released)
@@ -1253,8 +1246,6 @@ impl Inner {
             *mark = (*mark).max(gtid.seq);
         }
         install();
-        self.log_retained_bytes
-            .fetch_add(retained, Ordering::Relaxed);
         self.log_sizes.lock().push(retained);
         self.push_tail([record]);
         self.applied_lsn.store(lsn.0, Ordering::Release);
@@ -1295,7 +1286,6 @@ impl Inner {
         let count = records.len() as u64;
         let mut lsn = state.last_lsn;
         let mut log_bytes = 0;
-        let mut retained = 0;
         let mut written = Vec::with_capacity(records.len());
         let mut sizes = Vec::with_capacity(records.len());
         for (epoch, entry) in records {
@@ -1305,7 +1295,6 @@ impl Inner {
             log_bytes += bytes.len() as u64;
             let key = layout::log_key(lsn);
             sizes.push((key.len() + bytes.len()) as u64);
-            retained += (key.len() + bytes.len()) as u64;
             batch.put(key, bytes);
             written.push(record);
         }
@@ -1326,8 +1315,6 @@ impl Inner {
             }
         }
         drop(marks);
-        self.log_retained_bytes
-            .fetch_add(retained, Ordering::Relaxed);
         {
             let mut held = self.log_sizes.lock();
             for size in sizes {
