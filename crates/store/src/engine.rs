@@ -216,6 +216,17 @@ impl LogIndex {
 /// The log keys one frame puts, with their values.
 type FrameLog = BTreeMap<Vec<u8>, Vec<u8>>;
 
+/// The value of `key` among the log keys frame `frame` puts; the index sent the
+/// reader there, so a frame without it is corrupt.
+fn take_log_value(values: &mut FrameLog, frame: u64, key: &[u8]) -> Result<Vec<u8>, StoreError> {
+    values.remove(key).ok_or_else(|| {
+        StoreError::corrupt(
+            key,
+            format!("log key in frame {frame}: the frame does not put it"),
+        )
+    })
+}
+
 /// Whether `key` is a commit log key, kept in the write-ahead log ([`LogIndex`]).
 fn is_log_key(key: &[u8]) -> bool {
     key.first() == Some(&LOG_PREFIX)
@@ -540,13 +551,7 @@ impl Shared {
         let Some(mut values) = self.log_values(frame)? else {
             return Ok(None);
         };
-        match values.remove(key) {
-            Some(v) => Ok(Some(v)),
-            None => Err(StoreError::corrupt(
-                key,
-                format!("log key in frame {frame}: the frame does not put it"),
-            )),
-        }
+        take_log_value(&mut values, frame, key).map(Some)
     }
 
     /// The log keys frame `frame` puts, with their values; `None` when the frame's
@@ -855,13 +860,7 @@ impl Iterator for LogIter {
                 }
             }
             let (_, values) = self.frame.as_mut().expect("just read");
-            return Some(match values.remove(&key) {
-                Some(value) => Ok((key, value)),
-                None => Err(StoreError::corrupt(
-                    &key,
-                    format!("log key in frame {frame}: the frame does not put it"),
-                )),
-            });
+            return Some(take_log_value(values, frame, &key).map(|value| (key, value)));
         }
     }
 }
