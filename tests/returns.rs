@@ -274,13 +274,25 @@ fn by_request_return_services_wait_only_when_asked() {
 fn bench_mode_replicates_its_table_and_wait_sees_subscribers_caught_up() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    let n1 = start("n1", d, "127.0.0.1:0", None);
+    // The master and the TWOSAFE subscriber run on one thread each (`--threads 1`:
+    // the master's commits flush on the blocking pool, the subscriber's applies
+    // inline), the async subscriber on one per core.
+    let one = ["--threads", "1"];
+    let n1 = start_member("n1", d, "127.0.0.1:0", None, &one);
     let out = n1.cli(&["init"]);
     assert!(out.status.success(), "{}", stderr(&out));
-    let n2 = start("n2", d, "127.0.0.1:0", Some(&n1.grpc));
+    let n2 = start_member("n2", d, "127.0.0.1:0", Some(&n1.grpc), &one);
     let n3 = start("n3", d, "127.0.0.1:0", Some(&n1.grpc));
     for n in [&n1, &n2, &n3] {
         wait_for("three voters", WAIT, || (voters(n) == 3).then_some(()));
+    }
+    for n in [&n1, &n2] {
+        assert!(
+            without_colours(&n.log()).contains("async runtime started worker_threads=1"),
+            "{} did not run on one thread: {}",
+            n.name,
+            n.log()
+        );
     }
     // The bench creates its table on n1 only: the DATASTORE element replicates it.
     let out = n1.cli(&[
@@ -359,6 +371,20 @@ fn bench_mode_replicates_its_table_and_wait_sees_subscribers_caught_up() {
         "{}",
         stderr(&out)
     );
+}
+
+/// `text` without its ANSI colour sequences (ESC `[` ... `m`).
+fn without_colours(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        if c == '\x1b' {
+            chars.by_ref().find(|&c| c == 'm');
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }
 
 /// The receiver states of `scheme` as `node` reports them (`"STORE=STATE"`).

@@ -70,12 +70,36 @@ enum Command {
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+/// The async runtime: `threads` workers, 0 = one per CPU core, 1 = the calling thread
+/// alone (tokio's current-thread scheduler: no hand-offs between workers at all).
+fn runtime(threads: usize) -> std::io::Result<tokio::runtime::Runtime> {
+    let mut builder = match threads {
+        1 => tokio::runtime::Builder::new_current_thread(),
+        0 => tokio::runtime::Builder::new_multi_thread(),
+        n => {
+            let mut b = tokio::runtime::Builder::new_multi_thread();
+            b.worker_threads(n);
+            b
+        }
+    };
+    builder.enable_all().build()
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    // A node's configuration says how many threads its runtime has, so it is read
+    // before the runtime starts; every other command runs one per core.
+    let (threads, start_config) = match &cli.command {
+        Command::Start(args) => match args.config() {
+            Ok(c) => (c.threads, Some(c)),
+            Err(e) => {
+                eprintln!("error: {e:#}");
+                return ExitCode::FAILURE;
+            }
+        },
+        _ => (0, None),
+    };
+    let runtime = match runtime(threads) {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("error: cannot start the async runtime: {e}");
@@ -84,7 +108,10 @@ fn main() -> ExitCode {
     };
     let result = runtime.block_on(async move {
         match cli.command {
-            Command::Start(args) => start::run(*args).await,
+            Command::Start(args) => {
+                let config = start_config.expect("read above for start");
+                start::run(*args, config).await
+            }
             Command::Sql(args) => sql_cmd::run(args).await,
             Command::Status(args) => status::run(args).await,
             Command::Init(args) => cluster_cmd::init(args).await,

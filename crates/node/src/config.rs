@@ -68,6 +68,11 @@ pub struct NodeConfig {
     /// soon after can still get recent history; older log is released once every
     /// stream that holds log (receivers in START or PAUSE state) has acknowledged it.
     pub log_keep_bytes: u64,
+    /// Async worker threads: 0 runs one per CPU core; 1 runs the whole node on one
+    /// thread, where a receiver's flush blocks it as a PostgreSQL walreceiver's does
+    /// (several nodes sharing a small machine spend less CPU per replicated commit
+    /// that way; see docs/architecture.md "Threads").
+    pub threads: usize,
 }
 
 impl Default for NodeConfig {
@@ -92,9 +97,13 @@ impl Default for NodeConfig {
             compile_threshold_bytes: CompilePolicy::DEFAULT_MIN_BYTES,
             log_file_size: 64 * 1024 * 1024,
             log_keep_bytes: 64 * 1024 * 1024,
+            threads: 0,
         }
     }
 }
+
+/// The most async worker threads a node runs.
+pub const MAX_THREADS: usize = 1024;
 
 /// A configuration that cannot work, with the reason.
 #[derive(Debug, Error, PartialEq, Eq)]
@@ -130,6 +139,12 @@ impl NodeConfig {
             return Err(ConfigError(format!(
                 "listen and http are both {}; they need different ports",
                 self.listen
+            )));
+        }
+        if self.threads > MAX_THREADS {
+            return Err(ConfigError(format!(
+                "threads {} is above the maximum of {MAX_THREADS} (0 runs one per CPU core)",
+                self.threads
             )));
         }
         if self.lock_timeout.is_zero() {
@@ -278,6 +293,12 @@ mod tests {
         c.raft_election_max = Duration::from_millis(600);
         c.raft_snapshot_every = 0;
         assert!(c.validate().unwrap_err().0.contains("raft_snapshot_every"));
+        c.raft_snapshot_every = 1000;
+
+        c.threads = MAX_THREADS + 1;
+        assert!(c.validate().unwrap_err().0.contains("threads 1025"));
+        c = NodeConfig::from_toml("threads = 1\n").unwrap();
+        assert_eq!((c.threads, c.validate()), (1, Ok(())));
     }
 
     #[test]

@@ -44,7 +44,7 @@ use hawser_rtl::{Compilation, NetOp, NetTable};
 
 use crate::codec;
 use crate::db::{
-    coerce_key, key_text, validate_row, Database, ForeignAppend, Inner, Origin, TableRef,
+    coerce_key, key_text, validate_row, Database, Flusher, ForeignAppend, Inner, Origin, TableRef,
 };
 use crate::engine::WriteBatch;
 use crate::error::StoreError;
@@ -153,7 +153,7 @@ impl Database {
     /// Makes every commit and apply so far durable; returns the LSN it covers.
     pub async fn flush(&self) -> Result<Lsn, StoreError> {
         let upto = self.last_lsn();
-        self.inner.wait_durable(upto).await?;
+        self.inner.wait_durable(upto, Flusher::Apply).await?;
         Ok(upto)
     }
 
@@ -250,7 +250,9 @@ impl Database {
             self.inner.apply_metrics.skipped.increment(1);
             let durable = self.inner.opts.durable_commits;
             if durable {
-                self.inner.wait_durable(self.last_lsn()).await?;
+                self.inner
+                    .wait_durable(self.last_lsn(), Flusher::Apply)
+                    .await?;
             }
             return Ok(ApplyInfo {
                 applied: 0,
@@ -372,7 +374,7 @@ impl Database {
             // this still covers the skipped transactions, which an earlier
             // non-durable apply may have left unflushed.
             inner
-                .wait_durable(last_lsn.unwrap_or_else(|| self.last_lsn()))
+                .wait_durable(last_lsn.unwrap_or_else(|| self.last_lsn()), Flusher::Apply)
                 .await?;
         }
         // Ack: only now may later writers of these rows build on them.

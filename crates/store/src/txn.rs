@@ -432,7 +432,7 @@ impl Txn {
         let durable = inner.opts.durable_commits || self.force_durable;
         if durable {
             // Flush (shared with concurrent commits) and advance.
-            if let Err(e) = inner.wait_durable(lsn).await {
+            if let Err(e) = inner.wait_durable(lsn, crate::db::Flusher::Commit).await {
                 drop(_shown_on_drop);
                 self.finish();
                 return Err(e);
