@@ -555,6 +555,77 @@ fn receiver_states_and_failthreshold_stop_the_stream_and_release_commits() {
     assert_eq!(count(&n2, "t"), Some(3), "n2 got part of what it missed");
 }
 
+/// FAILTHRESHOLD bounds the log every receiver holds, not only a streaming one's: a
+/// PAUSEd receiver (which holds the log), and one that has not connected since its
+/// master restarted, are both marked FAILED once the log after their last
+/// acknowledged position passes the threshold, and the log they held is released.
+#[test]
+fn failthreshold_fails_paused_receivers_and_receivers_unseen_since_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let mut args: Vec<&str> = FAST_RAFT.to_vec();
+    args.extend(["--log-file-size", "4096", "--log-keep-bytes", "0"]);
+    let mut n1 = Node::start_at("n1", &d.join("n1"), "127.0.0.1:0", &args);
+    let out = n1.cli(&["init"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let n2 = start("n2", d, "127.0.0.1:0", Some(&n1.grpc));
+    let mut n3 = start("n3", d, "127.0.0.1:0", Some(&n1.grpc));
+    for n in [&n1, &n2, &n3] {
+        wait_for("three voters", WAIT, || (voters(n) == 3).then_some(()));
+        sql_ok(n, "create table t (k int primary key, v varchar(200))");
+    }
+    ddl(
+        &n1,
+        "CREATE REPLICATION r ELEMENT e TABLE t MASTER n1 SUBSCRIBER n2, n3 \
+         STORE n1 FAILTHRESHOLD 1",
+    );
+    for r in ["n2", "n3"] {
+        wait_for("the streams to n2 and n3", WAIT, || {
+            outbound_to(&n1, r).filter(|o| o["state"] == "streaming")
+        });
+    }
+    sql_ok(&n1, "insert into t values (1, 'a')");
+    for n in [&n2, &n3] {
+        wait_for("the first row replicated", WAIT, || {
+            (count(n, "t") == Some(1)).then_some(())
+        });
+    }
+    // n2 is paused (it holds the log from here); n3 dies and n1 restarts, so n1's
+    // sender to n3 never reaches it in this process.
+    let out = n1.cli(&["receiver", "--subscriber", "n2", "--state", "pause"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    wait_for("n1 stops sending to n2", WAIT, || {
+        outbound_to(&n1, "n2").is_none().then_some(())
+    });
+    n3.kill9();
+    assert!(
+        n1.terminate().is_some_and(|s| s.success()),
+        "n1 did not stop cleanly"
+    );
+    let n1_grpc = n1.grpc.clone();
+    drop(n1);
+    let n1 = Node::start_at("n1", &d.join("n1"), &n1_grpc, &args);
+    // More than one 4 KiB log file of commits (n1 takes writes once it is master again).
+    let big = "x".repeat(180);
+    for k in 10..40 {
+        let text = format!("insert into t values ({k}, '{big}')");
+        wait_for("n1 to take a write", WAIT, || {
+            sql(&n1, &text).0.then_some(())
+        });
+    }
+    wait_for("n2 and n3 marked FAILED", WAIT, || {
+        let mut r = receivers(&n1, "r");
+        r.sort();
+        (r == ["n2=FAILED", "n3=FAILED"]).then_some(())
+    });
+    // Nobody holds the log now: everything but the last record goes.
+    let last = n1.status()["last_lsn"].as_u64().unwrap();
+    wait_for("n1 to release the log n2 and n3 held", WAIT, || {
+        (log_start(&n1) == Some(last)).then_some(())
+    });
+    assert_eq!(count(&n2, "t"), Some(1), "a paused receiver got rows");
+}
+
 #[test]
 fn durable_commit_on_flushes_commits_while_the_return_service_is_disabled() {
     let dir = tempfile::tempdir().unwrap();

@@ -35,7 +35,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use hawser_control::state::ReceiverState;
 use hawser_control::{ClusterState, ControlPlane};
@@ -87,7 +87,8 @@ pub(crate) fn wake_all(senders: &Senders) {
 /// receiver store).
 type Wanted = BTreeMap<(QualName, Ident), (LinkConfig, String)>;
 
-/// FAILTHRESHOLD of the master's STORE clause for each wanted link (0 = no limit).
+/// FAILTHRESHOLD of the master's STORE clause for each link it sends, whatever its
+/// receiver's state (0 = no limit).
 type Thresholds = BTreeMap<(QualName, Ident), u32>;
 
 /// The links this store sends in the cluster state, whatever their receiver's state
@@ -130,7 +131,7 @@ pub(crate) async fn run(task: DataPlaneTask) {
     let mut tick = tokio::time::interval(REPLAN_EVERY);
     let mut problems = BTreeSet::new();
     let mut thresholds = Thresholds::new();
-    let mut failing = BTreeSet::new();
+    let mut failing = BTreeMap::new();
     let mut known = Known::new();
     let mut positions = match task.db.positions() {
         Ok(p) => p,
@@ -160,7 +161,14 @@ pub(crate) async fn run(task: DataPlaneTask) {
         }
         problems = now;
         reconcile(&task, &mut running, wanted, &positions);
-        check_fail_thresholds(&task, &running, &thresholds, &mut failing);
+        check_fail_thresholds(
+            &task,
+            &running,
+            &thresholds,
+            &known,
+            &positions,
+            &mut failing,
+        );
         retain_log(&task, &running, &known, &mut positions).await;
         export_metrics(&running);
         tokio::select! {
@@ -388,6 +396,10 @@ fn wanted_links(
                 (name.clone(), link.receiver.clone()),
                 matches!(rstate, ReplicationState::Start | ReplicationState::Pause),
             );
+            thresholds.insert(
+                (name.clone(), link.receiver.clone()),
+                link.sender_settings.fail_threshold,
+            );
             let e = replication.entry(link.receiver.clone()).or_default();
             if rstate != ReplicationState::Start {
                 *e = rstate;
@@ -428,10 +440,6 @@ fn wanted_links(
             else {
                 continue;
             };
-            thresholds.insert(
-                (name.clone(), link.receiver.clone()),
-                link.sender_settings.fail_threshold,
-            );
             out.insert((name.clone(), link.receiver.clone()), (config, addr));
         }
     }
@@ -492,31 +500,41 @@ fn export_metrics(running: &BTreeMap<(QualName, Ident), Running>) {
     }
 }
 
-/// Marks receivers FAILED whose unacknowledged log passed the master's FAILTHRESHOLD
-/// (in units of `log_file_size` bytes). Only senders that have streamed since this
-/// process started are measured: before its first Hello a sender does not know where
-/// its receiver is. Each receiver is proposed once per crossing.
+/// How long a proposal to mark a receiver FAILED is given before it is made again
+/// (the Raft leader may have been away; setting FAILED twice changes nothing).
+const FAIL_RETRY: Duration = Duration::from_secs(10);
+
+/// Marks receivers FAILED whose held log passed the master's FAILTHRESHOLD (in units
+/// of `log_file_size` bytes): every link that holds log — its receiver in START or
+/// PAUSE, streaming or not, connected since this process started or not — measured
+/// from the last position its receiver acknowledged durably (the running sender's,
+/// else the saved one). A link whose receiver already lacks released log is not
+/// measured: its sender reports that it needs a duplicate.
 fn check_fail_thresholds(
     task: &DataPlaneTask,
     running: &BTreeMap<(QualName, Ident), Running>,
     thresholds: &Thresholds,
-    failing: &mut BTreeSet<(QualName, Ident)>,
+    known: &Known,
+    positions: &BTreeMap<String, Lsn>,
+    failing: &mut BTreeMap<(QualName, Ident), Instant>,
 ) {
-    failing.retain(|k| running.contains_key(k));
-    for (key, r) in running {
+    // Proposed and since applied (the link no longer holds log), or given up on.
+    failing.retain(|k, at| known.get(k) == Some(&true) && at.elapsed() < FAIL_RETRY);
+    let floor = released_through(&task.db);
+    let last = task.db.last_lsn();
+    for (key, _) in known.iter().filter(|(_, holds)| **holds) {
         let threshold = thresholds.get(key).copied().unwrap_or(0);
-        if threshold == 0 || failing.contains(key) {
+        if threshold == 0 || failing.contains_key(key) {
             continue;
         }
-        let (streamed, acked) = {
-            let s = r.handle.status();
-            let s = s.borrow();
-            (s.last_contact.is_some(), s.acked_lsn)
-        };
         // The receiver may be gone: its last ack, not a fresh one, says where it is.
-        if !streamed || task.db.last_lsn() <= acked {
+        let acked = match running.get(key) {
+            Some(r) => Some(r.handle.status().borrow().acked_lsn),
+            None => positions.get(&position_name(key)).copied(),
+        };
+        let Some(acked) = acked.filter(|a| *a >= floor && *a < last) else {
             continue;
-        }
+        };
         let limit = u64::from(threshold).saturating_mul(task.log_file_size);
         let held = match task.db.log_bytes_from(acked.next()) {
             Ok(b) => b,
@@ -530,9 +548,10 @@ fn check_fail_thresholds(
         }
         warn!(
             scheme = %key.0, receiver = %key.1, held, limit,
+            has_sender = running.contains_key(key),
             "receiver passed FAILTHRESHOLD; marking it FAILED"
         );
-        failing.insert(key.clone());
+        failing.insert(key.clone(), Instant::now());
         let plane = task.plane.clone();
         let cmd = hawser_control::Command::SetReceiverState {
             scheme: key.0.clone(),
