@@ -161,6 +161,12 @@ impl Returns {
             txn.force_durable();
         }
         let waited = !awaits.is_empty();
+        if waited {
+            // The flush's housekeeping waits until the commit is on its way to the
+            // subscribers (below), off the time the commit waits for.
+            txn.settle_later();
+        }
+        let db = txn.database().clone();
         let hide = awaits.iter().any(|a| a.level == ReturnLevel::Twosafe)
             && sync.return_wait != Some(ReturnWait::NoWait);
         let (info, outcome) = txn
@@ -191,6 +197,12 @@ impl Returns {
                         inner.timer_armed = next;
                         self.timer.notify_one();
                     }
+                }
+                // The senders just woken run first (on this worker: the yield lets
+                // them), then the flush's housekeeping while the subscribers work.
+                tokio::task::yield_now().await;
+                if let Err(e) = db.settle() {
+                    tracing::warn!(error = %e, "settling a commit's flush failed");
                 }
                 // A dropped sender means the node is shutting down: nothing to wait for.
                 rx.await.unwrap_or(ReturnOutcome::NotRequested)

@@ -129,7 +129,9 @@ impl Database {
     ///   get a log record here: the next local LSN, the original Gtid and epoch, the
     ///   before-images as they were here.
     /// * All of the batch — rows, records, high-waters — is one atomic engine batch,
-    ///   flushed before return unless `durable_commits` is off.
+    ///   flushed before return unless `durable_commits` is off. The flush leaves its
+    ///   housekeeping for [`Database::settle`] (or the next flush): the receiver
+    ///   acknowledges first.
     /// * A table named by an applied change must exist: otherwise
     ///   [`StoreError::Replicated`] names the Gtid and the table, and nothing is applied.
     pub async fn apply_replicated(
@@ -150,10 +152,18 @@ impl Database {
         self.apply_internal(&batch, None, false).await
     }
 
+    /// Does the housekeeping flushes left for later (a commit's after
+    /// [`crate::Txn::settle_later`], a replicated apply's): moves the flushed batches
+    /// into the engine's tree. Blocking but short (no I/O wait): call it once the
+    /// commit or apply has been acted on, while waiting for the next thing to do.
+    pub fn settle(&self) -> Result<(), StoreError> {
+        self.inner.engine.settle()
+    }
+
     /// Makes every commit and apply so far durable; returns the LSN it covers.
     pub async fn flush(&self) -> Result<Lsn, StoreError> {
         let upto = self.last_lsn();
-        self.inner.wait_durable(upto, Flusher::Apply).await?;
+        self.inner.wait_durable(upto, Flusher::Apply, true).await?;
         Ok(upto)
     }
 
@@ -251,7 +261,7 @@ impl Database {
             let durable = self.inner.opts.durable_commits;
             if durable {
                 self.inner
-                    .wait_durable(self.last_lsn(), Flusher::Apply)
+                    .wait_durable(self.last_lsn(), Flusher::Apply, true)
                     .await?;
             }
             return Ok(ApplyInfo {
@@ -374,7 +384,11 @@ impl Database {
             // this still covers the skipped transactions, which an earlier
             // non-durable apply may have left unflushed.
             inner
-                .wait_durable(last_lsn.unwrap_or_else(|| self.last_lsn()), Flusher::Apply)
+                .wait_durable(
+                    last_lsn.unwrap_or_else(|| self.last_lsn()),
+                    Flusher::Apply,
+                    false,
+                )
                 .await?;
         }
         // Ack: only now may later writers of these rows build on them.

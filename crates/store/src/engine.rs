@@ -92,6 +92,18 @@ pub trait KvEngine: Send + Sync + 'static {
 
     /// Makes every batch applied before this call durable before it returns.
     fn flush(&self) -> Result<(), StoreError>;
+
+    /// [`KvEngine::flush`], leaving work the flush does after the batches are durable
+    /// (moving them to where they stay) for [`KvEngine::settle`] or a later flush, so
+    /// that a caller can act on the durability first.
+    fn flush_unsettled(&self) -> Result<(), StoreError> {
+        self.flush()
+    }
+
+    /// Does what [`KvEngine::flush_unsettled`] left; cheap when nothing was left.
+    fn settle(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
 }
 
 /// The sled engine: one tree holds the whole keyspace; [`crate::wal`] makes its
@@ -748,7 +760,27 @@ impl KvEngine for SledEngine {
     fn flush(&self) -> Result<(), StoreError> {
         self.shared.sync()
     }
+
+    /// Syncs the log only. The overlay keeps the durable batches (readers see them
+    /// there) until [`KvEngine::settle`] or a flush moves them; past
+    /// [`UNSETTLED_FRAMES`] of them this flush moves them itself, so a caller that never
+    /// settles costs a larger move now and then, not memory.
+    fn flush_unsettled(&self) -> Result<(), StoreError> {
+        let s = &*self.shared;
+        s.wal.sync()?;
+        if s.overlay.read().frames.len() > UNSETTLED_FRAMES {
+            s.move_durable()?;
+        }
+        Ok(())
+    }
+
+    fn settle(&self) -> Result<(), StoreError> {
+        self.shared.move_durable()
+    }
 }
+
+/// Durable batches a [`KvEngine::flush_unsettled`] leaves in the overlay at most.
+const UNSETTLED_FRAMES: usize = 64;
 
 fn broken_error(reason: &str) -> StoreError {
     StoreError::io(
@@ -1101,6 +1133,36 @@ mod tests {
         assert_eq!(e.get(b"late").unwrap(), Some(b"1".to_vec()));
         // Frame numbers go on from where they were.
         assert_eq!(*e.shared.applying.lock(), 51);
+    }
+
+    #[test]
+    fn an_unsettled_flush_makes_batches_durable_and_leaves_the_move_to_settle() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let e = SledEngine::open(dir.path()).unwrap();
+            e.apply(put(b"a", b"1")).unwrap();
+            e.flush_unsettled().unwrap();
+            // Durable (the log has it) and visible, but still in the overlay.
+            assert!(e.shared.wal.synced() >= 1);
+            assert_eq!(e.get(b"a").unwrap(), Some(b"1".to_vec()));
+            assert_eq!(e.shared.db.get(b"a").unwrap(), None);
+            assert_eq!(e.shared.overlay.read().frames.len(), 1);
+            e.settle().unwrap();
+            assert_eq!(e.shared.db.get(b"a").unwrap().as_deref(), Some(&b"1"[..]));
+            assert!(e.shared.overlay.read().frames.is_empty());
+            // A caller that never settles: past the bound the flush moves them itself.
+            for i in 0..=UNSETTLED_FRAMES as u8 {
+                e.apply(put(&[b'k', i], &[i])).unwrap();
+                e.flush_unsettled().unwrap();
+            }
+            assert!(e.shared.overlay.read().frames.len() <= UNSETTLED_FRAMES);
+            e.apply(put(b"z", b"2")).unwrap();
+            e.flush_unsettled().unwrap();
+            // Closed unsettled: the close moves what is left.
+        }
+        let e = SledEngine::open(dir.path()).unwrap();
+        assert_eq!(e.get(b"z").unwrap(), Some(b"2".to_vec()));
+        assert_eq!(e.get(&[b'k', 3]).unwrap(), Some(vec![3]));
     }
 
     #[test]

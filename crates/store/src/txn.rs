@@ -52,6 +52,8 @@ pub struct Txn {
     /// Flush before the commit returns even when the database's commits are not
     /// durable (TimesTen's DURABLE COMMIT ON while a return service is disabled).
     force_durable: bool,
+    /// Leave the flush's housekeeping for the caller's [`Database::settle`].
+    settle_later: bool,
 }
 
 impl std::fmt::Debug for Txn {
@@ -76,6 +78,7 @@ impl Txn {
             locked: HashSet::new(),
             finished: false,
             force_durable: false,
+            settle_later: false,
         }
     }
 
@@ -116,6 +119,19 @@ impl Txn {
     /// commits are not durable.
     pub fn force_durable(&mut self) {
         self.force_durable = true;
+    }
+
+    /// Lets this commit's flush leave its housekeeping (moving the flushed batches into
+    /// the engine's tree) for a [`Database::settle`] the caller makes once the commit's
+    /// next step is under way, such as shipping it to a subscriber the caller then
+    /// waits for. Without that call, the next flush does it.
+    pub fn settle_later(&mut self) {
+        self.settle_later = true;
+    }
+
+    /// The database this transaction writes to.
+    pub fn database(&self) -> &Database {
+        &self.db
     }
 
     /// The tables this transaction has written to.
@@ -432,7 +448,11 @@ impl Txn {
         let durable = inner.opts.durable_commits || self.force_durable;
         if durable {
             // Flush (shared with concurrent commits) and advance.
-            if let Err(e) = inner.wait_durable(lsn, crate::db::Flusher::Commit).await {
+            let settle = !self.settle_later;
+            if let Err(e) = inner
+                .wait_durable(lsn, crate::db::Flusher::Commit, settle)
+                .await
+            {
                 drop(_shown_on_drop);
                 self.finish();
                 return Err(e);

@@ -18,6 +18,9 @@ use parking_lot::Mutex;
 struct GatedEngine {
     inner: MemEngine,
     flushes: AtomicU64,
+    /// Of the flushes, those that left their housekeeping for `settle`.
+    unsettled: AtomicU64,
+    settles: AtomicU64,
     gate: Mutex<Option<(tokio::sync::oneshot::Sender<()>, mpsc::Receiver<()>)>>,
 }
 
@@ -55,6 +58,14 @@ impl KvEngine for GatedEngine {
                 .expect("the test releases the flush");
         }
         self.flushes.fetch_add(1, Ordering::SeqCst);
+        Ok(())
+    }
+    fn flush_unsettled(&self) -> Result<(), StoreError> {
+        self.unsettled.fetch_add(1, Ordering::SeqCst);
+        self.flush()
+    }
+    fn settle(&self) -> Result<(), StoreError> {
+        self.settles.fetch_add(1, Ordering::SeqCst);
         Ok(())
     }
 }
@@ -133,4 +144,30 @@ async fn non_durable_commits_do_not_wait_for_a_flush() {
     let info = increment(&db, 1).await.unwrap();
     assert!(!info.durable);
     assert_eq!(engine.flushes.load(Ordering::SeqCst), base);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_that_settles_later_leaves_the_flush_housekeeping_to_settle() {
+    let engine = Arc::new(GatedEngine::default());
+    let db = Database::open(engine.clone() as Arc<dyn KvEngine>, opts()).unwrap();
+    db.create_table(counters()).await.unwrap();
+    // An ordinary commit's flush does everything.
+    assert!(increment(&db, 1).await.unwrap().durable);
+    assert_eq!(engine.unsettled.load(Ordering::SeqCst), 0);
+    let t = QualName::bare("counters");
+    let mut txn = db.begin();
+    txn.insert(&t, vec![Value::Int(2), Value::Int(0)])
+        .await
+        .unwrap();
+    txn.settle_later();
+    let flushes = engine.flushes.load(Ordering::SeqCst);
+    // Durable all the same, and visible.
+    assert!(txn.commit().await.unwrap().durable);
+    assert_eq!(engine.flushes.load(Ordering::SeqCst), flushes + 1);
+    assert_eq!(engine.unsettled.load(Ordering::SeqCst), 1);
+    assert_eq!(db.flushed_lsn(), db.last_lsn());
+    assert!(db.get(&t, &[Value::Int(2)]).unwrap().is_some());
+    assert_eq!(engine.settles.load(Ordering::SeqCst), 0);
+    db.settle().unwrap();
+    assert_eq!(engine.settles.load(Ordering::SeqCst), 1);
 }

@@ -549,6 +549,17 @@ impl ReceiverService {
                                     break;
                                 }
                             }
+                            if accepted.returns_wait {
+                                // The apply's flush left its housekeeping: done once
+                                // the ack is on its way (the yield lets the response
+                                // stream's tasks write it first), before the next
+                                // batch can arrive.
+                                tokio::task::yield_now().await;
+                                if let Err(e) = self.db.settle() {
+                                    warn!(sender = %sender, error = %e, "settling the apply failed; dropping the stream");
+                                    break;
+                                }
+                            }
                         }
                         Err((code, reason)) => {
                             warn!(sender = %sender, reason = %reason, "refusing the stream");
