@@ -557,8 +557,9 @@ fn receiver_states_and_failthreshold_stop_the_stream_and_release_commits() {
 
 /// FAILTHRESHOLD bounds the log every receiver holds, not only a streaming one's: a
 /// PAUSEd receiver (which holds the log), and one that has not connected since its
-/// master restarted, are both marked FAILED once the log after their last
-/// acknowledged position passes the threshold, and the log they held is released.
+/// master restarted, are both marked FAILED once the log written since (their last
+/// acknowledged position, or the restart) passes the threshold, and the log they held
+/// is released.
 #[test]
 fn failthreshold_fails_paused_receivers_and_receivers_unseen_since_a_restart() {
     let dir = tempfile::tempdir().unwrap();

@@ -133,6 +133,7 @@ pub(crate) async fn run(task: DataPlaneTask) {
     let mut thresholds = Thresholds::new();
     let mut failing = BTreeMap::new();
     let mut known = Known::new();
+    let mut first_seen = BTreeMap::new();
     let mut positions = match task.db.positions() {
         Ok(p) => p,
         Err(e) => {
@@ -161,12 +162,21 @@ pub(crate) async fn run(task: DataPlaneTask) {
         }
         problems = now;
         reconcile(&task, &mut running, wanted, &positions);
+        first_seen.retain(|k, _| known.contains_key(k));
+        for k in known.keys() {
+            first_seen
+                .entry(k.clone())
+                .or_insert_with(|| task.db.last_lsn());
+        }
         check_fail_thresholds(
             &task,
             &running,
             &thresholds,
             &known,
-            &positions,
+            &Measured {
+                positions: &positions,
+                first_seen: &first_seen,
+            },
             &mut failing,
         );
         retain_log(&task, &running, &known, &mut positions).await;
@@ -504,18 +514,43 @@ fn export_metrics(running: &BTreeMap<(QualName, Ident), Running>) {
 /// (the Raft leader may have been away; setting FAILED twice changes nothing).
 const FAIL_RETRY: Duration = Duration::from_secs(10);
 
+/// Where the log a link holds is measured from, for a link whose receiver has not been
+/// heard by this process: its saved position, but not before the link was first seen
+/// here (`first_seen`, the last LSN then).
+struct Measured<'a> {
+    positions: &'a BTreeMap<String, Lsn>,
+    first_seen: &'a BTreeMap<(QualName, Ident), Lsn>,
+}
+
+/// The LSN after which a link's held log is measured (see [`check_fail_thresholds`]):
+/// `acked` is the receiver's position, `heard` whether this process has streamed to
+/// it, `since` the last LSN when this process first saw the link, `floor` the last
+/// released LSN and `last` the log's end. `None`: nothing to measure.
+fn measured_from(heard: bool, acked: Lsn, since: Lsn, floor: Lsn, last: Lsn) -> Option<Lsn> {
+    if acked < floor {
+        // The receiver lacks released log: past what a threshold can do.
+        return None;
+    }
+    let from = if heard { acked } else { acked.max(since) };
+    (from < last).then_some(from)
+}
+
 /// Marks receivers FAILED whose held log passed the master's FAILTHRESHOLD (in units
 /// of `log_file_size` bytes): every link that holds log — its receiver in START or
-/// PAUSE, streaming or not, connected since this process started or not — measured
-/// from the last position its receiver acknowledged durably (the running sender's,
-/// else the saved one). A link whose receiver already lacks released log is not
-/// measured: its sender reports that it needs a duplicate.
+/// PAUSE, streaming or not — is measured. A receiver this process has streamed to is
+/// measured from the last position it acknowledged durably; one it has not (PAUSEd, not
+/// connected since the master restarted, no address yet) from its saved position, or
+/// from where the log stood when this process first saw the link if that is later: a
+/// new subscriber is not blamed for the log kept before it existed, and one that was
+/// down across a restart counts from the restart — later than it could, never
+/// earlier. A link whose receiver already lacks released log is not measured: its
+/// sender reports that it needs a duplicate.
 fn check_fail_thresholds(
     task: &DataPlaneTask,
     running: &BTreeMap<(QualName, Ident), Running>,
     thresholds: &Thresholds,
     known: &Known,
-    positions: &BTreeMap<String, Lsn>,
+    measured: &Measured<'_>,
     failing: &mut BTreeMap<(QualName, Ident), Instant>,
 ) {
     // Proposed and since applied (the link no longer holds log), or given up on.
@@ -528,15 +563,24 @@ fn check_fail_thresholds(
             continue;
         }
         // The receiver may be gone: its last ack, not a fresh one, says where it is.
-        let acked = match running.get(key) {
-            Some(r) => Some(r.handle.status().borrow().acked_lsn),
-            None => positions.get(&position_name(key)).copied(),
+        let streamed = running.get(key).map(|r| {
+            let s = r.handle.status();
+            let s = s.borrow();
+            (s.last_contact.is_some(), s.acked_lsn)
+        });
+        let (heard, acked) = match streamed {
+            Some(s) => s,
+            None => match measured.positions.get(&position_name(key)) {
+                Some(p) => (false, *p),
+                None => continue,
+            },
         };
-        let Some(acked) = acked.filter(|a| *a >= floor && *a < last) else {
+        let since = measured.first_seen.get(key).copied().unwrap_or(last);
+        let Some(from) = measured_from(heard, acked, since, floor, last) else {
             continue;
         };
         let limit = u64::from(threshold).saturating_mul(task.log_file_size);
-        let held = match task.db.log_bytes_from(acked.next()) {
+        let held = match task.db.log_bytes_from(from.next()) {
             Ok(b) => b,
             Err(e) => {
                 warn!(error = %e, "cannot measure the log held for a receiver");
@@ -841,4 +885,35 @@ pub(crate) fn streams_json(senders: &Senders, receiver: &ReceiverService) -> ser
         })
         .collect();
     serde_json::json!({ "outbound": outbound, "inbound": inbound })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::measured_from;
+    use hawser_core::Lsn;
+
+    #[test]
+    fn held_log_is_measured_from_the_position_or_from_when_the_link_was_first_seen() {
+        let (floor, last) = (Lsn(10), Lsn(100));
+        // Heard in this process: its acknowledged position, whenever it was first seen.
+        assert_eq!(
+            measured_from(true, Lsn(20), Lsn(90), floor, last),
+            Some(Lsn(20))
+        );
+        // Not heard (paused, down across a restart, new): not before it was first seen.
+        assert_eq!(
+            measured_from(false, Lsn(20), Lsn(50), floor, last),
+            Some(Lsn(50))
+        );
+        assert_eq!(
+            measured_from(false, Lsn(60), Lsn(50), floor, last),
+            Some(Lsn(60))
+        );
+        // Caught up: nothing held.
+        assert_eq!(measured_from(true, last, Lsn(0), floor, last), None);
+        assert_eq!(measured_from(false, Lsn(20), last, floor, last), None);
+        // Lacks released log: its sender says it needs a duplicate.
+        assert_eq!(measured_from(true, Lsn(9), Lsn(0), floor, last), None);
+        assert_eq!(measured_from(false, Lsn(9), Lsn(50), floor, last), None);
+    }
 }
