@@ -423,24 +423,49 @@ fn log_start(node: &Node) -> Option<u64> {
     serde_json::from_str::<Value>(&body).ok()?["log"]["start_lsn"].as_u64()
 }
 
+/// The master's flags in the FAILTHRESHOLD tests: log files of 4 KiB (FAILTHRESHOLD's
+/// unit) and no log kept beyond what streams hold.
+fn small_log_args() -> Vec<&'static str> {
+    let mut args: Vec<&str> = FAST_RAFT.to_vec();
+    args.extend(["--log-file-size", "4096", "--log-keep-bytes", "0"]);
+    args
+}
+
+/// n1 started with `args` and initialised, n2 and n3 joined: three voters, so a Raft
+/// quorum survives one of them going down.
+fn three_voters(d: &Path, args: &[&str]) -> (Node, Node, Node) {
+    let n1 = Node::start_at("n1", &d.join("n1"), "127.0.0.1:0", args);
+    let out = n1.cli(&["init"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let n2 = start("n2", d, "127.0.0.1:0", Some(&n1.grpc));
+    let n3 = start("n3", d, "127.0.0.1:0", Some(&n1.grpc));
+    for n in [&n1, &n2, &n3] {
+        wait_for("three voters", WAIT, || (voters(n) == 3).then_some(()));
+    }
+    (n1, n2, n3)
+}
+
+/// Stops `node` cleanly (asserting that it did) and starts it again on its data and
+/// address with `args`.
+fn restart_cleanly(mut node: Node, d: &Path, args: &[&str]) -> Node {
+    assert!(
+        node.terminate().is_some_and(|s| s.success()),
+        "{} did not stop cleanly",
+        node.name
+    );
+    let (name, grpc) = (node.name.clone(), node.grpc.clone());
+    drop(node);
+    Node::start_at(&name, &d.join(&name), &grpc, args)
+}
+
 /// Receiver states with TimesTen's log retention: PAUSE holds the master's log, FAILED
 /// releases it. The master keeps no log beyond what streams hold (`--log-keep-bytes 0`).
 #[test]
 fn receiver_states_and_failthreshold_stop_the_stream_and_release_commits() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    // FAILTHRESHOLD counts log files of this many bytes.
-    let mut args: Vec<&str> = FAST_RAFT.to_vec();
-    args.extend(["--log-file-size", "4096", "--log-keep-bytes", "0"]);
-    let mut n1 = Node::start_at("n1", &d.join("n1"), "127.0.0.1:0", &args);
-    let out = n1.cli(&["init"]);
-    assert!(out.status.success(), "{}", stderr(&out));
-    let mut n2 = start("n2", d, "127.0.0.1:0", Some(&n1.grpc));
-    // A third voter keeps a Raft quorum while n2 is down.
-    let n3 = start("n3", d, "127.0.0.1:0", Some(&n1.grpc));
-    for n in [&n1, &n2, &n3] {
-        wait_for("three voters", WAIT, || (voters(n) == 3).then_some(()));
-    }
+    let args = small_log_args();
+    let (n1, mut n2, n3) = three_voters(d, &args);
     for n in [&n1, &n2] {
         sql_ok(n, "create table t (k int primary key, v varchar(200))");
     }
@@ -521,13 +546,7 @@ fn receiver_states_and_failthreshold_stop_the_stream_and_release_commits() {
     });
 
     // n1 restarts: the position n2 acknowledged is kept across the restart.
-    assert!(
-        n1.terminate().is_some_and(|s| s.success()),
-        "n1 did not stop cleanly"
-    );
-    let n1_grpc = n1.grpc.clone();
-    drop(n1);
-    let n1 = Node::start_at("n1", &d.join("n1"), &n1_grpc, &args);
+    let n1 = restart_cleanly(n1, d, &args);
     // Back on its data, n2 stays behind until someone sets it to START; the log it
     // lacks is gone, so its sender says it needs a duplicate rather than skip it.
     let n2 = start("n2", d, &n2.grpc, Some(&n1.grpc));
@@ -564,15 +583,9 @@ fn receiver_states_and_failthreshold_stop_the_stream_and_release_commits() {
 fn failthreshold_fails_paused_receivers_and_receivers_unseen_since_a_restart() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    let mut args: Vec<&str> = FAST_RAFT.to_vec();
-    args.extend(["--log-file-size", "4096", "--log-keep-bytes", "0"]);
-    let mut n1 = Node::start_at("n1", &d.join("n1"), "127.0.0.1:0", &args);
-    let out = n1.cli(&["init"]);
-    assert!(out.status.success(), "{}", stderr(&out));
-    let n2 = start("n2", d, "127.0.0.1:0", Some(&n1.grpc));
-    let mut n3 = start("n3", d, "127.0.0.1:0", Some(&n1.grpc));
+    let args = small_log_args();
+    let (n1, n2, mut n3) = three_voters(d, &args);
     for n in [&n1, &n2, &n3] {
-        wait_for("three voters", WAIT, || (voters(n) == 3).then_some(()));
         sql_ok(n, "create table t (k int primary key, v varchar(200))");
     }
     ddl(
@@ -599,13 +612,7 @@ fn failthreshold_fails_paused_receivers_and_receivers_unseen_since_a_restart() {
         outbound_to(&n1, "n2").is_none().then_some(())
     });
     n3.kill9();
-    assert!(
-        n1.terminate().is_some_and(|s| s.success()),
-        "n1 did not stop cleanly"
-    );
-    let n1_grpc = n1.grpc.clone();
-    drop(n1);
-    let n1 = Node::start_at("n1", &d.join("n1"), &n1_grpc, &args);
+    let n1 = restart_cleanly(n1, d, &args);
     // More than one 4 KiB log file of commits (n1 takes writes once it is master again).
     let big = "x".repeat(180);
     for k in 10..40 {
