@@ -23,6 +23,7 @@
 
 use std::borrow::Cow;
 use std::collections::{BTreeMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -116,10 +117,22 @@ impl SenderStatus {
 }
 
 /// The caller's handle on a running sender.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct SenderHandle {
     status: watch::Receiver<SenderStatus>,
     wake: Arc<Notify>,
+    /// Set while the sender lingers: the log's last LSN at which it has enough records
+    /// to ship at once (see [`SenderTuning::linger`]); 0 when a wake may be needed.
+    wake_at: Arc<AtomicU64>,
+    db: Database,
+}
+
+impl std::fmt::Debug for SenderHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SenderHandle")
+            .field("wake_at", &self.wake_at)
+            .finish_non_exhaustive()
+    }
 }
 
 impl SenderHandle {
@@ -128,9 +141,14 @@ impl SenderHandle {
     }
 
     /// Tells the sender there is new log to ship (the commit path calls this after
-    /// each commit, so shipping does not wait for the poll interval).
+    /// each commit, so shipping does not wait for the poll interval). A sender that
+    /// lingers for company is left alone until the log holds the records that end its
+    /// linger: its timer ships the rest, and a wake per commit (a task run, often a
+    /// thread woken, only to linger on) is what lingering saves.
     pub fn wake(&self) {
-        self.wake.notify_one();
+        if self.db.last_lsn().0 >= self.wake_at.load(Ordering::Acquire) {
+            self.wake.notify_one();
+        }
     }
 }
 
@@ -187,6 +205,8 @@ impl StreamSender {
         initial.sent_lsn = initial.sent_lsn.max(acked_lsn);
         let (status_tx, status) = watch::channel(initial);
         let wake = Arc::new(Notify::new());
+        let wake_at = Arc::new(AtomicU64::new(0));
+        let handle_db = db.clone();
         let task = Sender {
             link,
             db,
@@ -194,13 +214,19 @@ impl StreamSender {
             shutdown,
             status: status_tx,
             wake: wake.clone(),
+            wake_at: wake_at.clone(),
             acked_lsn,
             unflushed_since: std::sync::Mutex::new(None),
             on_ack: start.on_ack,
         };
         task.report_acks();
         tracker.spawn(task.run());
-        SenderHandle { status, wake }
+        SenderHandle {
+            status,
+            wake,
+            wake_at,
+            db: handle_db,
+        }
     }
 }
 
@@ -211,6 +237,8 @@ struct Sender {
     shutdown: CancellationToken,
     status: watch::Sender<SenderStatus>,
     wake: Arc<Notify>,
+    /// Shared with the handles (see [`SenderHandle::wake`]).
+    wake_at: Arc<AtomicU64>,
     acked_lsn: Lsn,
     /// Since when the log at the cursor is this node's own commit not yet flushed.
     unflushed_since: std::sync::Mutex<Option<Instant>>,
@@ -326,6 +354,8 @@ impl Sender {
 
     /// One connection, from connect to its end. `Ok` only on shutdown.
     async fn session(&mut self, streamed: &mut bool) -> Result<(), StreamError> {
+        // A session that ended while lingering left its threshold behind.
+        self.wake_at.store(0, Ordering::Release);
         self.check_log()?;
         let tuning = self.link.tuning.clone();
         let channel = tokio::time::timeout(tuning.connect_timeout, self.endpoint.connect())
@@ -470,19 +500,26 @@ impl Sender {
                             if !lingering {
                                 lingering = true;
                                 linger.as_mut().reset(tokio::time::Instant::now() + tuning.linger);
+                                // Commits wake this sender again only once the log holds
+                                // enough to ship now.
+                                let enough = cursor.0.saturating_sub(1) + tuning.linger_records as u64;
+                                self.wake_at.store(enough, Ordering::Release);
                             }
                             continue;
                         }
                     }
                     lingering = false;
+                    self.wake_at.store(0, Ordering::Release);
                     self.ship(&tx, &mut cursor, &mut unsent, &high_water, &mut in_flight, &mut in_flight_bytes, &mut last_sent).await?;
                 }
                 _ = &mut linger, if lingering && room => {
                     lingering = false;
+                    self.wake_at.store(0, Ordering::Release);
                     self.ship(&tx, &mut cursor, &mut unsent, &high_water, &mut in_flight, &mut in_flight_bytes, &mut last_sent).await?;
                 }
                 _ = poll.tick(), if room => {
                     lingering = false;
+                    self.wake_at.store(0, Ordering::Release);
                     self.ship(&tx, &mut cursor, &mut unsent, &high_water, &mut in_flight, &mut in_flight_bytes, &mut last_sent).await?;
                 }
             }
