@@ -508,22 +508,25 @@ impl Sender {
                             continue;
                         }
                     }
-                    lingering = false;
-                    self.wake_at.store(0, Ordering::Release);
+                    self.end_linger(&mut lingering);
                     self.ship(&tx, &mut cursor, &mut unsent, &high_water, &mut in_flight, &mut in_flight_bytes, &mut last_sent).await?;
                 }
                 _ = &mut linger, if lingering && room => {
-                    lingering = false;
-                    self.wake_at.store(0, Ordering::Release);
+                    self.end_linger(&mut lingering);
                     self.ship(&tx, &mut cursor, &mut unsent, &high_water, &mut in_flight, &mut in_flight_bytes, &mut last_sent).await?;
                 }
                 _ = poll.tick(), if room => {
-                    lingering = false;
-                    self.wake_at.store(0, Ordering::Release);
+                    self.end_linger(&mut lingering);
                     self.ship(&tx, &mut cursor, &mut unsent, &high_water, &mut in_flight, &mut in_flight_bytes, &mut last_sent).await?;
                 }
             }
         }
+    }
+
+    /// Ends a linger: commits wake the sender again.
+    fn end_linger(&self, lingering: &mut bool) {
+        *lingering = false;
+        self.wake_at.store(0, Ordering::Release);
     }
 
     /// Fails when log after the acknowledged position was released: whatever this
