@@ -126,10 +126,19 @@ fn return_services_hold_commits_until_acknowledged_and_fail_over_to_8170() {
     assert_eq!(r["timed_out"], 0, "{r}");
     assert_eq!(subscriber(&r, "n2")["level"], "twosafe", "{r}");
     assert_eq!(subscriber(&r, "n3")["level"], "receipt", "{r}");
+    // Each waited-for commit was answered by an ack: both streams report its round
+    // trip (docs/status.md `ack_micros`).
+    for to in ["n2", "n3"] {
+        let out = outbound_to(&n1, to).expect("an outbound stream");
+        let (last, mean) = (&out["ack_micros"], &out["ack_micros_mean"]);
+        assert!(last.as_u64().is_some_and(|us| us > 0), "{out}");
+        assert!(mean.as_u64().is_some_and(|us| us > 0), "{out}");
+    }
     // Per-stream and return-service metrics.
     wait_for("stream metrics exported", WAIT, || {
         let (_, m) = http_get(&n1.http, "/metrics");
         (m.contains("hawser_stream_up{scheme=\"r\",receiver=\"n2\"} 1")
+            && m.contains("hawser_stream_ack_round_trip_seconds{scheme=\"r\",receiver=\"n2\"}")
             && m.contains("hawser_stream_sent_wire_bytes_total{scheme=\"r\",receiver=\"n3\"}")
             && m.contains("hawser_return_commits_total{outcome=\"acknowledged\"}"))
         .then_some(())

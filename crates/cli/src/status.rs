@@ -120,27 +120,34 @@ fn print_replication(r: &serde_json::Value) {
     if !outbound.is_empty() {
         println!();
         println!(
-            "{:<20} {:<12} {:<10} {:>8} {:>9} {:>9} {:>12} {:>12}  REASON",
+            "{:<20} {:<12} {:<10} {:>8} {:>9} {:>9} {:>8} {:>12} {:>12}  REASON",
             "OUTBOUND SCHEME",
             "TO",
             "STATE",
             "TXNS",
             "LAG RECS",
             "LAG MS",
+            "ACK MS",
             "RAW BYTES",
             "WIRE BYTES"
         );
     }
     for o in outbound {
         let lag_ms = o["lag_micros"].as_u64().map(|us| (us / 1000).to_string());
+        // The smoothed ack round trip; none before the first ack.
+        let ack_ms = o["ack_micros_mean"]
+            .as_u64()
+            .filter(|&us| us > 0)
+            .map(|us| format!("{:.2}", us as f64 / 1000.0));
         println!(
-            "{:<20} {:<12} {:<10} {:>8} {:>9} {:>9} {:>12} {:>12}  {}",
+            "{:<20} {:<12} {:<10} {:>8} {:>9} {:>9} {:>8} {:>12} {:>12}  {}",
             field(&o["scheme"]),
             field(&o["receiver"]),
             field(&o["state"]),
             field(&o["transactions"]),
             field(&o["lag_records"]),
             lag_ms.unwrap_or_else(|| "-".into()),
+            ack_ms.unwrap_or_else(|| "-".into()),
             field(&o["raw_bytes"]),
             field(&o["wire_bytes"]),
             field(&o["reason"]),

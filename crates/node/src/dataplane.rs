@@ -486,8 +486,9 @@ fn wanted_links(
 }
 
 /// Per outbound stream, for `/metrics` (refreshed at every re-plan, at least once a
-/// second): whether it streams, its lag in log records and seconds, time since the
-/// receiver was last heard, and transactions and bytes (raw and on the wire) sent.
+/// second): whether it streams, its lag in log records and seconds, the smoothed round
+/// trip of its acks, time since the receiver was last heard, and transactions and bytes
+/// (raw and on the wire) sent.
 fn export_metrics(running: &BTreeMap<(QualName, Ident), Running>) {
     for ((scheme, receiver), r) in running {
         let s = r.handle.status().borrow().clone();
@@ -499,6 +500,8 @@ fn export_metrics(running: &BTreeMap<(QualName, Ident), Running>) {
         metrics::gauge!("hawser_stream_up", &labels).set(f64::from(u8::from(streaming)));
         metrics::gauge!("hawser_stream_lag_records", &labels).set(s.lag_records as f64);
         metrics::gauge!("hawser_stream_lag_seconds", &labels).set(s.lag_micros as f64 / 1e6);
+        metrics::gauge!("hawser_stream_ack_round_trip_seconds", &labels)
+            .set(s.ack_micros_mean as f64 / 1e6);
         if let Some(t) = s.last_contact {
             metrics::gauge!("hawser_stream_seconds_since_contact", &labels)
                 .set(t.elapsed().as_secs_f64());
@@ -851,6 +854,8 @@ pub(crate) fn streams_json(senders: &Senders, receiver: &ReceiverService) -> ser
                 "sent_lsn": s.sent_lsn.0,
                 "lag_records": s.lag_records,
                 "lag_micros": s.lag_micros,
+                "ack_micros": s.ack_micros,
+                "ack_micros_mean": s.ack_micros_mean,
                 "transactions": s.transactions_sent,
                 "batches": s.batches_sent,
                 "raw_bytes": s.raw_bytes,

@@ -89,6 +89,15 @@ pub struct SenderStatus {
     pub lag_records: u64,
     /// Age of the oldest unacknowledged transaction sent, in microseconds.
     pub lag_micros: u64,
+    /// Round trip of the last acknowledged batch: from handing it to the stream to
+    /// reading the ack that covers it, in microseconds (0 before the first ack). On a
+    /// stream a return service waits on, the receiver acks once the batch is durable
+    /// there, so this is what RECEIPT adds to a commit after the master's own flush
+    /// (PostgreSQL's `flush_lag`); on other streams acks are gathered (every few
+    /// batches or at the receiver's lazy flush), so it includes that wait.
+    pub ack_micros: u64,
+    /// [`SenderStatus::ack_micros`] smoothed over recent acks: each new one weighs 1/8.
+    pub ack_micros_mean: u64,
     pub transactions_sent: u64,
     pub batches_sent: u64,
     pub raw_bytes: u64,
@@ -107,6 +116,8 @@ impl SenderStatus {
             sent_lsn: Lsn::ZERO,
             lag_records: 0,
             lag_micros: 0,
+            ack_micros: 0,
+            ack_micros_mean: 0,
             transactions_sent: 0,
             batches_sent: 0,
             raw_bytes: 0,
@@ -253,8 +264,21 @@ const UNFLUSHED_PATIENCE: Duration = Duration::from_millis(20);
 /// One batch sent and not yet acknowledged.
 struct InFlight {
     through_lsn: Lsn,
+    /// When the batch was handed to the stream.
+    sent_at: Instant,
     wire_bytes: u64,
     first_commit_micros: Option<i64>,
+}
+
+/// An exponentially weighted mean giving each new sample 1/8 of the weight (the first
+/// sample is taken whole): steady within a few percent after ~25 acks, and one slow
+/// ack moves it by an eighth of the difference.
+fn smoothed(mean: u64, sample: u64) -> u64 {
+    if mean == 0 {
+        return sample.max(1);
+    }
+    let (m, s) = (mean as i128, sample as i128);
+    (m + (s - m) / 8).max(1) as u64
 }
 
 fn now_micros() -> i64 {
@@ -436,11 +460,15 @@ impl Sender {
                     match msg.msg {
                         Some(receiver_message::Msg::Ack(ack)) => {
                             let through = Lsn(ack.through_lsn);
+                            // The newest batch this ack covers: its round trip.
+                            let mut answered = None;
                             while in_flight.front().is_some_and(|f| f.through_lsn <= through) {
                                 if let Some(f) = in_flight.pop_front() {
                                     in_flight_bytes -= f.wire_bytes;
+                                    answered = Some(f.sent_at);
                                 }
                             }
+                            let round_trip = answered.map(|t| t.elapsed().as_micros() as u64);
                             // A session resumes after `acked_lsn`, so it moves only with
                             // an ack that says everything through it is durable there (a
                             // receiver no return service waits on acks applies first and
@@ -463,6 +491,10 @@ impl Sender {
                                 s.acked_applied = applied;
                                 s.lag_records = last.0.saturating_sub(acked_lsn.0);
                                 s.lag_micros = oldest.map_or(0, |m| now_micros().saturating_sub(m).max(0) as u64);
+                                if let Some(rt) = round_trip {
+                                    s.ack_micros = rt;
+                                    s.ack_micros_mean = smoothed(s.ack_micros_mean, rt);
+                                }
                             });
                             self.report_acks();
                         }
@@ -741,6 +773,7 @@ impl Sender {
         .map_err(|_| StreamError::Closed)?;
         in_flight.push_back(InFlight {
             through_lsn: through,
+            sent_at: Instant::now(),
             wire_bytes,
             first_commit_micros,
         });
@@ -781,5 +814,30 @@ fn codec_to_pb(c: Compression) -> pb::Codec {
         Compression::None => pb::Codec::None,
         Compression::Lz4 => pb::Codec::Lz4,
         Compression::Zstd => pb::Codec::Zstd,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::smoothed;
+
+    #[test]
+    fn the_ack_round_trip_mean_takes_the_first_sample_then_moves_an_eighth() {
+        assert_eq!(smoothed(0, 400), 400);
+        assert_eq!(smoothed(400, 1200), 500);
+        assert_eq!(smoothed(500, 100), 450);
+        // A sub-microsecond round trip still counts as measured.
+        assert_eq!(smoothed(0, 0), 1);
+        // Steady samples converge on the sample.
+        let mut m = 0;
+        for _ in 0..60 {
+            m = smoothed(m, 1000);
+        }
+        assert_eq!(m, 1000);
+        let mut m = 8000;
+        for _ in 0..60 {
+            m = smoothed(m, 300);
+        }
+        assert!((300..=310).contains(&m), "{m}");
     }
 }
