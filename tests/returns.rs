@@ -333,6 +333,22 @@ fn bench_mode_replicates_its_table_and_wait_sees_subscribers_caught_up() {
     assert_eq!(report["returns"]["acknowledged"], commits, "{report}");
     assert_eq!(report["returns"]["timed_out"], 0, "{report}");
     assert!(report["catch_up_ms"].as_f64().is_some(), "{report}");
+    // The master's streams were sampled under load: both subscribers, and the TWOSAFE
+    // stream (acknowledged batch by batch) has an ack round trip.
+    let streams = report["streams"].as_array().expect("streams sampled");
+    let stream = |to: &str| streams.iter().find(|s| s["receiver"] == to).cloned();
+    for to in ["n2", "n3"] {
+        let s = stream(to).unwrap_or_else(|| panic!("no samples of the stream to {to}: {report}"));
+        assert!(s["samples"].as_u64().is_some_and(|n| n >= 1), "{s}");
+        assert!(s["lag_ms_max"].as_f64().is_some(), "{s}");
+    }
+    let twosafe = stream("n2").unwrap();
+    assert!(
+        twosafe["ack_round_trip_ms"]
+            .as_f64()
+            .is_some_and(|ms| ms > 0.0),
+        "{twosafe}"
+    );
 
     // `hawser wait` agrees, and both subscribers have the master's rows.
     for sub in ["n2", "n3"] {
@@ -703,4 +719,55 @@ fn durable_commit_on_flushes_commits_while_the_return_service_is_disabled() {
     assert_eq!(r["durable"], true, "{r}");
     assert_eq!(r["returns"]["acknowledged"], 0, "{r}");
     assert!(r["returns"]["disabled"].as_u64().unwrap() > 0, "{r}");
+}
+
+/// The lag a stream reports keeps growing while its receiver does not answer (between
+/// acks, not only at them), and the receiver catches up once it runs again.
+#[test]
+fn stream_lag_grows_while_the_receiver_does_not_answer() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let (n1, n2, _n3) = three_voters(d, FAST_RAFT);
+    for n in [&n1, &n2] {
+        sql_ok(n, "create table t (k int primary key, v varchar(40))");
+    }
+    ddl(
+        &n1,
+        "CREATE REPLICATION r ELEMENT e TABLE t MASTER n1 SUBSCRIBER n2",
+    );
+    sql_ok(&n1, "insert into t values (1, 'a')");
+    wait_for("n2 has the first row", WAIT, || {
+        (count(&n2, "t") == Some(1)).then_some(())
+    });
+    let caught_up = || {
+        let o = outbound_to(&n1, "n2")?;
+        (o["lag_records"] == 0 && o["lag_micros"] == 0).then_some(())
+    };
+    wait_for("no lag once the first row is acknowledged", WAIT, caught_up);
+
+    // n2 stops answering with its connection open (SIGSTOP): no acks come back, and the
+    // stream's lag must still show the commit it has not acknowledged.
+    let pid = n2.pid().to_string();
+    let signal = |sig: &str| {
+        let sent = std::process::Command::new("kill")
+            .args([sig, &pid])
+            .status()
+            .expect("run kill");
+        assert!(sent.success(), "kill {sig} {pid}");
+    };
+    signal("-STOP");
+    sql_ok(&n1, "insert into t values (2, 'b')");
+    let lagging = wait_for("the stopped receiver's lag reported", WAIT, || {
+        let o = outbound_to(&n1, "n2")?;
+        (o["lag_records"].as_u64()? > 0 && o["lag_micros"].as_u64()? > 0).then_some(o)
+    });
+    signal("-CONT");
+    wait_for("n2 catches up after SIGCONT", WAIT, || {
+        (count(&n2, "t") == Some(2)).then_some(())
+    });
+    wait_for("no lag once n2 acknowledged again", WAIT, caught_up);
+    assert!(
+        lagging["ack_micros_mean"].as_u64().is_some_and(|us| us > 0),
+        "{lagging}"
+    );
 }

@@ -15,7 +15,13 @@
 //! in flight at `end` are abandoned, so the run never outlasts its duration. An error that
 //! carries no SQLSTATE may mean the server is gone: the client then tries a fresh
 //! connection, and if that fails too the whole run stops and exits with status 1.
+//!
+//! With `--mode`, the master's `/replication` view of the scheme's streams (through the
+//! admin `Status` call) is sampled every 250 ms while measuring: replication lag at
+//! steady load (mean and max of `lag_micros`, max `lag_records`) and the smoothed ack
+//! round trip, per subscriber.
 
+use std::collections::BTreeMap;
 use std::io::{IsTerminal, Write};
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -76,7 +82,9 @@ pub struct BenchArgs {
     /// Replicate the bench table while measuring: create a scheme (replacing the one
     /// named by --scheme) whose subscribers get this return service. async: none;
     /// receipt: RETURN RECEIPT; twosafe: RETURN TWOSAFE. Needs --subscriber or
-    /// --async-subscriber.
+    /// --async-subscriber. The report adds, per subscriber, the stream's lag sampled
+    /// on the master every 250 ms under load, its ack round trip, and how long the
+    /// subscribers took to have everything after the load stopped.
     #[arg(long, value_enum, value_name = "MODE")]
     pub mode: Option<crate::wait_cmd::BenchMode>,
     /// A subscriber store that gets --mode's return service (repeat for several).
@@ -229,6 +237,10 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
         tokio::time::interval_at(start + Duration::from_secs(1), Duration::from_secs(1));
     let mut last_tick = (start, 0u64);
     let mut runs = Vec::with_capacity(args.clients as usize);
+    // With --mode, the master's view of its streams is sampled while the load is
+    // measured: replication lag at steady load, as the issue of a return service asks.
+    let mut streams = StreamSamples::default();
+    let mut sampler = tokio::time::interval_at(workload.measure_from, STREAM_SAMPLE_EVERY);
     loop {
         tokio::select! {
             joined = tasks.join_next() => match joined {
@@ -243,6 +255,11 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
                     runs.push(run);
                 }
             },
+            _ = sampler.tick(), if args.mode.is_some() && now_before(workload.end) => {
+                if let Ok(s) = admin.status().await {
+                    streams.add(&s.replication_json, &args.scheme, now_before(workload.end));
+                }
+            }
             now = ticker.tick(), if show_progress => {
                 let commits = progress.commits.load(Ordering::Relaxed);
                 let rate = (commits - last_tick.1) as f64
@@ -265,6 +282,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
     let mut report = Report::merge(args.clients, measured, &runs)?;
     report.fsyncs_per_sec = fsyncs_per_sec;
     report.mode = args.mode.map(|m| m.name());
+    report.streams = streams;
     if args.mode.is_some() {
         // How long the subscribers take to have everything once the load stops: an
         // upper bound of the replication lag at the end of the run.
@@ -552,6 +570,71 @@ struct Report {
     mode: Option<&'static str>,
     /// How long the subscribers took to catch up after the load stopped, with --mode.
     catch_up: Option<Duration>,
+    /// The master's streams of the bench scheme, sampled under load, with --mode.
+    streams: StreamSamples,
+}
+
+/// How often the master's streams are sampled under load.
+const STREAM_SAMPLE_EVERY: Duration = Duration::from_millis(250);
+
+fn now_before(end: Instant) -> bool {
+    Instant::now() < end
+}
+
+/// Per receiver of the bench scheme, what the master's `/replication` said under load.
+#[derive(Default)]
+struct StreamSamples {
+    by_receiver: BTreeMap<String, StreamSample>,
+}
+
+#[derive(Default)]
+struct StreamSample {
+    /// `lag_micros` (age of the oldest unacknowledged transaction sent) per sample.
+    lag_us: Vec<u64>,
+    lag_records_max: u64,
+    /// `ack_micros_mean` at the last sample (0: no ack yet).
+    ack_us: u64,
+}
+
+impl StreamSamples {
+    /// Takes one sample from a status response's replication JSON. Only samples taken
+    /// before the load ended (`under_load`) count towards the lag.
+    fn add(&mut self, replication_json: &str, scheme: &str, under_load: bool) {
+        let Ok(r) = serde_json::from_str::<serde_json::Value>(replication_json) else {
+            return;
+        };
+        let outbound = r["outbound"].as_array().cloned().unwrap_or_default();
+        for o in outbound {
+            let same_scheme = o["scheme"]
+                .as_str()
+                .is_some_and(|s| s.eq_ignore_ascii_case(scheme));
+            let (Some(receiver), true) = (o["receiver"].as_str(), same_scheme) else {
+                continue;
+            };
+            let sample = self.by_receiver.entry(receiver.to_string()).or_default();
+            if under_load {
+                sample.lag_us.push(o["lag_micros"].as_u64().unwrap_or(0));
+                let records = o["lag_records"].as_u64().unwrap_or(0);
+                sample.lag_records_max = sample.lag_records_max.max(records);
+            }
+            sample.ack_us = o["ack_micros_mean"].as_u64().unwrap_or(0);
+        }
+    }
+
+    /// receiver → (samples, mean lag ms, max lag ms, max records behind, ack ms).
+    fn summary(&self) -> Vec<(String, usize, f64, f64, u64, f64)> {
+        self.by_receiver
+            .iter()
+            .filter(|(_, s)| !s.lag_us.is_empty())
+            .map(|(receiver, s)| {
+                let n = s.lag_us.len();
+                let mean = s.lag_us.iter().sum::<u64>() as f64 / n as f64 / 1000.0;
+                let max = s.lag_us.iter().copied().max().unwrap_or(0) as f64 / 1000.0;
+                let ack = s.ack_us as f64 / 1000.0;
+                (receiver.clone(), n, mean, max, s.lag_records_max, ack)
+            })
+            .collect()
+    }
 }
 
 impl Report {
@@ -569,6 +652,7 @@ impl Report {
             returns: ReturnCounts::default(),
             mode: None,
             catch_up: None,
+            streams: StreamSamples::default(),
         };
         for run in runs {
             report.commits += run.commits;
@@ -635,6 +719,14 @@ impl Report {
                 "none": self.returns.none,
             },
             "catch_up_ms": self.catch_up.map(|d| d.as_secs_f64() * 1000.0),
+            "streams": self.streams.summary().into_iter().map(|(receiver, n, mean, max, records, ack)| json!({
+                "receiver": receiver,
+                "samples": n,
+                "lag_ms_mean": mean,
+                "lag_ms_max": max,
+                "lag_records_max": records,
+                "ack_round_trip_ms": ack,
+            })).collect::<Vec<_>>(),
         })
     }
 
@@ -662,6 +754,12 @@ impl Report {
                  service disabled, {} without one\n",
                 r.acknowledged, r.timed_out, r.disabled, r.none
             ));
+            for (receiver, n, mean, max, records, ack) in self.streams.summary() {
+                out.push_str(&format!(
+                    "stream {receiver:<8} lag mean {mean:.1} ms, max {max:.1} ms, at most {records} \
+                     log records behind ({n} samples); ack round trip {ack:.2} ms\n"
+                ));
+            }
             if let Some(d) = self.catch_up {
                 out.push_str(&format!(
                     "catch-up       subscribers had everything {:.1} ms after the load stopped\n",

@@ -86,8 +86,10 @@ pub struct SenderStatus {
     /// This node's log position sent.
     pub sent_lsn: Lsn,
     /// Log records after `acked_lsn` (what the receiver lacks, as an upper bound).
+    /// Refreshed at every ack and every heartbeat tick while a session is up.
     pub lag_records: u64,
-    /// Age of the oldest unacknowledged transaction sent, in microseconds.
+    /// Age of the oldest unacknowledged transaction sent, in microseconds (refreshed
+    /// as `lag_records` is).
     pub lag_micros: u64,
     /// Round trip of the last acknowledged batch: from handing it to the stream to
     /// reading the ack that covers it, in microseconds (0 before the first ack). On a
@@ -482,15 +484,14 @@ impl Sender {
                                 *hw = (*hw).max(*s);
                             }
                             let acked_lsn = self.acked_lsn;
-                            let last = self.db.last_lsn();
-                            let oldest = in_flight.iter().find_map(|f| f.first_commit_micros);
+                            let (lag_records, lag_micros) = self.lag(&in_flight);
                             self.status.send_modify(|s| {
                                 s.last_contact = Some(last_contact);
                                 s.acked_lsn = acked_lsn;
                                 s.acked_durable = from_marks(&ack.durable);
                                 s.acked_applied = applied;
-                                s.lag_records = last.0.saturating_sub(acked_lsn.0);
-                                s.lag_micros = oldest.map_or(0, |m| now_micros().saturating_sub(m).max(0) as u64);
+                                s.lag_records = lag_records;
+                                s.lag_micros = lag_micros;
                                 if let Some(rt) = round_trip {
                                     s.ack_micros = rt;
                                     s.ack_micros_mean = smoothed(s.ack_micros_mean, rt);
@@ -516,6 +517,15 @@ impl Sender {
                     if last_contact.elapsed() > tuning.peer_timeout {
                         return Err(StreamError::PeerTimeout);
                     }
+                    // The lag grows between acks too (a receiver that stopped acking,
+                    // a log that grows while the window is full): refreshed here, for
+                    // readers only.
+                    let (lag_records, lag_micros) = self.lag(&in_flight);
+                    self.status.send_if_modified(|s| {
+                        s.lag_records = lag_records;
+                        s.lag_micros = lag_micros;
+                        false
+                    });
                     if last_sent.elapsed() >= tuning.heartbeat {
                         let hb = pb::SenderMessage {
                             msg: Some(sender_message::Msg::Heartbeat(pb::Heartbeat { sent_micros: now_micros() })),
@@ -556,6 +566,15 @@ impl Sender {
     }
 
     /// Ends a linger: commits wake the sender again.
+    /// The lag now: log records after the acknowledged position, and the age of the
+    /// oldest transaction sent and not acknowledged (0 when nothing is in flight).
+    fn lag(&self, in_flight: &VecDeque<InFlight>) -> (u64, u64) {
+        let records = self.db.last_lsn().0.saturating_sub(self.acked_lsn.0);
+        let oldest = in_flight.iter().find_map(|f| f.first_commit_micros);
+        let micros = oldest.map_or(0, |m| now_micros().saturating_sub(m).max(0) as u64);
+        (records, micros)
+    }
+
     fn end_linger(&self, lingering: &mut bool) {
         *lingering = false;
         self.wake_at.store(0, Ordering::Release);
