@@ -88,6 +88,8 @@ pub(crate) struct StreamReport {
     pub(crate) compressed: bool,
     pub(crate) lag_records: u64,
     pub(crate) lag_micros: u64,
+    /// The smoothed round trip of the stream's acks (0 before the first).
+    pub(crate) ack_micros_mean: u64,
     /// Acknowledged (committed by the receiver) high-water per origin store, the
     /// receiver's own origin left out.
     pub(crate) acked_applied: BTreeMap<String, u64>,
@@ -359,6 +361,10 @@ impl Summary {
                     if s.compressed { "lz4" } else { "off" }.to_string(),
                     s.lag_records.to_string(),
                     format!("{:.1}", s.lag_micros as f64 / 1000.0),
+                    match s.ack_micros_mean {
+                        0 => "-".to_string(),
+                        us => format!("{:.2}", us as f64 / 1000.0),
+                    },
                     acked.join(", "),
                     s.transactions.to_string(),
                     bytes(s.raw_bytes),
@@ -374,6 +380,7 @@ impl Summary {
                 "compress",
                 "lag rec",
                 "lag ms",
+                "ack ms",
                 "acked origin:seq",
                 "txns",
                 "raw",
@@ -384,6 +391,7 @@ impl Summary {
                 Align::Left,
                 Align::Left,
                 Align::Left,
+                Align::Right,
                 Align::Right,
                 Align::Right,
                 Align::Left,
@@ -504,6 +512,7 @@ fn stream_report(
         compressed: scheme::compressed(&demo.scheme, sender),
         lag_records: num("lag_records"),
         lag_micros: num("lag_micros"),
+        ack_micros_mean: num("ack_micros_mean"),
         acked_applied,
         transactions: num("transactions"),
         raw_bytes,
