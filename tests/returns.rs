@@ -721,8 +721,9 @@ fn durable_commit_on_flushes_commits_while_the_return_service_is_disabled() {
     assert!(r["returns"]["disabled"].as_u64().unwrap() > 0, "{r}");
 }
 
-/// The lag a stream reports keeps growing while its receiver does not answer (between
-/// acks, not only at them), and the receiver catches up once it runs again.
+/// The lag a stream reports keeps growing while its receiver does not answer — between
+/// acks, and after the peer timeout dropped the stream — and the receiver catches up
+/// once it runs again.
 #[test]
 fn stream_lag_grows_while_the_receiver_does_not_answer() {
     let dir = tempfile::tempdir().unwrap();
@@ -760,6 +761,16 @@ fn stream_lag_grows_while_the_receiver_does_not_answer() {
     let lagging = wait_for("the stopped receiver's lag reported", WAIT, || {
         let o = outbound_to(&n1, "n2")?;
         (o["lag_records"].as_u64()? > 0 && o["lag_micros"].as_u64()? > 0).then_some(o)
+    });
+    // Past the peer timeout the stream is dropped and retried; its lag keeps growing
+    // while no session runs.
+    let at_drop = wait_for("the stream to the stopped receiver dropped", WAIT, || {
+        let o = outbound_to(&n1, "n2")?;
+        (o["state"] != "streaming").then_some(o["lag_micros"].as_u64()?)
+    });
+    wait_for("the lag growing while the stream is down", WAIT, || {
+        let o = outbound_to(&n1, "n2")?;
+        (o["state"] != "streaming" && o["lag_micros"].as_u64()? > at_drop).then_some(())
     });
     signal("-CONT");
     wait_for("n2 catches up after SIGCONT", WAIT, || {

@@ -23,7 +23,7 @@
 
 use std::borrow::Cow;
 use std::collections::{BTreeMap, VecDeque};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -86,7 +86,7 @@ pub struct SenderStatus {
     /// This node's log position sent.
     pub sent_lsn: Lsn,
     /// Log records after `acked_lsn` (what the receiver lacks, as an upper bound).
-    /// Refreshed at every ack and every heartbeat tick while a session is up.
+    /// Refreshed at every ack and every heartbeat tick, in a session or between them.
     pub lag_records: u64,
     /// Age of the oldest unacknowledged transaction sent, in microseconds (refreshed
     /// as `lag_records` is).
@@ -229,6 +229,7 @@ impl StreamSender {
             wake: wake.clone(),
             wake_at: wake_at.clone(),
             acked_lsn,
+            oldest_unacked_micros: AtomicI64::new(0),
             unflushed_since: std::sync::Mutex::new(None),
             on_ack: start.on_ack,
         };
@@ -253,6 +254,10 @@ struct Sender {
     /// Shared with the handles (see [`SenderHandle::wake`]).
     wake_at: Arc<AtomicU64>,
     acked_lsn: Lsn,
+    /// Commit time (µs since the epoch) of the oldest transaction sent and not yet
+    /// acknowledged, kept across sessions (a broken session's batches stay unacknowledged
+    /// until a later one resends them); 0 when none.
+    oldest_unacked_micros: AtomicI64,
     /// Since when the log at the cursor is this node's own commit not yet flushed.
     unflushed_since: std::sync::Mutex<Option<Instant>>,
     on_ack: Option<AckHook>,
@@ -330,10 +335,20 @@ impl Sender {
                 backoff = tuning.backoff_min;
             }
             self.status.send_modify(|s| s.state = state);
-            tokio::select! {
-                biased;
-                _ = self.shutdown.cancelled() => break,
-                _ = tokio::time::sleep(backoff) => {}
+            // The lag keeps growing while no session runs.
+            let resume = tokio::time::sleep(backoff);
+            tokio::pin!(resume);
+            let mut refresh = tokio::time::interval(tuning.heartbeat);
+            loop {
+                tokio::select! {
+                    biased;
+                    _ = self.shutdown.cancelled() => {
+                        self.status.send_modify(|s| s.state = SenderState::Stopped);
+                        return;
+                    }
+                    _ = &mut resume => break,
+                    _ = refresh.tick() => self.refresh_lag(),
+                }
             }
             backoff = (backoff * 2).min(tuning.backoff_max);
         }
@@ -484,7 +499,9 @@ impl Sender {
                                 *hw = (*hw).max(*s);
                             }
                             let acked_lsn = self.acked_lsn;
-                            let (lag_records, lag_micros) = self.lag(&in_flight);
+                            let oldest = in_flight.iter().find_map(|f| f.first_commit_micros);
+                            self.oldest_unacked_micros.store(oldest.unwrap_or(0), Ordering::Relaxed);
+                            let (lag_records, lag_micros) = self.lag();
                             self.status.send_modify(|s| {
                                 s.last_contact = Some(last_contact);
                                 s.acked_lsn = acked_lsn;
@@ -520,12 +537,7 @@ impl Sender {
                     // The lag grows between acks too (a receiver that stopped acking,
                     // a log that grows while the window is full): refreshed here, for
                     // readers only.
-                    let (lag_records, lag_micros) = self.lag(&in_flight);
-                    self.status.send_if_modified(|s| {
-                        s.lag_records = lag_records;
-                        s.lag_micros = lag_micros;
-                        false
-                    });
+                    self.refresh_lag();
                     if last_sent.elapsed() >= tuning.heartbeat {
                         let hb = pb::SenderMessage {
                             msg: Some(sender_message::Msg::Heartbeat(pb::Heartbeat { sent_micros: now_micros() })),
@@ -567,12 +579,24 @@ impl Sender {
 
     /// Ends a linger: commits wake the sender again.
     /// The lag now: log records after the acknowledged position, and the age of the
-    /// oldest transaction sent and not acknowledged (0 when nothing is in flight).
-    fn lag(&self, in_flight: &VecDeque<InFlight>) -> (u64, u64) {
+    /// oldest transaction sent and not acknowledged (0 when there is none).
+    fn lag(&self) -> (u64, u64) {
         let records = self.db.last_lsn().0.saturating_sub(self.acked_lsn.0);
-        let oldest = in_flight.iter().find_map(|f| f.first_commit_micros);
-        let micros = oldest.map_or(0, |m| now_micros().saturating_sub(m).max(0) as u64);
+        let micros = match self.oldest_unacked_micros.load(Ordering::Relaxed) {
+            0 => 0,
+            m => now_micros().saturating_sub(m).max(0) as u64,
+        };
         (records, micros)
+    }
+
+    /// Publishes the lag now, for readers only (watchers are not woken).
+    fn refresh_lag(&self) {
+        let (lag_records, lag_micros) = self.lag();
+        self.status.send_if_modified(|s| {
+            s.lag_records = lag_records;
+            s.lag_micros = lag_micros;
+            false
+        });
     }
 
     fn end_linger(&self, lingering: &mut bool) {
@@ -785,6 +809,15 @@ impl Sender {
             payload,
         };
         let wire_bytes = batch.payload.len() as u64;
+        if let Some(m) = first_commit_micros {
+            // The oldest unacknowledged, unless an older one is still out.
+            let _ = self.oldest_unacked_micros.compare_exchange(
+                0,
+                m,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            );
+        }
         tx.send(pb::SenderMessage {
             msg: Some(sender_message::Msg::Batch(batch)),
         })
