@@ -621,20 +621,35 @@ impl StreamSamples {
         }
     }
 
-    /// receiver → (samples, mean lag ms, max lag ms, max records behind, ack ms).
-    fn summary(&self) -> Vec<(String, usize, f64, f64, u64, f64)> {
+    /// Per receiver sampled under load at least once.
+    fn summary(&self) -> Vec<StreamSummary> {
         self.by_receiver
             .iter()
             .filter(|(_, s)| !s.lag_us.is_empty())
             .map(|(receiver, s)| {
-                let n = s.lag_us.len();
-                let mean = s.lag_us.iter().sum::<u64>() as f64 / n as f64 / 1000.0;
-                let max = s.lag_us.iter().copied().max().unwrap_or(0) as f64 / 1000.0;
-                let ack = s.ack_us as f64 / 1000.0;
-                (receiver.clone(), n, mean, max, s.lag_records_max, ack)
+                let samples = s.lag_us.len();
+                let max = s.lag_us.iter().copied().max().unwrap_or(0);
+                StreamSummary {
+                    receiver: receiver.clone(),
+                    samples,
+                    lag_ms_mean: s.lag_us.iter().sum::<u64>() as f64 / samples as f64 / 1000.0,
+                    lag_ms_max: max as f64 / 1000.0,
+                    lag_records_max: s.lag_records_max,
+                    ack_ms: s.ack_us as f64 / 1000.0,
+                }
             })
             .collect()
     }
+}
+
+/// One stream's samples, summed up.
+struct StreamSummary {
+    receiver: String,
+    samples: usize,
+    lag_ms_mean: f64,
+    lag_ms_max: f64,
+    lag_records_max: u64,
+    ack_ms: f64,
 }
 
 impl Report {
@@ -719,13 +734,13 @@ impl Report {
                 "none": self.returns.none,
             },
             "catch_up_ms": self.catch_up.map(|d| d.as_secs_f64() * 1000.0),
-            "streams": self.streams.summary().into_iter().map(|(receiver, n, mean, max, records, ack)| json!({
-                "receiver": receiver,
-                "samples": n,
-                "lag_ms_mean": mean,
-                "lag_ms_max": max,
-                "lag_records_max": records,
-                "ack_round_trip_ms": ack,
+            "streams": self.streams.summary().into_iter().map(|s| json!({
+                "receiver": s.receiver,
+                "samples": s.samples,
+                "lag_ms_mean": s.lag_ms_mean,
+                "lag_ms_max": s.lag_ms_max,
+                "lag_records_max": s.lag_records_max,
+                "ack_round_trip_ms": s.ack_ms,
             })).collect::<Vec<_>>(),
         })
     }
@@ -754,10 +769,11 @@ impl Report {
                  service disabled, {} without one\n",
                 r.acknowledged, r.timed_out, r.disabled, r.none
             ));
-            for (receiver, n, mean, max, records, ack) in self.streams.summary() {
+            for s in self.streams.summary() {
                 out.push_str(&format!(
-                    "stream {receiver:<8} lag mean {mean:.1} ms, max {max:.1} ms, at most {records} \
-                     log records behind ({n} samples); ack round trip {ack:.2} ms\n"
+                    "stream {:<8} lag mean {:.1} ms, max {:.1} ms, at most {} log records \
+                     behind ({} samples); ack round trip {:.2} ms\n",
+                    s.receiver, s.lag_ms_mean, s.lag_ms_max, s.lag_records_max, s.samples, s.ack_ms
                 ));
             }
             if let Some(d) = self.catch_up {

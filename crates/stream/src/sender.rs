@@ -303,7 +303,7 @@ impl Sender {
     async fn run(mut self) {
         let tuning = self.link.tuning.clone();
         let mut backoff = tuning.backoff_min;
-        loop {
+        'sessions: loop {
             if self.shutdown.is_cancelled() {
                 break;
             }
@@ -342,10 +342,7 @@ impl Sender {
             loop {
                 tokio::select! {
                     biased;
-                    _ = self.shutdown.cancelled() => {
-                        self.status.send_modify(|s| s.state = SenderState::Stopped);
-                        return;
-                    }
+                    _ = self.shutdown.cancelled() => break 'sessions,
                     _ = &mut resume => break,
                     _ = refresh.tick() => self.refresh_lag(),
                 }
@@ -577,7 +574,6 @@ impl Sender {
         }
     }
 
-    /// Ends a linger: commits wake the sender again.
     /// The lag now: log records after the acknowledged position, and the age of the
     /// oldest transaction sent and not acknowledged (0 when there is none).
     fn lag(&self) -> (u64, u64) {
@@ -599,6 +595,7 @@ impl Sender {
         });
     }
 
+    /// Ends a linger: commits wake the sender again.
     fn end_linger(&self, lingering: &mut bool) {
         *lingering = false;
         self.wake_at.store(0, Ordering::Release);
