@@ -396,25 +396,27 @@ impl Sender {
         self.wake_at.store(0, Ordering::Release);
         self.check_log()?;
         let tuning = self.link.tuning.clone();
-        let channel = tokio::time::timeout(tuning.connect_timeout, self.endpoint.connect())
-            .await
-            .map_err(|_| StreamError::PeerTimeout)??;
-        let mut client = pb::replication_client::ReplicationClient::new(channel);
+        // `None` from a connect step: shutting down.
+        let Some(channel) = self.connecting(self.endpoint.connect()).await? else {
+            return Ok(());
+        };
+        let mut client = pb::replication_client::ReplicationClient::new(channel?);
         let (tx, rx) = mpsc::channel(tuning.max_in_flight_batches + 16);
         let hello = pb::SenderMessage {
             msg: Some(sender_message::Msg::Hello(self.hello())),
         };
         tx.send(hello).await.map_err(|_| StreamError::Closed)?;
-        let mut inbound = tokio::time::timeout(
-            tuning.connect_timeout,
-            client.replicate(ReceiverStream::new(rx)),
-        )
-        .await
-        .map_err(|_| StreamError::PeerTimeout)??
-        .into_inner();
-        let first = tokio::time::timeout(tuning.connect_timeout, inbound.message())
-            .await
-            .map_err(|_| StreamError::PeerTimeout)??;
+        let Some(opened) = self
+            .connecting(client.replicate(ReceiverStream::new(rx)))
+            .await?
+        else {
+            return Ok(());
+        };
+        let mut inbound = opened?.into_inner();
+        let Some(first) = self.connecting(inbound.message()).await? else {
+            return Ok(());
+        };
+        let first = first?;
         let mut high_water = match first.and_then(|m| m.msg) {
             Some(receiver_message::Msg::HelloReply(r)) => from_marks(&r.high_waters),
             Some(receiver_message::Msg::Refused(r)) => {
@@ -575,14 +577,57 @@ impl Sender {
     }
 
     /// The lag now: log records after the acknowledged position, and the age of the
-    /// oldest transaction sent and not acknowledged (0 when there is none).
+    /// oldest transaction the receiver has not acknowledged — the oldest one sent, or
+    /// when none is out, the first record after the acknowledged position (0 when
+    /// there is none). Both are upper bounds: records the link does not carry count
+    /// until an ack moves past them.
     fn lag(&self) -> (u64, u64) {
         let records = self.db.last_lsn().0.saturating_sub(self.acked_lsn.0);
-        let micros = match self.oldest_unacked_micros.load(Ordering::Relaxed) {
-            0 => 0,
-            m => now_micros().saturating_sub(m).max(0) as u64,
+        let oldest = match self.oldest_unacked_micros.load(Ordering::Relaxed) {
+            0 if records > 0 => self.commit_micros_at(self.acked_lsn.next()),
+            0 => None,
+            m => Some(m),
         };
+        let micros = oldest.map_or(0, |m| now_micros().saturating_sub(m).max(0) as u64);
         (records, micros)
+    }
+
+    /// When the record at `lsn` was committed: from the in-memory tail, else from the
+    /// log (only while nothing is in flight, at most once per ack or heartbeat).
+    fn commit_micros_at(&self, lsn: Lsn) -> Option<i64> {
+        let from_tail = self
+            .db
+            .log_tail(lsn, 1)
+            .and_then(|r| r.first().map(|r| r.entry.commit_micros()));
+        from_tail.or_else(|| {
+            self.db
+                .log_range(lsn, 1)
+                .ok()
+                .and_then(|r| r.first().map(|r| r.entry.commit_micros()))
+        })
+    }
+
+    /// Awaits one step of connecting (the connection, the stream's opening, the
+    /// receiver's answer to Hello), bounded by the connect timeout, keeping the
+    /// published lag fresh meanwhile: a receiver that accepts connections but does not
+    /// answer holds a session here for up to the timeout, three times over. `None` on
+    /// shutdown, which does not wait for the step.
+    async fn connecting<T>(
+        &self,
+        step: impl std::future::Future<Output = T>,
+    ) -> Result<Option<T>, StreamError> {
+        let timeout = tokio::time::sleep(self.link.tuning.connect_timeout);
+        tokio::pin!(step, timeout);
+        let mut refresh = tokio::time::interval(self.link.tuning.heartbeat);
+        loop {
+            tokio::select! {
+                biased;
+                _ = self.shutdown.cancelled() => return Ok(None),
+                out = &mut step => return Ok(Some(out)),
+                _ = &mut timeout => return Err(StreamError::PeerTimeout),
+                _ = refresh.tick() => self.refresh_lag(),
+            }
+        }
     }
 
     /// Publishes the lag now, for readers only (watchers are not woken).

@@ -512,6 +512,53 @@ async fn a_restarted_receiver_catches_up_from_its_high_water() -> Result<()> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_lag_grows_while_a_receiver_takes_connections_but_never_answers() -> Result<()> {
+    let master = open(1).await?;
+    // A peer that accepts connections and then says nothing: the sender's connect
+    // attempt hangs until its (here long) connect timeout, and nothing is ever sent.
+    let listener = TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    let silent = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((socket, _)) = listener.accept().await {
+            held.push(socket);
+        }
+    });
+    let mut config = lazy_link();
+    config.tuning.connect_timeout = Duration::from_secs(60);
+    let senders = Senders::default();
+    let h = senders.spawn(
+        config,
+        &master,
+        Endpoint::from_shared(format!("http://{addr}"))?,
+    );
+    write(&master, 0..5, "never sent").await?;
+    // Refreshed lag is published without waking watchers: poll it.
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    let seen = loop {
+        let s = h.status().borrow().clone();
+        if s.lag_micros >= 500_000 {
+            break s;
+        }
+        if tokio::time::Instant::now() > deadline {
+            bail!("the lag never passed 0.5 s; last status {s:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    // Still in its first connect attempt, with nothing sent: the lag counts
+    // transactions the receiver never saw, and keeps counting while connecting.
+    assert_eq!(seen.state, SenderState::Connecting);
+    assert_eq!(seen.sessions, 1);
+    assert_eq!(seen.transactions_sent, 0);
+    // The whole log (the table's creation and the five commits) is unacknowledged.
+    assert_eq!(seen.lag_records, master.last_lsn().0);
+    assert!(seen.lag_records >= 5);
+    senders.stop().await;
+    silent.abort();
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stale_epoch_sender_is_refused_with_the_reason() -> Result<()> {
     let master = open(1).await?;
     let sub = open(2).await?;
