@@ -88,7 +88,8 @@ fn runtime(threads: usize) -> std::io::Result<tokio::runtime::Runtime> {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     // A node's configuration says how many threads its runtime has, so it is read
-    // before the runtime starts; every other command runs one per core.
+    // before the runtime starts, and so is bench's; every other command runs one per
+    // core.
     let (threads, start_config) = match &cli.command {
         Command::Start(args) => match args.config() {
             Ok(c) => (c.threads, Some(c)),
@@ -97,6 +98,9 @@ fn main() -> ExitCode {
                 return ExitCode::FAILURE;
             }
         },
+        // The load generator: few threads, so that it takes little of the CPU the
+        // nodes it measures share on a small machine (see `bench --threads`).
+        Command::Bench(args) => (args.worker_threads(), None),
         _ => (0, None),
     };
     let runtime = match runtime(threads) {
