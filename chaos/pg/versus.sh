@@ -1,0 +1,280 @@
+#!/usr/bin/env bash
+# hawser against PostgreSQL 15 streaming replication, cell by cell, in one run.
+#
+# Starts a three-node hawser cluster on loopback (ds1 master, ds2 the subscriber with the
+# return service, ds3 an asynchronous subscriber), then for every round, client count and
+# mode runs the same single-row upsert load against PostgreSQL (compare.sh, a fresh primary
+# and synchronous standby per cell) and against hawser (`hawser bench --mode`), back to
+# back, the order alternating by round so that the host's drift falls on both sides.
+# Prints every run, then the median of each cell and hawser's ratio to PostgreSQL.
+# See README.md beside this script.
+
+set -euo pipefail
+
+usage() {
+    cat <<'EOF'
+Usage: versus.sh [OPTIONS]
+
+Pairs each hawser return service with the PostgreSQL synchronous_commit setting that
+promises the same (async ~ local, receipt ~ on, twosafe ~ remote_apply) and measures
+both, cell by cell, for several rounds. Output: one line per run, then a table of
+medians with hawser / PostgreSQL ratios (or, with --json, one JSON object per run and
+one per cell).
+
+Options:
+  --rounds N         rounds of every cell (default 3)
+  --duration SECS    measured seconds per run (default 10)
+  --warmup SECS      unmeasured load before each run (default 1)
+  --clients "N ..."  client counts (default "1 16")
+  --modes "M ..."    hawser modes: async receipt twosafe (default all three)
+  --hawser BIN       the hawser binary (default: target/release/hawser of this
+                     checkout, built if missing; else hawser on PATH)
+  --pg-bin DIR       PostgreSQL server binaries (passed to compare.sh)
+  --sub-threads N    async worker threads of the subscribers ds2 and ds3 (default 1:
+                     on a small machine shared by three nodes, one thread each spends
+                     less CPU per replicated commit; see `hawser start --help`)
+  --json             JSON lines instead of text
+  --keep             keep the hawser nodes' data directory
+  -h, --help         show this help
+
+Progress goes to stderr; results to stdout. Every node started is stopped on every
+exit path.
+EOF
+}
+
+here="$(cd "$(dirname "$0")" && pwd)"
+repo="$(cd "$here/../.." && pwd)"
+rounds=3
+duration=10
+warmup=1
+clients_list="1 16"
+modes="async receipt twosafe"
+hawser=""
+pg_args=()
+sub_threads=1
+json=0
+keep=0
+
+die() {
+    echo "versus.sh: $*" >&2
+    exit 1
+}
+
+log() {
+    echo "versus.sh: $*" >&2
+}
+
+need_value() {
+    [[ $# -ge 2 ]] || die "$1 needs a value (see --help)"
+}
+
+while [[ $# -gt 0 ]]; do
+    case "$1" in
+    --rounds) need_value "$@"; rounds="$2"; shift 2 ;;
+    --duration) need_value "$@"; duration="$2"; shift 2 ;;
+    --warmup) need_value "$@"; warmup="$2"; shift 2 ;;
+    --clients) need_value "$@"; clients_list="$2"; shift 2 ;;
+    --modes) need_value "$@"; modes="$2"; shift 2 ;;
+    --hawser) need_value "$@"; hawser="$2"; shift 2 ;;
+    --pg-bin) need_value "$@"; pg_args=(--pg-bin "$2"); shift 2 ;;
+    --sub-threads) need_value "$@"; sub_threads="$2"; shift 2 ;;
+    --json) json=1; shift ;;
+    --keep) keep=1; shift ;;
+    -h | --help) usage; exit 0 ;;
+    *) die "unknown argument '$1' (see --help)" ;;
+    esac
+done
+
+[[ $rounds =~ ^[1-9][0-9]*$ ]] || die "--rounds must be a whole number ≥ 1"
+[[ $duration =~ ^[1-9][0-9]*$ ]] || die "--duration must be a whole number of seconds ≥ 1"
+[[ $warmup =~ ^[0-9]+$ ]] || die "--warmup must be a whole number of seconds"
+[[ $sub_threads =~ ^[0-9]+$ ]] || die "--sub-threads must be a whole number"
+[[ -n ${clients_list// /} ]] || die "--clients is empty"
+for c in $clients_list; do
+    [[ $c =~ ^[1-9][0-9]*$ ]] || die "--clients: '$c' is not a positive number"
+done
+[[ -n ${modes// /} ]] || die "--modes is empty"
+pg_mode() {
+    case "$1" in
+    async) echo local ;;
+    receipt) echo on ;;
+    twosafe) echo remote_apply ;;
+    *) return 1 ;;
+    esac
+}
+for m in $modes; do
+    pg_mode "$m" >/dev/null || die "--modes: '$m' is not a hawser bench mode (async receipt twosafe)"
+done
+command -v python3 >/dev/null || die "python3 is needed (it reads the JSON results)"
+
+if [[ -z $hawser ]]; then
+    if [[ -f $repo/Cargo.toml ]]; then
+        log "building hawser (cargo build --release)"
+        (cd "$repo" && cargo build --release --quiet) || die "cargo build --release failed"
+        hawser="$repo/target/release/hawser"
+    elif command -v hawser >/dev/null; then
+        hawser="$(command -v hawser)"
+    else
+        die "no hawser binary: pass --hawser BIN"
+    fi
+fi
+[[ -x $hawser ]] || die "$hawser is not an executable"
+
+work="$(mktemp -d "${TMPDIR:-/tmp}/hawser-versus.XXXXXX")"
+pids=()
+
+cleanup() {
+    local status=$?
+    trap - EXIT INT TERM
+    set +e
+    local pid
+    for pid in "${pids[@]}"; do
+        kill -TERM "$pid" 2>/dev/null
+    done
+    for pid in "${pids[@]}"; do
+        # A node stops within a few seconds of SIGTERM; one that does not is killed.
+        for _ in $(seq 50); do
+            kill -0 "$pid" 2>/dev/null || break
+            sleep 0.1
+        done
+        kill -KILL "$pid" 2>/dev/null
+        wait "$pid" 2>/dev/null
+    done
+    if [[ $keep -eq 1 ]]; then
+        log "kept $work"
+    else
+        rm -rf "$work"
+    fi
+    exit "$status"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+# Starts node $1 on free ports (port 0) with extra flags; sets grpc_$1 from its ready line.
+start_node() {
+    local name="$1"
+    shift
+    "$hawser" start --name "$name" --listen 127.0.0.1:0 --http 127.0.0.1:0 \
+        --data "$work/$name" --log warn "$@" >"$work/$name.out" 2>"$work/$name.log" &
+    pids+=($!)
+    local pid=$! line=""
+    for _ in $(seq 300); do
+        line="$(grep -m1 '^ready ' "$work/$name.out" 2>/dev/null || true)"
+        [[ -n $line ]] && break
+        kill -0 "$pid" 2>/dev/null || { tail -n 20 "$work/$name.log" >&2; die "node $name exited at start"; }
+        sleep 0.1
+    done
+    [[ -n $line ]] || { tail -n 20 "$work/$name.log" >&2; die "node $name did not get ready in 30 s"; }
+    local grpc="${line##* grpc=}"
+    grpc="${grpc%% *}"
+    printf -v "grpc_$name" '%s' "$grpc"
+}
+
+voters() {
+    "$hawser" status --host "$grpc_ds1" --format json 2>/dev/null |
+        python3 -c 'import json, sys; print(sum(1 for n in json.load(sys.stdin)["cluster"]["nodes"] if n["membership"] == "voter"))' \
+            2>/dev/null || echo 0
+}
+
+log "$("$hawser" --version); nodes in $work"
+start_node ds1
+"$hawser" init --host "$grpc_ds1" >"$work/init.out" 2>&1 || { cat "$work/init.out" >&2; die "hawser init failed"; }
+start_node ds2 --join "$grpc_ds1" --threads "$sub_threads"
+start_node ds3 --join "$grpc_ds1" --threads "$sub_threads"
+deadline=$((SECONDS + 60))
+until [[ $(voters) == 3 ]]; do
+    ((SECONDS < deadline)) || die "the three nodes did not become voters within 60 s"
+    sleep 0.2
+done
+log "hawser: ds1 master on $grpc_ds1, ds2 (return service) $grpc_ds2, ds3 (async) $grpc_ds3"
+
+results="$work/results.tsv"
+: >"$results"
+
+run_pg() {
+    local mode="$1" clients="$2" out
+    out="$(bash "$here/compare.sh" "${pg_args[@]}" --json --modes "$mode" --clients "$clients" \
+        --duration "$duration" --warmup "$warmup" 2>"$work/pg.log")" ||
+        { tail -n 20 "$work/pg.log" >&2; die "compare.sh failed (mode $mode, $clients clients)"; }
+    python3 -c 'import json, sys; d = json.loads(sys.argv[1]); print(d["commits_per_s"], d["p50_us"], d["p99_us"])' "$out"
+}
+
+run_hawser() {
+    local mode="$1" clients="$2" out
+    out="$("$hawser" bench --host "$grpc_ds1" --mode "$mode" --subscriber ds2 --async-subscriber ds3 \
+        --clients "$clients" --duration "$duration" --warmup "$warmup" --format json 2>"$work/bench.log")" ||
+        { tail -n 20 "$work/bench.log" >&2; die "hawser bench failed (mode $mode, $clients clients)"; }
+    python3 -c 'import json, sys; d = json.loads(sys.argv[1]); l = d["latency_us"]; print(round(d["commits_per_sec"], 1), l["p50"], l["p99"])' "$out"
+}
+
+# One line per run: round system mode clients commits/s p50 p99.
+record() {
+    local round="$1" system="$2" mode="$3" clients="$4" figures="$5"
+    printf '%s\t%s\t%s\t%s\t%s\n' "$round" "$system" "$mode" "$clients" "${figures// /$'\t'}" >>"$results"
+    if [[ $json -eq 1 ]]; then
+        python3 -c 'import json, sys; r, s, m, c, f = sys.argv[1:]; t, p50, p99 = f.split(); print(json.dumps({"round": int(r), "system": s, "mode": m, "clients": int(c), "commits_per_s": float(t), "p50_us": int(float(p50)), "p99_us": int(float(p99))}))' \
+            "$round" "$system" "$mode" "$clients" "$figures"
+    else
+        read -r tps p50 p99 <<<"$figures"
+        printf 'round %s  %-8s %-12s clients %-3s %9s commits/s  p50 %6s us  p99 %6s us\n' \
+            "$round" "$system" "$mode" "$clients" "$tps" "$p50" "$p99"
+    fi
+}
+
+for round in $(seq "$rounds"); do
+    for clients in $clients_list; do
+        for mode in $modes; do
+            pg="$(pg_mode "$mode")"
+            log "round $round/$rounds: $mode vs $pg, $clients clients"
+            if ((round % 2 == 1)); then
+                record "$round" postgres "$pg" "$clients" "$(run_pg "$pg" "$clients")"
+                record "$round" hawser "$mode" "$clients" "$(run_hawser "$mode" "$clients")"
+            else
+                record "$round" hawser "$mode" "$clients" "$(run_hawser "$mode" "$clients")"
+                record "$round" postgres "$pg" "$clients" "$(run_pg "$pg" "$clients")"
+            fi
+        done
+    done
+done
+
+# Medians per cell, and the ratio of hawser's to PostgreSQL's.
+python3 - "$results" "$json" <<'EOF'
+import json
+import statistics
+import sys
+
+rows = [line.rstrip("\n").split("\t") for line in open(sys.argv[1]) if line.strip()]
+as_json = sys.argv[2] == "1"
+pair = {"async": "local", "receipt": "on", "twosafe": "remote_apply"}
+cells = {}
+for _, system, mode, clients, tps, p50, p99 in rows:
+    cells.setdefault((system, mode, int(clients)), []).append((float(tps), float(p50), float(p99)))
+
+def med(runs, i):
+    return statistics.median(r[i] for r in runs)
+
+if not as_json:
+    print()
+    print("medians of %d rounds" % max(int(r[0]) for r in rows))
+    print("%-8s %-13s %7s  %10s %10s %6s  %8s %8s" % (
+        "hawser", "postgres", "clients", "hawser c/s", "pg c/s", "ratio", "p50 hw", "p50 pg"))
+for (system, mode, clients), runs in sorted(cells.items(), key=lambda kv: (kv[0][2], kv[0][1])):
+    if system != "hawser":
+        continue
+    pg_runs = cells.get(("postgres", pair[mode], clients))
+    if not pg_runs:
+        continue
+    hw, pg = med(runs, 0), med(pg_runs, 0)
+    ratio = hw / pg if pg else float("nan")
+    if as_json:
+        print(json.dumps({
+            "cell": True, "mode": mode, "postgres_mode": pair[mode], "clients": clients,
+            "rounds": len(runs), "hawser_commits_per_s": hw, "postgres_commits_per_s": pg,
+            "ratio": round(ratio, 3), "hawser_p50_us": med(runs, 1), "postgres_p50_us": med(pg_runs, 1),
+            "hawser_runs": [r[0] for r in runs], "postgres_runs": [r[0] for r in pg_runs],
+        }))
+    else:
+        print("%-8s %-13s %7d  %10.0f %10.0f %5.2fx  %8.0f %8.0f" % (
+            mode, pair[mode], clients, hw, pg, ratio, med(runs, 1), med(pg_runs, 1)))
+EOF
