@@ -1,11 +1,10 @@
 #!/usr/bin/env bash
 # hawser against PostgreSQL 15 streaming replication, cell by cell, in one run.
 #
-# Starts a three-node hawser cluster on loopback (ds1 master, ds2 the subscriber with the
-# return service, ds3 an asynchronous subscriber), then for every round, client count and
-# mode runs the same single-row upsert load against PostgreSQL (compare.sh, a fresh primary
-# and synchronous standby per cell) and against hawser (`hawser bench --mode`), back to
-# back, the order alternating by round so that the host's drift falls on both sides.
+# For every round, client count and mode runs the same single-row upsert load against
+# PostgreSQL (compare.sh: a fresh primary and synchronous standby per cell) and against a
+# fresh three-node hawser cluster on loopback (ds1 master, ds2 the subscriber with the
+# return service, ds3 an asynchronous subscriber; `hawser bench --mode`), back to back, the order alternating by round so that the host's drift falls on both sides.
 # Prints every run, then the median of each cell and hawser's ratio to PostgreSQL.
 # See README.md beside this script.
 
@@ -34,7 +33,7 @@ Options:
                      on a small machine shared by three nodes, one thread each spends
                      less CPU per replicated commit; see `hawser start --help`)
   --json             JSON lines instead of text
-  --keep             keep the hawser nodes' data directory
+  --keep             keep the hawser nodes' data directories
   -h, --help         show this help
 
 Progress goes to stderr; results to stdout. Every node started is stopped on every
@@ -123,23 +122,28 @@ fi
 work="$(mktemp -d "${TMPDIR:-/tmp}/hawser-versus.XXXXXX")"
 pids=()
 
-cleanup() {
-    local status=$?
-    trap - EXIT INT TERM
-    set +e
+# Stops the cluster's nodes: SIGTERM, and SIGKILL for one still there after 5 s.
+stop_cluster() {
     local pid
     for pid in "${pids[@]}"; do
-        kill -TERM "$pid" 2>/dev/null
+        kill -TERM "$pid" 2>/dev/null || true
     done
     for pid in "${pids[@]}"; do
-        # A node stops within a few seconds of SIGTERM; one that does not is killed.
         for _ in $(seq 50); do
             kill -0 "$pid" 2>/dev/null || break
             sleep 0.1
         done
-        kill -KILL "$pid" 2>/dev/null
-        wait "$pid" 2>/dev/null
+        kill -KILL "$pid" 2>/dev/null || true
+        wait "$pid" 2>/dev/null || true
     done
+    pids=()
+}
+
+cleanup() {
+    local status=$?
+    trap - EXIT INT TERM
+    set +e
+    stop_cluster
     if [[ $keep -eq 1 ]]; then
         log "kept $work"
     else
@@ -151,21 +155,22 @@ trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
-# Starts node $1 on free ports (port 0) with extra flags; sets grpc_$1 from its ready line.
+# Starts node $1 on free ports (port 0) with extra flags, its data and logs in $cell;
+# sets grpc_$1 from its ready line.
 start_node() {
     local name="$1"
     shift
     "$hawser" start --name "$name" --listen 127.0.0.1:0 --http 127.0.0.1:0 \
-        --data "$work/$name" --log warn "$@" >"$work/$name.out" 2>"$work/$name.log" &
+        --data "$cell/$name" --log warn "$@" >"$cell/$name.out" 2>"$cell/$name.log" &
     pids+=($!)
     local pid=$! line=""
     for _ in $(seq 300); do
-        line="$(grep -m1 '^ready ' "$work/$name.out" 2>/dev/null || true)"
+        line="$(grep -m1 '^ready ' "$cell/$name.out" 2>/dev/null || true)"
         [[ -n $line ]] && break
-        kill -0 "$pid" 2>/dev/null || { tail -n 20 "$work/$name.log" >&2; die "node $name exited at start"; }
+        kill -0 "$pid" 2>/dev/null || { tail -n 20 "$cell/$name.log" >&2; die "node $name exited at start"; }
         sleep 0.1
     done
-    [[ -n $line ]] || { tail -n 20 "$work/$name.log" >&2; die "node $name did not get ready in 30 s"; }
+    [[ -n $line ]] || { tail -n 20 "$cell/$name.log" >&2; die "node $name did not get ready in 30 s"; }
     local grpc="${line##* grpc=}"
     grpc="${grpc%% *}"
     printf -v "grpc_$name" '%s' "$grpc"
@@ -177,35 +182,50 @@ voters() {
             2>/dev/null || echo 0
 }
 
-log "$("$hawser" --version); nodes in $work"
-start_node ds1
-"$hawser" init --host "$grpc_ds1" >"$work/init.out" 2>&1 || { cat "$work/init.out" >&2; die "hawser init failed"; }
-start_node ds2 --join "$grpc_ds1" --threads "$sub_threads"
-start_node ds3 --join "$grpc_ds1" --threads "$sub_threads"
-deadline=$((SECONDS + 60))
-until [[ $(voters) == 3 ]]; do
-    ((SECONDS < deadline)) || die "the three nodes did not become voters within 60 s"
-    sleep 0.2
-done
-log "hawser: ds1 master on $grpc_ds1, ds2 (return service) $grpc_ds2, ds3 (async) $grpc_ds3"
+# A fresh three-node cluster in a new directory, as compare.sh makes a fresh PostgreSQL
+# pair for every cell: both systems start each cell with an empty table and log.
+cells=0
+start_cluster() {
+    cells=$((cells + 1))
+    cell="$work/cell$cells"
+    mkdir -p "$cell"
+    start_node ds1
+    "$hawser" init --host "$grpc_ds1" >"$cell/init.out" 2>&1 || { cat "$cell/init.out" >&2; die "hawser init failed"; }
+    start_node ds2 --join "$grpc_ds1" --threads "$sub_threads"
+    start_node ds3 --join "$grpc_ds1" --threads "$sub_threads"
+    local deadline=$((SECONDS + 60))
+    until [[ $(voters) == 3 ]]; do
+        ((SECONDS < deadline)) || die "the three nodes did not become voters within 60 s"
+        sleep 0.2
+    done
+}
+
+log "$("$hawser" --version); nodes under $work"
 
 results="$work/results.tsv"
 : >"$results"
+
+# run_pg and run_hawser leave "commits/s p50 p99" in $figures. They run in this shell,
+# not in a $(...) subshell, so that die stops everything through the EXIT trap.
+figures=""
 
 run_pg() {
     local mode="$1" clients="$2" out
     out="$(bash "$here/compare.sh" "${pg_args[@]}" --json --modes "$mode" --clients "$clients" \
         --duration "$duration" --warmup "$warmup" 2>"$work/pg.log")" ||
         { tail -n 20 "$work/pg.log" >&2; die "compare.sh failed (mode $mode, $clients clients)"; }
-    python3 -c 'import json, sys; d = json.loads(sys.argv[1]); print(d["commits_per_s"], d["p50_us"], d["p99_us"])' "$out"
+    figures="$(python3 -c 'import json, sys; d = json.loads(sys.argv[1]); print(d["commits_per_s"], d["p50_us"], d["p99_us"])' "$out")"
 }
 
 run_hawser() {
     local mode="$1" clients="$2" out
+    start_cluster
     out="$("$hawser" bench --host "$grpc_ds1" --mode "$mode" --subscriber ds2 --async-subscriber ds3 \
         --clients "$clients" --duration "$duration" --warmup "$warmup" --format json 2>"$work/bench.log")" ||
         { tail -n 20 "$work/bench.log" >&2; die "hawser bench failed (mode $mode, $clients clients)"; }
-    python3 -c 'import json, sys; d = json.loads(sys.argv[1]); l = d["latency_us"]; print(round(d["commits_per_sec"], 1), l["p50"], l["p99"])' "$out"
+    stop_cluster
+    [[ $keep -eq 1 ]] || rm -rf "$cell"
+    figures="$(python3 -c 'import json, sys; d = json.loads(sys.argv[1]); l = d["latency_us"]; print(round(d["commits_per_sec"], 1), l["p50"], l["p99"])' "$out")"
 }
 
 # One line per run: round system mode clients commits/s p50 p99.
@@ -228,11 +248,15 @@ for round in $(seq "$rounds"); do
             pg="$(pg_mode "$mode")"
             log "round $round/$rounds: $mode vs $pg, $clients clients"
             if ((round % 2 == 1)); then
-                record "$round" postgres "$pg" "$clients" "$(run_pg "$pg" "$clients")"
-                record "$round" hawser "$mode" "$clients" "$(run_hawser "$mode" "$clients")"
+                run_pg "$pg" "$clients"
+                record "$round" postgres "$pg" "$clients" "$figures"
+                run_hawser "$mode" "$clients"
+                record "$round" hawser "$mode" "$clients" "$figures"
             else
-                record "$round" hawser "$mode" "$clients" "$(run_hawser "$mode" "$clients")"
-                record "$round" postgres "$pg" "$clients" "$(run_pg "$pg" "$clients")"
+                run_hawser "$mode" "$clients"
+                record "$round" hawser "$mode" "$clients" "$figures"
+                run_pg "$pg" "$clients"
+                record "$round" postgres "$pg" "$clients" "$figures"
             fi
         done
     done
