@@ -43,14 +43,9 @@ pg_bin="${PG_BIN:-}"
 json=0
 keep=0
 
-die() {
-    echo "compare.sh: $*" >&2
-    exit 1
-}
-
-need_value() {
-    [[ $# -ge 2 ]] || die "$1 needs a value (see --help)"
-}
+prog=compare.sh
+# shellcheck source=chaos/pg/args.sh
+source "$(dirname "$0")/args.sh"
 
 while [[ $# -gt 0 ]]; do
     case "$1" in
@@ -66,13 +61,7 @@ while [[ $# -gt 0 ]]; do
     esac
 done
 
-# pgbench's -T takes whole seconds.
-[[ $duration =~ ^[1-9][0-9]*$ ]] || die "--duration must be a whole number of seconds ≥ 1"
-[[ $warmup =~ ^[0-9]+$ ]] || die "--warmup must be a whole number of seconds"
-[[ -n ${clients_list// /} ]] || die "--clients is empty"
-for c in $clients_list; do
-    [[ $c =~ ^[1-9][0-9]*$ ]] || die "--clients: '$c' is not a positive number"
-done
+check_run_args
 [[ -n ${modes// /} ]] || die "--modes is empty"
 for m in $modes; do
     case "$m" in
@@ -117,9 +106,6 @@ as_server() {
     fi
 }
 
-log() {
-    echo "compare.sh: $*" >&2
-}
 
 # A port the kernel considers free on loopback right now. Another process could take it
 # before the server binds; the server then fails to start and the script stops with its log.

@@ -54,18 +54,9 @@ sub_threads=1
 json=0
 keep=0
 
-die() {
-    echo "versus.sh: $*" >&2
-    exit 1
-}
-
-log() {
-    echo "versus.sh: $*" >&2
-}
-
-need_value() {
-    [[ $# -ge 2 ]] || die "$1 needs a value (see --help)"
-}
+prog=versus.sh
+# shellcheck source=chaos/pg/args.sh
+source "$here/args.sh"
 
 while [[ $# -gt 0 ]]; do
     case "$1" in
@@ -85,13 +76,8 @@ while [[ $# -gt 0 ]]; do
 done
 
 [[ $rounds =~ ^[1-9][0-9]*$ ]] || die "--rounds must be a whole number ≥ 1"
-[[ $duration =~ ^[1-9][0-9]*$ ]] || die "--duration must be a whole number of seconds ≥ 1"
-[[ $warmup =~ ^[0-9]+$ ]] || die "--warmup must be a whole number of seconds"
+check_run_args
 [[ $sub_threads =~ ^[0-9]+$ ]] || die "--sub-threads must be a whole number"
-[[ -n ${clients_list// /} ]] || die "--clients is empty"
-for c in $clients_list; do
-    [[ $c =~ ^[1-9][0-9]*$ ]] || die "--clients: '$c' is not a positive number"
-done
 [[ -n ${modes// /} ]] || die "--modes is empty"
 pg_mode() {
     case "$1" in
