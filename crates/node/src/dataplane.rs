@@ -83,6 +83,125 @@ pub(crate) fn wake_all(senders: &Senders) {
     }
 }
 
+/// Wakes the senders that ship this node's commits once written (see
+/// [`SenderHandle::ships_written`]); whether there were any. The commit path calls it
+/// between writing the log and syncing it.
+pub(crate) fn wake_written(senders: &Senders) -> bool {
+    let mut any = false;
+    for handle in senders.lock().values() {
+        if handle.ships_written() {
+            handle.wake();
+            any = true;
+        }
+    }
+    any
+}
+
+/// Why writes are paused after a machine restart until [`fence_check`] lifts it.
+pub(crate) const RESTART_FENCE: &str = "the machine restarted since this node last ran, \
+     and commits it shipped before their sync may have been lost with it: waiting for \
+     its return-service subscribers to report what they hold of this node's commits";
+
+/// What the restart fence ([`RESTART_FENCE`]) should do now.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Fence {
+    /// Not every receiver that may hold commits shipped before their sync has
+    /// answered a Hello since this node started: these have not.
+    Wait(Vec<Ident>),
+    /// Every one has, and none holds more of this node's commits than it has.
+    Lift,
+    /// A receiver holds commits of this node's that it lost: writes stay paused.
+    Diverged {
+        receiver: Ident,
+        holds: u64,
+        ours: u64,
+    },
+}
+
+/// Checks the receivers this node ships commits to before their sync (`senders`:
+/// each with its status) against `ours`, this node's last own seq.
+pub(crate) fn fence_check(
+    own: NodeId,
+    ours: u64,
+    senders: &[(Ident, hawser_stream::SenderStatus)],
+) -> Fence {
+    let mut waiting = Vec::new();
+    for (receiver, status) in senders {
+        if status.last_contact.is_none() {
+            waiting.push(receiver.clone());
+            continue;
+        }
+        let holds = status.acked_durable.get(&own).copied().unwrap_or(0);
+        if holds > ours {
+            return Fence::Diverged {
+                receiver: receiver.clone(),
+                holds,
+                ours,
+            };
+        }
+    }
+    if waiting.is_empty() {
+        Fence::Lift
+    } else {
+        Fence::Wait(waiting)
+    }
+}
+
+/// Lifts the restart fence once [`fence_check`] allows it, or says why it stays.
+fn check_restart_fence(
+    task: &DataPlaneTask,
+    state: &ClusterState,
+    running: &BTreeMap<(QualName, Ident), Running>,
+) {
+    let Some(reason) = task.db.writes_paused() else {
+        return;
+    };
+    if !reason.starts_with(RESTART_FENCE) || state.node_by_store(&task.store).is_none() {
+        // Not this fence, or the cluster state does not know this node yet (so the
+        // links it plans are not yet the ones it had).
+        return;
+    }
+    let statuses: Vec<_> = running
+        .iter()
+        .filter(|(_, r)| r.handle.ships_written())
+        .map(|((_, receiver), r)| (receiver.clone(), r.handle.status().borrow().clone()))
+        .collect();
+    let own = task.db.node_id();
+    let ours = match task.db.high_water(own) {
+        Ok(seq) => seq,
+        Err(e) => {
+            warn!(error = %e, "cannot read this node's high-water");
+            return;
+        }
+    };
+    match fence_check(own, ours, &statuses) {
+        Fence::Lift => {
+            info!(
+                receivers = statuses.len(),
+                "no subscriber holds commits this node lost in the machine restart: taking writes"
+            );
+            task.db.pause_writes(None);
+        }
+        Fence::Wait(_) => {}
+        Fence::Diverged {
+            receiver,
+            holds,
+            ours,
+        } => {
+            let why = format!(
+                "{RESTART_FENCE}: subscriber {receiver} holds this node's commits through seq \
+                 {holds}, this node only through {ours} (the rest were lost with the \
+                 machine); make {receiver} the master (ALTER REPLICATION ... SET MASTER) \
+                 and let this node rejoin it"
+            );
+            if why != reason {
+                warn!("{why}");
+                task.db.pause_writes(Some(why));
+            }
+        }
+    }
+}
+
 /// The senders the cluster state asks for: link and receiver address, by (scheme,
 /// receiver store).
 type Wanted = BTreeMap<(QualName, Ident), (LinkConfig, String)>;
@@ -162,6 +281,7 @@ pub(crate) async fn run(task: DataPlaneTask) {
         }
         problems = now;
         reconcile(&task, &mut running, wanted, &positions);
+        check_restart_fence(&task, &state, &running);
         first_seen.retain(|k, _| known.contains_key(k));
         for k in known.keys() {
             first_seen
@@ -894,8 +1014,60 @@ pub(crate) fn streams_json(senders: &Senders, receiver: &ReceiverService) -> ser
 
 #[cfg(test)]
 mod tests {
-    use super::measured_from;
-    use hawser_core::Lsn;
+    use super::{fence_check, measured_from, Fence};
+    use hawser_core::{Ident, Lsn, NodeId};
+    use hawser_stream::SenderStatus;
+
+    #[test]
+    fn the_restart_fence_lifts_once_every_receiver_answered_and_none_holds_more() {
+        let me = NodeId(1);
+        let heard = |holds: Option<u64>| SenderStatus {
+            last_contact: Some(std::time::Instant::now()),
+            acked_durable: holds.map(|s| [(me, s)].into()).unwrap_or_default(),
+            ..SenderStatus::default()
+        };
+        let ds2 = Ident::unquoted("ds2");
+        let ds3 = Ident::unquoted("ds3");
+        // Nobody to ask: nothing of this node's can be elsewhere.
+        assert_eq!(fence_check(me, 10, &[]), Fence::Lift);
+        // One has not answered since the start.
+        assert_eq!(
+            fence_check(
+                me,
+                10,
+                &[
+                    (ds2.clone(), heard(Some(10))),
+                    (ds3.clone(), SenderStatus::default())
+                ]
+            ),
+            Fence::Wait(vec![ds3.clone()])
+        );
+        // Both answered with no more than this node has (or nothing of it).
+        assert_eq!(
+            fence_check(
+                me,
+                10,
+                &[(ds2.clone(), heard(Some(9))), (ds3.clone(), heard(None))]
+            ),
+            Fence::Lift
+        );
+        // One holds commits this node lost: that wins over anyone still silent.
+        assert_eq!(
+            fence_check(
+                me,
+                10,
+                &[
+                    (ds2.clone(), SenderStatus::default()),
+                    (ds3.clone(), heard(Some(12)))
+                ]
+            ),
+            Fence::Diverged {
+                receiver: ds3,
+                holds: 12,
+                ours: 10
+            }
+        );
+    }
 
     #[test]
     fn held_log_is_measured_from_the_position_or_from_when_the_link_was_first_seen() {

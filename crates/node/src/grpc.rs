@@ -43,7 +43,7 @@ fn store_status(e: &StoreError) -> Status {
     let grpc = match code {
         "42P01" | "42703" => tonic::Code::NotFound,
         "55P03" | "40001" => tonic::Code::Aborted,
-        "58030" => tonic::Code::Unavailable,
+        "58030" | "57P03" => tonic::Code::Unavailable,
         "XX001" => tonic::Code::DataLoss,
         _ => tonic::Code::InvalidArgument,
     };

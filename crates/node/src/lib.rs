@@ -236,6 +236,7 @@ pub async fn run(
         node_id,
         durable_commits: config.durable_commits,
         lock_timeout: config.lock_timeout,
+        boot_id: None,
     };
     let db_dir = config.data_dir.join("db");
     // Opening sled replays its log: blocking work, kept off the async workers.
@@ -246,6 +247,13 @@ pub async fn run(
             reason: e.to_string(),
         })?
         .map_err(NodeError::Open)?;
+    if db.machine_restarted() {
+        // Commits written ahead of their sync may have been lost with the machine after
+        // senders shipped them: no commit of this node's own until its receivers have
+        // said how much of it they hold (the data plane lifts this).
+        warn!("the machine restarted since this node last ran: its own writes wait until its return-service subscribers report what they hold of it");
+        db.pause_writes(Some(dataplane::RESTART_FENCE.to_string()));
+    }
     let grpc_addr = grpc_listener
         .local_addr()
         .map_err(|e| NodeError::TaskFailed {
@@ -279,6 +287,10 @@ pub async fn run(
         node_shutdown.clone(),
     );
     let senders: dataplane::Senders = Default::default();
+    {
+        let senders = senders.clone();
+        db.set_written_hook(move || dataplane::wake_written(&senders));
+    }
     let returns = Arc::new(returns::Returns::new(node_id, senders.clone()));
     let sql_returns = Arc::new(returns::SqlReturns {
         returns: returns.clone(),

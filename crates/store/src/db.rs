@@ -54,6 +54,10 @@ pub struct DbOptions {
     pub durable_commits: bool,
     /// How long a writer waits for a row lock before failing with 55P03.
     pub lock_timeout: Duration,
+    /// The id of the running machine boot, compared at open with the one the store
+    /// was last opened under ([`Database::machine_restarted`]); `None` reads Linux's
+    /// `/proc/sys/kernel/random/boot_id`.
+    pub boot_id: Option<String>,
 }
 
 impl DbOptions {
@@ -63,6 +67,7 @@ impl DbOptions {
             node_id,
             durable_commits: true,
             lock_timeout: Duration::from_secs(10),
+            boot_id: None,
         }
     }
 }
@@ -249,6 +254,11 @@ pub(crate) struct Inner {
     applied_lsn: AtomicU64,
     /// Highest LSN known flushed.
     flushed_lsn: AtomicU64,
+    /// Highest LSN a commit flush wrote ahead of its sync ([`Database::written_lsn`]).
+    written_lsn: AtomicU64,
+    /// Called by a commit flush between its write and its sync (see
+    /// [`Database::set_written_hook`]).
+    written_hook: std::sync::OnceLock<WrittenHook>,
     /// The first LSN still in the log (`applied_lsn + 1` when it is empty): records
     /// before it were released ([`Database::release_log`]).
     log_start: AtomicU64,
@@ -281,6 +291,10 @@ pub(crate) struct Inner {
     /// Tables this store receives from a master and refuses client writes to, with
     /// the reason the refusal gives.
     refusals: RwLock<HashMap<QualName, String>>,
+    /// See [`Database::machine_restarted`].
+    machine_restarted: bool,
+    /// Why this node takes no commits of its own now ([`Database::pause_writes`]).
+    paused: RwLock<Option<String>>,
     counters: Counters,
     metrics: Metrics,
 }
@@ -383,6 +397,7 @@ impl Database {
     /// recovered is a prefix of whole commits: nothing else needs repairing.
     pub fn open(engine: Arc<dyn KvEngine>, opts: DbOptions) -> Result<Database, StoreError> {
         check_format(engine.as_ref())?;
+        let machine_restarted = note_boot(engine.as_ref(), opts.boot_id.as_deref())?;
         let mut catalog = Catalog::default();
         let mut max_id = 0;
         for kv in engine.scan(layout::prefix_range(&[layout::TABLE_PREFIX]), false) {
@@ -472,6 +487,8 @@ impl Database {
             }),
             applied_lsn: AtomicU64::new(last_lsn.0),
             flushed_lsn: AtomicU64::new(last_lsn.0),
+            written_lsn: AtomicU64::new(last_lsn.0),
+            written_hook: std::sync::OnceLock::new(),
             log_start: AtomicU64::new(log_start),
             log_sizes: Mutex::new(log_sizes),
             release_lock: Mutex::new(()),
@@ -485,6 +502,8 @@ impl Database {
             apply_metrics: crate::apply::ApplyMetrics::new(),
             held: crate::held::HeldRows::default(),
             refusals: RwLock::new(HashMap::new()),
+            machine_restarted,
+            paused: RwLock::new(None),
             counters: Counters::default(),
             metrics: Metrics::new(),
         };
@@ -912,6 +931,27 @@ impl Database {
         *self.inner.refusals.write() = refusals;
     }
 
+    /// Whether the machine restarted since this store was last opened (another boot
+    /// id, or none to compare). Commits a flush had written but not yet synced
+    /// before that were lost with the machine, while senders may have shipped them
+    /// ([`Database::written_lsn`]): the node checks with its receivers before it
+    /// takes writes again (docs/stream.md, "Shipping before the sync").
+    pub fn machine_restarted(&self) -> bool {
+        self.inner.machine_restarted
+    }
+
+    /// Stops (with the reason client writes are refused with, SQLSTATE 57P03) or,
+    /// with `None`, resumes this node's own commits: transactions, DDL and
+    /// sequence reservations. Replicated applies go on.
+    pub fn pause_writes(&self, reason: Option<String>) {
+        *self.inner.paused.write() = reason;
+    }
+
+    /// Why this node's own commits are paused, if they are.
+    pub fn writes_paused(&self) -> Option<String> {
+        self.inner.paused.read().clone()
+    }
+
     /// Rows that RETURN TWOSAFE commits are holding back from readers now, for status.
     pub fn held_rows(&self) -> usize {
         self.inner.held.len()
@@ -1106,6 +1146,24 @@ impl Database {
         Lsn(self.inner.flushed_lsn.load(Ordering::Acquire))
     }
 
+    /// The highest LSN known to be written to the log: flushed, or written by a
+    /// commit flush whose sync is still under way. Such a commit survives a crash of
+    /// this process (the kernel holds what was written; opening syncs it), not a
+    /// crash of the machine.
+    pub fn written_lsn(&self) -> Lsn {
+        let written = self.inner.written_lsn.load(Ordering::Acquire);
+        Lsn(written.max(self.inner.flushed_lsn.load(Ordering::Acquire)))
+    }
+
+    /// Sets what a commit flush calls between writing the log and syncing it, once
+    /// [`Database::written_lsn`] covers the commits it flushes: the node wakes the
+    /// senders that ship written commits, so that the receivers' syncs run while
+    /// this one does. The hook returns whether it woke any; then the flush lets
+    /// them run before it blocks on the sync. Set once; later calls are ignored.
+    pub fn set_written_hook(&self, hook: impl Fn() -> bool + Send + Sync + 'static) {
+        let _ = self.inner.written_hook.set(Box::new(hook));
+    }
+
     /// The highest seq of `origin` committed here (0 when none).
     pub fn high_water(&self, origin: NodeId) -> Result<u64, StoreError> {
         if origin == self.node_id() {
@@ -1212,6 +1270,11 @@ impl Inner {
         P: FnOnce(&mut CommitState, Gtid, i64) -> Result<Prepared<I>, StoreError>,
         I: FnOnce(),
     {
+        if matches!(origin, Origin::Local) {
+            if let Some(reason) = self.paused.read().clone() {
+                return Err(StoreError::WritesPaused(reason));
+            }
+        }
         let mut state = self.commit.lock();
         let lsn = state.last_lsn.next();
         let (gtid, epoch, micros) = match origin {
@@ -1401,6 +1464,18 @@ impl Inner {
                 engine.flush_unsettled()
             }
         };
+        if who == Flusher::Commit {
+            if let Some(hook) = self.written_hook.get() {
+                // Write ahead, let the senders that ship written commits go, then sync.
+                self.engine.write_ahead()?;
+                self.written_lsn.fetch_max(upto, Ordering::AcqRel);
+                if hook() {
+                    // A woken task waits in this worker's next-task slot, which no
+                    // other worker takes from: it runs now, or only after the sync.
+                    tokio::task::yield_now().await;
+                }
+            }
+        }
         if flush_inline(who) {
             flush(&*self.engine)?;
         } else {
@@ -1742,6 +1817,38 @@ fn write_format_marker(engine: &dyn KvEngine) -> Result<(), StoreError> {
     engine.apply(batch)?;
     engine.flush()
 }
+
+/// Where Linux tells the id of the running boot.
+const BOOT_ID_PATH: &str = "/proc/sys/kernel/random/boot_id";
+
+/// Records the running boot's id in the store (durably) and says whether the store was
+/// last opened under another one — or under one that could not be read, which counts
+/// as a restart. A store opened for the first time was not.
+fn note_boot(engine: &dyn KvEngine, boot_id: Option<&str>) -> Result<bool, StoreError> {
+    let current = match boot_id {
+        Some(id) => Some(id.to_string()),
+        None => std::fs::read_to_string(BOOT_ID_PATH)
+            .ok()
+            .map(|s| s.trim().to_string()),
+    };
+    let stored = engine.get(layout::BOOT_KEY)?;
+    let restarted = match (&stored, &current) {
+        (None, _) => false,
+        (Some(before), Some(now)) => before.as_slice() != now.as_bytes(),
+        (Some(_), None) => true,
+    };
+    let value = current.unwrap_or_default().into_bytes();
+    if stored.as_deref() != Some(value.as_slice()) {
+        let mut batch = WriteBatch::new();
+        batch.put(layout::BOOT_KEY.to_vec(), value);
+        engine.apply(batch)?;
+        engine.flush()?;
+    }
+    Ok(restarted)
+}
+
+/// See [`Database::set_written_hook`].
+type WrittenHook = Box<dyn Fn() -> bool + Send + Sync>;
 
 /// Who waits for a flush: it decides whether the flush may block the runtime.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -69,6 +69,10 @@ pub enum StoreError {
     /// A client write to a table this store receives from its master.
     #[error("table {table} is read-only here: {reason}")]
     ReceivedTable { table: QualName, reason: String },
+    /// A client write while this node does not take writes of its own (see
+    /// [`crate::Database::pause_writes`]); retry once the reason is resolved.
+    #[error("this node takes no writes now: {0}")]
+    WritesPaused(String),
     /// A replicated transaction could not be applied here (a table it names does not
     /// exist, a row does not fit the table, ...). Nothing of its batch was applied.
     #[error("replicated transaction {gtid}: {source}")]
@@ -116,6 +120,7 @@ impl StoreError {
             StoreError::TableChanged(_) => "40001",
             StoreError::NotSupported(_) => "0A000",
             StoreError::ReceivedTable { .. } => "25006",
+            StoreError::WritesPaused(_) => "57P03",
             StoreError::Replicated { source, .. } => source.code(),
             StoreError::InvalidBatch(_) => "08P01",
             StoreError::Io { .. } => "58030",
@@ -126,7 +131,9 @@ impl StoreError {
     /// Whether running the same transaction again may succeed without changing it.
     pub fn is_retryable(&self) -> bool {
         match self {
-            StoreError::LockTimeout { .. } | StoreError::TableChanged(_) => true,
+            StoreError::LockTimeout { .. }
+            | StoreError::TableChanged(_)
+            | StoreError::WritesPaused(_) => true,
             StoreError::Replicated { source, .. } => source.is_retryable(),
             _ => false,
         }

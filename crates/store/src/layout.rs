@@ -26,6 +26,8 @@ use crate::engine::ByteRange;
 
 pub(crate) const FORMAT_KEY: &[u8] = b"Fformat";
 pub(crate) const NEXT_TABLE_ID_KEY: &[u8] = b"Mnext_table_id";
+/// The boot id of the machine the store was last opened on.
+pub(crate) const BOOT_KEY: &[u8] = b"Mboot_id";
 pub(crate) const TABLE_PREFIX: u8 = b'T';
 pub(crate) const SEQUENCE_PREFIX: u8 = b'S';
 pub(crate) const ROW_PREFIX: u8 = b'R';

@@ -291,13 +291,14 @@ struct Open {
 struct Segment {
     path: PathBuf,
     file: Arc<File>,
-    /// File offset of frame `first + i`, for every frame written and synced.
+    /// File offset of frame `first + i`, for every frame written.
     offsets: Vec<u64>,
 }
 
 /// The appending side of the log: frames go into a buffer; [`Wal::sync`] writes the
-/// buffer and syncs it, for every frame appended so far (group commit). Synced frames
-/// can be read back by number ([`Wal::read_frame`]) until their segment is released.
+/// buffer and syncs it, for every frame appended so far (group commit);
+/// [`Wal::write_ahead`] only writes it. Written frames can be read back by number
+/// ([`Wal::read_frame`]) until their segment is released.
 pub(crate) struct Wal {
     dir: PathBuf,
     pending: Mutex<Pending>,
@@ -305,6 +306,9 @@ pub(crate) struct Wal {
     open: Mutex<Option<Open>>,
     /// Every segment on disk by first frame, the one being written included.
     segments: RwLock<BTreeMap<u64, Segment>>,
+    /// The last frame written to its segment; the frames after `synced` up to it
+    /// are in the kernel's cache, not yet known on disk.
+    written: AtomicU64,
     /// The last frame known durable.
     synced: AtomicU64,
     /// Set by the first failed write or sync; every later sync fails with it, since
@@ -356,6 +360,7 @@ impl Wal {
             }),
             open: Mutex::new(None),
             segments: RwLock::new(segments),
+            written: AtomicU64::new(next_frame - 1),
             synced: AtomicU64::new(next_frame - 1),
             failed: Mutex::new(None),
         })
@@ -388,6 +393,38 @@ impl Wal {
     /// ahead.
     pub(crate) fn sync(&self) -> Result<(), StoreError> {
         let mut open = self.open.lock();
+        self.write_pending(&mut open)?;
+        let written = self.written.load(Ordering::Acquire);
+        if written <= self.synced() {
+            return Ok(());
+        }
+        let o = open
+            .as_ref()
+            .expect("frames were written, so a segment is open");
+        if let Err(e) = o.file.sync_data() {
+            let path = self.dir.join(segment_name(o.first));
+            return Err(self.fail(StoreError::io(format!("syncing {}", path.display()), e)));
+        }
+        self.synced.store(written, Ordering::Release);
+        Ok(())
+    }
+
+    /// Writes every frame appended before this call to its segment without syncing
+    /// it: readers find the frames, and a crash of this process alone (not of the
+    /// machine) keeps them, since the kernel holds what was written. [`Wal::sync`]
+    /// makes them durable.
+    pub(crate) fn write_ahead(&self) -> Result<(), StoreError> {
+        let mut open = self.open.lock();
+        self.write_pending(&mut open)
+    }
+
+    /// The last frame written to its segment (durable or not).
+    #[cfg(test)]
+    pub(crate) fn written(&self) -> u64 {
+        self.written.load(Ordering::Acquire)
+    }
+
+    fn write_pending(&self, open: &mut Option<Open>) -> Result<(), StoreError> {
         if let Some(reason) = self.failed.lock().clone() {
             return Err(StoreError::io(
                 "write-ahead log",
@@ -403,20 +440,23 @@ impl Wal {
             let buf = std::mem::replace(&mut p.buf, spare.unwrap_or_default());
             (buf, p.first, p.last)
         };
-        match self.write(&mut open, &buf, first) {
+        match self.write(open, &buf, first) {
             Ok(()) => {
-                self.synced.store(last, Ordering::Release);
+                self.written.store(last, Ordering::Release);
                 buf.clear();
                 if let Some(o) = open.as_mut() {
                     o.spare = buf;
                 }
                 Ok(())
             }
-            Err(e) => {
-                *self.failed.lock() = Some(e.to_string());
-                Err(e)
-            }
+            Err(e) => Err(self.fail(e)),
         }
+    }
+
+    /// Records the first failed write or sync (see `failed`) and returns it.
+    fn fail(&self, e: StoreError) -> StoreError {
+        self.failed.lock().get_or_insert_with(|| e.to_string());
+        e
     }
 
     fn write(&self, open: &mut Option<Open>, buf: &[u8], first: u64) -> Result<(), StoreError> {
@@ -425,6 +465,18 @@ impl Wal {
             Some(o) => o.len > 0 && o.len + buf.len() as u64 > SEGMENT_BYTES,
         };
         if roll {
+            if let Some(o) = open.as_ref() {
+                // Frames written ahead into the old segment become durable before
+                // the new one takes the next: a sync covers only its own file.
+                if self.written.load(Ordering::Acquire) > self.synced() {
+                    o.file.sync_data().map_err(|e| {
+                        let path = self.dir.join(segment_name(o.first));
+                        StoreError::io(format!("syncing {}", path.display()), e)
+                    })?;
+                    self.synced
+                        .store(self.written.load(Ordering::Acquire), Ordering::Release);
+                }
+            }
             let path = self.dir.join(segment_name(first));
             let file = OpenOptions::new()
                 .create(true)
@@ -473,7 +525,6 @@ impl Wal {
         o.file
             .write_all_at(buf, at)
             .map_err(|e| failed("writing", e))?;
-        o.file.sync_data().map_err(|e| failed("syncing", e))?;
         o.len = end;
         // Readers find the frames from here on.
         let mut segments = self.segments.write();
@@ -495,7 +546,7 @@ impl Wal {
         self.synced.load(Ordering::Acquire)
     }
 
-    /// The payload of synced frame `frame`, read back from its segment; `None` when
+    /// The payload of written frame `frame`, read back from its segment; `None` when
     /// its segment was released.
     pub(crate) fn read_frame(&self, frame: u64) -> Result<Option<Vec<u8>>, StoreError> {
         let (file, offset, first) = {
@@ -526,7 +577,7 @@ impl Wal {
                 &frame.to_be_bytes(),
                 format!(
                     "frame {frame} at offset {offset} of {} fails its check (it was written \
-                     and synced there)",
+                     there)",
                     path().display()
                 ),
             ));
@@ -700,5 +751,45 @@ mod tests {
         // The open segment is never removed.
         wal.release_through(3).unwrap();
         assert_eq!(segments(dir.path()).unwrap().len(), 1);
+    }
+
+    #[test]
+    fn frames_written_ahead_read_back_and_become_durable_at_the_next_sync_or_roll() {
+        let dir = tempfile::tempdir().unwrap();
+        let wal = Wal::new(dir.path(), 1).unwrap();
+        wal.append(1, &encode_batch(&batch(1)));
+        wal.sync().unwrap();
+        wal.append(2, &encode_batch(&batch(2)));
+        wal.write_ahead().unwrap();
+        // Written, readable, not durable.
+        assert_eq!((wal.written(), wal.synced()), (2, 1));
+        assert!(same(
+            &decode_batch(&wal.read_frame(2).unwrap().unwrap()).unwrap(),
+            &batch(2)
+        ));
+        // A sync with nothing appended since still syncs what was written ahead.
+        wal.sync().unwrap();
+        assert_eq!((wal.written(), wal.synced()), (2, 2));
+
+        // A roll to a new segment makes the old segment's written frames durable
+        // before frames go to the new one (a sync covers only its own file).
+        let big = vec![7u8; (SEGMENT_BYTES / 2) as usize + 1];
+        let mut b = WriteBatch::new();
+        b.put(b"big".to_vec(), big);
+        let payload = encode_batch(&b);
+        wal.append(3, &payload);
+        wal.write_ahead().unwrap();
+        assert_eq!((wal.written(), wal.synced()), (3, 2));
+        wal.append(4, &payload);
+        wal.write_ahead().unwrap();
+        assert_eq!(segments(dir.path()).unwrap().len(), 2);
+        assert_eq!((wal.written(), wal.synced()), (4, 3));
+        wal.sync().unwrap();
+        assert_eq!(wal.synced(), 4);
+        let got = read_all(dir.path(), 0).unwrap();
+        assert_eq!(
+            got.iter().map(|(f, _)| *f).collect::<Vec<_>>(),
+            [1, 2, 3, 4]
+        );
     }
 }

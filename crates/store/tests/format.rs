@@ -100,3 +100,64 @@ async fn a_corrupt_row_is_reported_with_its_key() {
     drop(db);
     assert_eq!(open(&engine).unwrap_err().code(), "XX001");
 }
+
+#[tokio::test]
+async fn a_store_opened_after_another_boot_says_so_and_paused_writes_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let under = |boot: &str| {
+        let mut o = opts();
+        o.boot_id = Some(boot.to_string());
+        o
+    };
+    // First open: nothing shipped before, nothing to fear.
+    let db = Database::open_sled(dir.path(), under("boot-a")).unwrap();
+    assert!(!db.machine_restarted());
+    db.create_table(accounts()).await.unwrap();
+    drop(db);
+    let reopen = |boot: &str| {
+        let engine = hawser_store::SledEngine::open(dir.path()).unwrap();
+        Database::open(Arc::new(engine), under(boot)).unwrap()
+    };
+    // The process restarted, the machine did not.
+    let db = reopen("boot-a");
+    assert!(!db.machine_restarted());
+    drop(db);
+    // The machine restarted; and the new boot is recorded for the next open.
+    let db = reopen("boot-b");
+    assert!(db.machine_restarted());
+    drop(db);
+    let db = reopen("boot-b");
+    assert!(!db.machine_restarted());
+
+    // Paused: this node's own commits are refused (57P03, retryable), nothing lands.
+    db.pause_writes(Some("waiting for the subscribers".into()));
+    let mut txn = db.begin();
+    txn.insert(
+        &accounts_name(),
+        vec![Value::Int(1), Value::Text("ann".into()), Value::Null],
+    )
+    .await
+    .unwrap();
+    let err = txn.commit().await.unwrap_err();
+    assert_eq!(err.code(), "57P03");
+    assert!(err.is_retryable());
+    assert!(
+        err.to_string().contains("waiting for the subscribers"),
+        "{err}"
+    );
+    assert_eq!(
+        db.writes_paused().as_deref(),
+        Some("waiting for the subscribers")
+    );
+    let before = db.last_lsn();
+    db.pause_writes(None);
+    let mut txn = db.begin();
+    txn.insert(
+        &accounts_name(),
+        vec![Value::Int(1), Value::Text("ann".into()), Value::Null],
+    )
+    .await
+    .unwrap();
+    txn.commit().await.unwrap();
+    assert_eq!(db.last_lsn(), before.next());
+}

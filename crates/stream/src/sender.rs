@@ -107,6 +107,13 @@ pub struct SenderStatus {
     pub sessions: u64,
 }
 
+impl Default for SenderStatus {
+    /// A sender that has not connected yet.
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 impl SenderStatus {
     fn new() -> Self {
         Self {
@@ -138,6 +145,9 @@ pub struct SenderHandle {
     /// to ship at once (see [`SenderTuning::linger`]); 0 when a wake may be needed.
     wake_at: Arc<AtomicU64>,
     db: Database,
+    /// Whether it ships this node's commits once written, before their sync (see
+    /// [`SenderHandle::ships_written`]).
+    ships_written: bool,
 }
 
 impl std::fmt::Debug for SenderHandle {
@@ -162,6 +172,16 @@ impl SenderHandle {
         if self.db.last_lsn().0 >= self.wake_at.load(Ordering::Acquire) {
             self.wake.notify_one();
         }
+    }
+
+    /// Whether this sender ships this node's own commits as soon as they are written
+    /// to the log, while their sync is still under way: on a stream a return service
+    /// waits on (the commit waits for the receiver's ack anyway, so the two syncs
+    /// overlap instead of following each other), when the node commits durably. The
+    /// commit path wakes such senders between the write and the sync
+    /// ([`Database::set_written_hook`]).
+    pub fn ships_written(&self) -> bool {
+        self.ships_written
     }
 }
 
@@ -220,6 +240,7 @@ impl StreamSender {
         let wake = Arc::new(Notify::new());
         let wake_at = Arc::new(AtomicU64::new(0));
         let handle_db = db.clone();
+        let ships_written = ships_written(&link, &db);
         let task = Sender {
             link,
             db,
@@ -240,8 +261,14 @@ impl StreamSender {
             wake,
             wake_at,
             db: handle_db,
+            ships_written,
         }
     }
+}
+
+/// See [`SenderHandle::ships_written`].
+fn ships_written(link: &LinkConfig, db: &Database) -> bool {
+    link.returns_wait && db.options().durable_commits
 }
 
 struct Sender {
@@ -736,17 +763,23 @@ impl Sender {
             let mut size = 0usize;
             let mut blocked = false;
             let mut unflushed = false;
-            // This node's own commits go out only once durable here: a receiver must
+            // This node's own commits go out only once durable here — or, on a stream a
+            // return service waits on, once written to the log while their sync runs
+            // (see docs/stream.md, "Shipping before the sync"): a receiver must
             // never hold a commit this node could lose in a crash, since after it this
             // node would give the lost commit's seq to another transaction and the
-            // receiver would skip that one as a duplicate. (Other origins' records may
-            // go before: a crash here loses them on both sides' terms, and they come
-            // back from their origin under the same Gtid.) With non-durable commits
-            // (`--durable-commits false`) the node accepts that loss, and ships at once.
-            let durable_from = if self.db.options().durable_commits {
-                self.db.flushed_lsn().next()
-            } else {
+            // receiver would skip that one as a duplicate. A written commit survives a
+            // crash of this process; a crash of the machine is what the restart's fence
+            // covers. (Other origins' records may go before: a crash here loses them
+            // on both sides' terms, and they come back from their origin under the
+            // same Gtid.) With non-durable commits (`--durable-commits false`) the node
+            // accepts that loss, and ships at once.
+            let durable_from = if !self.db.options().durable_commits {
                 Lsn(u64::MAX)
+            } else if ships_written(&self.link, &self.db) {
+                self.db.written_lsn().next()
+            } else {
+                self.db.flushed_lsn().next()
             };
             let own = self.db.node_id();
             for r in &records {
