@@ -782,3 +782,79 @@ fn stream_lag_grows_while_the_receiver_does_not_answer() {
         "{lagging}"
     );
 }
+
+/// A master restarted after its machine did (`--boot-id` stands in for the boot) may
+/// have lost commits it had shipped to its RECEIPT subscriber before their sync: it
+/// takes no writes of its own (57P03, named in status) until that subscriber has
+/// answered; a restart of the process alone does not pause it.
+#[test]
+fn a_master_back_from_a_machine_restart_writes_once_its_return_subscriber_answered() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let boot = |id: &'static str| -> Vec<&'static str> {
+        let mut args = FAST_RAFT.to_vec();
+        args.extend(["--boot-id", id]);
+        args
+    };
+    let (n1, mut n2, _n3) = three_voters(d, &boot("boot-a"));
+    for n in [&n1, &n2] {
+        sql_ok(n, "create table t (k int primary key, v varchar(20))");
+    }
+    ddl(
+        &n1,
+        "CREATE REPLICATION r ELEMENT e TABLE t MASTER n1 SUBSCRIBER n2 RETURN RECEIPT \
+         STORE n1 RETURN WAIT TIME 1",
+    );
+    wait_for("the stream to n2", WAIT, || {
+        outbound_to(&n1, "n2").filter(|o| o["state"] == "streaming")
+    });
+    let (results, _) = sql_ok(&n1, "insert into t values (1, 'before')");
+    assert!(warnings(&results).is_empty(), "{results:?}");
+    assert_eq!(count(&n2, "t"), Some(1));
+    let paused = |n: &Node| -> Option<String> {
+        let (code, body) = http_get(&n.http, "/replication");
+        assert_eq!(code, 200, "{body}");
+        let v: Value = serde_json::from_str(&body).unwrap();
+        v["writes_paused"].as_str().map(str::to_string)
+    };
+    assert_eq!(paused(&n1), None);
+
+    // n2 is down when n1 comes back from a "machine restart".
+    assert!(n2.terminate().is_some_and(|s| s.success()));
+    let n2_grpc = n2.grpc.clone();
+    drop(n2);
+    let n1 = restart_cleanly(n1, d, &boot("boot-b"));
+    let reason = paused(&n1).expect("writes paused after a machine restart");
+    assert!(reason.contains("machine restarted"), "{reason}");
+    let (ok, _, err) = sql(&n1, "insert into t values (2, 'paused')");
+    assert!(!ok && err.contains("57P03"), "{err}");
+    assert!(err.contains("takes no writes now"), "{err}");
+    let out = n1.cli(&["status"]);
+    assert!(
+        stdout(&out).contains("writes      PAUSED"),
+        "{}",
+        stdout(&out)
+    );
+
+    // n2 answers, holding nothing n1 lacks: n1 takes writes again and n2 gets them.
+    let n2 = start_member("n2", d, &n2_grpc, None, &[]);
+    wait_for("n1 to take writes again", WAIT, || {
+        paused(&n1).is_none().then_some(())
+    });
+    let (results, _) = sql_ok(&n1, "insert into t values (3, 'after')");
+    assert!(warnings(&results).is_empty(), "{results:?}");
+    assert_eq!(count(&n2, "t"), Some(2));
+    assert_eq!(count(&n1, "t"), Some(2));
+
+    // A restart of the process alone (same boot) does not pause writes, even with n2
+    // down: what n1 wrote survived in the kernel's cache.
+    let mut n2 = n2;
+    assert!(n2.terminate().is_some_and(|s| s.success()));
+    let n1 = restart_cleanly(n1, d, &boot("boot-b"));
+    assert_eq!(paused(&n1), None);
+    let (results, _) = sql_ok(&n1, "insert into t values (4, 'n2 down')");
+    assert!(
+        warnings(&results).iter().any(|w| w.contains("8170")),
+        "{results:?}"
+    );
+}

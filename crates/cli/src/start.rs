@@ -23,7 +23,7 @@ pub struct StartArgs {
     /// data_dir, durable_commits, lock_timeout, max_message_bytes, join, advertise,
     /// raft_heartbeat, raft_election_min, raft_election_max, raft_snapshot_every,
     /// raft_log_keep, compile, compile_threshold_txns, compile_threshold_bytes,
-    /// log_file_size, log_keep_bytes, threads).
+    /// log_file_size, log_keep_bytes, threads, boot_id).
     #[arg(long, env = "HAWSER_CONFIG")]
     config: Option<PathBuf>,
     /// Store name replication schemes use for this node [default: hawser].
@@ -89,6 +89,12 @@ pub struct StartArgs {
     /// [default: 0].
     #[arg(long, env = "HAWSER_THREADS", value_name = "N")]
     threads: Option<usize>,
+    /// Stand in for the machine's boot id, which the store compares at every open to
+    /// tell a restart of the process from one of the machine (after which this node's
+    /// own writes wait until its return-service subscribers report what they hold).
+    /// For drills that rehearse a machine crash; leave unset otherwise.
+    #[arg(long, env = "HAWSER_BOOT_ID", hide = true)]
+    boot_id: Option<String>,
     #[command(flatten)]
     compile: CompileArgs,
     /// Stop cleanly when the process that started this one goes away, even if it was
@@ -204,6 +210,9 @@ impl StartArgs {
         }
         if let Some(v) = self.threads {
             c.threads = v;
+        }
+        if let Some(v) = &self.boot_id {
+            c.boot_id = Some(v.clone());
         }
         c.validate()?;
         Ok(c)

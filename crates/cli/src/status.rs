@@ -53,6 +53,12 @@ pub async fn run(args: StatusArgs) -> anyhow::Result<ExitCode> {
                     "no"
                 }
             );
+            let paused = serde_json::from_str::<serde_json::Value>(&s.replication_json)
+                .ok()
+                .and_then(|r| r.get("writes_paused")?.as_str().map(str::to_string));
+            if let Some(reason) = paused {
+                println!("writes      PAUSED: {reason}");
+            }
             let log = serde_json::from_str::<serde_json::Value>(&s.replication_json)
                 .ok()
                 .and_then(|r| {

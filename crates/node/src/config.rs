@@ -73,6 +73,11 @@ pub struct NodeConfig {
     /// (several nodes sharing a small machine spend less CPU per replicated commit
     /// that way; see docs/architecture.md "Threads").
     pub threads: usize,
+    /// Stands in for the machine's boot id (Linux's `/proc/sys/kernel/random/boot_id`),
+    /// which the store compares at every open to tell a restart of the process from one
+    /// of the machine (docs/stream.md, "Shipping before the sync"). For drills and
+    /// tests that rehearse a machine crash; leave unset otherwise.
+    pub boot_id: Option<String>,
 }
 
 impl Default for NodeConfig {
@@ -98,6 +103,7 @@ impl Default for NodeConfig {
             log_file_size: 64 * 1024 * 1024,
             log_keep_bytes: 64 * 1024 * 1024,
             threads: 0,
+            boot_id: None,
         }
     }
 }

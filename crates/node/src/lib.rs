@@ -140,6 +140,8 @@ impl NodeState {
     pub(crate) fn replication_json(&self) -> serde_json::Value {
         let mut json = dataplane::streams_json(&self.senders, &self.receiver);
         json["returns"] = self.returns.json();
+        // Why this node takes no writes of its own now (the restart fence), if so.
+        json["writes_paused"] = self.db.writes_paused().into();
         json["log"] = serde_json::json!({
             "start_lsn": self.db.log_start().0,
             "last_lsn": self.db.last_lsn().0,
@@ -236,7 +238,7 @@ pub async fn run(
         node_id,
         durable_commits: config.durable_commits,
         lock_timeout: config.lock_timeout,
-        boot_id: None,
+        boot_id: config.boot_id.clone(),
     };
     let db_dir = config.data_dir.join("db");
     // Opening sled replays its log: blocking work, kept off the async workers.
