@@ -786,7 +786,8 @@ fn stream_lag_grows_while_the_receiver_does_not_answer() {
 /// A master restarted after its machine did (`--boot-id` stands in for the boot) may
 /// have lost commits it had shipped to its RECEIPT subscriber before their sync: it
 /// takes no writes of its own (57P03, named in status) until that subscriber has
-/// answered; a restart of the process alone does not pause it.
+/// answered — or its receiver is stopped; a restart of the process alone does not
+/// pause it.
 #[test]
 fn a_master_back_from_a_machine_restart_writes_once_its_return_subscriber_answered() {
     let dir = tempfile::tempdir().unwrap();
@@ -857,4 +858,17 @@ fn a_master_back_from_a_machine_restart_writes_once_its_return_subscriber_answer
         warnings(&results).iter().any(|w| w.contains("8170")),
         "{results:?}"
     );
+
+    // Another machine restart with n2 still down, for good this time: the way out is
+    // to stop n2's receiver, which removes its stream and the wait for it.
+    let n1 = restart_cleanly(n1, d, &boot("boot-c"));
+    assert!(paused(&n1).is_some());
+    let out = n1.cli(&["receiver", "--subscriber", "n2", "--state", "stop"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    wait_for("n1 to take writes with n2 stopped", WAIT, || {
+        paused(&n1).is_none().then_some(())
+    });
+    let (results, _) = sql_ok(&n1, "insert into t values (5, 'n2 stopped')");
+    assert!(warnings(&results).is_empty(), "{results:?}");
+    assert_eq!(count(&n1, "t"), Some(4));
 }
