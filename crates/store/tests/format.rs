@@ -130,15 +130,21 @@ async fn a_store_opened_after_another_boot_says_so_and_paused_writes_are_refused
     assert!(!db.machine_restarted());
 
     // Paused: this node's own commits are refused (57P03, retryable), nothing lands.
+    let insert_ann = |db: &Database| {
+        let db = db.clone();
+        async move {
+            let mut txn = db.begin();
+            txn.insert(
+                &accounts_name(),
+                vec![Value::Int(1), Value::Text("ann".into()), Value::Null],
+            )
+            .await
+            .unwrap();
+            txn.commit().await
+        }
+    };
     db.pause_writes(Some("waiting for the subscribers".into()));
-    let mut txn = db.begin();
-    txn.insert(
-        &accounts_name(),
-        vec![Value::Int(1), Value::Text("ann".into()), Value::Null],
-    )
-    .await
-    .unwrap();
-    let err = txn.commit().await.unwrap_err();
+    let err = insert_ann(&db).await.unwrap_err();
     assert_eq!(err.code(), "57P03");
     assert!(err.is_retryable());
     assert!(
@@ -151,13 +157,6 @@ async fn a_store_opened_after_another_boot_says_so_and_paused_writes_are_refused
     );
     let before = db.last_lsn();
     db.pause_writes(None);
-    let mut txn = db.begin();
-    txn.insert(
-        &accounts_name(),
-        vec![Value::Int(1), Value::Text("ann".into()), Value::Null],
-    )
-    .await
-    .unwrap();
-    txn.commit().await.unwrap();
+    insert_ann(&db).await.unwrap();
     assert_eq!(db.last_lsn(), before.next());
 }
