@@ -836,11 +836,23 @@ fn a_master_back_from_a_machine_restart_writes_once_its_return_subscriber_answer
         "{}",
         stdout(&out)
     );
+    let writes_paused_metric = |n: &Node| {
+        let (code, body) = http_get(&n.http, "/metrics");
+        assert_eq!(code, 200, "{body}");
+        body.lines()
+            .find_map(|l| l.strip_prefix("hawser_writes_paused ").map(str::to_string))
+    };
+    wait_for("the paused-writes gauge", WAIT, || {
+        (writes_paused_metric(&n1).as_deref() == Some("1")).then_some(())
+    });
 
     // n2 answers, holding nothing n1 lacks: n1 takes writes again and n2 gets them.
     let n2 = start_member("n2", d, &n2_grpc, None, &[]);
     wait_for("n1 to take writes again", WAIT, || {
         paused(&n1).is_none().then_some(())
+    });
+    wait_for("the paused-writes gauge back to 0", WAIT, || {
+        (writes_paused_metric(&n1).as_deref() == Some("0")).then_some(())
     });
     let (results, _) = sql_ok(&n1, "insert into t values (3, 'after')");
     assert!(warnings(&results).is_empty(), "{results:?}");

@@ -282,6 +282,8 @@ pub(crate) async fn run(task: DataPlaneTask) {
         problems = now;
         reconcile(&task, &mut running, wanted, &positions);
         check_restart_fence(&task, &state, &running);
+        metrics::gauge!("hawser_writes_paused")
+            .set(f64::from(u8::from(task.db.writes_paused().is_some())));
         first_seen.retain(|k, _| known.contains_key(k));
         for k in known.keys() {
             first_seen
