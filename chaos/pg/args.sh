@@ -25,3 +25,21 @@ check_run_args() {
         [[ $c =~ ^[1-9][0-9]*$ ]] || die "--clients: '$c' is not a positive number"
     done
 }
+
+# The end of each script's EXIT cleanup: keeps $work (--keep) or removes it, and exits
+# with $1, the status the script was leaving with.
+leave_work() {
+    if [[ $keep -eq 1 ]]; then
+        log "kept $work"
+    else
+        rm -rf "$work"
+    fi
+    exit "$1"
+}
+
+# Runs the script's `cleanup` on every exit; INT and TERM exit with 130 / 143 through it.
+trap_cleanup() {
+    trap cleanup EXIT
+    trap 'exit 130' INT
+    trap 'exit 143' TERM
+}

@@ -151,16 +151,9 @@ cleanup() {
         done
     fi
     cd /
-    if [[ $keep -eq 1 ]]; then
-        log "kept $work"
-    else
-        rm -rf "$work"
-    fi
-    exit "$status"
+    leave_work "$status"
 }
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
+trap_cleanup
 
 # The server user must be able to reach and write the directory; its working directory
 # must be readable by it too (initdb checks).

@@ -130,16 +130,9 @@ cleanup() {
     trap - EXIT INT TERM
     set +e
     stop_cluster
-    if [[ $keep -eq 1 ]]; then
-        log "kept $work"
-    else
-        rm -rf "$work"
-    fi
-    exit "$status"
+    leave_work "$status"
 }
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
+trap_cleanup
 
 # Starts node $1 on free ports (port 0) with extra flags, its data and logs in $cell;
 # sets grpc_$1 from its ready line.

@@ -731,14 +731,18 @@ mod tests {
         assert_eq!(read_all(dir.path(), 9).unwrap().len(), 1);
     }
 
+    /// A frame payload just over half a segment: every second one rolls the log.
+    fn half_a_segment() -> Vec<u8> {
+        let mut b = WriteBatch::new();
+        b.put(b"big".to_vec(), vec![7u8; (SEGMENT_BYTES / 2) as usize + 1]);
+        encode_batch(&b)
+    }
+
     #[test]
     fn released_segments_are_removed_and_the_rest_still_reads() {
         let dir = tempfile::tempdir().unwrap();
         let wal = Wal::new(dir.path(), 1).unwrap();
-        let big = vec![7u8; (SEGMENT_BYTES / 2) as usize + 1];
-        let mut b = WriteBatch::new();
-        b.put(b"big".to_vec(), big);
-        let payload = encode_batch(&b);
+        let payload = half_a_segment();
         for f in 1..=3 {
             wal.append(f, &payload);
             wal.sync().unwrap();
@@ -773,10 +777,7 @@ mod tests {
 
         // A roll to a new segment makes the old segment's written frames durable
         // before frames go to the new one (a sync covers only its own file).
-        let big = vec![7u8; (SEGMENT_BYTES / 2) as usize + 1];
-        let mut b = WriteBatch::new();
-        b.put(b"big".to_vec(), big);
-        let payload = encode_batch(&b);
+        let payload = half_a_segment();
         wal.append(3, &payload);
         wal.write_ahead().unwrap();
         assert_eq!((wal.written(), wal.synced()), (3, 2));
