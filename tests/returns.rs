@@ -884,3 +884,123 @@ fn a_master_back_from_a_machine_restart_writes_once_its_return_subscriber_answer
     assert!(warnings(&results).is_empty(), "{results:?}");
     assert_eq!(count(&n1, "t"), Some(4));
 }
+
+/// Copies a directory tree (files and directories only).
+fn copy_tree(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let target = to.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            copy_tree(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), &target).unwrap();
+        }
+    }
+}
+
+/// A master whose machine lost commits its RECEIPT subscriber already holds (here: its
+/// store put back to a copy taken before them) stays paused, naming the subscriber and
+/// both seqs — across a restart of the process too; stopping the receiver lets it take
+/// writes, and starting the receiver again does not resume the stream: the subscriber
+/// would skip the new commits as duplicates of the lost ones, so its sender says
+/// `diverged` and sends nothing.
+#[test]
+fn a_subscriber_holding_commits_its_master_lost_is_never_streamed_to_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let boot = |id: &'static str| -> Vec<&'static str> {
+        let mut args = FAST_RAFT.to_vec();
+        args.extend(["--boot-id", id]);
+        args
+    };
+    let (n1, n2, _n3) = three_voters(d, &boot("boot-a"));
+    for n in [&n1, &n2] {
+        sql_ok(n, "create table t (k int primary key, v varchar(20))");
+    }
+    ddl(
+        &n1,
+        "CREATE REPLICATION r ELEMENT e TABLE t MASTER n1 SUBSCRIBER n2 RETURN RECEIPT \
+         STORE n1 RETURN WAIT TIME 1",
+    );
+    wait_for("the stream to n2", WAIT, || {
+        outbound_to(&n1, "n2").filter(|o| o["state"] == "streaming")
+    });
+    sql_ok(&n1, "insert into t values (1, 'kept')");
+    // The store as the machine's disk will have it: without the next two commits.
+    let mut n1 = n1;
+    assert!(n1.terminate().is_some_and(|s| s.success()));
+    let (n1_grpc, store, saved) = (n1.grpc.clone(), d.join("n1/db"), d.join("n1-db-saved"));
+    drop(n1);
+    copy_tree(&store, &saved);
+    let n1 = Node::start_at("n1", &d.join("n1"), &n1_grpc, &boot("boot-a"));
+    wait_for("the stream to n2 again", WAIT, || {
+        outbound_to(&n1, "n2").filter(|o| o["state"] == "streaming")
+    });
+    for k in [2, 3] {
+        let (results, _) = sql_ok(&n1, &format!("insert into t values ({k}, 'lost')"));
+        assert!(warnings(&results).is_empty(), "{results:?}");
+    }
+    assert_eq!(count(&n2, "t"), Some(3));
+    let mut n1 = n1;
+    assert!(n1.terminate().is_some_and(|s| s.success()));
+    drop(n1);
+    std::fs::remove_dir_all(&store).unwrap();
+    std::fs::rename(&saved, &store).unwrap();
+
+    let paused = |n: &Node| -> Option<String> {
+        let (code, body) = http_get(&n.http, "/replication");
+        assert_eq!(code, 200, "{body}");
+        let v: Value = serde_json::from_str(&body).unwrap();
+        v["writes_paused"].as_str().map(str::to_string)
+    };
+    let n1 = Node::start_at("n1", &d.join("n1"), &n1_grpc, &boot("boot-b"));
+    let reason = wait_for(
+        "n1 to name the subscriber holding its lost commits",
+        WAIT,
+        || paused(&n1).filter(|r| r.contains("subscriber n2 holds this node's commits")),
+    );
+    assert!(reason.contains("this node only through"), "{reason}");
+    let (ok, _, err) = sql(&n1, "insert into t values (4, 'refused')");
+    assert!(!ok && err.contains("57P03") && err.contains("n2"), "{err}");
+    let out = wait_for("n2's stream to say diverged", WAIT, || {
+        outbound_to(&n1, "n2").filter(|o| o["state"] == "diverged")
+    });
+    assert!(
+        out["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("machine restarted")),
+        "{out}"
+    );
+
+    // A restart of the process (same boot) keeps the fence.
+    let n1 = restart_cleanly(n1, d, &boot("boot-b"));
+    assert!(paused(&n1).is_some());
+
+    // Stopping n2's receiver lets n1 take writes; starting it again sends n2 nothing.
+    let out = n1.cli(&["receiver", "--subscriber", "n2", "--state", "stop"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    wait_for("n1 to take writes with n2 stopped", WAIT, || {
+        paused(&n1).is_none().then_some(())
+    });
+    sql_ok(&n1, "insert into t values (5, 'new')");
+    assert_eq!(count(&n1, "t"), Some(2));
+    let out = n1.cli(&["receiver", "--subscriber", "n2", "--state", "start"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let out = wait_for("n2's stream refused again", WAIT, || {
+        outbound_to(&n1, "n2").filter(|o| o["state"] == "diverged")
+    });
+    assert!(
+        out["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("rebuild")),
+        "{out}"
+    );
+    let (ok, results, err) = sql(&n2, "select k from t order by k");
+    assert!(ok, "{err}");
+    assert_eq!(
+        results[0]["rows"],
+        serde_json::json!([[1], [2], [3]]),
+        "n2 keeps what it had and gets nothing under the reused seqs"
+    );
+}

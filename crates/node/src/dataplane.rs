@@ -98,9 +98,9 @@ pub(crate) fn wake_written(senders: &Senders) -> bool {
 }
 
 /// Why writes are paused after a machine restart until [`fence_check`] lifts it.
-pub(crate) const RESTART_FENCE: &str = "the machine restarted since this node last ran, \
-     and commits it shipped before their sync may have been lost with it: waiting for \
-     its return-service subscribers to report what they hold of this node's commits";
+pub(crate) const RESTART_FENCE: &str = "the machine restarted since this node last took \
+     writes, and commits it shipped before their sync may have been lost with it: waiting \
+     for its return-service subscribers to report what they hold of this node's commits";
 
 /// What the restart fence ([`RESTART_FENCE`]) should do now.
 #[derive(Debug, PartialEq, Eq)]
@@ -180,6 +180,11 @@ fn check_restart_fence(
                 receivers = statuses.len(),
                 "no subscriber holds commits this node lost in the machine restart: taking writes"
             );
+            // Recorded, so that a restart of the process does not fence again; if that
+            // fails, it only would.
+            if let Err(e) = task.db.lift_restart_fence() {
+                warn!(error = %e, "cannot record that the restart fence lifted");
+            }
             task.db.pause_writes(None);
         }
         Fence::Wait(_) => {}
@@ -191,8 +196,9 @@ fn check_restart_fence(
             let why = format!(
                 "{RESTART_FENCE}: subscriber {receiver} holds this node's commits through seq \
                  {holds}, this node only through {ours} (the rest were lost with the \
-                 machine); make {receiver} the master (ALTER REPLICATION ... SET MASTER) \
-                 and let this node rejoin it"
+                 machine); nothing more is sent to {receiver} until it is rebuilt from this \
+                 node, and to take writes before that, set its receiver to STOP (hawser \
+                 receiver --subscriber {receiver} --state stop)"
             );
             if why != reason {
                 warn!("{why}");
@@ -962,6 +968,7 @@ pub(crate) fn streams_json(senders: &Senders, receiver: &ReceiverService) -> ser
                 SenderState::Backoff { error } => ("backoff", Some(error.clone())),
                 SenderState::Refused { reason } => ("refused", Some(reason.clone())),
                 SenderState::LogReleased { reason } => ("log_released", Some(reason.clone())),
+                SenderState::Diverged { reason } => ("diverged", Some(reason.clone())),
                 SenderState::Stopped => ("stopped", None),
             };
             serde_json::json!({

@@ -249,11 +249,12 @@ pub async fn run(
             reason: e.to_string(),
         })?
         .map_err(NodeError::Open)?;
-    if db.machine_restarted() {
+    if db.restart_fence_pending() {
         // Commits written ahead of their sync may have been lost with the machine after
         // senders shipped them: no commit of this node's own until its receivers have
-        // said how much of it they hold (the data plane lifts this).
-        warn!("the machine restarted since this node last ran: its own writes wait until its return-service subscribers report what they hold of it");
+        // said how much of it they hold (the data plane lifts this). The store keeps
+        // the fence across restarts of the process until it lifts.
+        warn!("the machine restarted since this node last took writes: its own writes wait until its return-service subscribers report what they hold of it");
         db.pause_writes(Some(dataplane::RESTART_FENCE.to_string()));
     }
     let grpc_addr = grpc_listener

@@ -41,6 +41,7 @@ use crate::error::{printable_key, StoreError};
 use crate::layout::{self, FORMAT_KEY, FORMAT_MAGIC, FORMAT_VERSION, NEXT_TABLE_ID_KEY};
 use crate::locks::LockManager;
 use crate::log::{DdlOp, LogEntry, LogRecord};
+use crate::restart::RestartPoint;
 use crate::sequence::{SequenceDef, SequenceState, BLOCK_SIZE};
 use crate::txn::Txn;
 
@@ -293,6 +294,8 @@ pub(crate) struct Inner {
     refusals: RwLock<HashMap<QualName, String>>,
     /// See [`Database::machine_restarted`].
     machine_restarted: bool,
+    /// See [`Database::restart_point`]; written through to [`layout::RESTART_KEY`].
+    restart: Mutex<Option<RestartPoint>>,
     /// Why this node takes no commits of its own now ([`Database::pause_writes`]).
     paused: RwLock<Option<String>>,
     counters: Counters,
@@ -397,7 +400,7 @@ impl Database {
     /// recovered is a prefix of whole commits: nothing else needs repairing.
     pub fn open(engine: Arc<dyn KvEngine>, opts: DbOptions) -> Result<Database, StoreError> {
         check_format(engine.as_ref())?;
-        let machine_restarted = note_boot(engine.as_ref(), opts.boot_id.as_deref())?;
+        let boot = read_boot(engine.as_ref(), opts.boot_id.as_deref())?;
         let mut catalog = Catalog::default();
         let mut max_id = 0;
         for kv in engine.scan(layout::prefix_range(&[layout::TABLE_PREFIX]), false) {
@@ -465,6 +468,8 @@ impl Database {
         let log_start = log_start.unwrap_or(last_lsn.0 + 1);
         let log_retained_bytes = log_sizes.bytes_from(0);
         let last_seq = marks.remove(&opts.node_id).unwrap_or(0);
+        let restart = note_boot(engine.as_ref(), &boot, last_seq)?;
+        let machine_restarted = boot.restarted;
         tracing::info!(
             node = %opts.node_id,
             tables = catalog.tables.len(),
@@ -503,6 +508,7 @@ impl Database {
             held: crate::held::HeldRows::default(),
             refusals: RwLock::new(HashMap::new()),
             machine_restarted,
+            restart: Mutex::new(restart),
             paused: RwLock::new(None),
             counters: Counters::default(),
             metrics: Metrics::new(),
@@ -938,6 +944,77 @@ impl Database {
     /// takes writes again (docs/stream.md, "Shipping before the sync").
     pub fn machine_restarted(&self) -> bool {
         self.inner.machine_restarted
+    }
+
+    /// Where the last machine restart this store saw left this node's own commits,
+    /// and which receivers were checked against it since (`None`: no machine restart
+    /// since the store was created).
+    pub fn restart_point(&self) -> Option<RestartPoint> {
+        self.inner.restart.lock().clone()
+    }
+
+    /// Whether this node has not taken writes of its own since its last machine
+    /// restart: it opened after one ([`Database::machine_restarted`]), or after a
+    /// restart of the process that came before its fence was lifted.
+    pub fn restart_fence_pending(&self) -> bool {
+        self.inner
+            .restart
+            .lock()
+            .as_ref()
+            .is_some_and(|p| !p.lifted)
+    }
+
+    /// Records, durably, that the node takes writes of its own again after its last
+    /// machine restart: a later restart of the process does not hold them back.
+    pub fn lift_restart_fence(&self) -> Result<(), StoreError> {
+        self.update_restart_point(|p| {
+            let changed = !p.lifted;
+            p.lifted = true;
+            changed
+        })
+    }
+
+    /// Checks a receiver's first answer — `holds`, the highest seq of this node's
+    /// origin it has — against the last machine restart's point: `Ok(false)` when it
+    /// holds commits this node lost with the machine (streaming to it would hand it
+    /// new commits under seqs it already has); otherwise `Ok(true)`, and the receiver
+    /// is recorded (durably) as checked, so that later answers, holding commits made
+    /// since, pass.
+    pub fn check_receiver_after_restart(
+        &self,
+        receiver: &str,
+        holds: u64,
+    ) -> Result<bool, StoreError> {
+        match self.inner.restart.lock().as_ref() {
+            None => return Ok(true),
+            Some(p) if p.checked.contains(receiver) => return Ok(true),
+            Some(p) if !p.admits(receiver, holds) => return Ok(false),
+            Some(_) => {}
+        }
+        self.update_restart_point(|p| p.checked.insert(receiver.to_string()))?;
+        Ok(true)
+    }
+
+    /// Changes the restart point (if there is one) and writes it through, durably,
+    /// when `change` says it changed anything.
+    fn update_restart_point(
+        &self,
+        change: impl FnOnce(&mut RestartPoint) -> bool,
+    ) -> Result<(), StoreError> {
+        let mut guard = self.inner.restart.lock();
+        let Some(point) = guard.as_mut() else {
+            return Ok(());
+        };
+        let mut next = point.clone();
+        if !change(&mut next) {
+            return Ok(());
+        }
+        let mut batch = WriteBatch::new();
+        batch.put(layout::RESTART_KEY.to_vec(), next.encode());
+        self.inner.engine.apply(batch)?;
+        self.inner.engine.flush()?;
+        *point = next;
+        Ok(())
     }
 
     /// Stops (with the reason client writes are refused with, SQLSTATE 57P03) or,
@@ -1821,10 +1898,17 @@ fn write_format_marker(engine: &dyn KvEngine) -> Result<(), StoreError> {
 /// Where Linux tells the id of the running boot.
 const BOOT_ID_PATH: &str = "/proc/sys/kernel/random/boot_id";
 
-/// Records the running boot's id in the store (durably) and says whether the store was
-/// last opened under another one — or under one that could not be read, which counts
-/// as a restart. A store opened for the first time was not.
-fn note_boot(engine: &dyn KvEngine, boot_id: Option<&str>) -> Result<bool, StoreError> {
+/// The running boot's id, and whether the store was last opened under another one —
+/// or under one that could not be read, which counts as a restart. A store opened for
+/// the first time was not.
+struct Boot {
+    /// What to record: the running boot's id (empty when it cannot be read).
+    current: Vec<u8>,
+    changed: bool,
+    restarted: bool,
+}
+
+fn read_boot(engine: &dyn KvEngine, boot_id: Option<&str>) -> Result<Boot, StoreError> {
     let current = match boot_id {
         Some(id) => Some(id.to_string()),
         None => std::fs::read_to_string(BOOT_ID_PATH)
@@ -1837,14 +1921,44 @@ fn note_boot(engine: &dyn KvEngine, boot_id: Option<&str>) -> Result<bool, Store
         (Some(before), Some(now)) => before.as_slice() != now.as_bytes(),
         (Some(_), None) => true,
     };
-    let value = current.unwrap_or_default().into_bytes();
-    if stored.as_deref() != Some(value.as_slice()) {
+    let current = current.unwrap_or_default().into_bytes();
+    Ok(Boot {
+        changed: stored.as_deref() != Some(current.as_slice()),
+        current,
+        restarted,
+    })
+}
+
+/// Records the running boot's id and, after a machine restart, a new restart point
+/// at `last_seq` (this node's last own seq as opened) — in one durable batch, so a
+/// crash before it is recorded leaves the next open to see the restart again. Returns
+/// the restart point now in force (the stored one when the machine did not restart).
+fn note_boot(
+    engine: &dyn KvEngine,
+    boot: &Boot,
+    last_seq: u64,
+) -> Result<Option<RestartPoint>, StoreError> {
+    let restart = if boot.restarted {
+        Some(RestartPoint {
+            seq: last_seq,
+            ..RestartPoint::default()
+        })
+    } else {
+        match engine.get(layout::RESTART_KEY)? {
+            Some(v) => Some(RestartPoint::decode(layout::RESTART_KEY, &v)?),
+            None => None,
+        }
+    };
+    if boot.changed || boot.restarted {
         let mut batch = WriteBatch::new();
-        batch.put(layout::BOOT_KEY.to_vec(), value);
+        batch.put(layout::BOOT_KEY.to_vec(), boot.current.clone());
+        if let Some(point) = restart.as_ref().filter(|_| boot.restarted) {
+            batch.put(layout::RESTART_KEY.to_vec(), point.encode());
+        }
         engine.apply(batch)?;
         engine.flush()?;
     }
-    Ok(restarted)
+    Ok(restart)
 }
 
 /// See [`Database::set_written_hook`].

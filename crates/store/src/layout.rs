@@ -3,6 +3,8 @@
 //! ```text
 //! F "format"                     → magic + format version (u32 BE); written once, never rewritten
 //! M "next_table_id"              → u64 BE, the next table id to assign
+//! M "boot_id"                    → the boot id of the machine it was last opened on
+//! M "restart"                    → the last machine restart's point (db::RestartPoint)
 //! T <table id u64 BE>            → catalog entry of a table (id, version, definition)
 //! S <encode_key(owner, name)>    → sequence definition and restart point
 //! R <table id u64 BE> <encode_key(pk)> → row
@@ -28,6 +30,9 @@ pub(crate) const FORMAT_KEY: &[u8] = b"Fformat";
 pub(crate) const NEXT_TABLE_ID_KEY: &[u8] = b"Mnext_table_id";
 /// The boot id of the machine the store was last opened on.
 pub(crate) const BOOT_KEY: &[u8] = b"Mboot_id";
+/// Where the last machine restart left this node's own commits, and which receivers
+/// have been checked against it ([`crate::RestartPoint`]).
+pub(crate) const RESTART_KEY: &[u8] = b"Mrestart";
 pub(crate) const TABLE_PREFIX: u8 = b'T';
 pub(crate) const SEQUENCE_PREFIX: u8 = b'S';
 pub(crate) const ROW_PREFIX: u8 = b'R';

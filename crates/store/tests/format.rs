@@ -160,3 +160,71 @@ async fn a_store_opened_after_another_boot_says_so_and_paused_writes_are_refused
     insert_ann(&db).await.unwrap();
     assert_eq!(db.last_lsn(), before.next());
 }
+
+/// The point a machine restart leaves (this node's last own seq then) outlives restarts
+/// of the process until the node takes writes again, and a receiver is checked against
+/// it once: holding more of this node's commits than the point, it is refused for good;
+/// holding no more, it is recorded and passes from then on.
+#[tokio::test]
+async fn a_machine_restart_point_outlives_process_restarts_and_checks_each_receiver_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let reopen = |boot: &str| {
+        let mut o = opts();
+        o.boot_id = Some(boot.to_string());
+        Database::open_sled(dir.path(), o).unwrap()
+    };
+    let db = reopen("boot-a");
+    assert_eq!(db.restart_point(), None);
+    assert!(!db.restart_fence_pending());
+    db.create_table(accounts()).await.unwrap();
+    for k in 1..=2 {
+        let mut txn = db.begin();
+        txn.insert(
+            &accounts_name(),
+            vec![Value::Int(k), Value::Text("x".into()), Value::Null],
+        )
+        .await
+        .unwrap();
+        txn.commit().await.unwrap();
+    }
+    let ours = db.high_water(db.node_id()).unwrap();
+    assert_eq!(ours, 3, "a table and two rows");
+    // Nothing to check against without a machine restart.
+    assert!(db.check_receiver_after_restart("ds2", ours + 5).unwrap());
+    drop(db);
+
+    let db = reopen("boot-b");
+    assert!(db.machine_restarted() && db.restart_fence_pending());
+    let point = db.restart_point().unwrap();
+    assert_eq!((point.seq, point.lifted), (ours, false));
+    assert!(!db.check_receiver_after_restart("ds2", ours + 1).unwrap());
+    assert!(db.check_receiver_after_restart("ds2", ours).unwrap());
+    assert!(
+        db.check_receiver_after_restart("ds2", ours + 9).unwrap(),
+        "checked once, ds2 gets this node's new commits"
+    );
+    assert!(!db.check_receiver_after_restart("ds3", ours + 1).unwrap());
+    drop(db);
+
+    // A restart of the process alone: still fenced, ds2 still checked.
+    let db = reopen("boot-b");
+    assert!(!db.machine_restarted() && db.restart_fence_pending());
+    assert!(db.restart_point().unwrap().checked.contains("ds2"));
+    db.lift_restart_fence().unwrap();
+    drop(db);
+    let db = reopen("boot-b");
+    assert!(!db.restart_fence_pending());
+    assert!(
+        !db.check_receiver_after_restart("ds3", ours + 1).unwrap(),
+        "a receiver not checked before the fence lifted is checked all the same"
+    );
+    drop(db);
+
+    // The next machine restart starts over from the seq of then.
+    let db = reopen("boot-c");
+    let point = db.restart_point().unwrap();
+    assert_eq!(
+        (point.seq, point.lifted, point.checked.len()),
+        (ours, false, 0)
+    );
+}

@@ -30,6 +30,13 @@ pub enum StreamError {
         acked: hawser_core::Lsn,
         log_start: hawser_core::Lsn,
     },
+    #[error(
+        "the receiver holds this node's commits through seq {holds}, but this node's own \
+         commits stopped at seq {restart_seq} when its machine restarted: the rest were lost \
+         here, and new commits would reach the receiver under seqs it already has; rebuild \
+         the subscriber from this node (a new store), or make it the master"
+    )]
+    Diverged { holds: u64, restart_seq: u64 },
     #[error("reading the log: {0}")]
     Store(#[from] hawser_store::StoreError),
     #[error(transparent)]

@@ -62,6 +62,12 @@ pub enum SenderState {
     LogReleased {
         reason: String,
     },
+    /// The receiver holds commits of this node's origin that this node lost in a
+    /// machine restart ([`hawser_store::RestartPoint`]): nothing is sent to it until it
+    /// is rebuilt (checked again after a backoff).
+    Diverged {
+        reason: String,
+    },
     Stopped,
 }
 
@@ -351,6 +357,12 @@ impl Sender {
                         reason: e.to_string(),
                     }
                 }
+                Err(e @ StreamError::Diverged { .. }) => {
+                    warn!(error = %e, "cannot stream");
+                    SenderState::Diverged {
+                        reason: e.to_string(),
+                    }
+                }
                 Err(e) => {
                     debug!(error = %e, "stream ended");
                     SenderState::Backoff {
@@ -464,7 +476,6 @@ impl Sender {
         // What the receiver already has is durable and committed there: return
         // services waiting on it are answered by the Hello exchange alone.
         self.status.send_modify(|s| {
-            s.state = SenderState::Streaming;
             s.last_contact = Some(last_contact);
             for (origin, seq) in &high_water {
                 for marks in [&mut s.acked_durable, &mut s.acked_applied] {
@@ -473,6 +484,9 @@ impl Sender {
                 }
             }
         });
+        self.check_after_restart(&high_water).await?;
+        self.status
+            .send_modify(|s| s.state = SenderState::Streaming);
         self.report_acks();
         info!("streaming");
         let mut cursor = self.acked_lsn.next();
@@ -684,6 +698,38 @@ impl Sender {
             });
         }
         Ok(())
+    }
+
+    /// Fails when the receiver holds commits of this node's origin beyond where this
+    /// node's own commits stopped at its last machine restart: they were lost here, and
+    /// this node's next commits take the same seqs, which the receiver would skip as
+    /// duplicates — silent divergence. A receiver that holds no more is recorded as
+    /// checked (durably), once per restart.
+    async fn check_after_restart(
+        &self,
+        high_water: &BTreeMap<NodeId, u64>,
+    ) -> Result<(), StreamError> {
+        let Some(point) = self.db.restart_point() else {
+            return Ok(());
+        };
+        let receiver = self.link.receiver_store.as_str().to_string();
+        let holds = high_water.get(&self.db.node_id()).copied().unwrap_or(0);
+        if point.admits(&receiver, holds) && point.checked.contains(&receiver) {
+            return Ok(());
+        }
+        let db = self.db.clone();
+        let admitted =
+            tokio::task::spawn_blocking(move || db.check_receiver_after_restart(&receiver, holds))
+                .await
+                .map_err(|e| StreamError::Protocol(format!("checking the receiver: {e}")))??;
+        if admitted {
+            Ok(())
+        } else {
+            Err(StreamError::Diverged {
+                holds,
+                restart_seq: point.seq,
+            })
+        }
     }
 
     /// Hands the current status to the ack hook, if there is one.
