@@ -714,7 +714,7 @@ impl Sender {
         };
         let receiver = self.link.receiver_store.as_str().to_string();
         let holds = high_water.get(&self.db.node_id()).copied().unwrap_or(0);
-        if point.admits(&receiver, holds) && point.checked.contains(&receiver) {
+        if point.checked.contains(&receiver) {
             return Ok(());
         }
         let db = self.db.clone();
