@@ -17,8 +17,9 @@ Usage: versus.sh [OPTIONS]
 Pairs each hawser return service with the PostgreSQL synchronous_commit setting that
 promises the same (async ~ local, receipt ~ on, twosafe ~ remote_apply) and measures
 both, cell by cell, for several rounds. Output: one line per run, then a table of
-medians with hawser / PostgreSQL ratios (or, with --json, one JSON object per run and
-one per cell).
+medians with hawser / PostgreSQL ratios and, since the two run back to back within a
+round, each round's own ratio and how many rounds hawser was ahead in (or, with --json,
+one JSON object per run and one per cell).
 
 Options:
   --rounds N         rounds of every cell (default 3)
@@ -251,8 +252,10 @@ rows = [line.rstrip("\n").split("\t") for line in open(sys.argv[1]) if line.stri
 as_json = sys.argv[2] == "1"
 pair = {"async": "local", "receipt": "on", "twosafe": "remote_apply"}
 cells = {}
-for _, system, mode, clients, tps, p50, p99 in rows:
+by_round = {}
+for rnd, system, mode, clients, tps, p50, p99 in rows:
     cells.setdefault((system, mode, int(clients)), []).append((float(tps), float(p50), float(p99)))
+    by_round[(int(rnd), system, mode, int(clients))] = float(tps)
 
 def med(runs, i):
     return statistics.median(r[i] for r in runs)
@@ -260,8 +263,9 @@ def med(runs, i):
 if not as_json:
     print()
     print("medians of %d rounds" % max(int(r[0]) for r in rows))
-    print("%-8s %-13s %7s  %10s %10s %6s  %8s %8s" % (
-        "hawser", "postgres", "clients", "hawser c/s", "pg c/s", "ratio", "p50 hw", "p50 pg"))
+    print("%-8s %-13s %7s  %10s %10s %6s  %8s %8s  %s" % (
+        "hawser", "postgres", "clients", "hawser c/s", "pg c/s", "ratio", "p50 hw", "p50 pg",
+        "rounds ahead (per-round ratios)"))
 for (system, mode, clients), runs in sorted(cells.items(), key=lambda kv: (kv[0][2], kv[0][1])):
     if system != "hawser":
         continue
@@ -270,14 +274,26 @@ for (system, mode, clients), runs in sorted(cells.items(), key=lambda kv: (kv[0]
         continue
     hw, pg = med(runs, 0), med(pg_runs, 0)
     ratio = hw / pg if pg else float("nan")
+    # The two systems run back to back within a round, so a round's own ratio cancels
+    # most of the host's drift between rounds: a cell is clearly ahead or behind only
+    # when every round says so.
+    rounds = sorted({k[0] for k in by_round if k[1:] == ("hawser", mode, clients)})
+    round_ratios = [
+        by_round[(r, "hawser", mode, clients)] / by_round[(r, "postgres", pair[mode], clients)]
+        for r in rounds
+        if by_round.get((r, "postgres", pair[mode], clients))
+    ]
+    ahead = sum(1 for q in round_ratios if q > 1)
     if as_json:
         print(json.dumps({
             "cell": True, "mode": mode, "postgres_mode": pair[mode], "clients": clients,
             "rounds": len(runs), "hawser_commits_per_s": hw, "postgres_commits_per_s": pg,
             "ratio": round(ratio, 3), "hawser_p50_us": med(runs, 1), "postgres_p50_us": med(pg_runs, 1),
             "hawser_runs": [r[0] for r in runs], "postgres_runs": [r[0] for r in pg_runs],
+            "round_ratios": [round(q, 3) for q in round_ratios], "rounds_ahead": ahead,
         }))
     else:
-        print("%-8s %-13s %7d  %10.0f %10.0f %5.2fx  %8.0f %8.0f" % (
-            mode, pair[mode], clients, hw, pg, ratio, med(runs, 1), med(pg_runs, 1)))
+        print("%-8s %-13s %7d  %10.0f %10.0f %5.2fx  %8.0f %8.0f  %d/%d (%s)" % (
+            mode, pair[mode], clients, hw, pg, ratio, med(runs, 1), med(pg_runs, 1),
+            ahead, len(round_ratios), " ".join("%.2f" % q for q in round_ratios)))
 EOF
