@@ -783,6 +783,49 @@ fn stream_lag_grows_while_the_receiver_does_not_answer() {
     );
 }
 
+/// Table `t` on n1 and n2, and scheme `r`: n1 master, n2 its RECEIPT subscriber
+/// (RETURN WAIT TIME 1); returns once n1 streams to n2.
+fn receipt_to_n2(n1: &Node, n2: &Node) {
+    for n in [n1, n2] {
+        sql_ok(n, "create table t (k int primary key, v varchar(20))");
+    }
+    ddl(
+        n1,
+        "CREATE REPLICATION r ELEMENT e TABLE t MASTER n1 SUBSCRIBER n2 RETURN RECEIPT \
+         STORE n1 RETURN WAIT TIME 1",
+    );
+    wait_for("the stream to n2", WAIT, || {
+        outbound_to(n1, "n2").filter(|o| o["state"] == "streaming")
+    });
+}
+
+/// A node's arguments with `--boot-id`, which stands in for the machine's boot.
+fn boot(id: &'static str) -> Vec<&'static str> {
+    let mut args = FAST_RAFT.to_vec();
+    args.extend(["--boot-id", id]);
+    args
+}
+
+/// Why `node` takes no writes of its own now (`/replication`'s `writes_paused`).
+fn paused(node: &Node) -> Option<String> {
+    let (code, body) = http_get(&node.http, "/replication");
+    assert_eq!(code, 200, "{body}");
+    let v: Value = serde_json::from_str(&body).unwrap();
+    v["writes_paused"].as_str().map(str::to_string)
+}
+
+/// Sets `subscriber`'s receiver to STOP through `master` and waits until the master
+/// takes writes: the way out of a restart fence held by that subscriber.
+fn stop_receiver_for_writes(master: &Node, subscriber: &str) {
+    let out = master.cli(&["receiver", "--subscriber", subscriber, "--state", "stop"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    wait_for(
+        &format!("{} to take writes with {subscriber} stopped", master.name),
+        WAIT,
+        || paused(master).is_none().then_some(()),
+    );
+}
+
 /// A master restarted after its machine did (`--boot-id` stands in for the boot) may
 /// have lost commits it had shipped to its RECEIPT subscriber before their sync: it
 /// takes no writes of its own (57P03, named in status) until that subscriber has
@@ -792,32 +835,11 @@ fn stream_lag_grows_while_the_receiver_does_not_answer() {
 fn a_master_back_from_a_machine_restart_writes_once_its_return_subscriber_answered() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    let boot = |id: &'static str| -> Vec<&'static str> {
-        let mut args = FAST_RAFT.to_vec();
-        args.extend(["--boot-id", id]);
-        args
-    };
     let (n1, mut n2, _n3) = three_voters(d, &boot("boot-a"));
-    for n in [&n1, &n2] {
-        sql_ok(n, "create table t (k int primary key, v varchar(20))");
-    }
-    ddl(
-        &n1,
-        "CREATE REPLICATION r ELEMENT e TABLE t MASTER n1 SUBSCRIBER n2 RETURN RECEIPT \
-         STORE n1 RETURN WAIT TIME 1",
-    );
-    wait_for("the stream to n2", WAIT, || {
-        outbound_to(&n1, "n2").filter(|o| o["state"] == "streaming")
-    });
+    receipt_to_n2(&n1, &n2);
     let (results, _) = sql_ok(&n1, "insert into t values (1, 'before')");
     assert!(warnings(&results).is_empty(), "{results:?}");
     assert_eq!(count(&n2, "t"), Some(1));
-    let paused = |n: &Node| -> Option<String> {
-        let (code, body) = http_get(&n.http, "/replication");
-        assert_eq!(code, 200, "{body}");
-        let v: Value = serde_json::from_str(&body).unwrap();
-        v["writes_paused"].as_str().map(str::to_string)
-    };
     assert_eq!(paused(&n1), None);
 
     // n2 is down when n1 comes back from a "machine restart".
@@ -875,11 +897,7 @@ fn a_master_back_from_a_machine_restart_writes_once_its_return_subscriber_answer
     // to stop n2's receiver, which removes its stream and the wait for it.
     let n1 = restart_cleanly(n1, d, &boot("boot-c"));
     assert!(paused(&n1).is_some());
-    let out = n1.cli(&["receiver", "--subscriber", "n2", "--state", "stop"]);
-    assert!(out.status.success(), "{}", stderr(&out));
-    wait_for("n1 to take writes with n2 stopped", WAIT, || {
-        paused(&n1).is_none().then_some(())
-    });
+    stop_receiver_for_writes(&n1, "n2");
     let (results, _) = sql_ok(&n1, "insert into t values (5, 'n2 stopped')");
     assert!(warnings(&results).is_empty(), "{results:?}");
     assert_eq!(count(&n1, "t"), Some(4));
@@ -909,23 +927,8 @@ fn copy_tree(from: &Path, to: &Path) {
 fn a_subscriber_holding_commits_its_master_lost_is_never_streamed_to_again() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    let boot = |id: &'static str| -> Vec<&'static str> {
-        let mut args = FAST_RAFT.to_vec();
-        args.extend(["--boot-id", id]);
-        args
-    };
     let (n1, n2, _n3) = three_voters(d, &boot("boot-a"));
-    for n in [&n1, &n2] {
-        sql_ok(n, "create table t (k int primary key, v varchar(20))");
-    }
-    ddl(
-        &n1,
-        "CREATE REPLICATION r ELEMENT e TABLE t MASTER n1 SUBSCRIBER n2 RETURN RECEIPT \
-         STORE n1 RETURN WAIT TIME 1",
-    );
-    wait_for("the stream to n2", WAIT, || {
-        outbound_to(&n1, "n2").filter(|o| o["state"] == "streaming")
-    });
+    receipt_to_n2(&n1, &n2);
     sql_ok(&n1, "insert into t values (1, 'kept')");
     // The store as the machine's disk will have it: without the next two commits.
     let mut n1 = n1;
@@ -948,12 +951,6 @@ fn a_subscriber_holding_commits_its_master_lost_is_never_streamed_to_again() {
     std::fs::remove_dir_all(&store).unwrap();
     std::fs::rename(&saved, &store).unwrap();
 
-    let paused = |n: &Node| -> Option<String> {
-        let (code, body) = http_get(&n.http, "/replication");
-        assert_eq!(code, 200, "{body}");
-        let v: Value = serde_json::from_str(&body).unwrap();
-        v["writes_paused"].as_str().map(str::to_string)
-    };
     let n1 = Node::start_at("n1", &d.join("n1"), &n1_grpc, &boot("boot-b"));
     let reason = wait_for(
         "n1 to name the subscriber holding its lost commits",
@@ -978,11 +975,7 @@ fn a_subscriber_holding_commits_its_master_lost_is_never_streamed_to_again() {
     assert!(paused(&n1).is_some());
 
     // Stopping n2's receiver lets n1 take writes; starting it again sends n2 nothing.
-    let out = n1.cli(&["receiver", "--subscriber", "n2", "--state", "stop"]);
-    assert!(out.status.success(), "{}", stderr(&out));
-    wait_for("n1 to take writes with n2 stopped", WAIT, || {
-        paused(&n1).is_none().then_some(())
-    });
+    stop_receiver_for_writes(&n1, "n2");
     sql_ok(&n1, "insert into t values (5, 'new')");
     assert_eq!(count(&n1, "t"), Some(2));
     let out = n1.cli(&["receiver", "--subscriber", "n2", "--state", "start"]);
