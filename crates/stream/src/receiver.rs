@@ -43,7 +43,7 @@ use futures::Stream;
 use hawser_core::{Epoch, Ident, NodeId, QualName, TableDef};
 use hawser_rtl::{Compilation, CompileError, Compiler};
 use hawser_scheme::ast::TableDefinitionChecking;
-use hawser_store::{Database, LogEntry, ReplicatedTxn};
+use hawser_store::{Database, DdlOp, LogEntry, ReplicatedTxn};
 use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
@@ -290,6 +290,52 @@ struct Accepted {
     elements: BTreeMap<Ident, Epoch>,
     /// Column maps of tables whose columns are in another order (RELAXED).
     maps: BTreeMap<QualName, Vec<usize>>,
+    /// The sender's table definitions as of Hello, kept up to date with the DDL the
+    /// stream carries, and how they are checked: a replicated ADD COLUMN or DROP /
+    /// CREATE TABLE changes a table's column map from its next row on.
+    remote: BTreeMap<QualName, TableDef>,
+    mode: TableDefinitionChecking,
+}
+
+impl Accepted {
+    /// Follows a DDL record this stream just applied: the sender's definition of the
+    /// table changed, and so did this node's, so its column map is computed again.
+    fn follow_ddl(&mut self, db: &Database, op: &DdlOp) -> Result<(), (RefuseCode, String)> {
+        let name = match op {
+            DdlOp::CreateTable(def) => {
+                self.remote.insert(def.name.clone(), def.clone());
+                &def.name
+            }
+            DdlOp::DropTable(name) => {
+                self.remote.remove(name);
+                self.maps.remove(name);
+                return Ok(());
+            }
+            DdlOp::AddColumn { table, column } => {
+                if let Some(def) = self.remote.get_mut(table) {
+                    def.columns.push(column.clone());
+                }
+                table
+            }
+            DdlOp::CreateSequence(_) | DdlOp::DropSequence(_) => return Ok(()),
+        };
+        match (db.table(name), self.remote.get(name)) {
+            (Some(local), Some(remote)) => match check_table(&local, remote, self.mode) {
+                Ok(Some(map)) => {
+                    self.maps.insert(name.clone(), map);
+                }
+                Ok(None) => {
+                    self.maps.remove(name);
+                }
+                Err(e) => return Err((RefuseCode::TableMismatch, e.to_string())),
+            },
+            // A table the Hello did not describe: its rows arrive in this node's order.
+            _ => {
+                self.maps.remove(name);
+            }
+        }
+        Ok(())
+    }
 }
 
 impl ReceiverService {
@@ -341,9 +387,11 @@ impl ReceiverService {
             _ => TableDefinitionChecking::Relaxed,
         };
         let mut maps = BTreeMap::new();
+        let mut remotes = BTreeMap::new();
         for spec in &hello.tables {
             let remote: TableDef = codec::decode_table_def(&spec.definition)
                 .map_err(|e| (RefuseCode::Protocol, format!("a table definition: {e}")))?;
+            remotes.insert(remote.name.clone(), remote.clone());
             let Some(local) = self.db.table(&remote.name) else {
                 if hello.carries_ddl {
                     // A DATASTORE element's stream creates the table before its rows.
@@ -370,6 +418,8 @@ impl ReceiverService {
             returns_wait: hello.returns_wait,
             elements,
             maps,
+            remote: remotes,
+            mode,
         })
     }
 
@@ -412,7 +462,7 @@ impl ReceiverService {
     /// ends, is refused or is cancelled.
     async fn apply_stream(
         &self,
-        accepted: Accepted,
+        mut accepted: Accepted,
         mut queue: mpsc::Receiver<Inbound>,
         out: mpsc::Sender<Result<pb::ReceiverMessage, Status>>,
     ) {
@@ -496,7 +546,7 @@ impl ReceiverService {
                             gather_backlog(&mut queue, &mut backlog, self.config.max_run_bytes);
                     }
                     let applied = {
-                        let apply = self.apply_backlog(&accepted, &backlog, &mut marks);
+                        let apply = self.apply_backlog(&mut accepted, &backlog, &mut marks);
                         tokio::pin!(apply);
                         // Heartbeats go on while a long run applies, or the sender
                         // would take this receiver for dead and start over.
@@ -588,7 +638,7 @@ impl ReceiverService {
     /// answers all of them.
     async fn apply_backlog(
         &self,
-        accepted: &Accepted,
+        accepted: &mut Accepted,
         backlog: &[pb::Batch],
         marks: &mut Marks,
     ) -> Result<Applied, (RefuseCode, String)> {
@@ -666,6 +716,9 @@ impl ReceiverService {
                             .apply_replicated_ddl(&entry, r.epoch)
                             .await
                             .map_err(failed)?;
+                        if let LogEntry::Ddl { op, .. } = &entry {
+                            accepted.follow_ddl(&self.db, op)?;
+                        }
                     }
                 }
             }
