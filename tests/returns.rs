@@ -996,4 +996,22 @@ fn a_subscriber_holding_commits_its_master_lost_is_never_streamed_to_again() {
         serde_json::json!([[1], [2], [3]]),
         "n2 keeps what it had and gets nothing under the reused seqs"
     );
+
+    // n1's own commits have passed n2's seqs by now; another machine restart does not
+    // make n2 look current: it stays diverged (n1 waits for it, so it is stopped again).
+    for k in 6..=8 {
+        sql_ok(&n1, &format!("insert into t values ({k}, 'new')"));
+    }
+    let n1 = restart_cleanly(n1, d, &boot("boot-c"));
+    let out = wait_for("n2's stream refused after the next restart", WAIT, || {
+        outbound_to(&n1, "n2").filter(|o| o["state"] == "diverged")
+    });
+    assert!(
+        out["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("through seq")),
+        "{out}"
+    );
+    stop_receiver_for_writes(&n1, "n2");
+    assert_eq!(count(&n2, "t"), Some(3));
 }

@@ -41,7 +41,7 @@ use crate::error::{printable_key, StoreError};
 use crate::layout::{self, FORMAT_KEY, FORMAT_MAGIC, FORMAT_VERSION, NEXT_TABLE_ID_KEY};
 use crate::locks::LockManager;
 use crate::log::{DdlOp, LogEntry, LogRecord};
-use crate::restart::RestartPoint;
+use crate::restart::{Diverged, RestartCheck, RestartPoint};
 use crate::sequence::{SequenceDef, SequenceState, BLOCK_SIZE};
 use crate::txn::Txn;
 
@@ -974,25 +974,51 @@ impl Database {
         })
     }
 
-    /// Checks a receiver's first answer — `holds`, the highest seq of this node's
-    /// origin it has — against the last machine restart's point: `Ok(false)` when it
-    /// holds commits this node lost with the machine (streaming to it would hand it
-    /// new commits under seqs it already has); otherwise `Ok(true)`, and the receiver
-    /// is recorded (durably) as checked, so that later answers, holding commits made
-    /// since, pass.
+    /// Checks a receiver's first answer after a machine restart — `holds`, the highest
+    /// seq of this node's origin it has; `node`, the receiver's node id — against the
+    /// restart point. A receiver holding more than the point holds commits this node
+    /// lost with the machine (streaming to it would hand it new commits under seqs it
+    /// already has): it is recorded as diverged, durably, and stays so across later
+    /// restarts until a store with another node id answers under its name (rebuilt).
+    /// One holding no more is recorded as checked, so that its later answers, holding
+    /// commits made since, pass.
     pub fn check_receiver_after_restart(
         &self,
         receiver: &str,
+        node: u64,
         holds: u64,
-    ) -> Result<bool, StoreError> {
-        match self.inner.restart.lock().as_ref() {
-            None => return Ok(true),
-            Some(p) if p.checked.contains(receiver) => return Ok(true),
-            Some(p) if !p.admits(receiver, holds) => return Ok(false),
-            Some(_) => {}
+    ) -> Result<RestartCheck, StoreError> {
+        let Some(point) = self.restart_point() else {
+            return Ok(RestartCheck::Admitted);
+        };
+        let rebuilt = match point.diverged.get(receiver) {
+            Some(d) if d.node == node => return Ok(RestartCheck::Diverged(*d)),
+            Some(_) => true,
+            None => false,
+        };
+        if !rebuilt && point.checked.contains(receiver) {
+            return Ok(RestartCheck::Admitted);
         }
-        self.update_restart_point(|p| p.checked.insert(receiver.to_string()))?;
-        Ok(true)
+        let verdict = if holds > point.seq {
+            RestartCheck::Diverged(Diverged {
+                node,
+                holds,
+                seq: point.seq,
+            })
+        } else {
+            RestartCheck::Admitted
+        };
+        self.update_restart_point(|p| {
+            let cleared = p.diverged.remove(receiver).is_some();
+            match verdict {
+                RestartCheck::Admitted => p.checked.insert(receiver.to_string()) || cleared,
+                RestartCheck::Diverged(d) => {
+                    p.diverged.insert(receiver.to_string(), d);
+                    true
+                }
+            }
+        })?;
+        Ok(verdict)
     }
 
     /// Changes the restart point (if there is one) and writes it through, durably,
@@ -1938,16 +1964,14 @@ fn note_boot(
     boot: &Boot,
     last_seq: u64,
 ) -> Result<Option<RestartPoint>, StoreError> {
+    let stored = match engine.get(layout::RESTART_KEY)? {
+        Some(v) => Some(RestartPoint::decode(layout::RESTART_KEY, &v)?),
+        None => None,
+    };
     let restart = if boot.restarted {
-        Some(RestartPoint {
-            seq: last_seq,
-            ..RestartPoint::default()
-        })
+        Some(RestartPoint::after(stored.as_ref(), last_seq))
     } else {
-        match engine.get(layout::RESTART_KEY)? {
-            Some(v) => Some(RestartPoint::decode(layout::RESTART_KEY, &v)?),
-            None => None,
-        }
+        stored
     };
     if boot.changed || boot.restarted {
         let mut batch = WriteBatch::new();

@@ -43,6 +43,6 @@ pub use db::{CommitInfo, Database, DbOptions, KeyRange, RowIter, StoreStats};
 pub use engine::{ByteRange, KvEngine, KvIter, MemEngine, SledEngine, WriteBatch};
 pub use error::StoreError;
 pub use log::{DdlOp, LogEntry, LogRecord};
-pub use restart::RestartPoint;
+pub use restart::{Diverged, RestartCheck, RestartPoint};
 pub use sequence::SequenceDef;
 pub use txn::{Savepoint, Txn};

@@ -11,7 +11,7 @@
 //! restart replaces it, so neither a restart of the process nor a receiver that was
 //! stopped meanwhile gets past the check.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use crate::error::StoreError;
 
@@ -26,89 +26,181 @@ pub struct RestartPoint {
     /// Receivers (store names) whose first answer after the restart held no more than
     /// `seq` of this node's origin: everything they get from here on is new to them.
     pub checked: BTreeSet<String>,
+    /// Receivers found holding commits this node lost, by store name — at this restart
+    /// or an earlier one: a later restart does not clear them, only a new store under
+    /// that name (another receiver node id) does.
+    pub diverged: BTreeMap<String, Diverged>,
+}
+
+/// A receiver found holding commits of this node's that it lost in a machine restart.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Diverged {
+    /// The receiver's node id then: a store rebuilt under the same name has another.
+    pub node: u64,
+    /// The highest seq of this node's origin it held.
+    pub holds: u64,
+    /// This node's last own seq at that restart.
+    pub seq: u64,
+}
+
+/// What [`crate::Database::check_receiver_after_restart`] found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RestartCheck {
+    /// Stream to it: it holds nothing this node lost.
+    Admitted,
+    /// Do not: it holds commits of this node's that this node lost.
+    Diverged(Diverged),
 }
 
 impl RestartPoint {
-    /// Whether a receiver answering that it holds `holds` of this node's origin may be
-    /// streamed to: it was checked already, or it holds nothing this node lost.
-    pub fn admits(&self, receiver: &str, holds: u64) -> bool {
-        self.checked.contains(receiver) || holds <= self.seq
+    /// A new restart's point at `seq`: what diverged before stays diverged.
+    pub(crate) fn after(previous: Option<&RestartPoint>, seq: u64) -> RestartPoint {
+        RestartPoint {
+            seq,
+            diverged: previous.map(|p| p.diverged.clone()).unwrap_or_default(),
+            ..RestartPoint::default()
+        }
     }
 
-    /// `[seq u64 BE][lifted u8]` then per checked receiver `[length u16 BE][name]`.
+    /// `[seq u64 BE][lifted u8][checked count u16 BE]` then per checked receiver
+    /// `[name]`, then `[diverged count u16 BE]` and per diverged receiver `[name][node
+    /// u64 BE][holds u64 BE][seq u64 BE]`; a name is `[length u16 BE][UTF-8 bytes]`.
     pub(crate) fn encode(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(9 + self.checked.len() * 8);
-        out.extend_from_slice(&self.seq.to_be_bytes());
-        out.push(u8::from(self.lifted));
-        for name in &self.checked {
+        fn name(out: &mut Vec<u8>, name: &str) {
             let len = u16::try_from(name.len()).expect("store names are short");
             out.extend_from_slice(&len.to_be_bytes());
             out.extend_from_slice(name.as_bytes());
+        }
+        let count = |n: usize| u16::try_from(n).expect("fewer receivers than 65536");
+        let mut out = Vec::with_capacity(13 + self.checked.len() * 8);
+        out.extend_from_slice(&self.seq.to_be_bytes());
+        out.push(u8::from(self.lifted));
+        out.extend_from_slice(&count(self.checked.len()).to_be_bytes());
+        for receiver in &self.checked {
+            name(&mut out, receiver);
+        }
+        out.extend_from_slice(&count(self.diverged.len()).to_be_bytes());
+        for (receiver, d) in &self.diverged {
+            name(&mut out, receiver);
+            for n in [d.node, d.holds, d.seq] {
+                out.extend_from_slice(&n.to_be_bytes());
+            }
         }
         out
     }
 
     pub(crate) fn decode(key: &[u8], v: &[u8]) -> Result<Self, StoreError> {
-        let bad = |what: &str| StoreError::corrupt(key, what);
-        if v.len() < 9 {
-            return Err(bad("restart point shorter than its header"));
-        }
-        let seq = u64::from_be_bytes(v[..8].try_into().expect("8 bytes"));
-        let lifted = match v[8] {
+        let mut r = Reader { key, rest: v };
+        let seq = r.u64("its seq")?;
+        let lifted = match r.take(1, "its lifted flag")?[0] {
             0 => false,
             1 => true,
-            _ => return Err(bad("restart point's lifted flag is not 0 or 1")),
+            _ => return Err(r.bad("its lifted flag is not 0 or 1")),
         };
         let mut checked = BTreeSet::new();
-        let mut rest = &v[9..];
-        while !rest.is_empty() {
-            if rest.len() < 2 {
-                return Err(bad("restart point ends inside a name length"));
-            }
-            let len = u16::from_be_bytes([rest[0], rest[1]]) as usize;
-            let name = rest
-                .get(2..2 + len)
-                .ok_or_else(|| bad("restart point ends inside a name"))?;
-            let name = std::str::from_utf8(name)
-                .map_err(|_| bad("restart point names a receiver in bytes that are not UTF-8"))?;
-            checked.insert(name.to_string());
-            rest = &rest[2 + len..];
+        for _ in 0..r.u16("the count of checked receivers")? {
+            checked.insert(r.name()?);
+        }
+        let mut diverged = BTreeMap::new();
+        for _ in 0..r.u16("the count of diverged receivers")? {
+            let name = r.name()?;
+            let d = Diverged {
+                node: r.u64("a diverged receiver's node id")?,
+                holds: r.u64("a diverged receiver's seq")?,
+                seq: r.u64("a diverged receiver's restart seq")?,
+            };
+            diverged.insert(name, d);
+        }
+        if !r.rest.is_empty() {
+            return Err(r.bad("bytes after its end"));
         }
         Ok(RestartPoint {
             seq,
             lifted,
             checked,
+            diverged,
         })
+    }
+}
+
+/// Reads a restart point's fields, naming what is cut short.
+struct Reader<'a> {
+    key: &'a [u8],
+    rest: &'a [u8],
+}
+
+impl<'a> Reader<'a> {
+    fn bad(&self, what: &str) -> StoreError {
+        StoreError::corrupt(self.key, format!("restart point: {what}"))
+    }
+
+    fn take(&mut self, n: usize, what: &str) -> Result<&'a [u8], StoreError> {
+        if self.rest.len() < n {
+            return Err(self.bad(&format!("ends inside {what}")));
+        }
+        let (head, rest) = self.rest.split_at(n);
+        self.rest = rest;
+        Ok(head)
+    }
+
+    fn u16(&mut self, what: &str) -> Result<u16, StoreError> {
+        Ok(u16::from_be_bytes(
+            self.take(2, what)?.try_into().expect("2 bytes"),
+        ))
+    }
+
+    fn u64(&mut self, what: &str) -> Result<u64, StoreError> {
+        Ok(u64::from_be_bytes(
+            self.take(8, what)?.try_into().expect("8 bytes"),
+        ))
+    }
+
+    fn name(&mut self) -> Result<String, StoreError> {
+        let len = self.u16("a receiver's name length")? as usize;
+        let bytes = self.take(len, "a receiver's name")?;
+        std::str::from_utf8(bytes)
+            .map(str::to_string)
+            .map_err(|_| self.bad("a receiver's name is not UTF-8"))
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::RestartPoint;
+    use super::{Diverged, RestartPoint};
 
     #[test]
-    fn a_restart_point_reads_back_and_admits_only_what_it_should() {
+    fn a_restart_point_reads_back_and_refuses_cut_or_trailing_bytes() {
         let mut p = RestartPoint {
             seq: 7,
-            lifted: false,
-            checked: Default::default(),
+            lifted: true,
+            ..RestartPoint::default()
         };
-        assert!(p.admits("ds2", 7));
-        assert!(!p.admits("ds2", 8));
         p.checked.insert("ds2".into());
         p.checked.insert("ds3_long_name".into());
-        p.lifted = true;
-        assert!(p.admits("ds2", 100), "checked once, for good");
-        assert!(!p.admits("ds4", 8));
-        let back = RestartPoint::decode(b"Mrestart", &p.encode()).unwrap();
-        assert_eq!(back, p);
-        for bad in [
-            &b"short"[..],
-            &[0, 0, 0, 0, 0, 0, 0, 1, 2][..],
-            &[0, 0, 0, 0, 0, 0, 0, 1, 1, 0, 5, b'a'][..],
-        ] {
-            let e = RestartPoint::decode(b"Mrestart", bad).unwrap_err();
-            assert!(e.to_string().contains("restart point"), "{e}");
+        p.diverged.insert(
+            "ds4".into(),
+            Diverged {
+                node: 44,
+                holds: 9,
+                seq: 7,
+            },
+        );
+        let bytes = p.encode();
+        assert_eq!(RestartPoint::decode(b"Mrestart", &bytes).unwrap(), p);
+        let next = RestartPoint::after(Some(&p), 12);
+        assert_eq!((next.seq, next.lifted, next.checked.len()), (12, false, 0));
+        assert_eq!(next.diverged, p.diverged, "what diverged stays diverged");
+        for cut in [0, 5, 9, 12, bytes.len() - 1] {
+            let e = RestartPoint::decode(b"Mrestart", &bytes[..cut]).unwrap_err();
+            assert!(e.to_string().contains("restart point: ends inside"), "{e}");
         }
+        let mut longer = bytes.clone();
+        longer.push(0);
+        let e = RestartPoint::decode(b"Mrestart", &longer).unwrap_err();
+        assert!(e.to_string().contains("bytes after its end"), "{e}");
+        let mut flag = bytes;
+        flag[8] = 2;
+        let e = RestartPoint::decode(b"Mrestart", &flag).unwrap_err();
+        assert!(e.to_string().contains("lifted flag"), "{e}");
     }
 }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use common::{accounts, accounts_name, opts};
 use hawser_core::Value;
-use hawser_store::{Database, KvEngine, MemEngine, WriteBatch};
+use hawser_store::{Database, Diverged, KvEngine, MemEngine, RestartCheck, WriteBatch};
 
 fn engine_with(pairs: &[(&[u8], &[u8])]) -> Arc<MemEngine> {
     let engine = Arc::new(MemEngine::new());
@@ -163,8 +163,9 @@ async fn a_store_opened_after_another_boot_says_so_and_paused_writes_are_refused
 
 /// The point a machine restart leaves (this node's last own seq then) outlives restarts
 /// of the process until the node takes writes again, and a receiver is checked against
-/// it once: holding more of this node's commits than the point, it is refused for good;
-/// holding no more, it is recorded and passes from then on.
+/// it once: holding no more of this node's commits than the point, it is recorded and
+/// passes from then on; holding more, it is recorded as diverged, and stays so across
+/// later machine restarts until a store with another node id answers under its name.
 #[tokio::test]
 async fn a_machine_restart_point_outlives_process_restarts_and_checks_each_receiver_once() {
     let dir = tempfile::tempdir().unwrap();
@@ -189,42 +190,61 @@ async fn a_machine_restart_point_outlives_process_restarts_and_checks_each_recei
     }
     let ours = db.high_water(db.node_id()).unwrap();
     assert_eq!(ours, 3, "a table and two rows");
+    let check = |db: &Database, receiver: &str, node: u64, holds: u64| {
+        db.check_receiver_after_restart(receiver, node, holds)
+            .unwrap()
+    };
     // Nothing to check against without a machine restart.
-    assert!(db.check_receiver_after_restart("ds2", ours + 5).unwrap());
+    assert_eq!(check(&db, "ds2", 2, ours + 5), RestartCheck::Admitted);
     drop(db);
 
     let db = reopen("boot-b");
     assert!(db.machine_restarted() && db.restart_fence_pending());
     let point = db.restart_point().unwrap();
     assert_eq!((point.seq, point.lifted), (ours, false));
-    assert!(!db.check_receiver_after_restart("ds2", ours + 1).unwrap());
-    assert!(db.check_receiver_after_restart("ds2", ours).unwrap());
-    assert!(
-        db.check_receiver_after_restart("ds2", ours + 9).unwrap(),
+    assert_eq!(check(&db, "ds2", 2, ours), RestartCheck::Admitted);
+    assert_eq!(
+        check(&db, "ds2", 2, ours + 9),
+        RestartCheck::Admitted,
         "checked once, ds2 gets this node's new commits"
     );
-    assert!(!db.check_receiver_after_restart("ds3", ours + 1).unwrap());
+    let lost = Diverged {
+        node: 3,
+        holds: ours + 1,
+        seq: ours,
+    };
+    assert_eq!(check(&db, "ds3", 3, ours + 1), RestartCheck::Diverged(lost));
+    assert_eq!(
+        check(&db, "ds3", 3, 0),
+        RestartCheck::Diverged(lost),
+        "diverged for good"
+    );
     drop(db);
 
-    // A restart of the process alone: still fenced, ds2 still checked.
+    // A restart of the process alone: still fenced, ds2 still checked, ds3 diverged.
     let db = reopen("boot-b");
     assert!(!db.machine_restarted() && db.restart_fence_pending());
     assert!(db.restart_point().unwrap().checked.contains("ds2"));
+    assert_eq!(check(&db, "ds3", 3, ours + 1), RestartCheck::Diverged(lost));
     db.lift_restart_fence().unwrap();
     drop(db);
     let db = reopen("boot-b");
     assert!(!db.restart_fence_pending());
-    assert!(
-        !db.check_receiver_after_restart("ds3", ours + 1).unwrap(),
-        "a receiver not checked before the fence lifted is checked all the same"
-    );
     drop(db);
 
-    // The next machine restart starts over from the seq of then.
+    // The next machine restart starts over from the seq of then, but ds3 — whose seqs
+    // this node has reused since — stays diverged until it is a new store.
     let db = reopen("boot-c");
     let point = db.restart_point().unwrap();
     assert_eq!(
         (point.seq, point.lifted, point.checked.len()),
         (ours, false, 0)
     );
+    assert_eq!(check(&db, "ds3", 3, ours), RestartCheck::Diverged(lost));
+    assert_eq!(
+        check(&db, "ds3", 33, 0),
+        RestartCheck::Admitted,
+        "rebuilt: another node id"
+    );
+    assert!(db.restart_point().unwrap().diverged.is_empty());
 }

@@ -28,7 +28,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hawser_core::{Epoch, Lsn, NodeId};
-use hawser_store::{Database, LogEntry, LogRecord};
+use hawser_store::{Database, LogEntry, LogRecord, RestartCheck};
 use tokio::sync::{mpsc, watch, Notify};
 use tokio::time::MissedTickBehavior;
 use tokio_stream::wrappers::ReceiverStream;
@@ -713,22 +713,22 @@ impl Sender {
             return Ok(());
         };
         let receiver = self.link.receiver_store.as_str().to_string();
-        let holds = high_water.get(&self.db.node_id()).copied().unwrap_or(0);
-        if point.checked.contains(&receiver) {
+        if point.checked.contains(&receiver) && !point.diverged.contains_key(&receiver) {
             return Ok(());
         }
-        let db = self.db.clone();
-        let admitted =
-            tokio::task::spawn_blocking(move || db.check_receiver_after_restart(&receiver, holds))
-                .await
-                .map_err(|e| StreamError::Protocol(format!("checking the receiver: {e}")))??;
-        if admitted {
-            Ok(())
-        } else {
-            Err(StreamError::Diverged {
-                holds,
-                restart_seq: point.seq,
-            })
+        let holds = high_water.get(&self.db.node_id()).copied().unwrap_or(0);
+        let (db, node) = (self.db.clone(), self.link.receiver_node.0);
+        let verdict = tokio::task::spawn_blocking(move || {
+            db.check_receiver_after_restart(&receiver, node, holds)
+        })
+        .await
+        .map_err(|e| StreamError::Protocol(format!("checking the receiver: {e}")))??;
+        match verdict {
+            RestartCheck::Admitted => Ok(()),
+            RestartCheck::Diverged(d) => Err(StreamError::Diverged {
+                holds: d.holds,
+                restart_seq: d.seq,
+            }),
         }
     }
 
