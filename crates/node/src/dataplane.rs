@@ -127,6 +127,15 @@ pub(crate) fn fence_check(
 ) -> Fence {
     let mut waiting = Vec::new();
     for (receiver, status) in senders {
+        if let hawser_stream::SenderState::Diverged { holds, .. } = status.state {
+            // Its sender found it holding more than the restart point (its marks were
+            // not taken as acknowledgements).
+            return Fence::Diverged {
+                receiver: receiver.clone(),
+                holds,
+                ours,
+            };
+        }
         if status.last_contact.is_none() {
             waiting.push(receiver.clone());
             continue;
@@ -968,7 +977,7 @@ pub(crate) fn streams_json(senders: &Senders, receiver: &ReceiverService) -> ser
                 SenderState::Backoff { error } => ("backoff", Some(error.clone())),
                 SenderState::Refused { reason } => ("refused", Some(reason.clone())),
                 SenderState::LogReleased { reason } => ("log_released", Some(reason.clone())),
-                SenderState::Diverged { reason } => ("diverged", Some(reason.clone())),
+                SenderState::Diverged { reason, .. } => ("diverged", Some(reason.clone())),
                 SenderState::Stopped => ("stopped", None),
             };
             serde_json::json!({
@@ -1071,9 +1080,30 @@ mod tests {
                 ]
             ),
             Fence::Diverged {
-                receiver: ds3,
+                receiver: ds3.clone(),
                 holds: 12,
                 ours: 10
+            }
+        );
+        // Its sender refused it (its marks were not published): the state says so.
+        let refused = SenderStatus {
+            state: hawser_stream::SenderState::Diverged {
+                reason: "lost".into(),
+                holds: 3,
+            },
+            last_contact: Some(std::time::Instant::now()),
+            ..SenderStatus::default()
+        };
+        assert_eq!(
+            fence_check(
+                me,
+                2,
+                &[(ds2.clone(), heard(Some(2))), (ds3.clone(), refused)]
+            ),
+            Fence::Diverged {
+                receiver: ds3,
+                holds: 3,
+                ours: 2
             }
         );
     }

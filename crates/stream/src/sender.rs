@@ -63,10 +63,12 @@ pub enum SenderState {
         reason: String,
     },
     /// The receiver holds commits of this node's origin that this node lost in a
-    /// machine restart ([`hawser_store::RestartPoint`]): nothing is sent to it until it
-    /// is rebuilt (checked again after a backoff).
+    /// machine restart ([`hawser_store::RestartPoint`]) — through seq `holds`: nothing
+    /// is sent to it until it is rebuilt (checked again after a backoff), and what its
+    /// Hello said it holds acknowledges nothing.
     Diverged {
         reason: String,
+        holds: u64,
     },
     Stopped,
 }
@@ -357,10 +359,11 @@ impl Sender {
                         reason: e.to_string(),
                     }
                 }
-                Err(e @ StreamError::Diverged { .. }) => {
+                Err(e @ StreamError::Diverged { holds, .. }) => {
                     warn!(error = %e, "cannot stream");
                     SenderState::Diverged {
                         reason: e.to_string(),
+                        holds,
                     }
                 }
                 Err(e) => {
@@ -473,10 +476,15 @@ impl Sender {
         *streamed = true;
         let mut last_contact = Instant::now();
         let mut last_sent = Instant::now();
+        self.status
+            .send_modify(|s| s.last_contact = Some(last_contact));
+        // Before its marks count: a receiver holding commits this node lost would
+        // seem to acknowledge the new commits that reuse their seqs.
+        self.check_after_restart(&high_water).await?;
         // What the receiver already has is durable and committed there: return
         // services waiting on it are answered by the Hello exchange alone.
         self.status.send_modify(|s| {
-            s.last_contact = Some(last_contact);
+            s.state = SenderState::Streaming;
             for (origin, seq) in &high_water {
                 for marks in [&mut s.acked_durable, &mut s.acked_applied] {
                     let m = marks.entry(*origin).or_insert(0);
@@ -484,9 +492,6 @@ impl Sender {
                 }
             }
         });
-        self.check_after_restart(&high_water).await?;
-        self.status
-            .send_modify(|s| s.state = SenderState::Streaming);
         self.report_acks();
         info!("streaming");
         let mut cursor = self.acked_lsn.next();
