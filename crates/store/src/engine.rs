@@ -1207,7 +1207,7 @@ mod tests {
         wal.sync().unwrap();
         drop(wal);
         {
-            let db = sled::open(dir.path()).unwrap();
+            let db = open_sled(dir.path()).unwrap();
             db.insert(b"x", b"2").unwrap();
             db.flush().unwrap();
         }
@@ -1358,14 +1358,14 @@ mod tests {
         {
             // As a format-2 store left them: log keys 1 and 3 in sled, and key 5 in
             // sled as well as in a log frame after the checkpoint.
-            let db = sled::open(dir.path()).unwrap();
+            let db = open_sled(dir.path()).unwrap();
             for n in [1u8, 3, 5] {
                 db.insert(log_key(n), vec![n]).unwrap();
             }
             db.flush().unwrap();
         }
         {
-            let redo = sled::open(dir.path())
+            let redo = open_sled(dir.path())
                 .unwrap()
                 .open_tree("hawser_redo")
                 .unwrap();
@@ -1436,7 +1436,7 @@ mod tests {
         {
             // As after a crash in the middle of frame 2: its redo record and its first
             // insert reached sled, its second did not, and the log lost it.
-            let db = sled::open(dir.path()).unwrap();
+            let db = open_sled(dir.path()).unwrap();
             let mut two = put(b"x", b"2");
             two.put(b"y".to_vec(), b"2".to_vec());
             db.open_tree("hawser_redo")
