@@ -971,6 +971,11 @@ fn a_subscriber_holding_commits_its_master_lost_is_never_streamed_to_again() {
     );
     // What n2 holds acknowledges nothing: n1's next commits reuse those seqs.
     assert_eq!(out["acked_durable"], serde_json::json!({}), "{out}");
+    let status = stdout(&n1.cli(&["status"]));
+    assert!(
+        status.contains("diverged") && status.contains("rebuild the subscriber"),
+        "{status}"
+    );
 
     // A restart of the process (same boot) keeps the fence.
     let n1 = restart_cleanly(n1, d, &boot("boot-b"));
