@@ -312,15 +312,19 @@ impl Accepted {
                 return Ok(());
             }
             DdlOp::AddColumn { table, column } => {
+                // Hello described the table as the sender has it now, which may
+                // already include this column (this node was behind).
                 if let Some(def) = self.remote.get_mut(table) {
-                    def.columns.push(column.clone());
+                    if !def.columns.iter().any(|c| c.name == column.name) {
+                        def.columns.push(column.clone());
+                    }
                 }
                 table
             }
             DdlOp::CreateSequence(_) | DdlOp::DropSequence(_) => return Ok(()),
         };
         match (db.table(name), self.remote.get(name)) {
-            (Some(local), Some(remote)) => match check_table(&local, remote, self.mode) {
+            (Some(local), Some(remote)) => match check_as_of(&local, remote, true, self.mode) {
                 Ok(Some(map)) => {
                     self.maps.insert(name.clone(), map);
                 }
@@ -336,6 +340,25 @@ impl Accepted {
         }
         Ok(())
     }
+}
+
+/// [`check_table`] of this node's definition against the sender's, where the sender's
+/// may be ahead: on a stream that carries DDL, columns the sender has beyond this node's
+/// count were added by ADD COLUMN records this node has yet to receive (columns are
+/// only ever added at the end), so the check is against the sender's table as it was
+/// then — its first columns.
+fn check_as_of(
+    local: &TableDef,
+    remote: &TableDef,
+    carries_ddl: bool,
+    mode: TableDefinitionChecking,
+) -> Result<Option<Vec<usize>>, crate::link::TableMismatch> {
+    if carries_ddl && remote.columns.len() > local.columns.len() {
+        let mut then = remote.clone();
+        then.columns.truncate(local.columns.len());
+        return check_table(local, &then, mode);
+    }
+    check_table(local, remote, mode)
 }
 
 impl ReceiverService {
@@ -405,7 +428,7 @@ impl ReceiverService {
                     ),
                 ));
             };
-            match check_table(&local, &remote, mode) {
+            match check_as_of(&local, &remote, hello.carries_ddl, mode) {
                 Ok(Some(map)) => {
                     maps.insert(remote.name.clone(), map);
                 }

@@ -806,3 +806,66 @@ async fn a_relaxed_column_map_follows_the_ddl_its_stream_carries() -> Result<()>
     r.stop().await;
     Ok(())
 }
+
+/// A receiver behind the master across an ADD COLUMN the stream carries: the Hello
+/// describes the table as the master has it now, with the column this node gets only
+/// from the records still to come — the stream is accepted and catches up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_receiver_behind_an_add_column_catches_up_through_it() -> Result<()> {
+    let master = open(1).await?;
+    let sub = open(2).await?;
+    let view = epochs(1);
+    let ddl_link = LinkConfig {
+        replicate_ddl: true,
+        ..link(1, "s1", 2, 1, Compression::None)
+    };
+    // Both made the table themselves: the stream starts after the master's CREATE.
+    let start = SenderStart {
+        resume_after: master.last_lsn(),
+        ..SenderStart::default()
+    };
+    let r = Receiver::start(&sub, "s1", view.subscribe(), None).await?;
+    let senders = Senders::default();
+    let h = StreamSender::spawn(
+        ddl_link.clone(),
+        master.clone(),
+        r.endpoint(),
+        start,
+        &senders.tracker,
+        senders.shutdown.clone(),
+    );
+    write(&master, 0..2, "before").await?;
+    caught_up(&h, &master).await?;
+    let addr = r.stop().await;
+
+    // The receiver is down while the master adds a column and writes with it.
+    let n = ColumnDef {
+        name: id("n"),
+        data_type: DataType::BigInt,
+        nullable: true,
+        default: None,
+    };
+    master.add_column(&tab(), n).await?;
+    let mut t = master.begin();
+    t.insert(
+        &tab(),
+        vec![Value::Int(5), Value::Text("after".into()), Value::Int(7)],
+    )
+    .await?;
+    t.commit().await?;
+
+    let r = Receiver::start(&sub, "s1", view.subscribe(), Some(addr)).await?;
+    caught_up(&h, &master).await?;
+    assert_eq!(sub.table(&tab()).map(|t| t.columns.len()), Some(3));
+    assert_eq!(
+        rows(&sub)?.last(),
+        Some(&vec![
+            Value::Int(5),
+            Value::Text("after".into()),
+            Value::Int(7)
+        ])
+    );
+    senders.stop().await;
+    r.stop().await;
+    Ok(())
+}
