@@ -558,6 +558,50 @@ fn relaxed_column_maps_follow_replicated_ddl() {
     }
 }
 
+/// A subscriber that is down while its DATASTORE master adds a column to a table comes
+/// back, is accepted although the master's table has a column more than its own, and
+/// catches up through the ADD COLUMN.
+#[test]
+fn a_subscriber_down_across_an_add_column_catches_up() {
+    let dir = tempfile::tempdir().unwrap();
+    let nodes = cluster(dir.path(), &["dsn1", "dsn2"]);
+    let [dsn1, dsn2] = &nodes[..] else {
+        unreachable!()
+    };
+    ddl(
+        dsn1,
+        "CREATE REPLICATION repds ELEMENT e DATASTORE MASTER dsn1 SUBSCRIBER dsn2",
+    );
+    sql_ok(
+        dsn1,
+        "CREATE TABLE t1 (k INT PRIMARY KEY, v VARCHAR(10)); INSERT INTO t1 VALUES (1, 'one')",
+    );
+    let query = "SELECT * FROM t1 ORDER BY k";
+    converge(dsn2, query, &json!([[1, "one"]]), "t1 before");
+    all_acknowledged(dsn1);
+
+    let mut nodes = nodes;
+    let mut dsn2 = nodes.pop().unwrap();
+    assert!(dsn2.terminate().is_some_and(|s| s.success()));
+    let dsn2_grpc = dsn2.grpc.clone();
+    drop(dsn2);
+    let dsn1 = &nodes[0];
+    sql_ok(
+        dsn1,
+        "ALTER TABLE t1 ADD COLUMN n BIGINT; INSERT INTO t1 VALUES (2, 'two', 20)",
+    );
+    let dsn2 = start("dsn2", dir.path(), &dsn2_grpc, None);
+    converge(
+        &dsn2,
+        query,
+        &json!([[1, "one", null], [2, "two", 20]]),
+        "t1 after the ADD COLUMN",
+    );
+    for s in all_acknowledged(dsn1) {
+        assert_eq!(s["state"], "streaming", "{s}");
+    }
+}
+
 #[test]
 fn relaxed_table_definitions_map_columns_by_name_and_exact_refuses_them() {
     let dir = tempfile::tempdir().unwrap();
