@@ -204,6 +204,33 @@ impl Senders {
         )
     }
 
+    /// A sender of a link that carries DDL (with `check`), starting after what the
+    /// master's log holds now: the receiver made its tables itself.
+    fn spawn_ddl_from_now(
+        &self,
+        check: TableDefinitionChecking,
+        master: &Database,
+        endpoint: Endpoint,
+    ) -> SenderHandle {
+        let link = LinkConfig {
+            replicate_ddl: true,
+            table_check: check,
+            ..link(1, "s1", 2, 1, Compression::None)
+        };
+        let start = SenderStart {
+            resume_after: master.last_lsn(),
+            ..SenderStart::default()
+        };
+        StreamSender::spawn(
+            link,
+            master.clone(),
+            endpoint,
+            start,
+            &self.tracker,
+            self.shutdown.clone(),
+        )
+    }
+
     /// Stops every sender and waits until their tasks have ended.
     async fn stop(&self) {
         self.shutdown.cancel();
@@ -710,6 +737,26 @@ async fn a_batch_received_twice_changes_nothing() -> Result<()> {
     Ok(())
 }
 
+/// Adds the nullable BIGINT column `n` to the test table on `master` and commits the row
+/// (`k`, "after", 7).
+async fn add_n_and_insert(master: &Database, k: i64) -> Result<()> {
+    let n = ColumnDef {
+        name: id("n"),
+        data_type: DataType::BigInt,
+        nullable: true,
+        default: None,
+    };
+    master.add_column(&tab(), n).await?;
+    let mut t = master.begin();
+    t.insert(
+        &tab(),
+        vec![Value::Int(k), Value::Text("after".into()), Value::Int(7)],
+    )
+    .await?;
+    t.commit().await?;
+    Ok(())
+}
+
 /// Under RELAXED checking a table in another column order on the receiver is mapped by
 /// name. DDL the same stream carries (ADD COLUMN, DROP and CREATE TABLE) changes both
 /// sides' layouts, and the rows after it in that session land by name too — not through
@@ -724,41 +771,13 @@ async fn a_relaxed_column_map_follows_the_ddl_its_stream_carries() -> Result<()>
     sub.create_table(reordered).await?;
     let view = epochs(1);
     let r = Receiver::start(&sub, "s1", view.subscribe(), None).await?;
-    // The stream starts after the master's CREATE TABLE: the receiver made its own.
     let senders = Senders::default();
-    let h = StreamSender::spawn(
-        LinkConfig {
-            replicate_ddl: true,
-            table_check: TableDefinitionChecking::Relaxed,
-            ..link(1, "s1", 2, 1, Compression::None)
-        },
-        master.clone(),
-        r.endpoint(),
-        SenderStart {
-            resume_after: master.last_lsn(),
-            ..SenderStart::default()
-        },
-        &senders.tracker,
-        senders.shutdown.clone(),
-    );
+    let h = senders.spawn_ddl_from_now(TableDefinitionChecking::Relaxed, &master, r.endpoint());
     write(&master, 0..1, "before").await?;
     caught_up(&h, &master).await?;
     let sessions = h.status().borrow().sessions;
 
-    let n = ColumnDef {
-        name: id("n"),
-        data_type: DataType::BigInt,
-        nullable: true,
-        default: None,
-    };
-    master.add_column(&tab(), n).await?;
-    let mut t = master.begin();
-    t.insert(
-        &tab(),
-        vec![Value::Int(1), Value::Text("after".into()), Value::Int(7)],
-    )
-    .await?;
-    t.commit().await?;
+    add_n_and_insert(&master, 1).await?;
     caught_up(&h, &master).await?;
     assert_eq!(
         h.status().borrow().sessions,
@@ -815,44 +834,15 @@ async fn a_receiver_behind_an_add_column_catches_up_through_it() -> Result<()> {
     let master = open(1).await?;
     let sub = open(2).await?;
     let view = epochs(1);
-    let ddl_link = LinkConfig {
-        replicate_ddl: true,
-        ..link(1, "s1", 2, 1, Compression::None)
-    };
-    // Both made the table themselves: the stream starts after the master's CREATE.
-    let start = SenderStart {
-        resume_after: master.last_lsn(),
-        ..SenderStart::default()
-    };
     let r = Receiver::start(&sub, "s1", view.subscribe(), None).await?;
     let senders = Senders::default();
-    let h = StreamSender::spawn(
-        ddl_link.clone(),
-        master.clone(),
-        r.endpoint(),
-        start,
-        &senders.tracker,
-        senders.shutdown.clone(),
-    );
+    let h = senders.spawn_ddl_from_now(TableDefinitionChecking::Exact, &master, r.endpoint());
     write(&master, 0..2, "before").await?;
     caught_up(&h, &master).await?;
     let addr = r.stop().await;
 
     // The receiver is down while the master adds a column and writes with it.
-    let n = ColumnDef {
-        name: id("n"),
-        data_type: DataType::BigInt,
-        nullable: true,
-        default: None,
-    };
-    master.add_column(&tab(), n).await?;
-    let mut t = master.begin();
-    t.insert(
-        &tab(),
-        vec![Value::Int(5), Value::Text("after".into()), Value::Int(7)],
-    )
-    .await?;
-    t.commit().await?;
+    add_n_and_insert(&master, 5).await?;
 
     let r = Receiver::start(&sub, "s1", view.subscribe(), Some(addr)).await?;
     caught_up(&h, &master).await?;
