@@ -974,6 +974,18 @@ impl Database {
         })
     }
 
+    /// Whether `receiver` still has to go through
+    /// [`Database::check_receiver_after_restart`]: there is a restart point and the
+    /// receiver is not checked against it, or was found diverged. No I/O: a sender asks
+    /// this at every session start.
+    pub fn restart_check_pending(&self, receiver: &str) -> bool {
+        self.inner
+            .restart
+            .lock()
+            .as_ref()
+            .is_some_and(|p| p.diverged.contains_key(receiver) || !p.checked.contains(receiver))
+    }
+
     /// Checks a receiver's first answer after a machine restart — `holds`, the highest
     /// seq of this node's origin it has; `node`, the receiver's node id — against the
     /// restart point. A receiver holding more than the point holds commits this node

@@ -714,11 +714,8 @@ impl Sender {
         &self,
         high_water: &BTreeMap<NodeId, u64>,
     ) -> Result<(), StreamError> {
-        let Some(point) = self.db.restart_point() else {
-            return Ok(());
-        };
         let receiver = self.link.receiver_store.as_str().to_string();
-        if point.checked.contains(&receiver) && !point.diverged.contains_key(&receiver) {
+        if !self.db.restart_check_pending(&receiver) {
             return Ok(());
         }
         let holds = high_water.get(&self.db.node_id()).copied().unwrap_or(0);
