@@ -189,36 +189,56 @@ results="$work/results.tsv"
 # not in a $(...) subshell, so that die stops everything through the EXIT trap.
 figures=""
 
+# CPU time the hypervisor gave to other guests while this one wanted it ("steal", the
+# eighth figure of /proc/stat's cpu line), in percent of all CPU time between two
+# samples. On a shared virtual machine it swings from 0 to over 30 % within minutes and
+# throughput falls with it, so every run reports its own: a round whose two runs saw
+# very different steal compares the host, not the systems.
+cpu_sample() {
+    awk '/^cpu /{ t = 0; for (i = 2; i <= NF; i++) t += $i; print $9 + 0, t; exit }' /proc/stat 2>/dev/null ||
+        echo "0 0"
+}
+steal_since() {
+    local before="$1" after
+    after="$(cpu_sample)"
+    awk -v a="$before" -v b="$after" 'BEGIN { split(a, x, " "); split(b, y, " ");
+        d = y[2] - x[2]; printf "%.1f", d > 0 ? (y[1] - x[1]) * 100 / d : 0 }'
+}
+
 run_pg() {
-    local mode="$1" clients="$2" out
+    local mode="$1" clients="$2" out before
+    before="$(cpu_sample)"
     out="$(bash "$here/compare.sh" "${pg_args[@]}" --json --modes "$mode" --clients "$clients" \
         --duration "$duration" --warmup "$warmup" 2>"$work/pg.log")" ||
         { tail -n 20 "$work/pg.log" >&2; die "compare.sh failed (mode $mode, $clients clients)"; }
-    figures="$(python3 -c 'import json, sys; d = json.loads(sys.argv[1]); print(d["commits_per_s"], d["p50_us"], d["p99_us"])' "$out")"
+    figures="$(python3 -c 'import json, sys; d = json.loads(sys.argv[1]); print(d["commits_per_s"], d["p50_us"], d["p99_us"])' "$out") $(steal_since "$before")"
 }
 
 run_hawser() {
-    local mode="$1" clients="$2" out
+    local mode="$1" clients="$2" out before
     start_cluster
+    before="$(cpu_sample)"
     out="$("$hawser" bench --host "$grpc_ds1" --mode "$mode" --subscriber ds2 --async-subscriber ds3 \
         --clients "$clients" --duration "$duration" --warmup "$warmup" --format json 2>"$work/bench.log")" ||
         { tail -n 20 "$work/bench.log" >&2; die "hawser bench failed (mode $mode, $clients clients)"; }
+    local steal
+    steal="$(steal_since "$before")"
     stop_cluster
     [[ $keep -eq 1 ]] || rm -rf "$cell"
-    figures="$(python3 -c 'import json, sys; d = json.loads(sys.argv[1]); l = d["latency_us"]; print(round(d["commits_per_sec"], 1), l["p50"], l["p99"])' "$out")"
+    figures="$(python3 -c 'import json, sys; d = json.loads(sys.argv[1]); l = d["latency_us"]; print(round(d["commits_per_sec"], 1), l["p50"], l["p99"])' "$out") $steal"
 }
 
-# One line per run: round system mode clients commits/s p50 p99.
+# One line per run: round system mode clients commits/s p50 p99 steal%.
 record() {
     local round="$1" system="$2" mode="$3" clients="$4" figures="$5"
     printf '%s\t%s\t%s\t%s\t%s\n' "$round" "$system" "$mode" "$clients" "${figures// /$'\t'}" >>"$results"
     if [[ $json -eq 1 ]]; then
-        python3 -c 'import json, sys; r, s, m, c, f = sys.argv[1:]; t, p50, p99 = f.split(); print(json.dumps({"round": int(r), "system": s, "mode": m, "clients": int(c), "commits_per_s": float(t), "p50_us": int(float(p50)), "p99_us": int(float(p99))}))' \
+        python3 -c 'import json, sys; r, s, m, c, f = sys.argv[1:]; t, p50, p99, st = f.split(); print(json.dumps({"round": int(r), "system": s, "mode": m, "clients": int(c), "commits_per_s": float(t), "p50_us": int(float(p50)), "p99_us": int(float(p99)), "steal_pct": float(st)}))' \
             "$round" "$system" "$mode" "$clients" "$figures"
     else
-        read -r tps p50 p99 <<<"$figures"
-        printf 'round %s  %-8s %-12s clients %-3s %9s commits/s  p50 %6s us  p99 %6s us\n' \
-            "$round" "$system" "$mode" "$clients" "$tps" "$p50" "$p99"
+        read -r tps p50 p99 steal <<<"$figures"
+        printf 'round %s  %-8s %-12s clients %-3s %9s commits/s  p50 %6s us  p99 %6s us  steal %5s %%\n' \
+            "$round" "$system" "$mode" "$clients" "$tps" "$p50" "$p99" "$steal"
     fi
 }
 
@@ -253,9 +273,15 @@ as_json = sys.argv[2] == "1"
 pair = {"async": "local", "receipt": "on", "twosafe": "remote_apply"}
 cells = {}
 by_round = {}
-for rnd, system, mode, clients, tps, p50, p99 in rows:
+steal = {}
+for rnd, system, mode, clients, tps, p50, p99, st in rows:
     cells.setdefault((system, mode, int(clients)), []).append((float(tps), float(p50), float(p99)))
     by_round[(int(rnd), system, mode, int(clients))] = float(tps)
+    steal[(int(rnd), system, mode, int(clients))] = float(st)
+
+# A round in which either run lost this much of the CPU to other guests is marked: its
+# ratio says more about the host than about the two systems.
+NOISY_STEAL_PCT = 5.0
 
 def med(runs, i):
     return statistics.median(r[i] for r in runs)
@@ -265,7 +291,7 @@ if not as_json:
     print("medians of %d rounds" % max(int(r[0]) for r in rows))
     print("%-8s %-13s %7s  %10s %10s %6s  %8s %8s  %s" % (
         "hawser", "postgres", "clients", "hawser c/s", "pg c/s", "ratio", "p50 hw", "p50 pg",
-        "rounds ahead (per-round ratios)"))
+        "rounds ahead (per-round ratios; * = steal >= %g %%)" % NOISY_STEAL_PCT))
 for (system, mode, clients), runs in sorted(cells.items(), key=lambda kv: (kv[0][2], kv[0][1])):
     if system != "hawser":
         continue
@@ -284,6 +310,12 @@ for (system, mode, clients), runs in sorted(cells.items(), key=lambda kv: (kv[0]
         if by_round.get((r, "postgres", pair[mode], clients))
     ]
     ahead = sum(1 for q in round_ratios if q > 1)
+    round_steal = [
+        (steal[(r, "hawser", mode, clients)], steal[(r, "postgres", pair[mode], clients)])
+        for r in rounds
+        if by_round.get((r, "postgres", pair[mode], clients))
+    ]
+    marks = ["*" if max(st) >= NOISY_STEAL_PCT else "" for st in round_steal]
     if as_json:
         print(json.dumps({
             "cell": True, "mode": mode, "postgres_mode": pair[mode], "clients": clients,
@@ -291,9 +323,10 @@ for (system, mode, clients), runs in sorted(cells.items(), key=lambda kv: (kv[0]
             "ratio": round(ratio, 3), "hawser_p50_us": med(runs, 1), "postgres_p50_us": med(pg_runs, 1),
             "hawser_runs": [r[0] for r in runs], "postgres_runs": [r[0] for r in pg_runs],
             "round_ratios": [round(q, 3) for q in round_ratios], "rounds_ahead": ahead,
+            "round_steal_pct": [{"hawser": h, "postgres": g} for h, g in round_steal],
         }))
     else:
         print("%-8s %-13s %7d  %10.0f %10.0f %5.2fx  %8.0f %8.0f  %d/%d (%s)" % (
             mode, pair[mode], clients, hw, pg, ratio, med(runs, 1), med(pg_runs, 1),
-            ahead, len(round_ratios), " ".join("%.2f" % q for q in round_ratios)))
+            ahead, len(round_ratios), " ".join("%.2f%s" % (q, m) for q, m in zip(round_ratios, marks))))
 EOF
