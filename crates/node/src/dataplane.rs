@@ -446,6 +446,9 @@ fn wanted_links(
     thresholds.clear();
     known.clear();
     let mut replication: BTreeMap<Ident, ReplicationState> = BTreeMap::new();
+    // Before the catalog is read: tables replicated DDL creates from here on stay
+    // refused until a later plan has seen them (`Database::set_write_refusals`).
+    let seen = db.catalog_generation();
     let catalog = StoreCatalog {
         tables: db.tables().iter().map(|t| (**t).clone()).collect(),
         sequences: db
@@ -618,7 +621,7 @@ fn wanted_links(
             refusals.entry(table).or_insert(reason);
         }
     }
-    db.set_write_refusals(refusals);
+    db.set_write_refusals(refusals, seen);
     (out, problems)
 }
 

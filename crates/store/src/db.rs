@@ -291,7 +291,10 @@ pub(crate) struct Inner {
     pub(crate) held: crate::held::HeldRows,
     /// Tables this store receives from a master and refuses client writes to, with
     /// the reason the refusal gives.
-    refusals: RwLock<HashMap<QualName, String>>,
+    refusals: RwLock<Refusals>,
+    /// Counts tables created by replicated DDL, each counted once it is in the catalog
+    /// ([`Database::catalog_generation`]).
+    created_generation: AtomicU64,
     /// See [`Database::machine_restarted`].
     machine_restarted: bool,
     /// See [`Database::restart_point`]; written through to [`layout::RESTART_KEY`].
@@ -506,7 +509,8 @@ impl Database {
             apply_lock: tokio::sync::Mutex::new(()),
             apply_metrics: crate::apply::ApplyMetrics::new(),
             held: crate::held::HeldRows::default(),
-            refusals: RwLock::new(HashMap::new()),
+            refusals: RwLock::new(Refusals::default()),
+            created_generation: AtomicU64::new(0),
             machine_restarted,
             restart: Mutex::new(restart),
             paused: RwLock::new(None),
@@ -609,6 +613,11 @@ impl Database {
                     op: DdlOp::CreateTable(def.clone()),
                 };
                 let install = move || {
+                    // Another master's table: refused to client writes from the moment
+                    // it exists, not only once the next plan has seen it.
+                    if gtid.origin != self.node_id() {
+                        self.inner.refuse_created(&name, gtid.origin);
+                    }
                     self.inner.catalog.write().tables.insert(
                         name.clone(),
                         TableRef {
@@ -617,6 +626,9 @@ impl Database {
                             def: Arc::new(def),
                         },
                     );
+                    if gtid.origin != self.node_id() {
+                        self.inner.count_created(&name);
+                    }
                 };
                 Ok((batch, entry, install))
             },
@@ -652,6 +664,7 @@ impl Database {
                 };
                 let install = move || {
                     self.inner.catalog.write().tables.remove(name);
+                    self.inner.refusals.write().created.remove(name);
                 };
                 Ok((batch, entry, install))
             },
@@ -933,8 +946,23 @@ impl Database {
     /// Sets the tables this store receives from a master, each with the reason a
     /// client write to it is refused (naming the master). Replaces the previous set;
     /// replicated applies are not affected.
-    pub fn set_write_refusals(&self, refusals: HashMap<QualName, String>) {
-        *self.inner.refusals.write() = refusals;
+    ///
+    /// `seen` is what [`Database::catalog_generation`] said before the caller read
+    /// the catalog it planned from. A table created by replicated DDL is refused from
+    /// the moment it exists, before any plan has seen it; that refusal is kept until a
+    /// plan that saw the table replaces it (by refusing it with its own reason, or by
+    /// leaving it writable where this store masters it too).
+    pub fn set_write_refusals(&self, refusals: HashMap<QualName, String>, seen: u64) {
+        let mut r = self.inner.refusals.write();
+        r.planned = refusals;
+        r.created.retain(|_, (_, counted)| *counted > seen);
+    }
+
+    /// A count of the tables created here by replicated DDL so far, taken before
+    /// reading the catalog to plan write refusals from (see
+    /// [`Database::set_write_refusals`]): a table counted in it is in the catalog.
+    pub fn catalog_generation(&self) -> u64 {
+        self.inner.created_generation.load(Ordering::Acquire)
     }
 
     /// Whether the machine restarted since this store was last opened (another boot
@@ -1338,6 +1366,17 @@ pub(crate) enum Origin {
     },
 }
 
+/// The tables a store refuses client writes to, with the reason each refusal gives.
+#[derive(Default)]
+struct Refusals {
+    /// From the last plan of the scheme's routes ([`Database::set_write_refusals`]).
+    planned: HashMap<QualName, String>,
+    /// Created by replicated DDL and not yet seen by a plan, with the
+    /// [`Database::catalog_generation`] that counted them (`u64::MAX` while being
+    /// created).
+    created: HashMap<QualName, (String, u64)>,
+}
+
 /// Which counter a commit counts under.
 #[derive(Clone, Copy)]
 pub(crate) enum DdlKind {
@@ -1675,12 +1714,40 @@ impl Inner {
 
     /// Refuses a client write to `table` when this store receives it from a master.
     pub(crate) fn check_writable(&self, table: &QualName) -> Result<(), StoreError> {
-        match self.refusals.read().get(table) {
+        let refusals = self.refusals.read();
+        let reason = refusals
+            .planned
+            .get(table)
+            .or_else(|| refusals.created.get(table).map(|(reason, _)| reason));
+        match reason {
             Some(reason) => Err(StoreError::ReceivedTable {
                 table: table.clone(),
                 reason: reason.clone(),
             }),
             None => Ok(()),
+        }
+    }
+
+    /// Refuses client writes to a table replicated DDL of `origin` is about to
+    /// create here, until a plan that saw it says otherwise (uncounted until
+    /// [`Inner::count_created`]).
+    fn refuse_created(&self, table: &QualName, origin: NodeId) {
+        let reason = format!(
+            "it was created here by replicated DDL of node {origin}, which masters it; \
+             write it there"
+        );
+        self.refusals
+            .write()
+            .created
+            .insert(table.clone(), (reason, u64::MAX));
+    }
+
+    /// Counts a table created by replicated DDL once it is in the catalog: a plan
+    /// that read the count at or past this saw the table.
+    fn count_created(&self, table: &QualName) {
+        let counted = self.created_generation.fetch_add(1, Ordering::AcqRel) + 1;
+        if let Some((_, c)) = self.refusals.write().created.get_mut(table) {
+            *c = counted;
         }
     }
 

@@ -56,6 +56,7 @@ on_both_engines!(
     replicated_ddl_runs_once_with_its_original_gtid,
     replicated_ddl_that_fails_here_changes_nothing,
     replicated_ddl_already_in_effect_is_recorded_and_changes_nothing,
+    a_table_replicated_ddl_creates_is_refused_to_client_writes_until_a_plan_saw_it,
     a_replicated_sequence_block_sets_the_sequence_ahead_never_back,
 );
 
@@ -624,6 +625,48 @@ async fn replicated_ddl_already_in_effect_is_recorded_and_changes_nothing(f: Fix
         .unwrap();
     assert_eq!(db.high_water(ORIGIN).unwrap(), 3);
     assert_eq!(rows(db).len(), 1);
+}
+
+async fn a_table_replicated_ddl_creates_is_refused_to_client_writes_until_a_plan_saw_it(
+    f: Fixture,
+) {
+    let db = f.db();
+    let write = || async {
+        let mut txn = db.begin();
+        txn.insert(&t(), row(1, 1)).await?;
+        txn.commit().await.map(|_| ())
+    };
+    // A plan of the write refusals reads the count, then the catalog: this one ran
+    // before the table existed.
+    let before = db.catalog_generation();
+    db.apply_replicated_ddl(&ddl(1, DdlOp::CreateTable(counters())), Epoch(1))
+        .await
+        .unwrap();
+    let err = write().await.unwrap_err();
+    assert_eq!(err.code(), "25006", "{err}");
+    assert!(err.to_string().contains("node 100"), "{err}");
+    // Its result must not lift the refusal: it never saw the table.
+    db.set_write_refusals(Default::default(), before);
+    assert_eq!(write().await.unwrap_err().code(), "25006");
+    // A plan that saw the table decides: here, that this store masters it too.
+    db.set_write_refusals(Default::default(), db.catalog_generation());
+    write().await.unwrap();
+    // Dropped and created again by its master: refused again at once.
+    db.apply_replicated_ddl(&ddl(2, DdlOp::DropTable(t())), Epoch(1))
+        .await
+        .unwrap();
+    db.apply_replicated_ddl(&ddl(3, DdlOp::CreateTable(counters())), Epoch(1))
+        .await
+        .unwrap();
+    assert_eq!(write().await.unwrap_err().code(), "25006");
+    // This node's own tables never are.
+    let own = QualName::bare("own");
+    let mut def = counters();
+    def.name = own.clone();
+    db.create_table(def).await.unwrap();
+    let mut txn = db.begin();
+    txn.insert(&own, row(1, 1)).await.unwrap();
+    txn.commit().await.unwrap();
 }
 
 async fn a_replicated_sequence_block_sets_the_sequence_ahead_never_back(mut f: Fixture) {

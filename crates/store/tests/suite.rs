@@ -724,7 +724,7 @@ async fn a_received_table_refuses_client_writes_naming_why(f: Fixture) {
     db.create_table(counters()).await.unwrap();
     let t = QualName::bare("counters");
     let reason = "it is replicated here from master ds1 (scheme r1); write on ds1".to_string();
-    db.set_write_refusals([(t.clone(), reason)].into_iter().collect());
+    db.set_write_refusals([(t.clone(), reason)].into_iter().collect(), 0);
     let mut txn = db.begin();
     let err = txn
         .insert(&t, vec![Value::Int(1), Value::Int(0)])
@@ -733,7 +733,7 @@ async fn a_received_table_refuses_client_writes_naming_why(f: Fixture) {
     assert_eq!(err.code(), "25006");
     assert!(err.to_string().contains("master ds1"), "{err}");
     drop(txn);
-    db.set_write_refusals(Default::default());
+    db.set_write_refusals(Default::default(), 0);
     let mut txn = db.begin();
     txn.insert(&t, vec![Value::Int(1), Value::Int(0)])
         .await
