@@ -202,7 +202,7 @@ steal_since() {
     local before="$1" after
     after="$(cpu_sample)"
     awk -v a="$before" -v b="$after" 'BEGIN { split(a, x, " "); split(b, y, " ");
-        d = y[2] - x[2]; printf "%.1f", d > 0 ? (y[1] - x[1]) * 100 / d : 0 }'
+        d = y[2] - x[2]; printf "%.1f", (d > 0 ? (y[1] - x[1]) * 100 / d : 0) }'
 }
 
 run_pg() {
