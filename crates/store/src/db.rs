@@ -41,7 +41,7 @@ use crate::error::{printable_key, StoreError};
 use crate::layout::{self, FORMAT_KEY, FORMAT_MAGIC, FORMAT_VERSION, NEXT_TABLE_ID_KEY};
 use crate::locks::LockManager;
 use crate::log::{DdlOp, LogEntry, LogRecord};
-use crate::restart::{Diverged, RestartCheck, RestartPoint};
+use crate::restart::{Diverged, RestartCheck, RestartEvidence, RestartPoint};
 use crate::sequence::{SequenceDef, SequenceState, BLOCK_SIZE};
 use crate::txn::Txn;
 
@@ -1021,12 +1021,17 @@ impl Database {
     /// already has): it is recorded as diverged, durably, and stays so across later
     /// restarts until a store with another node id answers under its name (rebuilt).
     /// One holding no more is recorded as checked, so that its later answers, holding
-    /// commits made since, pass.
+    /// commits made since, pass. So is one holding more when `evidence` shows that
+    /// what it holds past the point are commits this node made since, and that it
+    /// misses none of them its stream carries
+    /// ([`RestartEvidence::holds_only_commits_made_since`]): it got them through a
+    /// propagator before this node's own stream came up.
     pub fn check_receiver_after_restart(
         &self,
         receiver: &str,
         node: u64,
         holds: u64,
+        evidence: &RestartEvidence,
     ) -> Result<RestartCheck, StoreError> {
         let Some(point) = self.restart_point() else {
             return Ok(RestartCheck::Admitted);
@@ -1039,15 +1044,16 @@ impl Database {
         if !rebuilt && point.checked.contains(receiver) {
             return Ok(RestartCheck::Admitted);
         }
-        let verdict = if holds > point.seq {
-            RestartCheck::Diverged(Diverged {
-                node,
-                holds,
-                seq: point.seq,
-            })
-        } else {
-            RestartCheck::Admitted
-        };
+        let verdict =
+            if holds > point.seq && !evidence.holds_only_commits_made_since(point.seq, holds) {
+                RestartCheck::Diverged(Diverged {
+                    node,
+                    holds,
+                    seq: point.seq,
+                })
+            } else {
+                RestartCheck::Admitted
+            };
         self.update_restart_point(|p| {
             let cleared = p.diverged.remove(receiver).is_some();
             match verdict {
@@ -1059,6 +1065,44 @@ impl Database {
             }
         })?;
         Ok(verdict)
+    }
+
+    /// The commits of `origin` this log holds past `after_seq` and up to
+    /// `through_seq`, in seq order, each as `keep` makes it of its record; read back
+    /// from the newest record until one of `origin` at or below `after_seq`. At most
+    /// `limit` of them: not complete when there were more, or when the log was
+    /// released before such a record was found (some may be gone). Used around a
+    /// machine restart, when the commits in question are recent.
+    pub fn commits_after<T>(
+        &self,
+        origin: NodeId,
+        after_seq: u64,
+        through_seq: u64,
+        limit: usize,
+        mut keep: impl FnMut(LogRecord) -> T,
+    ) -> Result<(Vec<T>, bool), StoreError> {
+        let start = self.log_start();
+        let mut found = Vec::new();
+        let mut complete = start <= Lsn(1);
+        for kv in self.inner.engine.scan(log_from(start), true) {
+            let (k, v) = kv?;
+            let record = codec::decode_record(&k, &v)?;
+            let gtid = record.gtid();
+            if gtid.origin != origin || gtid.seq > through_seq {
+                continue;
+            }
+            if gtid.seq <= after_seq {
+                complete = true;
+                break;
+            }
+            if found.len() == limit {
+                complete = false;
+                break;
+            }
+            found.push(keep(record));
+        }
+        found.reverse();
+        Ok((found, complete))
     }
 
     /// Changes the restart point (if there is one) and writes it through, durably,

@@ -43,6 +43,8 @@ pub use db::{CommitInfo, Database, DbOptions, KeyRange, RowIter, StoreStats};
 pub use engine::{ByteRange, KvEngine, KvIter, MemEngine, SledEngine, WriteBatch};
 pub use error::StoreError;
 pub use log::{DdlOp, LogEntry, LogRecord};
-pub use restart::{Diverged, RestartCheck, RestartPoint};
+pub use restart::{
+    CommitsAfter, Diverged, HeldCommit, RestartCheck, RestartEvidence, RestartPoint,
+};
 pub use sequence::SequenceDef;
 pub use txn::{Savepoint, Txn};

@@ -52,6 +52,77 @@ pub enum RestartCheck {
     Diverged(Diverged),
 }
 
+/// A commit by its seq in its origin and its origin's commit time: two commits given
+/// the same seq — one lost in a crash, one made after it — differ in time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HeldCommit {
+    pub seq: u64,
+    pub commit_micros: i64,
+}
+
+/// The commits of one origin a log holds past some seq, in seq order
+/// ([`crate::Database::commits_after`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CommitsAfter {
+    pub commits: Vec<HeldCommit>,
+    /// Whether that is all of them: false when the log was released past some of
+    /// them, or there were more than asked for.
+    pub complete: bool,
+}
+
+/// What a receiver showed of this node's commits past the restart point, and this
+/// node's own commits there, for [`crate::Database::check_receiver_after_restart`]:
+/// a receiver that holds more than the point may hold only commits this node made
+/// since (it got them through a propagator before this node's own stream came up).
+#[derive(Clone, Debug, Default)]
+pub struct RestartEvidence {
+    /// The receiver's commits of this node's origin past the point (`None`: it did
+    /// not answer the probe).
+    pub held: Option<CommitsAfter>,
+    /// This node's own commits past the point, each with whether the stream to this
+    /// receiver carries it.
+    pub own: Vec<(HeldCommit, bool)>,
+    /// Whether `own` is all of this node's commits past the point.
+    pub own_complete: bool,
+}
+
+impl RestartEvidence {
+    /// Whether a receiver holding this node's origin up to `holds` (above `point`)
+    /// holds only commits this node has, and will miss none this stream carries: every
+    /// commit it holds past the point is this node's own under that seq (same commit
+    /// time), and every commit of this node's up to `holds` that the stream carries,
+    /// it holds. Anything it cannot show, or this node cannot, counts against it.
+    pub fn holds_only_commits_made_since(&self, point: u64, holds: u64) -> bool {
+        let Some(held) = self.held.as_ref().filter(|h| h.complete) else {
+            return false;
+        };
+        if !self.own_complete {
+            return false;
+        }
+        let own: BTreeMap<u64, (i64, bool)> = self
+            .own
+            .iter()
+            .map(|(c, carried)| (c.seq, (c.commit_micros, *carried)))
+            .collect();
+        let theirs: BTreeMap<u64, i64> = held
+            .commits
+            .iter()
+            .filter(|c| c.seq > point)
+            .map(|c| (c.seq, c.commit_micros))
+            .collect();
+        let all_ours = theirs
+            .iter()
+            .all(|(seq, micros)| own.get(seq).is_some_and(|(m, _)| m == micros));
+        let none_missed = own
+            .iter()
+            .filter(|(seq, (_, carried))| **seq > point && **seq <= holds && *carried)
+            .all(|(seq, _)| theirs.contains_key(seq));
+        // Its high-water itself must be a seq this node has given out.
+        let reached = own.keys().next_back().is_some_and(|last| *last >= holds);
+        all_ours && none_missed && reached
+    }
+}
+
 impl RestartPoint {
     /// A new restart's point at `seq`: what diverged before stays diverged.
     pub(crate) fn after(previous: Option<&RestartPoint>, seq: u64) -> RestartPoint {
@@ -166,7 +237,65 @@ impl<'a> Reader<'a> {
 
 #[cfg(test)]
 mod tests {
-    use super::{Diverged, RestartPoint};
+    use super::{CommitsAfter, Diverged, HeldCommit, RestartEvidence, RestartPoint};
+
+    fn c(seq: u64, commit_micros: i64) -> HeldCommit {
+        HeldCommit { seq, commit_micros }
+    }
+
+    /// The restart point is seq 10; this node has made 11..=13 since (times 111..113),
+    /// of which the stream carries 11 and 13.
+    fn evidence(held: &[HeldCommit], complete: bool) -> RestartEvidence {
+        RestartEvidence {
+            held: Some(CommitsAfter {
+                commits: held.to_vec(),
+                complete,
+            }),
+            own: vec![(c(11, 111), true), (c(12, 112), false), (c(13, 113), true)],
+            own_complete: true,
+        }
+    }
+
+    #[test]
+    fn a_receiver_holding_only_commits_made_since_the_restart_passes() {
+        // It got 11..=13 through a propagator (12 too: that route carries it).
+        let all = [c(11, 111), c(12, 112), c(13, 113)];
+        assert!(evidence(&all, true).holds_only_commits_made_since(10, 13));
+        // The stream does not carry 12; not holding it is fine.
+        let carried = [c(11, 111), c(13, 113)];
+        assert!(evidence(&carried, true).holds_only_commits_made_since(10, 13));
+        assert!(evidence(&carried[..1], true).holds_only_commits_made_since(10, 11));
+    }
+
+    #[test]
+    fn a_receiver_holding_a_lost_commit_or_missing_a_carried_one_does_not() {
+        // 11 is the commit this node lost: same seq, another time.
+        let lost = [c(11, 99), c(12, 112), c(13, 113)];
+        assert!(!evidence(&lost, true).holds_only_commits_made_since(10, 13));
+        // It would skip 11, which its stream carries, as a duplicate.
+        let skipped = [c(12, 112), c(13, 113)];
+        assert!(!evidence(&skipped, true).holds_only_commits_made_since(10, 13));
+        // It holds a seq this node has not given out yet.
+        let ahead = [c(11, 111), c(12, 112), c(13, 113), c(14, 114)];
+        assert!(!evidence(&ahead, true).holds_only_commits_made_since(10, 14));
+        // Its high-water is past this node's seqs although it lists nothing there.
+        assert!(!evidence(&[], true).holds_only_commits_made_since(10, 14));
+    }
+
+    #[test]
+    fn what_either_side_cannot_show_counts_against_the_receiver() {
+        let all = [c(11, 111), c(12, 112), c(13, 113)];
+        assert!(!evidence(&all, false).holds_only_commits_made_since(10, 13));
+        let mut own_cut = evidence(&all, true);
+        own_cut.own_complete = false;
+        assert!(!own_cut.holds_only_commits_made_since(10, 13));
+        let unanswered = RestartEvidence {
+            held: None,
+            ..evidence(&all, true)
+        };
+        assert!(!unanswered.holds_only_commits_made_since(10, 13));
+        assert!(!RestartEvidence::default().holds_only_commits_made_since(10, 11));
+    }
 
     #[test]
     fn a_restart_point_reads_back_and_refuses_cut_or_trailing_bytes() {

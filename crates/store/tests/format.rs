@@ -7,7 +7,9 @@ use std::sync::Arc;
 
 use common::{accounts, accounts_name, opts};
 use hawser_core::Value;
-use hawser_store::{Database, Diverged, KvEngine, MemEngine, RestartCheck, WriteBatch};
+use hawser_store::{
+    Database, Diverged, KvEngine, MemEngine, RestartCheck, RestartEvidence, WriteBatch,
+};
 
 fn engine_with(pairs: &[(&[u8], &[u8])]) -> Arc<MemEngine> {
     let engine = Arc::new(MemEngine::new());
@@ -191,7 +193,7 @@ async fn a_machine_restart_point_outlives_process_restarts_and_checks_each_recei
     let ours = db.high_water(db.node_id()).unwrap();
     assert_eq!(ours, 3, "a table and two rows");
     let check = |db: &Database, receiver: &str, node: u64, holds: u64| {
-        db.check_receiver_after_restart(receiver, node, holds)
+        db.check_receiver_after_restart(receiver, node, holds, &RestartEvidence::default())
             .unwrap()
     };
     // Nothing to check against without a machine restart.

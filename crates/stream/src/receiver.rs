@@ -1012,6 +1012,33 @@ fn remap(row: &[hawser_core::Value], map: &[usize]) -> Option<Vec<hawser_core::V
     map.iter().map(|&j| row.get(j).cloned()).collect()
 }
 
+/// The most commits either side lists for a restart check (12 bytes each on the
+/// wire): a receiver holding more past the restart point than that is refused.
+pub(crate) const PROBE_LIMIT: usize = 65_536;
+
+impl ReceiverService {
+    /// The answer to a sender's restart probe: the commits of its origin this store
+    /// holds past the probed seq, and whether that is all of them.
+    async fn held_after(
+        &self,
+        probe: pb::RestartProbe,
+    ) -> Result<(Vec<pb::HeldCommit>, bool), Status> {
+        let db = self.db.clone();
+        tokio::task::spawn_blocking(move || {
+            let origin = NodeId(probe.origin);
+            db.commits_after(origin, probe.after_seq, u64::MAX, PROBE_LIMIT, |r| {
+                pb::HeldCommit {
+                    seq: r.gtid().seq,
+                    commit_micros: r.entry.commit_micros(),
+                }
+            })
+        })
+        .await
+        .map_err(|e| Status::internal(format!("reading the log: {e}")))?
+        .map_err(|e| Status::unavailable(e.to_string()))
+    }
+}
+
 #[tonic::async_trait]
 impl pb::replication_server::Replication for ReceiverService {
     type ReplicateStream = Outbound;
@@ -1056,9 +1083,15 @@ impl pb::replication_server::Replication for ReceiverService {
                     s.last_contact = Some(now);
                     s.connected_since = Some(now);
                 });
+                let (held_after, held_after_complete) = match hello.restart_probe {
+                    Some(probe) => self.held_after(probe).await?,
+                    None => (Vec::new(), false),
+                };
                 let _ = tx.try_send(Ok(pb::ReceiverMessage {
                     msg: Some(receiver_message::Msg::HelloReply(pb::HelloReply {
                         high_waters: to_pb(&high_waters),
+                        held_after,
+                        held_after_complete,
                     })),
                 }));
                 info!(sender = %sender, "replication stream accepted");

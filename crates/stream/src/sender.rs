@@ -28,7 +28,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hawser_core::{Epoch, Lsn, NodeId};
-use hawser_store::{Database, LogEntry, LogRecord, RestartCheck};
+use hawser_store::{
+    CommitsAfter, Database, HeldCommit, LogEntry, LogRecord, RestartCheck, RestartEvidence,
+};
 use tokio::sync::{mpsc, watch, Notify};
 use tokio::time::MissedTickBehavior;
 use tokio_stream::wrappers::ReceiverStream;
@@ -429,7 +431,23 @@ impl Sender {
             } as i32,
             carries_ddl: self.link.replicate_ddl,
             returns_wait: self.link.returns_wait,
+            restart_probe: self.restart_probe(),
         }
+    }
+
+    /// After a machine restart, until this receiver is checked: ask it for the commits
+    /// of this node's origin it holds past the restart point.
+    fn restart_probe(&self) -> Option<pb::RestartProbe> {
+        if !self
+            .db
+            .restart_check_pending(self.link.receiver_store.as_str())
+        {
+            return None;
+        }
+        self.db.restart_point().map(|p| pb::RestartProbe {
+            origin: self.db.node_id().0,
+            after_seq: p.seq,
+        })
     }
 
     /// One connection, from connect to its end. `Ok` only on shutdown.
@@ -459,8 +477,21 @@ impl Sender {
             return Ok(());
         };
         let first = first?;
-        let mut high_water = match first.and_then(|m| m.msg) {
-            Some(receiver_message::Msg::HelloReply(r)) => from_marks(&r.high_waters),
+        let (mut high_water, held_after) = match first.and_then(|m| m.msg) {
+            Some(receiver_message::Msg::HelloReply(r)) => {
+                let held = CommitsAfter {
+                    commits: r
+                        .held_after
+                        .iter()
+                        .map(|c| HeldCommit {
+                            seq: c.seq,
+                            commit_micros: c.commit_micros,
+                        })
+                        .collect(),
+                    complete: r.held_after_complete,
+                };
+                (from_marks(&r.high_waters), held)
+            }
             Some(receiver_message::Msg::Refused(r)) => {
                 return Err(StreamError::Refused {
                     code: r.code,
@@ -480,7 +511,7 @@ impl Sender {
             .send_modify(|s| s.last_contact = Some(last_contact));
         // Before its marks count: a receiver holding commits this node lost would
         // seem to acknowledge the new commits that reuse their seqs.
-        self.check_after_restart(&high_water).await?;
+        self.check_after_restart(&high_water, held_after).await?;
         // What the receiver already has is durable and committed there: return
         // services waiting on it are answered by the Hello exchange alone.
         self.status.send_modify(|s| {
@@ -713,15 +744,44 @@ impl Sender {
     async fn check_after_restart(
         &self,
         high_water: &BTreeMap<NodeId, u64>,
+        held_after: CommitsAfter,
     ) -> Result<(), StreamError> {
         let receiver = self.link.receiver_store.as_str().to_string();
         if !self.db.restart_check_pending(&receiver) {
             return Ok(());
         }
         let holds = high_water.get(&self.db.node_id()).copied().unwrap_or(0);
-        let (db, node) = (self.db.clone(), self.link.receiver_node.0);
+        let (db, node, link) = (
+            self.db.clone(),
+            self.link.receiver_node.0,
+            self.link.clone(),
+        );
         let verdict = tokio::task::spawn_blocking(move || {
-            db.check_receiver_after_restart(&receiver, node, holds)
+            let point = db.restart_point().map(|p| p.seq).unwrap_or(0);
+            let mut evidence = RestartEvidence::default();
+            // Only a receiver holding more than the point needs its evidence weighed,
+            // and only one that answered the probe has any.
+            if holds > point && held_after.complete {
+                let (own, own_complete) = db.commits_after(
+                    db.node_id(),
+                    point,
+                    holds,
+                    crate::receiver::PROBE_LIMIT,
+                    |r| {
+                        let commit = HeldCommit {
+                            seq: r.gtid().seq,
+                            commit_micros: r.entry.commit_micros(),
+                        };
+                        (commit, link.carries(&r.entry))
+                    },
+                )?;
+                evidence = RestartEvidence {
+                    held: Some(held_after),
+                    own,
+                    own_complete,
+                };
+            }
+            db.check_receiver_after_restart(&receiver, node, holds, &evidence)
         })
         .await
         .map_err(|e| StreamError::Protocol(format!("checking the receiver: {e}")))??;

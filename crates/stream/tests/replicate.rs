@@ -859,3 +859,119 @@ async fn a_receiver_behind_an_add_column_catches_up_through_it() -> Result<()> {
     r.stop().await;
     Ok(())
 }
+
+/// A master's store in `dir` as the store of a machine that restarted after `before`
+/// commits: opened on boot "one", the commits made, reopened on boot "two".
+async fn restarted_master(dir: &std::path::Path, before: i64) -> Result<Database> {
+    let opts = |boot: &str| DbOptions {
+        boot_id: Some(boot.to_string()),
+        ..DbOptions::new(NodeId(1))
+    };
+    let db = Database::open_sled(dir, opts("one"))?;
+    db.create_table(tab_def()).await?;
+    write(&db, 0..before, "before").await?;
+    drop(db);
+    let db = Database::open_sled(dir, opts("two"))?;
+    anyhow::ensure!(db.restart_fence_pending(), "no machine restart seen");
+    Ok(db)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_receiver_that_got_the_commits_made_since_a_restart_through_a_propagator_is_streamed_to(
+) -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let master = restarted_master(dir.path(), 5).await?;
+    let point = master.restart_point().context("restart point")?.seq;
+    // Commits made since the restart.
+    write(&master, 5..10, "since").await?;
+    // They reach s1 through a propagator (node 3) before the master's own stream to s1
+    // comes up: s1 holds more of the master's origin than the restart point.
+    let prop = open(3).await?;
+    let sub = open(2).await?;
+    let view = epochs(1);
+    let rp = Receiver::start(&prop, "prop", view.subscribe(), None).await?;
+    let rs = Receiver::start(&sub, "s1", view.subscribe(), None).await?;
+    let senders = Senders::default();
+    let to_prop = senders.spawn(
+        link(1, "prop", 3, 1, Compression::None),
+        &master,
+        rp.endpoint(),
+    );
+    caught_up(&to_prop, &master).await?;
+    let onward = LinkConfig {
+        sender_node: NodeId(3),
+        sender_store: id("prop"),
+        ..link(1, "s1", 2, 1, Compression::None)
+    };
+    let from_prop = senders.spawn(onward, &prop, rs.endpoint());
+    let last = master.high_water(NodeId(1))?;
+    wait_status(&from_prop, "s1 to get the master's commits", |s| {
+        s.acked_durable.get(&NodeId(1)).copied().unwrap_or(0) >= last
+    })
+    .await?;
+    assert!(sub.high_water(NodeId(1))? > point);
+    // Nothing s1 holds was lost: the master's stream checks what it holds, not only
+    // how far, and streams to it.
+    let direct = senders.spawn(
+        link(1, "s1", 2, 1, Compression::None),
+        &master,
+        rs.endpoint(),
+    );
+    caught_up(&direct, &master).await?;
+    assert!(!master.restart_check_pending("s1"));
+    write(&master, 10..12, "after").await?;
+    caught_up(&direct, &master).await?;
+    assert_eq!(rows(&sub)?, rows(&master)?);
+    senders.stop().await;
+    rs.stop().await;
+    rp.stop().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_receiver_holding_a_commit_the_master_lost_is_refused_though_the_seq_was_reused(
+) -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let master = restarted_master(dir.path(), 5).await?;
+    let point = master.restart_point().context("restart point")?.seq;
+    // s1 holds the master's commit point + 1 as it was before the crash (lost here)...
+    let sub = open(2).await?;
+    let lost = hawser_store::ReplicatedTxn {
+        txn: hawser_core::Transaction {
+            gtid: hawser_core::Gtid::new(NodeId(1), point + 1),
+            commit_micros: 1,
+            changes: vec![hawser_core::RowChange {
+                table: tab(),
+                op: hawser_core::ChangeOp::Insert,
+                key: vec![Value::Int(77)],
+                before: None,
+                after: Some(vec![Value::Int(77), Value::Text("lost".into())]),
+            }],
+        },
+        epoch: Epoch(1),
+    };
+    sub.apply_replicated(vec![lost]).await?;
+    // ...and the master has given that seq, and more, to new commits since.
+    write(&master, 5..8, "since").await?;
+    let view = epochs(1);
+    let rs = Receiver::start(&sub, "s1", view.subscribe(), None).await?;
+    let senders = Senders::default();
+    let h = senders.spawn(
+        link(1, "s1", 2, 1, Compression::None),
+        &master,
+        rs.endpoint(),
+    );
+    let st = wait_status(&h, "the sender to refuse s1", |s| {
+        matches!(s.state, SenderState::Diverged { .. })
+    })
+    .await?;
+    assert!(
+        matches!(st.state, SenderState::Diverged { holds, .. } if holds == point + 1),
+        "{:?}",
+        st.state
+    );
+    assert_eq!(sub.high_water(NodeId(1))?, point + 1);
+    senders.stop().await;
+    rs.stop().await;
+    Ok(())
+}

@@ -32,5 +32,6 @@ pub fn hello(def: &TableDef) -> pb::Hello {
         table_check: pb::TableCheck::Exact as i32,
         carries_ddl: false,
         returns_wait: true,
+        restart_probe: None,
     }
 }
