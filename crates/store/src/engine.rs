@@ -307,7 +307,7 @@ impl SledEngine {
 fn open_sled(dir: &Path) -> Result<sled::Db, StoreError> {
     let deadline = std::time::Instant::now() + LOCK_PATIENCE;
     loop {
-        match sled::Config::new().path(dir).open() {
+        match sled::Config::new().path(dir).flush_every_ms(None).open() {
             Ok(db) => return Ok(db),
             Err(e) if is_lock_conflict(&e) => {
                 if std::time::Instant::now() >= deadline {
