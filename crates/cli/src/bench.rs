@@ -20,6 +20,11 @@
 //! admin `Status` call) is sampled every 250 ms while measuring: replication lag at
 //! steady load (mean and max of `lag_micros`, max `lag_records`) and the smoothed ack
 //! round trip, per subscriber.
+//!
+//! On Linux the report also gives the CPU steal of the machine the bench runs on over
+//! the measured time (`host_steal_pct`): on a shared virtual machine the hypervisor may
+//! run other guests for a third of the time, and throughput falls with it — a run that
+//! saw 5 % or more says so, so that its figures are not read as the system's.
 
 use std::collections::BTreeMap;
 use std::io::{IsTerminal, Write};
@@ -272,8 +277,15 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
     // measured: replication lag at steady load, as the issue of a return service asks.
     let mut streams = StreamSamples::default();
     let mut sampler = tokio::time::interval_at(workload.measure_from, STREAM_SAMPLE_EVERY);
+    // The host's CPU steal over the measured time (see `HostSteal`).
+    let steal_from = tokio::time::sleep_until(workload.measure_from);
+    tokio::pin!(steal_from);
+    let mut steal_at_start: Option<Option<CpuTicks>> = None;
     loop {
         tokio::select! {
+            _ = &mut steal_from, if steal_at_start.is_none() => {
+                steal_at_start = Some(CpuTicks::read());
+            }
             joined = tasks.join_next() => match joined {
                 None => break,
                 Some(joined) => {
@@ -311,6 +323,10 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
     let finished = Instant::now().min(workload.end);
     let measured = finished.saturating_duration_since(workload.measure_from);
     let mut report = Report::merge(args.clients, measured, &runs)?;
+    report.steal_pct = steal_at_start
+        .flatten()
+        .zip(CpuTicks::read())
+        .and_then(|(a, b)| a.steal_pct_until(&b));
     report.fsyncs_per_sec = fsyncs_per_sec;
     report.mode = args.mode.map(|m| m.name());
     report.streams = streams;
@@ -594,6 +610,9 @@ struct Report {
     first_errors: Vec<String>,
     /// The disk's write+fdatasync rate, when probed.
     fsyncs_per_sec: Option<f64>,
+    /// The CPU time the hypervisor gave other guests while this one wanted it, in
+    /// percent of this machine's CPU time over the measured seconds (Linux only).
+    steal_pct: Option<f64>,
     /// Commits and flushes the server counted over the whole run (warm-up included).
     server: Option<(u64, u64)>,
     returns: ReturnCounts,
@@ -607,6 +626,46 @@ struct Report {
 
 /// How often the master's streams are sampled under load.
 const STREAM_SAMPLE_EVERY: Duration = Duration::from_millis(250);
+
+/// Steal at or above which the text report warns that the host, not the system under
+/// test, shaped the figures.
+const NOISY_STEAL_PCT: f64 = 5.0;
+
+/// The first line of `/proc/stat`: CPU time of all CPUs since boot, in ticks.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct CpuTicks {
+    /// Time the hypervisor ran other guests while this one had work ("steal").
+    steal: u64,
+    /// user, nice, system, idle, iowait, irq, softirq and steal together.
+    total: u64,
+}
+
+impl CpuTicks {
+    /// `None` where there is no `/proc/stat` (not Linux) or it has no steal column.
+    fn read() -> Option<CpuTicks> {
+        Self::parse(&std::fs::read_to_string("/proc/stat").ok()?)
+    }
+
+    fn parse(stat: &str) -> Option<CpuTicks> {
+        let line = stat.lines().find(|l| l.starts_with("cpu "))?;
+        let v: Vec<u64> = line
+            .split_whitespace()
+            .skip(1)
+            .take(8)
+            .map(|x| x.parse().ok())
+            .collect::<Option<_>>()?;
+        Some(CpuTicks {
+            steal: *v.get(7)?,
+            total: v.iter().sum(),
+        })
+    }
+
+    fn steal_pct_until(&self, later: &CpuTicks) -> Option<f64> {
+        let total = later.total.checked_sub(self.total).filter(|t| *t > 0)?;
+        let steal = later.steal.checked_sub(self.steal)?;
+        Some(steal as f64 * 100.0 / total as f64)
+    }
+}
 
 fn now_before(end: Instant) -> bool {
     Instant::now() < end
@@ -694,6 +753,7 @@ impl Report {
             latency_us: new_histogram(),
             first_errors: Vec::new(),
             fsyncs_per_sec: None,
+            steal_pct: None,
             server: None,
             returns: ReturnCounts::default(),
             mode: None,
@@ -753,6 +813,7 @@ impl Report {
             "durable": self.commits > 0 && self.not_durable == 0,
             "latency_us": {"p50": p50, "p99": p99, "p999": p999, "max": max, "mean": mean},
             "fsyncs_per_sec": self.fsyncs_per_sec,
+            "host_steal_pct": self.steal_pct,
             "commits_per_fsync_limit": self.fsyncs_per_sec.map(|f| self.commits_per_sec() / f),
             "server_commits": self.server.map(|s| s.0),
             "server_flushes": self.server.map(|s| s.1),
@@ -820,6 +881,16 @@ impl Report {
                 self.commits_per_sec() / f
             ));
         }
+        if let Some(steal) = self.steal_pct {
+            out.push_str(&format!(
+                "host           {steal:.1} % CPU steal on this machine while measuring{}\n",
+                if steal >= NOISY_STEAL_PCT {
+                    " (the hypervisor ran other guests: figures are low and noisy)"
+                } else {
+                    ""
+                }
+            ));
+        }
         out
     }
 
@@ -852,6 +923,29 @@ impl Report {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn steal_is_read_from_proc_stat_as_a_share_of_all_cpu_time() {
+        let at = |steal: u64, idle: u64| {
+            format!("cpu  100 0 50 {idle} 5 0 2 {steal} 0 0\ncpu0 1 2 3 4 5 6 7 8 0 0\nintr 9\n")
+        };
+        let a = CpuTicks::parse(&at(10, 1000)).unwrap();
+        assert_eq!(
+            a,
+            CpuTicks {
+                steal: 10,
+                total: 1167
+            }
+        );
+        let b = CpuTicks::parse(&at(40, 1270)).unwrap();
+        // 300 ticks later, 30 of them stolen.
+        assert_eq!(a.steal_pct_until(&b), Some(10.0));
+        assert_eq!(b.steal_pct_until(&a), None, "counters only grow");
+        assert_eq!(a.steal_pct_until(&a), None, "no time passed");
+        // An old kernel's line without the steal column.
+        assert_eq!(CpuTicks::parse("cpu  1 2 3 4 5 6 7\n"), None);
+        assert_eq!(CpuTicks::parse("intr 1\n"), None);
+    }
 
     #[test]
     fn threads_default_to_one_per_sixteen_clients_within_the_cores() {
