@@ -1070,9 +1070,10 @@ impl Database {
     /// The commits of `origin` this log holds past `after_seq` and up to
     /// `through_seq`, in seq order, each as `keep` makes it of its record; read back
     /// from the newest record until one of `origin` at or below `after_seq`. At most
-    /// `limit` of them: not complete when there were more, or when the log was
-    /// released before such a record was found (some may be gone). Used around a
-    /// machine restart, when the commits in question are recent.
+    /// `limit` of them: not complete when there were more, when the log was released
+    /// before such a record was found (some may be gone), or when that took more than
+    /// [`COMMITS_AFTER_SCAN`] records (a peer's probe cannot make it read a whole large
+    /// log). Used around a machine restart, when the commits in question are recent.
     pub fn commits_after<T>(
         &self,
         origin: NodeId,
@@ -1084,7 +1085,11 @@ impl Database {
         let start = self.log_start();
         let mut found = Vec::new();
         let mut complete = start <= Lsn(1);
-        for kv in self.inner.engine.scan(log_from(start), true) {
+        for (scanned, kv) in self.inner.engine.scan(log_from(start), true).enumerate() {
+            if scanned == COMMITS_AFTER_SCAN {
+                complete = false;
+                break;
+            }
             let (k, v) = kv?;
             let record = codec::decode_record(&k, &v)?;
             let gtid = record.gtid();
@@ -1803,6 +1808,9 @@ impl Inner {
         self.locks.release_all(txn, keys);
     }
 }
+
+/// The most log records [`Database::commits_after`] reads back.
+pub const COMMITS_AFTER_SCAN: usize = 1 << 20;
 
 /// How many of the newest log records [`Database::log_tail`] keeps decoded in memory.
 pub const TAIL_RECORDS: usize = 4096;

@@ -57,6 +57,7 @@ on_both_engines!(
     replicated_ddl_that_fails_here_changes_nothing,
     replicated_ddl_already_in_effect_is_recorded_and_changes_nothing,
     a_table_replicated_ddl_creates_is_refused_to_client_writes_until_a_plan_saw_it,
+    commits_after_reads_one_origins_newest_commits_back_and_says_when_it_saw_them_all,
     a_replicated_sequence_block_sets_the_sequence_ahead_never_back,
 );
 
@@ -667,6 +668,51 @@ async fn a_table_replicated_ddl_creates_is_refused_to_client_writes_until_a_plan
     let mut txn = db.begin();
     txn.insert(&own, row(1, 1)).await.unwrap();
     txn.commit().await.unwrap();
+}
+
+async fn commits_after_reads_one_origins_newest_commits_back_and_says_when_it_saw_them_all(
+    f: Fixture,
+) {
+    let db = setup(&f).await;
+    // ORIGIN's seqs 1..=5, with local commits between them.
+    for seq in 1..=5 {
+        db.apply_replicated(vec![rtxn(ORIGIN, seq, vec![ins(seq as i64, 0)])])
+            .await
+            .unwrap();
+        let mut txn = db.begin();
+        txn.insert(&t(), row(100 + seq as i64, 0)).await.unwrap();
+        txn.commit().await.unwrap();
+    }
+    let after = |after: u64, through: u64, limit: usize| {
+        db.commits_after(ORIGIN, after, through, limit, |r| {
+            (r.gtid().seq, r.entry.commit_micros())
+        })
+        .unwrap()
+    };
+    let seqs = |v: &[(u64, i64)]| v.iter().map(|(s, _)| *s).collect::<Vec<_>>();
+    let (got, complete) = after(2, u64::MAX, 10);
+    assert_eq!(got, vec![(3, 1_003), (4, 1_004), (5, 1_005)]);
+    assert!(complete);
+    // The newest ones when there are more than asked for.
+    let (got, complete) = after(2, u64::MAX, 2);
+    assert_eq!((seqs(&got), complete), (vec![4, 5], false));
+    // Newer ones than `through` are passed over, not counted.
+    let (got, complete) = after(2, 4, 2);
+    assert_eq!((seqs(&got), complete), (vec![3, 4], true));
+    // Nothing released: all of an origin's commits are there to see.
+    let (got, complete) = after(0, u64::MAX, 10);
+    assert_eq!((seqs(&got), complete), (vec![1, 2, 3, 4, 5], true));
+    let (got, complete) = db
+        .commits_after(NodeId(999), 0, u64::MAX, 10, |r| r.gtid())
+        .unwrap();
+    assert!(got.is_empty() && complete);
+    // Once log is released, only a commit at or below `after` shows where they start.
+    db.release_log(db.last_lsn(), 0).unwrap();
+    db.apply_replicated(vec![rtxn(ORIGIN, 6, vec![ins(6, 0)])])
+        .await
+        .unwrap();
+    let (got, complete) = after(5, u64::MAX, 10);
+    assert_eq!((seqs(&got), complete), (vec![6], false));
 }
 
 async fn a_replicated_sequence_block_sets_the_sequence_ahead_never_back(mut f: Fixture) {
