@@ -291,7 +291,7 @@ if not as_json:
     print("medians of %d rounds" % max(int(r[0]) for r in rows))
     print("%-8s %-13s %7s  %10s %10s %6s  %8s %8s  %s" % (
         "hawser", "postgres", "clients", "hawser c/s", "pg c/s", "ratio", "p50 hw", "p50 pg",
-        "rounds ahead (per-round ratios; * = steal >= %g %%)" % NOISY_STEAL_PCT))
+        "rounds ahead (per-round ratios; * = steal >= %g %%)  quiet rounds" % NOISY_STEAL_PCT))
 for (system, mode, clients), runs in sorted(cells.items(), key=lambda kv: (kv[0][2], kv[0][1])):
     if system != "hawser":
         continue
@@ -316,6 +316,7 @@ for (system, mode, clients), runs in sorted(cells.items(), key=lambda kv: (kv[0]
         if by_round.get((r, "postgres", pair[mode], clients))
     ]
     marks = ["*" if max(st) >= NOISY_STEAL_PCT else "" for st in round_steal]
+    quiet = [q for q, m in zip(round_ratios, marks) if not m]
     if as_json:
         print(json.dumps({
             "cell": True, "mode": mode, "postgres_mode": pair[mode], "clients": clients,
@@ -324,9 +325,11 @@ for (system, mode, clients), runs in sorted(cells.items(), key=lambda kv: (kv[0]
             "hawser_runs": [r[0] for r in runs], "postgres_runs": [r[0] for r in pg_runs],
             "round_ratios": [round(q, 3) for q in round_ratios], "rounds_ahead": ahead,
             "round_steal_pct": [{"hawser": h, "postgres": g} for h, g in round_steal],
+            "quiet_round_ratios": [round(q, 3) for q in quiet],
         }))
     else:
-        print("%-8s %-13s %7d  %10.0f %10.0f %5.2fx  %8.0f %8.0f  %d/%d (%s)" % (
+        print("%-8s %-13s %7d  %10.0f %10.0f %5.2fx  %8.0f %8.0f  %d/%d (%s)  %s" % (
             mode, pair[mode], clients, hw, pg, ratio, med(runs, 1), med(pg_runs, 1),
-            ahead, len(round_ratios), " ".join("%.2f%s" % (q, m) for q, m in zip(round_ratios, marks))))
+            ahead, len(round_ratios), " ".join("%.2f%s" % (q, m) for q, m in zip(round_ratios, marks)),
+            "%d ahead of %d" % (sum(1 for q in quiet if q > 1), len(quiet)) if quiet else "none"))
 EOF
