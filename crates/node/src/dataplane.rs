@@ -465,6 +465,12 @@ fn wanted_links(
         .values()
         .map(|n| (n.store.clone(), n.id))
         .collect();
+    db.set_store_names(
+        nodes
+            .iter()
+            .map(|(store, id)| (*id, store.to_string()))
+            .collect(),
+    );
     let topology = Topology {
         catalogs: nodes.keys().map(|s| (s.clone(), catalog.clone())).collect(),
         nodes: nodes.clone(),

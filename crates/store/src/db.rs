@@ -958,6 +958,13 @@ impl Database {
         r.created.retain(|_, (_, counted)| *counted > seen);
     }
 
+    /// The store names of the cluster's nodes, for the reason a write to a table
+    /// created by replicated DDL is refused with before a plan has seen it (it names
+    /// the origin's store; by node id when the name is not known).
+    pub fn set_store_names(&self, names: HashMap<NodeId, String>) {
+        self.inner.refusals.write().stores = names;
+    }
+
     /// A count of the tables created here by replicated DDL so far, taken before
     /// reading the catalog to plan write refusals from (see
     /// [`Database::set_write_refusals`]): a table counted in it is in the catalog.
@@ -1424,6 +1431,8 @@ struct Refusals {
     /// [`Database::catalog_generation`] that counted them (`u64::MAX` while being
     /// created).
     created: HashMap<QualName, (String, u64)>,
+    /// Store names by node id ([`Database::set_store_names`]).
+    stores: HashMap<NodeId, String>,
 }
 
 /// Which counter a commit counts under.
@@ -1781,14 +1790,18 @@ impl Inner {
     /// create here, until a plan that saw it says otherwise (uncounted until
     /// [`Inner::count_created`]).
     fn refuse_created(&self, table: &QualName, origin: NodeId) {
-        let reason = format!(
-            "it was created here by replicated DDL of node {origin}, which masters it; \
-             write it there"
-        );
-        self.refusals
-            .write()
-            .created
-            .insert(table.clone(), (reason, u64::MAX));
+        let mut refusals = self.refusals.write();
+        let reason = match refusals.stores.get(&origin) {
+            Some(store) => format!(
+                "it was created here by replicated DDL of master {store} (node {origin}); \
+                 write it on {store}"
+            ),
+            None => format!(
+                "it was created here by replicated DDL of node {origin}, which masters it; \
+                 write it there"
+            ),
+        };
+        refusals.created.insert(table.clone(), (reason, u64::MAX));
     }
 
     /// Counts a table created by replicated DDL once it is in the catalog: a plan

@@ -646,6 +646,16 @@ async fn a_table_replicated_ddl_creates_is_refused_to_client_writes_until_a_plan
     let err = write().await.unwrap_err();
     assert_eq!(err.code(), "25006", "{err}");
     assert!(err.to_string().contains("node 100"), "{err}");
+    // Named by its store once the node knows the cluster's names.
+    db.set_store_names([(ORIGIN, "ds1".to_string())].into_iter().collect());
+    db.apply_replicated_ddl(&ddl(2, DdlOp::DropTable(t())), Epoch(1))
+        .await
+        .unwrap();
+    db.apply_replicated_ddl(&ddl(3, DdlOp::CreateTable(counters())), Epoch(1))
+        .await
+        .unwrap();
+    let err = write().await.unwrap_err();
+    assert!(err.to_string().contains("master ds1 (node 100)"), "{err}");
     // Its result must not lift the refusal: it never saw the table.
     db.set_write_refusals(Default::default(), before);
     assert_eq!(write().await.unwrap_err().code(), "25006");
@@ -653,10 +663,10 @@ async fn a_table_replicated_ddl_creates_is_refused_to_client_writes_until_a_plan
     db.set_write_refusals(Default::default(), db.catalog_generation());
     write().await.unwrap();
     // Dropped and created again by its master: refused again at once.
-    db.apply_replicated_ddl(&ddl(2, DdlOp::DropTable(t())), Epoch(1))
+    db.apply_replicated_ddl(&ddl(4, DdlOp::DropTable(t())), Epoch(1))
         .await
         .unwrap();
-    db.apply_replicated_ddl(&ddl(3, DdlOp::CreateTable(counters())), Epoch(1))
+    db.apply_replicated_ddl(&ddl(5, DdlOp::CreateTable(counters())), Epoch(1))
         .await
         .unwrap();
     assert_eq!(write().await.unwrap_err().code(), "25006");
