@@ -299,6 +299,9 @@ pub(crate) struct Inner {
     machine_restarted: bool,
     /// See [`Database::restart_point`]; written through to [`layout::RESTART_KEY`].
     restart: Mutex<Option<RestartPoint>>,
+    /// Receivers found holding more of this node's origin than it has
+    /// ([`Database::check_receiver_ahead`]), by store name.
+    ahead: Mutex<HashMap<String, Diverged>>,
     /// Why this node takes no commits of its own now ([`Database::pause_writes`]).
     paused: RwLock<Option<String>>,
     counters: Counters,
@@ -513,6 +516,7 @@ impl Database {
             created_generation: AtomicU64::new(0),
             machine_restarted,
             restart: Mutex::new(restart),
+            ahead: Mutex::new(HashMap::new()),
             paused: RwLock::new(None),
             counters: Counters::default(),
             metrics: Metrics::new(),
@@ -1115,6 +1119,36 @@ impl Database {
         }
         found.reverse();
         Ok((found, complete))
+    }
+
+    /// Checks a receiver's answer to a Hello — `holds`, the highest seq of this node's
+    /// origin it has; `node`, its node id — against this node's own last seq, at every
+    /// session: a receiver holding more has commits this node no longer has (lost in a
+    /// crash with non-durable commits, or a store put back from a copy, with no machine
+    /// restart to set a restart point), and this node's next commits would reach it
+    /// under seqs it already has. It is refused, and stays refused for the life of this
+    /// process even once this node's seqs have passed what it holds (until a store with
+    /// another node id answers under its name). Not kept across restarts: a restart
+    /// catches it again only while it still holds more than this node.
+    pub fn check_receiver_ahead(&self, receiver: &str, node: u64, holds: u64) -> RestartCheck {
+        let mut ahead = self.inner.ahead.lock();
+        if let Some(d) = ahead.get(receiver) {
+            if d.node == node {
+                return RestartCheck::Diverged(*d);
+            }
+        }
+        let own = self.inner.commit.lock().last_seq;
+        if holds > own {
+            let d = Diverged {
+                node,
+                holds,
+                seq: own,
+            };
+            ahead.insert(receiver.to_string(), d);
+            return RestartCheck::Diverged(d);
+        }
+        ahead.remove(receiver);
+        RestartCheck::Admitted
     }
 
     /// Changes the restart point (if there is one) and writes it through, durably,

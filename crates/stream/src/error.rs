@@ -37,6 +37,14 @@ pub enum StreamError {
          the subscriber from this node (a new store), or make it the master"
     )]
     Diverged { holds: u64, restart_seq: u64 },
+    #[error(
+        "the receiver holds this node's commits through seq {holds}, but this node's own \
+         commits end at seq {own}: it holds commits this node no longer has (lost in a crash \
+         with --durable-commits false, or a data directory put back from a copy), and new \
+         commits would reach it under seqs it already has; rebuild the subscriber from this \
+         node (a new store), or make it the master"
+    )]
+    Ahead { holds: u64, own: u64 },
     #[error("reading the log: {0}")]
     Store(#[from] hawser_store::StoreError),
     #[error(transparent)]

@@ -361,7 +361,9 @@ impl Sender {
                         reason: e.to_string(),
                     }
                 }
-                Err(e @ StreamError::Diverged { holds, .. }) => {
+                Err(
+                    e @ (StreamError::Diverged { holds, .. } | StreamError::Ahead { holds, .. }),
+                ) => {
                     warn!(error = %e, "cannot stream");
                     SenderState::Diverged {
                         reason: e.to_string(),
@@ -512,6 +514,7 @@ impl Sender {
         // Before its marks count: a receiver holding commits this node lost would
         // seem to acknowledge the new commits that reuse their seqs.
         self.check_after_restart(&high_water, held_after).await?;
+        self.check_ahead(&high_water)?;
         // What the receiver already has is durable and committed there: return
         // services waiting on it are answered by the Hello exchange alone.
         self.status.send_modify(|s| {
@@ -790,6 +793,23 @@ impl Sender {
             RestartCheck::Diverged(d) => Err(StreamError::Diverged {
                 holds: d.holds,
                 restart_seq: d.seq,
+            }),
+        }
+    }
+
+    /// Refuses a receiver that holds more of this node's origin than this node has
+    /// committed ([`Database::check_receiver_ahead`]), at every session.
+    fn check_ahead(&self, high_water: &BTreeMap<NodeId, u64>) -> Result<(), StreamError> {
+        let holds = high_water.get(&self.db.node_id()).copied().unwrap_or(0);
+        match self.db.check_receiver_ahead(
+            self.link.receiver_store.as_str(),
+            self.link.receiver_node.0,
+            holds,
+        ) {
+            RestartCheck::Admitted => Ok(()),
+            RestartCheck::Diverged(d) => Err(StreamError::Ahead {
+                holds: d.holds,
+                own: d.seq,
             }),
         }
     }

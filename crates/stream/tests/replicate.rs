@@ -975,3 +975,75 @@ async fn a_receiver_holding_a_commit_the_master_lost_is_refused_though_the_seq_w
     rs.stop().await;
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_receiver_holding_more_of_the_masters_origin_than_it_has_is_refused_for_good(
+) -> Result<()> {
+    // The master's store lost its newest commits without a machine restart (a crash
+    // with non-durable commits, or a copy put back): s1 holds the master's seqs up to
+    // 10, the master has 3.
+    let master = open(1).await?;
+    write(&master, 0..2, "kept").await?;
+    let mine = master.high_water(NodeId(1))?;
+    let sub = open(2).await?;
+    let lost: Vec<_> = (1..=10)
+        .map(|seq| hawser_store::ReplicatedTxn {
+            txn: hawser_core::Transaction {
+                gtid: hawser_core::Gtid::new(NodeId(1), seq),
+                commit_micros: seq as i64,
+                changes: Vec::new(),
+            },
+            epoch: Epoch(1),
+        })
+        .collect();
+    sub.apply_replicated(lost).await?;
+    assert!(sub.high_water(NodeId(1))? > mine);
+    let view = epochs(1);
+    let r = Receiver::start(&sub, "s1", view.subscribe(), None).await?;
+    let senders = Senders::default();
+    let h = senders.spawn(
+        link(1, "s1", 2, 1, Compression::None),
+        &master,
+        r.endpoint(),
+    );
+    let st = wait_status(&h, "the sender to refuse s1", |s| {
+        matches!(s.state, SenderState::Diverged { .. })
+    })
+    .await?;
+    let SenderState::Diverged { reason, holds } = st.state else {
+        unreachable!()
+    };
+    assert_eq!(holds, 10);
+    assert!(reason.contains("no longer has"), "{reason}");
+    // The master's seqs pass what s1 holds: s1 would skip them as duplicates. It stays
+    // refused: two more sessions start, so the first of them ended (one that streamed
+    // would not have), and nothing reached s1.
+    write(&master, 2..20, "new").await?;
+    let mut inbound = r.service.status();
+    let session = |s: &BTreeMap<Ident, hawser_stream::InboundStatus>| {
+        s.get(&id("master")).and_then(|s| s.connected_since)
+    };
+    let mut seen = vec![session(&inbound.borrow_and_update())];
+    tokio::time::timeout(DEADLINE, async {
+        while seen.len() < 3 {
+            if inbound.changed().await.is_err() {
+                break;
+            }
+            let now = session(&inbound.borrow_and_update());
+            if now.is_some() && !seen.contains(&now) {
+                seen.push(now);
+            }
+        }
+    })
+    .await
+    .context("the sender to try s1 twice more")?;
+    wait_status(&h, "the sender to refuse s1 again", |s| {
+        matches!(s.state, SenderState::Diverged { .. })
+    })
+    .await?;
+    assert_eq!(sub.high_water(NodeId(1))?, 10, "nothing reached s1");
+    assert_eq!(records_from(&sub, NodeId(1))?, 10);
+    senders.stop().await;
+    r.stop().await;
+    Ok(())
+}
