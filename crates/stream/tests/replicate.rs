@@ -860,6 +860,35 @@ async fn a_receiver_behind_an_add_column_catches_up_through_it() -> Result<()> {
     Ok(())
 }
 
+/// A transaction of the master (node 1) with seq `seq`, as a receiver got it.
+fn master_txn(
+    seq: u64,
+    commit_micros: i64,
+    changes: Vec<hawser_core::RowChange>,
+) -> hawser_store::ReplicatedTxn {
+    hawser_store::ReplicatedTxn {
+        txn: hawser_core::Transaction {
+            gtid: hawser_core::Gtid::new(NodeId(1), seq),
+            commit_micros,
+            changes,
+        },
+        epoch: Epoch(1),
+    }
+}
+
+/// Waits until the sender refuses its receiver as diverged: the reason and what the
+/// receiver holds.
+async fn diverged(handle: &SenderHandle) -> Result<(String, u64)> {
+    let st = wait_status(handle, "the sender to refuse its receiver", |s| {
+        matches!(s.state, SenderState::Diverged { .. })
+    })
+    .await?;
+    match st.state {
+        SenderState::Diverged { reason, holds } => Ok((reason, holds)),
+        other => bail!("not diverged: {other:?}"),
+    }
+}
+
 /// A master's store in `dir` as the store of a machine that restarted after `before`
 /// commits: opened on boot "one", the commits made, reopened on boot "two".
 async fn restarted_master(dir: &std::path::Path, before: i64) -> Result<Database> {
@@ -936,21 +965,15 @@ async fn a_receiver_holding_a_commit_the_master_lost_is_refused_though_the_seq_w
     let point = master.restart_point().context("restart point")?.seq;
     // s1 holds the master's commit point + 1 as it was before the crash (lost here)...
     let sub = open(2).await?;
-    let lost = hawser_store::ReplicatedTxn {
-        txn: hawser_core::Transaction {
-            gtid: hawser_core::Gtid::new(NodeId(1), point + 1),
-            commit_micros: 1,
-            changes: vec![hawser_core::RowChange {
-                table: tab(),
-                op: hawser_core::ChangeOp::Insert,
-                key: vec![Value::Int(77)],
-                before: None,
-                after: Some(vec![Value::Int(77), Value::Text("lost".into())]),
-            }],
-        },
-        epoch: Epoch(1),
+    let lost = hawser_core::RowChange {
+        table: tab(),
+        op: hawser_core::ChangeOp::Insert,
+        key: vec![Value::Int(77)],
+        before: None,
+        after: Some(vec![Value::Int(77), Value::Text("lost".into())]),
     };
-    sub.apply_replicated(vec![lost]).await?;
+    sub.apply_replicated(vec![master_txn(point + 1, 1, vec![lost])])
+        .await?;
     // ...and the master has given that seq, and more, to new commits since.
     write(&master, 5..8, "since").await?;
     let view = epochs(1);
@@ -961,15 +984,7 @@ async fn a_receiver_holding_a_commit_the_master_lost_is_refused_though_the_seq_w
         &master,
         rs.endpoint(),
     );
-    let st = wait_status(&h, "the sender to refuse s1", |s| {
-        matches!(s.state, SenderState::Diverged { .. })
-    })
-    .await?;
-    assert!(
-        matches!(st.state, SenderState::Diverged { holds, .. } if holds == point + 1),
-        "{:?}",
-        st.state
-    );
+    assert_eq!(diverged(&h).await?.1, point + 1);
     assert_eq!(sub.high_water(NodeId(1))?, point + 1);
     senders.stop().await;
     rs.stop().await;
@@ -986,17 +1001,8 @@ async fn a_receiver_holding_more_of_the_masters_origin_than_it_has_is_refused_fo
     write(&master, 0..2, "kept").await?;
     let mine = master.high_water(NodeId(1))?;
     let sub = open(2).await?;
-    let lost: Vec<_> = (1..=10)
-        .map(|seq| hawser_store::ReplicatedTxn {
-            txn: hawser_core::Transaction {
-                gtid: hawser_core::Gtid::new(NodeId(1), seq),
-                commit_micros: seq as i64,
-                changes: Vec::new(),
-            },
-            epoch: Epoch(1),
-        })
-        .collect();
-    sub.apply_replicated(lost).await?;
+    let lost = (1..=10).map(|seq| master_txn(seq, seq as i64, Vec::new()));
+    sub.apply_replicated(lost.collect()).await?;
     assert!(sub.high_water(NodeId(1))? > mine);
     let view = epochs(1);
     let r = Receiver::start(&sub, "s1", view.subscribe(), None).await?;
@@ -1006,13 +1012,7 @@ async fn a_receiver_holding_more_of_the_masters_origin_than_it_has_is_refused_fo
         &master,
         r.endpoint(),
     );
-    let st = wait_status(&h, "the sender to refuse s1", |s| {
-        matches!(s.state, SenderState::Diverged { .. })
-    })
-    .await?;
-    let SenderState::Diverged { reason, holds } = st.state else {
-        unreachable!()
-    };
+    let (reason, holds) = diverged(&h).await?;
     assert_eq!(holds, 10);
     assert!(reason.contains("no longer has"), "{reason}");
     // The master's seqs pass what s1 holds: s1 would skip them as duplicates. It stays
@@ -1037,10 +1037,7 @@ async fn a_receiver_holding_more_of_the_masters_origin_than_it_has_is_refused_fo
     })
     .await
     .context("the sender to try s1 twice more")?;
-    wait_status(&h, "the sender to refuse s1 again", |s| {
-        matches!(s.state, SenderState::Diverged { .. })
-    })
-    .await?;
+    diverged(&h).await?;
     assert_eq!(sub.high_water(NodeId(1))?, 10, "nothing reached s1");
     assert_eq!(records_from(&sub, NodeId(1))?, 10);
     senders.stop().await;
