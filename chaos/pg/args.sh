@@ -43,3 +43,18 @@ trap_cleanup() {
     trap 'exit 130' INT
     trap 'exit 143' TERM
 }
+
+# CPU time the hypervisor gave to other guests while this one wanted it ("steal", the
+# eighth figure of /proc/stat's cpu line), in percent of all CPU time between two
+# samples. On a shared virtual machine it swings from 0 to over 30 % within minutes and
+# throughput falls with it, so every run reports its own over its measured seconds.
+cpu_sample() {
+    awk '/^cpu /{ t = 0; for (i = 2; i <= NF; i++) t += $i; print $9 + 0, t; exit }' /proc/stat 2>/dev/null ||
+        echo "0 0"
+}
+steal_since() {
+    local before="$1" after
+    after="$(cpu_sample)"
+    awk -v a="$before" -v b="$after" 'BEGIN { split(a, x, " "); split(b, y, " ");
+        d = y[2] - x[2]; printf "%.1f", (d > 0 ? (y[1] - x[1]) * 100 / d : 0) }'
+}

@@ -16,7 +16,7 @@ Runs a single-row upsert load (the one `hawser bench` applies) against a Postgre
 with one synchronous standby on loopback, once per synchronous_commit mode and client
 count, and prints one line per run:
 
-  postgres mode=remote_apply clients=16 commits_per_s=... p50_us=... p99_us=...
+  postgres mode=remote_apply clients=16 commits_per_s=... p50_us=... p99_us=... steal_pct=...
 
 Options:
   --duration SECS    measured seconds per run (default 10)
@@ -257,7 +257,9 @@ for mode in $modes; do
         if [[ $warmup -gt 0 ]]; then
             run_pgbench "$name-warmup" "$mode" "$clients" "$warmup"
         fi
+        before="$(cpu_sample)"
         run_pgbench "$name" "$mode" "$clients" "$duration" --log --log-prefix="$bench_dir/$name"
+        steal="$(steal_since "$before")"
 
         tps="$(awk '/^tps = / { print $3; exit }' "$bench_dir/$name.out")"
         [[ -n $tps ]] || { cat "$bench_dir/$name.out" >&2; die "no tps in pgbench's output ($name)"; }
@@ -277,11 +279,11 @@ for mode in $modes; do
             END { print p50, p99 }' "$bench_dir/$name.lat")
         rate="$(awk -v t="$tps" 'BEGIN { printf "%.1f", t }')"
         if [[ $json -eq 1 ]]; then
-            printf '{"system":"postgres","mode":"%s","clients":%d,"duration_s":%d,"commits":%d,"commits_per_s":%s,"p50_us":%d,"p99_us":%d}\n' \
-                "$mode" "$clients" "$duration" "$commits" "$rate" "$p50" "$p99"
+            printf '{"system":"postgres","mode":"%s","clients":%d,"duration_s":%d,"commits":%d,"commits_per_s":%s,"p50_us":%d,"p99_us":%d,"steal_pct":%s}\n' \
+                "$mode" "$clients" "$duration" "$commits" "$rate" "$p50" "$p99" "$steal"
         else
-            printf 'postgres mode=%s clients=%d commits_per_s=%s p50_us=%d p99_us=%d\n' \
-                "$mode" "$clients" "$rate" "$p50" "$p99"
+            printf 'postgres mode=%s clients=%d commits_per_s=%s p50_us=%d p99_us=%d steal_pct=%s\n' \
+                "$mode" "$clients" "$rate" "$p50" "$p99" "$steal"
         fi
         [[ $keep -eq 1 ]] || rm -f "$bench_dir/$name".[0-9]*
     done

@@ -189,21 +189,6 @@ results="$work/results.tsv"
 # not in a $(...) subshell, so that die stops everything through the EXIT trap.
 figures=""
 
-# CPU time the hypervisor gave to other guests while this one wanted it ("steal", the
-# eighth figure of /proc/stat's cpu line), in percent of all CPU time between two
-# samples. On a shared virtual machine it swings from 0 to over 30 % within minutes and
-# throughput falls with it, so every run reports its own: a round whose two runs saw
-# very different steal compares the host, not the systems.
-cpu_sample() {
-    awk '/^cpu /{ t = 0; for (i = 2; i <= NF; i++) t += $i; print $9 + 0, t; exit }' /proc/stat 2>/dev/null ||
-        echo "0 0"
-}
-steal_since() {
-    local before="$1" after
-    after="$(cpu_sample)"
-    awk -v a="$before" -v b="$after" 'BEGIN { split(a, x, " "); split(b, y, " ");
-        d = y[2] - x[2]; printf "%.1f", (d > 0 ? (y[1] - x[1]) * 100 / d : 0) }'
-}
 
 run_pg() {
     local mode="$1" clients="$2" out before
@@ -211,7 +196,8 @@ run_pg() {
     out="$(bash "$here/compare.sh" "${pg_args[@]}" --json --modes "$mode" --clients "$clients" \
         --duration "$duration" --warmup "$warmup" 2>"$work/pg.log")" ||
         { tail -n 20 "$work/pg.log" >&2; die "compare.sh failed (mode $mode, $clients clients)"; }
-    figures="$(python3 -c 'import json, sys; d = json.loads(sys.argv[1]); print(d["commits_per_s"], d["p50_us"], d["p99_us"])' "$out") $(steal_since "$before")"
+    # compare.sh's steal covers the measured pgbench run only; this run's, the set-up too.
+    figures="$(python3 -c 'import json, sys; d = json.loads(sys.argv[1]); print(d["commits_per_s"], d["p50_us"], d["p99_us"], d.get("steal_pct", sys.argv[2]))' "$out" "$(steal_since "$before")")"
 }
 
 run_hawser() {
@@ -225,7 +211,8 @@ run_hawser() {
     steal="$(steal_since "$before")"
     stop_cluster
     [[ $keep -eq 1 ]] || rm -rf "$cell"
-    figures="$(python3 -c 'import json, sys; d = json.loads(sys.argv[1]); l = d["latency_us"]; print(round(d["commits_per_sec"], 1), l["p50"], l["p99"])' "$out") $steal"
+    # The bench's own steal covers its measured seconds only (null off Linux).
+    figures="$(python3 -c 'import json, sys; d = json.loads(sys.argv[1]); l = d["latency_us"]; s = d.get("host_steal_pct"); print(round(d["commits_per_sec"], 1), l["p50"], l["p99"], round(s, 1) if s is not None else sys.argv[2])' "$out" "$steal")"
 }
 
 # One line per run: round system mode clients commits/s p50 p99 steal%.
