@@ -38,7 +38,12 @@ pub struct StartArgs {
     /// Data directory, created if missing [default: ./hawser-data].
     #[arg(long = "data", env = "HAWSER_DATA")]
     data_dir: Option<PathBuf>,
-    /// Whether commits wait for their flush to disk [default: true].
+    /// Whether commits wait for their flush to disk (TimesTen's DurableCommits). With
+    /// false, a crash of this process can lose its newest commits after they were
+    /// shipped: a subscriber holding them is refused (`diverged`) when this node's
+    /// streams reconnect before its new commits pass what the subscriber holds, and
+    /// otherwise skips the new commits that reuse their seqs — rebuild such a subscriber
+    /// (docs/stream.md, restart fence) [default: true].
     #[arg(long, env = "HAWSER_DURABLE_COMMITS")]
     durable_commits: Option<bool>,
     /// How long a transaction waits for a row lock, e.g. 10s or 500ms [default: 10s].
