@@ -637,6 +637,15 @@ async fn a_table_replicated_ddl_creates_is_refused_to_client_writes_until_a_plan
         txn.insert(&t(), row(1, 1)).await?;
         txn.commit().await.map(|_| ())
     };
+    // The master drops the table and creates it again (seqs `seq` and `seq + 1`).
+    let recreate = |seq: u64| async move {
+        db.apply_replicated_ddl(&ddl(seq, DdlOp::DropTable(t())), Epoch(1))
+            .await
+            .unwrap();
+        db.apply_replicated_ddl(&ddl(seq + 1, DdlOp::CreateTable(counters())), Epoch(1))
+            .await
+            .unwrap();
+    };
     // A plan of the write refusals reads the count, then the catalog: this one ran
     // before the table existed.
     let before = db.catalog_generation();
@@ -648,12 +657,7 @@ async fn a_table_replicated_ddl_creates_is_refused_to_client_writes_until_a_plan
     assert!(err.to_string().contains("node 100"), "{err}");
     // Named by its store once the node knows the cluster's names.
     db.set_store_names([(ORIGIN, "ds1".to_string())].into_iter().collect());
-    db.apply_replicated_ddl(&ddl(2, DdlOp::DropTable(t())), Epoch(1))
-        .await
-        .unwrap();
-    db.apply_replicated_ddl(&ddl(3, DdlOp::CreateTable(counters())), Epoch(1))
-        .await
-        .unwrap();
+    recreate(2).await;
     let err = write().await.unwrap_err();
     assert!(err.to_string().contains("master ds1 (node 100)"), "{err}");
     // Its result must not lift the refusal: it never saw the table.
@@ -663,12 +667,7 @@ async fn a_table_replicated_ddl_creates_is_refused_to_client_writes_until_a_plan
     db.set_write_refusals(Default::default(), db.catalog_generation());
     write().await.unwrap();
     // Dropped and created again by its master: refused again at once.
-    db.apply_replicated_ddl(&ddl(4, DdlOp::DropTable(t())), Epoch(1))
-        .await
-        .unwrap();
-    db.apply_replicated_ddl(&ddl(5, DdlOp::CreateTable(counters())), Epoch(1))
-        .await
-        .unwrap();
+    recreate(4).await;
     assert_eq!(write().await.unwrap_err().code(), "25006");
     // This node's own tables never are.
     let own = QualName::bare("own");
