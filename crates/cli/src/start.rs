@@ -39,11 +39,11 @@ pub struct StartArgs {
     #[arg(long = "data", env = "HAWSER_DATA")]
     data_dir: Option<PathBuf>,
     /// Whether commits wait for their flush to disk (TimesTen's DurableCommits). With
-    /// false, a crash of this process can lose its newest commits after they were
-    /// shipped: a subscriber holding them is refused (`diverged`) when this node's
-    /// streams reconnect before its new commits pass what the subscriber holds, and
-    /// otherwise skips the new commits that reuse their seqs — rebuild such a subscriber
-    /// (docs/stream.md, restart fence) [default: true].
+    /// false, a crash of this process can lose the newest commits (up to about a
+    /// second), never ones a subscriber already has (they are written to the log before
+    /// they are shipped); a crash of the machine can lose shipped ones too, and the node
+    /// then pauses its writes until its subscribers are checked (docs/stream.md,
+    /// restart fence) [default: true].
     #[arg(long, env = "HAWSER_DURABLE_COMMITS")]
     durable_commits: Option<bool>,
     /// How long a transaction waits for a row lock, e.g. 10s or 500ms [default: 10s].

@@ -300,8 +300,9 @@ pub(crate) struct Inner {
     /// See [`Database::restart_point`]; written through to [`layout::RESTART_KEY`].
     restart: Mutex<Option<RestartPoint>>,
     /// Receivers found holding more of this node's origin than it has
-    /// ([`Database::check_receiver_ahead`]), by store name.
-    ahead: Mutex<HashMap<String, Diverged>>,
+    /// ([`Database::check_receiver_ahead`]), by store name; written through to
+    /// [`layout::AHEAD_KEY`].
+    ahead: Mutex<BTreeMap<String, Diverged>>,
     /// Why this node takes no commits of its own now ([`Database::pause_writes`]).
     paused: RwLock<Option<String>>,
     counters: Counters,
@@ -475,6 +476,10 @@ impl Database {
         let log_retained_bytes = log_sizes.bytes_from(0);
         let last_seq = marks.remove(&opts.node_id).unwrap_or(0);
         let restart = note_boot(engine.as_ref(), &boot, last_seq)?;
+        let ahead = match engine.get(layout::AHEAD_KEY)? {
+            Some(v) => crate::restart::decode_ahead(layout::AHEAD_KEY, &v)?,
+            None => BTreeMap::new(),
+        };
         let machine_restarted = boot.restarted;
         tracing::info!(
             node = %opts.node_id,
@@ -516,7 +521,7 @@ impl Database {
             created_generation: AtomicU64::new(0),
             machine_restarted,
             restart: Mutex::new(restart),
-            ahead: Mutex::new(HashMap::new()),
+            ahead: Mutex::new(ahead),
             paused: RwLock::new(None),
             counters: Counters::default(),
             metrics: Metrics::new(),
@@ -1123,32 +1128,55 @@ impl Database {
 
     /// Checks a receiver's answer to a Hello — `holds`, the highest seq of this node's
     /// origin it has; `node`, its node id — against this node's own last seq, at every
-    /// session: a receiver holding more has commits this node no longer has (lost in a
-    /// crash with non-durable commits, or a store put back from a copy, with no machine
-    /// restart to set a restart point), and this node's next commits would reach it
-    /// under seqs it already has. It is refused, and stays refused for the life of this
-    /// process even once this node's seqs have passed what it holds (until a store with
-    /// another node id answers under its name). Not kept across restarts: a restart
-    /// catches it again only while it still holds more than this node.
-    pub fn check_receiver_ahead(&self, receiver: &str, node: u64, holds: u64) -> RestartCheck {
+    /// session: a receiver holding more has commits this node no longer has (a data
+    /// directory put back from a copy, or commits lost in a crash some other way, with
+    /// no machine restart to set a restart point), and this node's next commits would
+    /// reach it under seqs it already has. It is refused, and stays refused — durably,
+    /// across restarts, even once this node's seqs have passed what it holds — until a
+    /// store with another node id answers under its name (rebuilt). Writes only when
+    /// its verdict changes what is recorded.
+    pub fn check_receiver_ahead(
+        &self,
+        receiver: &str,
+        node: u64,
+        holds: u64,
+    ) -> Result<RestartCheck, StoreError> {
         let mut ahead = self.inner.ahead.lock();
-        if let Some(d) = ahead.get(receiver) {
-            if d.node == node {
-                return RestartCheck::Diverged(*d);
-            }
+        let known = ahead.get(receiver).copied();
+        if let Some(d) = known.filter(|d| d.node == node) {
+            return Ok(RestartCheck::Diverged(d));
         }
         let own = self.inner.commit.lock().last_seq;
-        if holds > own {
-            let d = Diverged {
+        let verdict = if holds > own {
+            RestartCheck::Diverged(Diverged {
                 node,
                 holds,
                 seq: own,
-            };
-            ahead.insert(receiver.to_string(), d);
-            return RestartCheck::Diverged(d);
+            })
+        } else {
+            RestartCheck::Admitted
+        };
+        if known.is_none() && verdict == RestartCheck::Admitted {
+            return Ok(verdict);
         }
-        ahead.remove(receiver);
-        RestartCheck::Admitted
+        let mut next = ahead.clone();
+        match verdict {
+            RestartCheck::Diverged(d) => next.insert(receiver.to_string(), d),
+            RestartCheck::Admitted => next.remove(receiver),
+        };
+        let mut batch = WriteBatch::new();
+        if next.is_empty() {
+            batch.delete(layout::AHEAD_KEY.to_vec());
+        } else {
+            batch.put(
+                layout::AHEAD_KEY.to_vec(),
+                crate::restart::encode_ahead(&next),
+            );
+        }
+        self.inner.engine.apply(batch)?;
+        self.inner.engine.flush()?;
+        *ahead = next;
+        Ok(verdict)
     }
 
     /// Changes the restart point (if there is one) and writes it through, durably,
@@ -1386,6 +1414,20 @@ impl Database {
     pub fn written_lsn(&self) -> Lsn {
         let written = self.inner.written_lsn.load(Ordering::Acquire);
         Lsn(written.max(self.inner.flushed_lsn.load(Ordering::Acquire)))
+    }
+
+    /// Writes every commit applied so far to the log without syncing it and returns
+    /// the new [`Database::written_lsn`]: from here a crash of this process keeps
+    /// them. Senders of a node whose commits are not durable
+    /// (`DbOptions::durable_commits` false) call it before they ship this node's own
+    /// commits, which nobody flushes after their commit: a commit only in memory that
+    /// a receiver held would be lost here in a crash of the process, and its seq given
+    /// to the next commit, which the receiver would skip as a duplicate.
+    pub fn write_ahead(&self) -> Result<Lsn, StoreError> {
+        let upto = self.inner.applied_lsn.load(Ordering::Acquire);
+        self.inner.engine.write_ahead()?;
+        self.inner.written_lsn.fetch_max(upto, Ordering::AcqRel);
+        Ok(self.written_lsn())
     }
 
     /// Sets what a commit flush calls between writing the log and syncing it, once

@@ -33,6 +33,9 @@ pub(crate) const BOOT_KEY: &[u8] = b"Mboot_id";
 /// Where the last machine restart left this node's own commits, and which receivers
 /// have been checked against it ([`crate::RestartPoint`]).
 pub(crate) const RESTART_KEY: &[u8] = b"Mrestart";
+/// Receivers found holding more of this node's origin than it had committed
+/// ([`crate::Database::check_receiver_ahead`]).
+pub(crate) const AHEAD_KEY: &[u8] = b"Mahead";
 pub(crate) const TABLE_PREFIX: u8 = b'T';
 pub(crate) const SEQUENCE_PREFIX: u8 = b'S';
 pub(crate) const ROW_PREFIX: u8 = b'R';

@@ -137,31 +137,23 @@ impl RestartPoint {
     /// `[name]`, then `[diverged count u16 BE]` and per diverged receiver `[name][node
     /// u64 BE][holds u64 BE][seq u64 BE]`; a name is `[length u16 BE][UTF-8 bytes]`.
     pub(crate) fn encode(&self) -> Vec<u8> {
-        fn name(out: &mut Vec<u8>, name: &str) {
-            let len = u16::try_from(name.len()).expect("store names are short");
-            out.extend_from_slice(&len.to_be_bytes());
-            out.extend_from_slice(name.as_bytes());
-        }
-        let count = |n: usize| u16::try_from(n).expect("fewer receivers than 65536");
         let mut out = Vec::with_capacity(13 + self.checked.len() * 8);
         out.extend_from_slice(&self.seq.to_be_bytes());
         out.push(u8::from(self.lifted));
         out.extend_from_slice(&count(self.checked.len()).to_be_bytes());
         for receiver in &self.checked {
-            name(&mut out, receiver);
+            encode_name(&mut out, receiver);
         }
-        out.extend_from_slice(&count(self.diverged.len()).to_be_bytes());
-        for (receiver, d) in &self.diverged {
-            name(&mut out, receiver);
-            for n in [d.node, d.holds, d.seq] {
-                out.extend_from_slice(&n.to_be_bytes());
-            }
-        }
+        encode_diverged(&mut out, &self.diverged);
         out
     }
 
     pub(crate) fn decode(key: &[u8], v: &[u8]) -> Result<Self, StoreError> {
-        let mut r = Reader { key, rest: v };
+        let mut r = Reader {
+            key,
+            rest: v,
+            what: "restart point",
+        };
         let seq = r.u64("its seq")?;
         let lifted = match r.take(1, "its lifted flag")?[0] {
             0 => false,
@@ -172,19 +164,8 @@ impl RestartPoint {
         for _ in 0..r.u16("the count of checked receivers")? {
             checked.insert(r.name()?);
         }
-        let mut diverged = BTreeMap::new();
-        for _ in 0..r.u16("the count of diverged receivers")? {
-            let name = r.name()?;
-            let d = Diverged {
-                node: r.u64("a diverged receiver's node id")?,
-                holds: r.u64("a diverged receiver's seq")?,
-                seq: r.u64("a diverged receiver's restart seq")?,
-            };
-            diverged.insert(name, d);
-        }
-        if !r.rest.is_empty() {
-            return Err(r.bad("bytes after its end"));
-        }
+        let diverged = r.diverged()?;
+        r.end()?;
         Ok(RestartPoint {
             seq,
             lifted,
@@ -194,15 +175,82 @@ impl RestartPoint {
     }
 }
 
-/// Reads a restart point's fields, naming what is cut short.
+/// Receivers found holding more of this node's origin than it had committed, with no
+/// machine restart to account for it ([`crate::Database::check_receiver_ahead`]), kept
+/// under [`crate::layout::AHEAD_KEY`]: `[count u16 BE]` then per receiver as a restart
+/// point's diverged receivers. `seq` is this node's last own seq when it was found.
+pub(crate) fn encode_ahead(ahead: &BTreeMap<String, Diverged>) -> Vec<u8> {
+    let mut out = Vec::new();
+    encode_diverged(&mut out, ahead);
+    out
+}
+
+pub(crate) fn decode_ahead(key: &[u8], v: &[u8]) -> Result<BTreeMap<String, Diverged>, StoreError> {
+    let mut r = Reader {
+        key,
+        rest: v,
+        what: "receivers ahead",
+    };
+    let ahead = r.diverged()?;
+    r.end()?;
+    Ok(ahead)
+}
+
+fn count(n: usize) -> u16 {
+    u16::try_from(n).expect("fewer receivers than 65536")
+}
+
+/// `[length u16 BE][UTF-8 bytes]`.
+fn encode_name(out: &mut Vec<u8>, name: &str) {
+    let len = u16::try_from(name.len()).expect("store names are short");
+    out.extend_from_slice(&len.to_be_bytes());
+    out.extend_from_slice(name.as_bytes());
+}
+
+/// `[count u16 BE]` and per receiver `[name][node u64 BE][holds u64 BE][seq u64 BE]`.
+fn encode_diverged(out: &mut Vec<u8>, diverged: &BTreeMap<String, Diverged>) {
+    out.extend_from_slice(&count(diverged.len()).to_be_bytes());
+    for (receiver, d) in diverged {
+        encode_name(out, receiver);
+        for n in [d.node, d.holds, d.seq] {
+            out.extend_from_slice(&n.to_be_bytes());
+        }
+    }
+}
+
+/// Reads a restart point's (or the receivers ahead's) fields, naming what is cut
+/// short.
 struct Reader<'a> {
     key: &'a [u8],
     rest: &'a [u8],
+    what: &'static str,
 }
 
 impl<'a> Reader<'a> {
     fn bad(&self, what: &str) -> StoreError {
-        StoreError::corrupt(self.key, format!("restart point: {what}"))
+        StoreError::corrupt(self.key, format!("{}: {what}", self.what))
+    }
+
+    fn end(&self) -> Result<(), StoreError> {
+        if self.rest.is_empty() {
+            Ok(())
+        } else {
+            Err(self.bad("bytes after its end"))
+        }
+    }
+
+    fn diverged(&mut self) -> Result<BTreeMap<String, Diverged>, StoreError> {
+        let mut diverged = BTreeMap::new();
+        for _ in 0..self.u16("the count of diverged receivers")? {
+            let name = self.name()?;
+            let d = Diverged {
+                node: self.u64("a diverged receiver's node id")?,
+                holds: self.u64("a diverged receiver's seq")?,
+                seq: self.u64("a diverged receiver's restart seq")?,
+            };
+            diverged.insert(name, d);
+        }
+        Ok(diverged)
     }
 
     fn take(&mut self, n: usize, what: &str) -> Result<&'a [u8], StoreError> {

@@ -250,3 +250,71 @@ async fn a_machine_restart_point_outlives_process_restarts_and_checks_each_recei
     );
     assert!(db.restart_point().unwrap().diverged.is_empty());
 }
+
+/// A receiver found holding more of this node's origin than it has committed (no
+/// machine restart involved: a copy put back, say) stays refused across restarts of
+/// the process, even once this node's seqs have passed what it holds, until a store
+/// with another node id answers under its name; that, too, is kept.
+#[tokio::test]
+async fn a_receiver_found_ahead_stays_refused_across_restarts_until_rebuilt() {
+    let dir = tempfile::tempdir().unwrap();
+    let reopen = || {
+        let mut o = opts();
+        o.boot_id = Some("one boot".to_string());
+        Database::open_sled(dir.path(), o).unwrap()
+    };
+    let db = reopen();
+    db.create_table(accounts()).await.unwrap();
+    let ours = db.high_water(db.node_id()).unwrap();
+    assert_eq!(ours, 1);
+    assert_eq!(
+        db.check_receiver_ahead("ds2", 2, ours).unwrap(),
+        RestartCheck::Admitted
+    );
+    let ahead = Diverged {
+        node: 3,
+        holds: 4,
+        seq: ours,
+    };
+    assert_eq!(
+        db.check_receiver_ahead("ds3", 3, 4).unwrap(),
+        RestartCheck::Diverged(ahead)
+    );
+    drop(db);
+
+    // Restarted, this node commits past what ds3 holds: ds3 would skip those commits.
+    let db = reopen();
+    for k in 1..=5 {
+        let mut txn = db.begin();
+        txn.insert(
+            &accounts_name(),
+            vec![Value::Int(k), Value::Text("x".into()), Value::Null],
+        )
+        .await
+        .unwrap();
+        txn.commit().await.unwrap();
+    }
+    assert!(db.high_water(db.node_id()).unwrap() > 4);
+    assert_eq!(
+        db.check_receiver_ahead("ds3", 3, 4).unwrap(),
+        RestartCheck::Diverged(ahead),
+        "refused for good"
+    );
+    assert_eq!(
+        db.check_receiver_ahead("ds2", 2, 6).unwrap(),
+        RestartCheck::Admitted
+    );
+    // Rebuilt under the same name: another node id, holding nothing yet.
+    assert_eq!(
+        db.check_receiver_ahead("ds3", 33, 0).unwrap(),
+        RestartCheck::Admitted
+    );
+    drop(db);
+    let db = reopen();
+    assert_eq!(
+        db.check_receiver_ahead("ds3", 33, 2).unwrap(),
+        RestartCheck::Admitted,
+        "the rebuilt store stays admitted"
+    );
+    assert_eq!(db.restart_point(), None, "no machine restart");
+}

@@ -514,7 +514,7 @@ impl Sender {
         // Before its marks count: a receiver holding commits this node lost would
         // seem to acknowledge the new commits that reuse their seqs.
         self.check_after_restart(&high_water, held_after).await?;
-        self.check_ahead(&high_water)?;
+        self.check_ahead(&high_water).await?;
         // What the receiver already has is durable and committed there: return
         // services waiting on it are answered by the Hello exchange alone.
         self.status.send_modify(|s| {
@@ -798,14 +798,20 @@ impl Sender {
     }
 
     /// Refuses a receiver that holds more of this node's origin than this node has
-    /// committed ([`Database::check_receiver_ahead`]), at every session.
-    fn check_ahead(&self, high_water: &BTreeMap<NodeId, u64>) -> Result<(), StreamError> {
+    /// committed ([`Database::check_receiver_ahead`]), at every session. (On the
+    /// blocking pool: a verdict that changes what the store recorded is flushed.)
+    async fn check_ahead(&self, high_water: &BTreeMap<NodeId, u64>) -> Result<(), StreamError> {
         let holds = high_water.get(&self.db.node_id()).copied().unwrap_or(0);
-        match self.db.check_receiver_ahead(
-            self.link.receiver_store.as_str(),
+        let (db, receiver, node) = (
+            self.db.clone(),
+            self.link.receiver_store.as_str().to_string(),
             self.link.receiver_node.0,
-            holds,
-        ) {
+        );
+        let verdict =
+            tokio::task::spawn_blocking(move || db.check_receiver_ahead(&receiver, node, holds))
+                .await
+                .map_err(|e| StreamError::Protocol(format!("checking the receiver: {e}")))??;
+        match verdict {
             RestartCheck::Admitted => Ok(()),
             RestartCheck::Diverged(d) => Err(StreamError::Ahead {
                 holds: d.holds,
@@ -901,9 +907,17 @@ impl Sender {
             // covers. (Other origins' records may go before: a crash here loses them
             // on both sides' terms, and they come back from their origin under the
             // same Gtid.) With non-durable commits (`--durable-commits false`) the node
-            // accepts that loss, and ships at once.
+            // accepts losing them in a crash of the machine, and nobody flushes after
+            // a commit: it writes them to its log on the way out (no sync), so that a
+            // crash of the process alone does not lose what a receiver holds.
             let durable_from = if !self.db.options().durable_commits {
-                Lsn(u64::MAX)
+                let last = records.last().map_or(Lsn::ZERO, |r| r.lsn);
+                let written = self.db.written_lsn();
+                if last > written {
+                    self.db.write_ahead()?.next()
+                } else {
+                    written.next()
+                }
             } else if ships_written(&self.link, &self.db) {
                 self.db.written_lsn().next()
             } else {
