@@ -303,6 +303,11 @@ enum HeadEntry {
 
 /// The Gtid of a stored log record, read from its first bytes only.
 pub(crate) fn record_gtid(key: &[u8], bytes: &[u8]) -> Result<Gtid, StoreError> {
+    Ok(record_head(key, bytes)?.0)
+}
+
+/// A log record's Gtid and whether it is a DDL record, read without decoding the rest.
+pub(crate) fn record_head(key: &[u8], bytes: &[u8]) -> Result<(Gtid, bool), StoreError> {
     let head: StoredHead = bincode::DefaultOptions::new()
         .with_fixint_encoding()
         .allow_trailing_bytes()
@@ -310,9 +315,8 @@ pub(crate) fn record_gtid(key: &[u8], bytes: &[u8]) -> Result<Gtid, StoreError> 
         .deserialize(bytes)
         .map_err(|e| StoreError::corrupt(key, e))?;
     Ok(match head.entry {
-        HeadEntry::Txn { gtid } | HeadEntry::Ddl { gtid } | HeadEntry::SequenceBlock { gtid } => {
-            gtid
-        }
+        HeadEntry::Txn { gtid } | HeadEntry::SequenceBlock { gtid } => (gtid, false),
+        HeadEntry::Ddl { gtid } => (gtid, true),
     })
 }
 

@@ -23,7 +23,7 @@
 //! high-water), so a scan racing a multi-row commit may see part of it
 //! (`docs/storage.md`, "Write-ahead log").
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::ops::Bound;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -299,6 +299,9 @@ pub(crate) struct Inner {
     machine_restarted: bool,
     /// See [`Database::restart_point`]; written through to [`layout::RESTART_KEY`].
     restart: Mutex<Option<RestartPoint>>,
+    /// The LSNs of the DDL records in the log (some may be released already):
+    /// [`Database::ddl_from`] reads them without reading the log.
+    ddl_lsns: Mutex<BTreeSet<u64>>,
     /// Receivers found holding more of this node's origin than it has
     /// ([`Database::check_receiver_ahead`]), by store name; written through to
     /// [`layout::AHEAD_KEY`].
@@ -458,6 +461,7 @@ impl Database {
         // The log's first record and size, for retention ([`Database::release_log`]).
         let mut log_start = None;
         let mut log_sizes = LogSizes::default();
+        let mut ddl_lsns = BTreeSet::new();
         for kv in engine.scan(layout::prefix_range(&[layout::LOG_PREFIX]), false) {
             let (k, v) = kv?;
             let lsn = layout::suffix_u64(&k)
@@ -468,7 +472,10 @@ impl Database {
                 log_sizes.push(0);
             }
             log_sizes.push((k.len() + v.len()) as u64);
-            let gtid = codec::record_gtid(&k, &v)?;
+            let (gtid, ddl) = codec::record_head(&k, &v)?;
+            if ddl {
+                ddl_lsns.insert(lsn);
+            }
             let mark = marks.entry(gtid.origin).or_insert(0);
             *mark = (*mark).max(gtid.seq);
         }
@@ -507,6 +514,7 @@ impl Database {
             written_hook: std::sync::OnceLock::new(),
             log_start: AtomicU64::new(log_start),
             log_sizes: Mutex::new(log_sizes),
+            ddl_lsns: Mutex::new(ddl_lsns),
             release_lock: Mutex::new(()),
             marks: RwLock::new(marks),
             tail: Mutex::new(VecDeque::with_capacity(TAIL_RECORDS)),
@@ -1256,6 +1264,27 @@ impl Database {
             .collect()
     }
 
+    /// The DDL records of the log from LSN `from` on, in log order, read by the LSNs
+    /// kept in memory (no scan of the log between them).
+    pub fn ddl_from(&self, from: Lsn) -> Result<Vec<LogRecord>, StoreError> {
+        let from = from.max(self.log_start());
+        let lsns: Vec<u64> = {
+            let mut kept = self.inner.ddl_lsns.lock();
+            // Records released from the log go from the index too.
+            *kept = kept.split_off(&self.log_start().0);
+            kept.range(from.0..).copied().collect()
+        };
+        let mut records = Vec::with_capacity(lsns.len());
+        for lsn in lsns {
+            match self.log_range(Lsn(lsn), 1)?.pop() {
+                Some(r) if r.lsn == Lsn(lsn) => records.push(r),
+                // Released meanwhile: whatever came after it is still read.
+                _ => {}
+            }
+        }
+        Ok(records)
+    }
+
     /// Up to `limit` records from LSN `from` on, through the last applied LSN, when
     /// the in-memory tail of the log still has `from` (a sender that keeps up): no
     /// read of the engine and no decoding. `None` when `from` is older than the tail;
@@ -1578,6 +1607,7 @@ impl Inner {
             } => (gtid, epoch, commit_micros),
         };
         let (mut batch, entry, install) = prepare(&mut state, gtid, micros)?;
+        let ddl = matches!(entry, LogEntry::Ddl { .. });
         let record = Arc::new(LogRecord { lsn, epoch, entry });
         let bytes = codec::encode_record(&record);
         let log_bytes = bytes.len() as u64;
@@ -1588,6 +1618,9 @@ impl Inner {
         // record carries the origin's new high-water). It is visible to readers from
         // here on, durable only after the flush.
         self.engine.apply(batch)?;
+        if ddl {
+            self.ddl_lsns.lock().insert(lsn.0);
+        }
         state.last_lsn = lsn;
         if gtid.origin == self.opts.node_id {
             state.last_seq = state.last_seq.max(gtid.seq);
@@ -1639,8 +1672,12 @@ impl Inner {
         let mut log_bytes = 0;
         let mut written = Vec::with_capacity(records.len());
         let mut sizes = Vec::with_capacity(records.len());
+        let mut ddl = Vec::new();
         for (epoch, entry) in records {
             lsn = lsn.next();
+            if matches!(entry, LogEntry::Ddl { .. }) {
+                ddl.push(lsn.0);
+            }
             let record = Arc::new(LogRecord { lsn, epoch, entry });
             let bytes = codec::encode_record(&record);
             log_bytes += bytes.len() as u64;
@@ -1653,6 +1690,9 @@ impl Inner {
         // carry the new high-waters), visible from here on, durable only after the
         // flush.
         self.engine.apply(batch)?;
+        if !ddl.is_empty() {
+            self.ddl_lsns.lock().extend(ddl);
+        }
         state.last_lsn = lsn;
         let mut marks = self.marks.write();
         for (origin, seq) in high_water {

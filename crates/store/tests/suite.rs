@@ -50,6 +50,7 @@ on_both_engines!(
     released_log_is_gone_and_stays_gone_after_reopening,
     stream_positions_persist_until_forgotten,
     the_log_tail_serves_recent_records_as_the_log_has_them,
+    ddl_records_are_found_from_any_lsn_before_and_after_reopening,
 );
 
 fn code<T: std::fmt::Debug>(r: Result<T, StoreError>) -> &'static str {
@@ -790,6 +791,45 @@ async fn released_log_is_gone_and_stays_gone_after_reopening(mut f: Fixture) {
     let c = txn.commit().await.unwrap();
     assert_eq!((c.lsn, c.gtid.seq), (Lsn(11), 11));
     assert_log_bytes_add_up(db);
+}
+
+/// `ddl_from` finds the DDL records of the log from an LSN on (by LSNs kept in memory,
+/// rebuilt when the store opens), and none that were released.
+async fn ddl_records_are_found_from_any_lsn_before_and_after_reopening(mut f: Fixture) {
+    let db = f.db();
+    let t = accounts_name();
+    db.create_table(accounts()).await.unwrap();
+    for i in 1..=3 {
+        let mut txn = db.begin();
+        txn.insert(&t, account(i, "ann", "1")).await.unwrap();
+        txn.commit().await.unwrap();
+    }
+    db.drop_table(&t).await.unwrap();
+    db.create_table(accounts()).await.unwrap();
+    let mut txn = db.begin();
+    txn.insert(&t, account(4, "bob", "1")).await.unwrap();
+    txn.commit().await.unwrap();
+    // LSN 1 CREATE, 2..=4 inserts, 5 DROP, 6 CREATE, 7 insert.
+    let ddl = |db: &hawser_store::Database, from: u64| -> Vec<u64> {
+        db.ddl_from(Lsn(from))
+            .unwrap()
+            .iter()
+            .map(|r| {
+                assert!(matches!(r.entry, hawser_store::LogEntry::Ddl { .. }));
+                r.lsn.0
+            })
+            .collect()
+    };
+    assert_eq!(ddl(db, 1), [1, 5, 6]);
+    assert_eq!(ddl(db, 2), [5, 6]);
+    assert_eq!(ddl(db, 6), [6]);
+    assert!(ddl(db, 7).is_empty());
+    let db = f.reopen();
+    assert_eq!(ddl(db, 0), [1, 5, 6]);
+    db.release_log(Lsn(5), 0).unwrap();
+    assert_eq!(ddl(db, 1), [6]);
+    let db = f.reopen();
+    assert_eq!(ddl(db, 1), [6]);
 }
 
 /// `log_bytes_from` (kept in memory) agrees with what the log holds: everything from

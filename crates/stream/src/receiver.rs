@@ -362,6 +362,16 @@ fn check_as_of(
 }
 
 impl ReceiverService {
+    /// Whether this node has yet to apply the DROP TABLE a Hello names
+    /// (`TableSpec.dropped_at`).
+    fn drop_ahead(&self, dropped_at: Option<&pb::OriginMark>) -> bool {
+        dropped_at.is_some_and(|g| {
+            self.db
+                .high_water(NodeId(g.origin))
+                .is_ok_and(|held| held < g.seq)
+        })
+    }
+
     fn check_hello(&self, hello: &pb::Hello) -> Result<Accepted, (RefuseCode, String)> {
         if hello.protocol_version != PROTOCOL_VERSION {
             return Err((
@@ -433,6 +443,13 @@ impl ReceiverService {
                     maps.insert(remote.name.clone(), map);
                 }
                 Ok(None) => {}
+                Err(_) if hello.carries_ddl && self.drop_ahead(spec.dropped_at.as_ref()) => {
+                    // The stream drops this node's table before any row of the
+                    // sender's new layout: until then its rows land as this node has
+                    // the table (as the sender had it then), and the CREATE after the
+                    // drop is checked as it comes (`Accepted::follow_ddl`).
+                    remotes.insert(remote.name.clone(), (*local).clone());
+                }
                 Err(e) => return Err((RefuseCode::TableMismatch, e.to_string())),
             }
         }

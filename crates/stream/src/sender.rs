@@ -27,9 +27,9 @@ use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use hawser_core::{Epoch, Lsn, NodeId};
+use hawser_core::{Epoch, Gtid, Lsn, NodeId, QualName};
 use hawser_store::{
-    CommitsAfter, Database, HeldCommit, LogEntry, LogRecord, RestartCheck, RestartEvidence,
+    CommitsAfter, Database, DdlOp, HeldCommit, LogEntry, LogRecord, RestartCheck, RestartEvidence,
 };
 use tokio::sync::{mpsc, watch, Notify};
 use tokio::time::MissedTickBehavior;
@@ -398,7 +398,8 @@ impl Sender {
         self.status.send_modify(|s| s.state = SenderState::Stopped);
     }
 
-    fn hello(&self) -> pb::Hello {
+    fn hello(&self) -> Result<pb::Hello, StreamError> {
+        let dropped = self.drops_ahead()?;
         let tables = self
             .link
             .tables
@@ -407,10 +408,14 @@ impl Sender {
                 self.db.table(table).map(|def| pb::TableSpec {
                     element: element.as_str().to_string(),
                     definition: codec::encode_table_def(&def),
+                    dropped_at: dropped.get(table).map(|g| pb::OriginMark {
+                        origin: g.origin.0,
+                        seq: g.seq,
+                    }),
                 })
             })
             .collect();
-        pb::Hello {
+        Ok(pb::Hello {
             protocol_version: PROTOCOL_VERSION,
             sender_node: self.link.sender_node.0,
             sender_store: self.link.sender_store.as_str().to_string(),
@@ -434,7 +439,32 @@ impl Sender {
             carries_ddl: self.link.replicate_ddl,
             returns_wait: self.link.returns_wait,
             restart_probe: self.restart_probe(),
+        })
+    }
+
+    /// On a stream that carries DDL: the last DROP TABLE of each table this stream
+    /// carries from where it resumes (`TableSpec.dropped_at`). Hello describes the
+    /// tables as they are now; a receiver behind such a drop holds the table as it was
+    /// before it, maybe in another layout, and the stream drops that before any row of
+    /// the new one reaches it.
+    fn drops_ahead(&self) -> Result<BTreeMap<QualName, Gtid>, StreamError> {
+        let mut dropped = BTreeMap::new();
+        if !self.link.replicate_ddl {
+            return Ok(dropped);
         }
+        for r in self.db.ddl_from(self.acked_lsn.next())? {
+            if let LogEntry::Ddl {
+                gtid,
+                op: DdlOp::DropTable(name),
+                ..
+            } = &r.entry
+            {
+                if self.link.carries(&r.entry) {
+                    dropped.insert(name.clone(), *gtid);
+                }
+            }
+        }
+        Ok(dropped)
     }
 
     /// After a machine restart, until this receiver is checked: ask it for the commits
@@ -465,7 +495,7 @@ impl Sender {
         let mut client = pb::replication_client::ReplicationClient::new(channel?);
         let (tx, rx) = mpsc::channel(tuning.max_in_flight_batches + 16);
         let hello = pb::SenderMessage {
-            msg: Some(sender_message::Msg::Hello(self.hello())),
+            msg: Some(sender_message::Msg::Hello(self.hello()?)),
         };
         tx.send(hello).await.map_err(|_| StreamError::Closed)?;
         let Some(opened) = self

@@ -212,13 +212,24 @@ impl Senders {
         master: &Database,
         endpoint: Endpoint,
     ) -> SenderHandle {
+        self.spawn_ddl_after(check, master, endpoint, master.last_lsn())
+    }
+
+    /// A sender of DDL too, resuming after `resume_after` of the master's log.
+    fn spawn_ddl_after(
+        &self,
+        check: TableDefinitionChecking,
+        master: &Database,
+        endpoint: Endpoint,
+        resume_after: Lsn,
+    ) -> SenderHandle {
         let link = LinkConfig {
             replicate_ddl: true,
             table_check: check,
             ..link(1, "s1", 2, 1, Compression::None)
         };
         let start = SenderStart {
-            resume_after: master.last_lsn(),
+            resume_after,
             ..SenderStart::default()
         };
         StreamSender::spawn(
@@ -855,6 +866,85 @@ async fn a_receiver_behind_an_add_column_catches_up_through_it() -> Result<()> {
             Value::Int(7)
         ])
     );
+    senders.stop().await;
+    r.stop().await;
+    Ok(())
+}
+
+/// A receiver that was down while the master dropped its table and created it again in
+/// another layout (and wrote to both) is not refused at Hello, whose definition is the
+/// master's new one: the stream drops the receiver's table before any row of the new
+/// layout, so its rows until then land as the receiver has the table. It catches up
+/// through both and ends equal to the master. (Under EXACT: the new layout would be
+/// refused had the stream not dropped the old one first.) A receiver already past the
+/// drop is checked against the new layout as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_receiver_behind_a_table_dropped_and_created_again_in_another_layout_catches_up(
+) -> Result<()> {
+    let master = open(1).await?;
+    let sub = open(2).await?;
+    let view = epochs(1);
+    let r = Receiver::start(&sub, "s1", view.subscribe(), None).await?;
+    let senders = Senders::default();
+    let h = senders.spawn_ddl_from_now(TableDefinitionChecking::Exact, &master, r.endpoint());
+    write(&master, 0..2, "before").await?;
+    caught_up(&h, &master).await?;
+    let addr = r.stop().await;
+
+    // While the receiver is down: rows in the old layout, then DROP and CREATE with a
+    // BIGINT key and a third column, and rows in that one.
+    write(&master, 2..4, "old layout").await?;
+    let before_drop = master.last_lsn();
+    master.drop_table(&tab()).await?;
+    let mut v2 = tab_def();
+    v2.columns[0].data_type = DataType::BigInt;
+    v2.columns.push(ColumnDef {
+        name: id("n"),
+        data_type: DataType::Integer,
+        nullable: true,
+        default: None,
+    });
+    master.create_table(v2.clone()).await?;
+    for k in 10..13 {
+        let mut t = master.begin();
+        t.insert(
+            &tab(),
+            vec![
+                Value::Int(k),
+                Value::Text("new layout".into()),
+                Value::Int(1),
+            ],
+        )
+        .await?;
+        t.commit().await?;
+    }
+
+    let r = Receiver::start(&sub, "s1", view.subscribe(), Some(addr)).await?;
+    caught_up(&h, &master).await?;
+    assert_eq!(sub.table(&tab()).as_deref(), Some(&v2));
+    assert_eq!(rows(&sub)?, rows(&master)?);
+    assert_eq!(rows(&sub)?.len(), 3);
+    senders.stop().await;
+
+    // Past the drop, a table in another layout than the master's is refused as ever,
+    // even by a sender resuming before the drop: the stream would not drop it again.
+    sub.drop_table(&tab()).await?;
+    sub.create_table(tab_def()).await?;
+    let senders = Senders::default();
+    let h = senders.spawn_ddl_after(
+        TableDefinitionChecking::Exact,
+        &master,
+        r.endpoint(),
+        before_drop,
+    );
+    let st = wait_status(&h, "the receiver to refuse the stream", |s| {
+        matches!(s.state, SenderState::Refused { .. })
+    })
+    .await?;
+    let SenderState::Refused { reason } = st.state else {
+        unreachable!()
+    };
+    assert!(reason.contains("BIGINT"), "{reason}");
     senders.stop().await;
     r.stop().await;
     Ok(())

@@ -27,6 +27,7 @@ pub fn hello(def: &TableDef) -> pb::Hello {
         tables: vec![pb::TableSpec {
             element: "e".into(),
             definition: encode_table_def(def),
+            dropped_at: None,
         }],
         codec: pb::Codec::None as i32,
         table_check: pb::TableCheck::Exact as i32,
