@@ -296,27 +296,50 @@ struct StoredHead {
 
 #[derive(Deserialize)]
 enum HeadEntry {
-    Txn { gtid: Gtid },
-    Ddl { gtid: Gtid },
-    SequenceBlock { gtid: Gtid },
+    Txn { gtid: Gtid, commit_micros: i64 },
+    Ddl { gtid: Gtid, commit_micros: i64 },
+    SequenceBlock { gtid: Gtid, commit_micros: i64 },
+}
+
+/// What [`record_head`] reads of a log record.
+pub(crate) struct RecordHead {
+    pub gtid: Gtid,
+    pub commit_micros: i64,
+    pub ddl: bool,
 }
 
 /// The Gtid of a stored log record, read from its first bytes only.
 pub(crate) fn record_gtid(key: &[u8], bytes: &[u8]) -> Result<Gtid, StoreError> {
-    Ok(record_head(key, bytes)?.0)
+    Ok(record_head(key, bytes)?.gtid)
 }
 
-/// A log record's Gtid and whether it is a DDL record, read without decoding the rest.
-pub(crate) fn record_head(key: &[u8], bytes: &[u8]) -> Result<(Gtid, bool), StoreError> {
+/// A log record's Gtid, commit time and whether it is a DDL record, read without
+/// decoding the rest.
+pub(crate) fn record_head(key: &[u8], bytes: &[u8]) -> Result<RecordHead, StoreError> {
     let head: StoredHead = bincode::DefaultOptions::new()
         .with_fixint_encoding()
         .allow_trailing_bytes()
         .with_limit(bytes.len() as u64)
         .deserialize(bytes)
         .map_err(|e| StoreError::corrupt(key, e))?;
-    Ok(match head.entry {
-        HeadEntry::Txn { gtid } | HeadEntry::SequenceBlock { gtid } => (gtid, false),
-        HeadEntry::Ddl { gtid } => (gtid, true),
+    let (gtid, commit_micros, ddl) = match head.entry {
+        HeadEntry::Txn {
+            gtid,
+            commit_micros,
+        }
+        | HeadEntry::SequenceBlock {
+            gtid,
+            commit_micros,
+        } => (gtid, commit_micros, false),
+        HeadEntry::Ddl {
+            gtid,
+            commit_micros,
+        } => (gtid, commit_micros, true),
+    };
+    Ok(RecordHead {
+        gtid,
+        commit_micros,
+        ddl,
     })
 }
 

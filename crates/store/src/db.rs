@@ -41,7 +41,7 @@ use crate::error::{printable_key, StoreError};
 use crate::layout::{self, FORMAT_KEY, FORMAT_MAGIC, FORMAT_VERSION, NEXT_TABLE_ID_KEY};
 use crate::locks::LockManager;
 use crate::log::{DdlOp, LogEntry, LogRecord};
-use crate::restart::{Diverged, RestartCheck, RestartEvidence, RestartPoint};
+use crate::restart::{Diverged, HeldCommit, RestartCheck, RestartEvidence, RestartPoint};
 use crate::sequence::{SequenceDef, SequenceState, BLOCK_SIZE};
 use crate::txn::Txn;
 
@@ -302,6 +302,9 @@ pub(crate) struct Inner {
     /// The LSNs of the DDL records in the log (some may be released already):
     /// [`Database::ddl_from`] reads them without reading the log.
     ddl_lsns: Mutex<BTreeSet<u64>>,
+    /// Each origin's newest commit in the log, by seq and commit time
+    /// ([`Database::last_commit_of`]).
+    last_commits: Mutex<HashMap<NodeId, HeldCommit>>,
     /// Receivers found holding more of this node's origin than it has
     /// ([`Database::check_receiver_ahead`]), by store name; written through to
     /// [`layout::AHEAD_KEY`].
@@ -462,6 +465,7 @@ impl Database {
         let mut log_start = None;
         let mut log_sizes = LogSizes::default();
         let mut ddl_lsns = BTreeSet::new();
+        let mut last_commits = HashMap::new();
         for kv in engine.scan(layout::prefix_range(&[layout::LOG_PREFIX]), false) {
             let (k, v) = kv?;
             let lsn = layout::suffix_u64(&k)
@@ -472,10 +476,12 @@ impl Database {
                 log_sizes.push(0);
             }
             log_sizes.push((k.len() + v.len()) as u64);
-            let (gtid, ddl) = codec::record_head(&k, &v)?;
-            if ddl {
+            let head = codec::record_head(&k, &v)?;
+            let gtid = head.gtid;
+            if head.ddl {
                 ddl_lsns.insert(lsn);
             }
+            note_last_commit(&mut last_commits, gtid, head.commit_micros);
             let mark = marks.entry(gtid.origin).or_insert(0);
             *mark = (*mark).max(gtid.seq);
         }
@@ -515,6 +521,7 @@ impl Database {
             log_start: AtomicU64::new(log_start),
             log_sizes: Mutex::new(log_sizes),
             ddl_lsns: Mutex::new(ddl_lsns),
+            last_commits: Mutex::new(last_commits),
             release_lock: Mutex::new(()),
             marks: RwLock::new(marks),
             tail: Mutex::new(VecDeque::with_capacity(TAIL_RECORDS)),
@@ -1167,6 +1174,37 @@ impl Database {
         if known.is_none() && verdict == RestartCheck::Admitted {
             return Ok(verdict);
         }
+        self.record_ahead(&mut ahead, receiver, verdict)?;
+        Ok(verdict)
+    }
+
+    /// Records, durably, that `receiver` (node id `node`) holds this node's commit
+    /// `holds` while this node gave that seq to another commit (the sender found its
+    /// own commit under that seq made at another time): it is refused from now on, as
+    /// [`Database::check_receiver_ahead`] refuses a receiver found ahead.
+    pub fn mark_receiver_diverged(
+        &self,
+        receiver: &str,
+        node: u64,
+        holds: u64,
+    ) -> Result<Diverged, StoreError> {
+        let mut ahead = self.inner.ahead.lock();
+        let d = Diverged {
+            node,
+            holds,
+            seq: self.inner.commit.lock().last_seq,
+        };
+        self.record_ahead(&mut ahead, receiver, RestartCheck::Diverged(d))?;
+        Ok(d)
+    }
+
+    /// Writes `receiver`'s verdict into the receivers ahead, through to the store.
+    fn record_ahead(
+        &self,
+        ahead: &mut BTreeMap<String, Diverged>,
+        receiver: &str,
+        verdict: RestartCheck,
+    ) -> Result<(), StoreError> {
         let mut next = ahead.clone();
         match verdict {
             RestartCheck::Diverged(d) => next.insert(receiver.to_string(), d),
@@ -1184,7 +1222,7 @@ impl Database {
         self.inner.engine.apply(batch)?;
         self.inner.engine.flush()?;
         *ahead = next;
-        Ok(verdict)
+        Ok(())
     }
 
     /// Changes the restart point (if there is one) and writes it through, durably,
@@ -1262,6 +1300,21 @@ impl Database {
             .take(limit)
             .map(|kv| kv.and_then(|(k, v)| codec::decode_record(&k, &v)))
             .collect()
+    }
+
+    /// The newest commit of `origin` this store holds, by seq and its origin's commit
+    /// time (`None` when there is none, or when its record was released from the log
+    /// before this store was opened). A sender compares it with its own commit under
+    /// that seq: another time means the sender gave that seq to another commit — it
+    /// lost the one the receiver has.
+    pub fn last_commit_of(&self, origin: NodeId) -> Option<HeldCommit> {
+        let last = self.inner.last_commits.lock().get(&origin).copied()?;
+        let mark = if origin == self.node_id() {
+            self.inner.commit.lock().last_seq
+        } else {
+            self.high_water(origin).ok()?
+        };
+        (last.seq == mark).then_some(last)
     }
 
     /// The DDL records of the log from LSN `from` on, in log order, read by the LSNs
@@ -1621,6 +1674,7 @@ impl Inner {
         if ddl {
             self.ddl_lsns.lock().insert(lsn.0);
         }
+        note_last_commit(&mut self.last_commits.lock(), gtid, micros);
         state.last_lsn = lsn;
         if gtid.origin == self.opts.node_id {
             state.last_seq = state.last_seq.max(gtid.seq);
@@ -1673,11 +1727,13 @@ impl Inner {
         let mut written = Vec::with_capacity(records.len());
         let mut sizes = Vec::with_capacity(records.len());
         let mut ddl = Vec::new();
+        let mut newest = HashMap::new();
         for (epoch, entry) in records {
             lsn = lsn.next();
             if matches!(entry, LogEntry::Ddl { .. }) {
                 ddl.push(lsn.0);
             }
+            note_last_commit(&mut newest, entry.gtid(), entry.commit_micros());
             let record = Arc::new(LogRecord { lsn, epoch, entry });
             let bytes = codec::encode_record(&record);
             log_bytes += bytes.len() as u64;
@@ -1692,6 +1748,12 @@ impl Inner {
         self.engine.apply(batch)?;
         if !ddl.is_empty() {
             self.ddl_lsns.lock().extend(ddl);
+        }
+        {
+            let mut last = self.last_commits.lock();
+            for (origin, c) in newest {
+                note_last_commit(&mut last, Gtid::new(origin, c.seq), c.commit_micros);
+            }
         }
         state.last_lsn = lsn;
         let mut marks = self.marks.write();
@@ -2243,6 +2305,20 @@ fn note_boot(
         engine.flush()?;
     }
     Ok(restart)
+}
+
+/// Raises `origin`'s newest commit in `last` to `gtid` (made at `commit_micros`).
+fn note_last_commit(last: &mut HashMap<NodeId, HeldCommit>, gtid: Gtid, commit_micros: i64) {
+    let c = last.entry(gtid.origin).or_insert(HeldCommit {
+        seq: 0,
+        commit_micros,
+    });
+    if gtid.seq >= c.seq {
+        *c = HeldCommit {
+            seq: gtid.seq,
+            commit_micros,
+        };
+    }
 }
 
 /// See [`Database::set_written_hook`].

@@ -13,7 +13,9 @@ use hawser_core::{
     ChangeOp, DataType, Epoch, Gtid, Lsn, NodeId, QualName, Row, RowChange, TableDef, Transaction,
     Value,
 };
-use hawser_store::{Database, DdlOp, KeyRange, LogEntry, LogRecord, ReplicatedTxn, StoreError};
+use hawser_store::{
+    Database, DdlOp, HeldCommit, KeyRange, LogEntry, LogRecord, ReplicatedTxn, StoreError,
+};
 
 macro_rules! on_both_engines {
     ($($name:ident),* $(,)?) => {
@@ -59,6 +61,7 @@ on_both_engines!(
     a_table_replicated_ddl_creates_is_refused_to_client_writes_until_a_plan_saw_it,
     commits_after_reads_one_origins_newest_commits_back_and_says_when_it_saw_them_all,
     a_replicated_sequence_block_sets_the_sequence_ahead_never_back,
+    the_newest_commit_of_each_origin_is_known_before_and_after_reopening,
 );
 
 const ORIGIN: NodeId = NodeId(100);
@@ -677,6 +680,44 @@ async fn a_table_replicated_ddl_creates_is_refused_to_client_writes_until_a_plan
     let mut txn = db.begin();
     txn.insert(&own, row(1, 1)).await.unwrap();
     txn.commit().await.unwrap();
+}
+
+/// `last_commit_of` gives each origin's newest commit by seq and commit time, for this
+/// node's own origin and for one applied from, kept as commits come and derived from
+/// the log when the store opens.
+async fn the_newest_commit_of_each_origin_is_known_before_and_after_reopening(mut f: Fixture) {
+    let db = setup(&f).await;
+    let own = db.node_id();
+    assert_eq!(db.last_commit_of(ORIGIN), None);
+    db.apply_replicated(vec![
+        rtxn(ORIGIN, 1, vec![ins(1, 0)]),
+        rtxn(ORIGIN, 2, vec![]),
+    ])
+    .await
+    .unwrap();
+    let mut txn = db.begin();
+    txn.insert(&t(), row(2, 0)).await.unwrap();
+    let c = txn.commit().await.unwrap();
+    let micros = db.log_range(c.lsn, 1).unwrap()[0].entry.commit_micros();
+    let expected = |db: &Database| {
+        assert_eq!(
+            db.last_commit_of(ORIGIN),
+            Some(HeldCommit {
+                seq: 2,
+                commit_micros: 1_002
+            })
+        );
+        assert_eq!(
+            db.last_commit_of(own),
+            Some(HeldCommit {
+                seq: c.gtid.seq,
+                commit_micros: micros
+            })
+        );
+    };
+    expected(db);
+    let db = f.reopen();
+    expected(db);
 }
 
 async fn commits_after_reads_one_origins_newest_commits_back_and_says_when_it_saw_them_all(

@@ -45,6 +45,15 @@ pub enum StreamError {
          node (a new store), or make it the master"
     )]
     Ahead { holds: u64, own: u64 },
+    #[error(
+        "the receiver holds this node's commit seq {holds} made at {theirs} (µs since the \
+         epoch), but this node's commit seq {holds} was made at {ours}: this node gave the \
+         seq to another commit and lost the one the receiver has (a data directory put back \
+         from a copy, say), and the receiver would skip this node's commits under seqs it \
+         already has; rebuild the subscriber from this node (a new store), or make it the \
+         master"
+    )]
+    Reused { holds: u64, theirs: i64, ours: i64 },
     #[error("reading the log: {0}")]
     Store(#[from] hawser_store::StoreError),
     #[error(transparent)]

@@ -1109,6 +1109,12 @@ impl pb::replication_server::Replication for ReceiverService {
                         high_waters: to_pb(&high_waters),
                         held_after,
                         held_after_complete,
+                        last_of_sender: self.db.last_commit_of(NodeId(hello.sender_node)).map(
+                            |c| pb::HeldCommit {
+                                seq: c.seq,
+                                commit_micros: c.commit_micros,
+                            },
+                        ),
                     })),
                 }));
                 info!(sender = %sender, "replication stream accepted");

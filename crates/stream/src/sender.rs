@@ -262,6 +262,7 @@ impl StreamSender {
             acked_lsn,
             oldest_unacked_micros: AtomicI64::new(0),
             unflushed_since: std::sync::Mutex::new(None),
+            unverified: std::sync::Mutex::new(None),
             on_ack: start.on_ack,
         };
         task.report_acks();
@@ -297,6 +298,10 @@ struct Sender {
     oldest_unacked_micros: AtomicI64,
     /// Since when the log at the cursor is this node's own commit not yet flushed.
     unflushed_since: std::sync::Mutex<Option<Instant>>,
+    /// The receiver's newest commit of this node's origin (`HelloReply.last_of_sender`)
+    /// until the log passes this node's own commit under that seq and it is checked
+    /// ([`Sender::check_reused`]).
+    unverified: std::sync::Mutex<Option<HeldCommit>>,
     on_ack: Option<AckHook>,
 }
 
@@ -362,7 +367,9 @@ impl Sender {
                     }
                 }
                 Err(
-                    e @ (StreamError::Diverged { holds, .. } | StreamError::Ahead { holds, .. }),
+                    e @ (StreamError::Diverged { holds, .. }
+                    | StreamError::Ahead { holds, .. }
+                    | StreamError::Reused { holds, .. }),
                 ) => {
                     warn!(error = %e, "cannot stream");
                     SenderState::Diverged {
@@ -511,6 +518,11 @@ impl Sender {
         let first = first?;
         let (mut high_water, held_after) = match first.and_then(|m| m.msg) {
             Some(receiver_message::Msg::HelloReply(r)) => {
+                *self.unverified.lock().unwrap_or_else(|e| e.into_inner()) =
+                    r.last_of_sender.as_ref().map(|c| HeldCommit {
+                        seq: c.seq,
+                        commit_micros: c.commit_micros,
+                    });
                 let held = CommitsAfter {
                     commits: r
                         .held_after
@@ -850,6 +862,52 @@ impl Sender {
         }
     }
 
+    /// Checks this node's own commit under the seq of the receiver's newest commit of
+    /// this node's origin, as the log passes it: the receiver skips it as a duplicate,
+    /// so it must be the very commit the receiver has (same commit time). Another one
+    /// means this node gave that seq to another commit — it lost the receiver's, say
+    /// when its data directory was put back from a copy and it took writes before this
+    /// stream came up — and every commit of it up to there would be skipped: the
+    /// receiver is diverged, and recorded so durably.
+    async fn check_reused(&self, entry: &LogEntry) -> Result<(), StreamError> {
+        let gtid = entry.gtid();
+        if gtid.origin != self.db.node_id() {
+            return Ok(());
+        }
+        let theirs = {
+            let mut unverified = self.unverified.lock().unwrap_or_else(|e| e.into_inner());
+            match *unverified {
+                Some(c) if c.seq == gtid.seq => {
+                    *unverified = None;
+                    c
+                }
+                Some(c) if c.seq < gtid.seq => {
+                    // Passed it without finding it (not in what this stream reads).
+                    *unverified = None;
+                    return Ok(());
+                }
+                _ => return Ok(()),
+            }
+        };
+        let ours = entry.commit_micros();
+        if ours == theirs.commit_micros {
+            return Ok(());
+        }
+        let (db, receiver, node) = (
+            self.db.clone(),
+            self.link.receiver_store.as_str().to_string(),
+            self.link.receiver_node.0,
+        );
+        tokio::task::spawn_blocking(move || db.mark_receiver_diverged(&receiver, node, theirs.seq))
+            .await
+            .map_err(|e| StreamError::Protocol(format!("recording the receiver: {e}")))??;
+        Err(StreamError::Reused {
+            holds: theirs.seq,
+            theirs: theirs.commit_micros,
+            ours,
+        })
+    }
+
     /// Hands the current status to the ack hook, if there is one.
     fn report_acks(&self) {
         if let Some(hook) = &self.on_ack {
@@ -955,6 +1013,7 @@ impl Sender {
             };
             let own = self.db.node_id();
             for r in &records {
+                self.check_reused(&r.entry).await?;
                 if r.lsn >= durable_from && r.entry.gtid().origin == own {
                     // Its commit is flushing; the committer wakes the senders after.
                     unflushed = true;

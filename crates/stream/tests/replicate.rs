@@ -950,6 +950,48 @@ async fn a_receiver_behind_a_table_dropped_and_created_again_in_another_layout_c
     Ok(())
 }
 
+/// A master put back to an older copy of its store takes writes before its stream to a
+/// subscriber comes up: by then its seqs have passed what the subscriber holds, so the
+/// subscriber is not ahead — but the commits it holds under those seqs are ones the
+/// master lost, and it would skip the master's new ones under the same seqs. The master
+/// finds its own commit under the subscriber's newest seq made at another time as its
+/// log passes it, and refuses the subscriber for good.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_receiver_holding_a_commit_whose_seq_the_master_gave_again_is_refused() -> Result<()> {
+    let master = open(1).await?;
+    let sub = open(2).await?;
+    // The subscriber got the master's seqs 2..=5 (made at times 2..=5) before the
+    // master lost them; the master has made seqs 2..=11 again since.
+    let lost = (2..=5).map(|seq| master_txn(seq, seq as i64, Vec::new()));
+    sub.apply_replicated(lost.collect()).await?;
+    write(&master, 0..10, "made again").await?;
+    assert!(master.high_water(NodeId(1))? > sub.high_water(NodeId(1))?);
+    let view = epochs(1);
+    let r = Receiver::start(&sub, "s1", view.subscribe(), None).await?;
+    let senders = Senders::default();
+    let h = senders.spawn(
+        link(1, "s1", 2, 1, Compression::None),
+        &master,
+        r.endpoint(),
+    );
+    let (reason, holds) = diverged(&h).await?;
+    assert_eq!(holds, 5);
+    assert!(
+        reason.contains("gave the seq to another commit"),
+        "{reason}"
+    );
+    assert_eq!(sub.high_water(NodeId(1))?, 5, "nothing reached s1");
+    assert!(rows(&sub)?.is_empty());
+    // Recorded: the next session is refused at once.
+    assert!(matches!(
+        master.check_receiver_ahead("s1", 2, 5)?,
+        hawser_store::RestartCheck::Diverged(_)
+    ));
+    senders.stop().await;
+    r.stop().await;
+    Ok(())
+}
+
 /// A transaction of the master (node 1) with seq `seq`, as a receiver got it.
 fn master_txn(
     seq: u64,
