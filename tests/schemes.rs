@@ -420,7 +420,7 @@ fn datastore_elements_replicate_new_tables_and_honour_include_and_exclude() {
         stderr(&out)
     );
 
-    let nodes = cluster(d, &["masterds", "subscriber1ds", "subscriber2ds"]);
+    let mut nodes = cluster(d, &["masterds", "subscriber1ds", "subscriber2ds"]);
     let [master, sub1, sub2] = &nodes[..] else {
         unreachable!()
     };
@@ -466,6 +466,31 @@ fn datastore_elements_replicate_new_tables_and_honour_include_and_exclude() {
     absent(sub1, "t2");
     absent(sub2, "t2");
     absent(sub2, "t3");
+
+    // subscriber1ds is down while the master drops t3 and creates it again in another
+    // layout: back on its data, it is streamed to (its t3 goes with the stream's DROP
+    // TABLE before any row of the new one) and ends with the master's new t3.
+    let sub1_grpc = nodes[1].grpc.clone();
+    nodes[1].kill9();
+    let master = &nodes[0];
+    sql_ok(
+        master,
+        "insert into t3 values (3, 'old layout', 30); drop table t3; \
+         create table t3 (k bigint primary key, n int, v varchar(40)); \
+         insert into t3 values (1, 100, 'new layout'); insert into t1 values (3, 'later')",
+    );
+    let expected_t3 = rows(master, "select k, n, v from t3 order by k").unwrap();
+    let expected_t1 = rows(master, t1).unwrap();
+    nodes[1] = start("subscriber1ds", d, &sub1_grpc, Some(&nodes[0].grpc));
+    let sub1 = &nodes[1];
+    converge(sub1, t1, &expected_t1, "t1 after subscriber1ds's restart");
+    converge(
+        sub1,
+        "select k, n, v from t3 order by k",
+        &expected_t3,
+        "t3 dropped and created again in another layout while subscriber1ds was down",
+    );
+    all_acknowledged(&nodes[0]);
 }
 
 /// The seed's rep1: t1's columns are in another order on the subscriber, whose STORE
