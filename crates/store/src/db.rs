@@ -299,8 +299,8 @@ pub(crate) struct Inner {
     machine_restarted: bool,
     /// See [`Database::restart_point`]; written through to [`layout::RESTART_KEY`].
     restart: Mutex<Option<RestartPoint>>,
-    /// The LSNs of the DDL records in the log (some may be released already):
-    /// [`Database::ddl_from`] reads them without reading the log.
+    /// The LSNs of the DDL records in the log (trimmed by [`Database::release_log`]):
+    /// [`Database::ddl_from`] reads them without reading the rest of the log.
     ddl_lsns: Mutex<BTreeSet<u64>>,
     /// Each origin's newest commit in the log, by seq and commit time
     /// ([`Database::last_commit_of`]).
@@ -1321,12 +1321,14 @@ impl Database {
     /// kept in memory (no scan of the log between them).
     pub fn ddl_from(&self, from: Lsn) -> Result<Vec<LogRecord>, StoreError> {
         let from = from.max(self.log_start());
-        let lsns: Vec<u64> = {
-            let mut kept = self.inner.ddl_lsns.lock();
-            // Records released from the log go from the index too.
-            *kept = kept.split_off(&self.log_start().0);
-            kept.range(from.0..).copied().collect()
-        };
+        // (Released records leave the index as `release_log` releases them.)
+        let lsns: Vec<u64> = self
+            .inner
+            .ddl_lsns
+            .lock()
+            .range(from.0..)
+            .copied()
+            .collect();
         let mut records = Vec::with_capacity(lsns.len());
         for lsn in lsns {
             match self.log_range(Lsn(lsn), 1)?.pop() {
@@ -1438,6 +1440,10 @@ impl Database {
                 let mut sizes = inner.log_sizes.lock();
                 sizes.release(last + 1 - start);
                 inner.log_start.store(last + 1, Ordering::Release);
+            }
+            {
+                let mut ddl = inner.ddl_lsns.lock();
+                *ddl = ddl.split_off(&(last + 1));
             }
             released += count;
         }
