@@ -21,6 +21,20 @@ fn engine_with(pairs: &[(&[u8], &[u8])]) -> Arc<MemEngine> {
     engine
 }
 
+/// Commits one account row per key of `keys`, one transaction each.
+async fn insert_accounts(db: &Database, keys: std::ops::RangeInclusive<i64>) {
+    for k in keys {
+        let mut txn = db.begin();
+        txn.insert(
+            &accounts_name(),
+            vec![Value::Int(k), Value::Text("x".into()), Value::Null],
+        )
+        .await
+        .unwrap();
+        txn.commit().await.unwrap();
+    }
+}
+
 fn open(engine: &Arc<MemEngine>) -> Result<Database, hawser_store::StoreError> {
     Database::open(engine.clone() as Arc<dyn KvEngine>, opts())
 }
@@ -180,16 +194,7 @@ async fn a_machine_restart_point_outlives_process_restarts_and_checks_each_recei
     assert_eq!(db.restart_point(), None);
     assert!(!db.restart_fence_pending());
     db.create_table(accounts()).await.unwrap();
-    for k in 1..=2 {
-        let mut txn = db.begin();
-        txn.insert(
-            &accounts_name(),
-            vec![Value::Int(k), Value::Text("x".into()), Value::Null],
-        )
-        .await
-        .unwrap();
-        txn.commit().await.unwrap();
-    }
+    insert_accounts(&db, 1..=2).await;
     let ours = db.high_water(db.node_id()).unwrap();
     assert_eq!(ours, 3, "a table and two rows");
     let check = |db: &Database, receiver: &str, node: u64, holds: u64| {
@@ -284,16 +289,7 @@ async fn a_receiver_found_ahead_stays_refused_across_restarts_until_rebuilt() {
 
     // Restarted, this node commits past what ds3 holds: ds3 would skip those commits.
     let db = reopen();
-    for k in 1..=5 {
-        let mut txn = db.begin();
-        txn.insert(
-            &accounts_name(),
-            vec![Value::Int(k), Value::Text("x".into()), Value::Null],
-        )
-        .await
-        .unwrap();
-        txn.commit().await.unwrap();
-    }
+    insert_accounts(&db, 1..=5).await;
     assert!(db.high_water(db.node_id()).unwrap() > 4);
     assert_eq!(
         db.check_receiver_ahead("ds3", 3, 4).unwrap(),
