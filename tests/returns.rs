@@ -1022,3 +1022,94 @@ fn a_subscriber_holding_commits_its_master_lost_is_never_streamed_to_again() {
     stop_receiver_for_writes(&n1, "n2");
     assert_eq!(count(&n2, "t"), Some(3));
 }
+
+/// A master whose store is put back to a copy — no machine restart — and which takes
+/// writes while its subscriber is down: when the subscriber is back, the master's seqs
+/// have passed what it holds (it is not ahead), but its newest commits of the master's
+/// are ones the master lost and has given out again. The master's sender finds its own
+/// commit under the subscriber's newest seq made at another time and refuses it for
+/// good, instead of streaming it the commits after those seqs (it would skip the ones
+/// under them as duplicates).
+#[test]
+fn a_subscriber_holding_commits_a_restored_master_gave_out_again_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let args = boot("boot-a");
+    let (n1, n2, _n3) = three_voters(d, &args);
+    for n in [&n1, &n2] {
+        sql_ok(n, "create table t (k int primary key, v varchar(20))");
+    }
+    ddl(
+        &n1,
+        "CREATE REPLICATION r ELEMENT e TABLE t MASTER n1 SUBSCRIBER n2",
+    );
+    let streaming = |n1: &Node| {
+        wait_for("the stream to n2", WAIT, || {
+            outbound_to(n1, "n2").filter(|o| o["state"] == "streaming")
+        })
+    };
+    streaming(&n1);
+    sql_ok(&n1, "insert into t values (1, 'kept')");
+    // The copy of n1's store, taken without the next two commits.
+    let mut n1 = n1;
+    assert!(n1.terminate().is_some_and(|s| s.success()));
+    let (n1_grpc, store, saved) = (n1.grpc.clone(), d.join("n1/db"), d.join("n1-db-saved"));
+    drop(n1);
+    copy_tree(&store, &saved);
+    let n1 = Node::start_at("n1", &d.join("n1"), &n1_grpc, &args);
+    streaming(&n1);
+    for k in [2, 3] {
+        sql_ok(&n1, &format!("insert into t values ({k}, 'lost')"));
+    }
+    wait_for("n2 to hold all three", WAIT, || {
+        (count(&n2, "t") == Some(3)).then_some(())
+    });
+
+    // n2 is down while n1 is put back to the copy and commits past n2's seqs.
+    let mut n2 = n2;
+    let n2_grpc = n2.grpc.clone();
+    n2.kill9();
+    drop(n2);
+    let mut n1 = n1;
+    assert!(n1.terminate().is_some_and(|s| s.success()));
+    drop(n1);
+    std::fs::remove_dir_all(&store).unwrap();
+    std::fs::rename(&saved, &store).unwrap();
+    let n1 = Node::start_at("n1", &d.join("n1"), &n1_grpc, &args);
+    for k in 4..=7 {
+        let row = format!("insert into t values ({k}, 'new')");
+        wait_for("n1 to take a write", WAIT, || {
+            sql(&n1, &row).0.then_some(())
+        });
+    }
+
+    let n2 = start("n2", d, &n2_grpc, Some(&n1_grpc));
+    let out = wait_for("n2's stream to say diverged", WAIT, || {
+        outbound_to(&n1, "n2").filter(|o| o["state"] == "diverged")
+    });
+    assert!(
+        out["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("gave the seq to another commit")),
+        "{out}"
+    );
+    let (ok, results, err) = sql(&n2, "select k from t order by k");
+    assert!(ok, "{err}");
+    assert_eq!(
+        results[0]["rows"],
+        serde_json::json!([[1], [2], [3]]),
+        "n2 keeps what it had and gets nothing past the reused seqs"
+    );
+    // Refused for good: a restart of n1 does not let n2 through.
+    let n1 = restart_cleanly(n1, d, &args);
+    let out = wait_for("n2's stream refused after n1's restart", WAIT, || {
+        outbound_to(&n1, "n2").filter(|o| o["state"] == "diverged")
+    });
+    assert!(
+        out["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("rebuild")),
+        "{out}"
+    );
+    assert_eq!(count(&n2, "t"), Some(3));
+}
