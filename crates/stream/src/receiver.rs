@@ -35,7 +35,7 @@
 //! counts transactions and row changes received against rows written, by apply mode
 //! ([`InboundStatus`], and the `hawser_stream_*` metrics labelled by sender store).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::pin::Pin;
 use std::time::{Duration, Instant};
 
@@ -294,6 +294,10 @@ struct Accepted {
     /// stream carries, and how they are checked: a replicated ADD COLUMN or DROP /
     /// CREATE TABLE changes a table's column map from its next row on.
     remote: BTreeMap<QualName, TableDef>,
+    /// Tables this stream drops before it creates them again in the sender's layout
+    /// (`TableSpec.dropped_at`): their row changes are not applied until the drop,
+    /// which would remove them.
+    doomed: BTreeSet<QualName>,
     mode: TableDefinitionChecking,
 }
 
@@ -309,6 +313,7 @@ impl Accepted {
             DdlOp::DropTable(name) => {
                 self.remote.remove(name);
                 self.maps.remove(name);
+                self.doomed.remove(name);
                 return Ok(());
             }
             DdlOp::AddColumn { table, column } => {
@@ -421,6 +426,7 @@ impl ReceiverService {
         };
         let mut maps = BTreeMap::new();
         let mut remotes = BTreeMap::new();
+        let mut doomed = BTreeSet::new();
         for spec in &hello.tables {
             let remote: TableDef = codec::decode_table_def(&spec.definition)
                 .map_err(|e| (RefuseCode::Protocol, format!("a table definition: {e}")))?;
@@ -445,10 +451,12 @@ impl ReceiverService {
                 Ok(None) => {}
                 Err(_) if hello.carries_ddl && self.drop_ahead(spec.dropped_at.as_ref()) => {
                     // The stream drops this node's table before any row of the
-                    // sender's new layout: until then its rows land as this node has
-                    // the table (as the sender had it then), and the CREATE after the
-                    // drop is checked as it comes (`Accepted::follow_ddl`).
-                    remotes.insert(remote.name.clone(), (*local).clone());
+                    // sender's new layout: its rows until then are not applied (the
+                    // drop removes them), so how this node has the table does not
+                    // matter, and the CREATE after the drop is checked as it comes
+                    // (`Accepted::follow_ddl`).
+                    remotes.remove(&remote.name);
+                    doomed.insert(remote.name.clone());
                 }
                 Err(e) => return Err((RefuseCode::TableMismatch, e.to_string())),
             }
@@ -459,6 +467,7 @@ impl ReceiverService {
             elements,
             maps,
             remote: remotes,
+            doomed,
             mode,
         })
     }
@@ -726,6 +735,9 @@ impl ReceiverService {
                 *seq = (*seq).max(gtid.seq);
                 match r.entry {
                     LogEntry::Txn(mut txn) => {
+                        if !accepted.doomed.is_empty() {
+                            txn.changes.retain(|c| !accepted.doomed.contains(&c.table));
+                        }
                         for c in &mut txn.changes {
                             if let Some(map) = accepted.maps.get(&c.table) {
                                 for row in [&mut c.before, &mut c.after].into_iter().flatten() {
