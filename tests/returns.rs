@@ -903,6 +903,26 @@ fn a_master_back_from_a_machine_restart_writes_once_its_return_subscriber_answer
     assert_eq!(count(&n1, "t"), Some(4));
 }
 
+/// Waits (as `what`) until `master`'s stream to n2 says `diverged`, checks that its
+/// reason says `why`, and returns the stream's status.
+fn diverged_from(master: &Node, what: &str, why: &str) -> Value {
+    let out = wait_for(what, WAIT, || {
+        outbound_to(master, "n2").filter(|o| o["state"] == "diverged")
+    });
+    assert!(
+        out["reason"].as_str().is_some_and(|r| r.contains(why)),
+        "{out}"
+    );
+    out
+}
+
+/// The keys of t on `node`, in order.
+fn keys(node: &Node) -> Value {
+    let (ok, results, err) = sql(node, "select k from t order by k");
+    assert!(ok, "{err}");
+    results[0]["rows"].clone()
+}
+
 /// Copies a directory tree (files and directories only).
 fn copy_tree(from: &Path, to: &Path) {
     std::fs::create_dir_all(to).unwrap();
@@ -960,15 +980,7 @@ fn a_subscriber_holding_commits_its_master_lost_is_never_streamed_to_again() {
     assert!(reason.contains("this node only through"), "{reason}");
     let (ok, _, err) = sql(&n1, "insert into t values (4, 'refused')");
     assert!(!ok && err.contains("57P03") && err.contains("n2"), "{err}");
-    let out = wait_for("n2's stream to say diverged", WAIT, || {
-        outbound_to(&n1, "n2").filter(|o| o["state"] == "diverged")
-    });
-    assert!(
-        out["reason"]
-            .as_str()
-            .is_some_and(|r| r.contains("machine restarted")),
-        "{out}"
-    );
+    let out = diverged_from(&n1, "n2's stream to say diverged", "machine restarted");
     // What n2 holds acknowledges nothing: n1's next commits reuse those seqs.
     assert_eq!(out["acked_durable"], serde_json::json!({}), "{out}");
     let status = stdout(&n1.cli(&["status"]));
@@ -987,19 +999,9 @@ fn a_subscriber_holding_commits_its_master_lost_is_never_streamed_to_again() {
     assert_eq!(count(&n1, "t"), Some(2));
     let out = n1.cli(&["receiver", "--subscriber", "n2", "--state", "start"]);
     assert!(out.status.success(), "{}", stderr(&out));
-    let out = wait_for("n2's stream refused again", WAIT, || {
-        outbound_to(&n1, "n2").filter(|o| o["state"] == "diverged")
-    });
-    assert!(
-        out["reason"]
-            .as_str()
-            .is_some_and(|r| r.contains("rebuild")),
-        "{out}"
-    );
-    let (ok, results, err) = sql(&n2, "select k from t order by k");
-    assert!(ok, "{err}");
+    diverged_from(&n1, "n2's stream refused again", "rebuild");
     assert_eq!(
-        results[0]["rows"],
+        keys(&n2),
         serde_json::json!([[1], [2], [3]]),
         "n2 keeps what it had and gets nothing under the reused seqs"
     );
@@ -1010,14 +1012,10 @@ fn a_subscriber_holding_commits_its_master_lost_is_never_streamed_to_again() {
         sql_ok(&n1, &format!("insert into t values ({k}, 'new')"));
     }
     let n1 = restart_cleanly(n1, d, &boot("boot-c"));
-    let out = wait_for("n2's stream refused after the next restart", WAIT, || {
-        outbound_to(&n1, "n2").filter(|o| o["state"] == "diverged")
-    });
-    assert!(
-        out["reason"]
-            .as_str()
-            .is_some_and(|r| r.contains("through seq")),
-        "{out}"
+    diverged_from(
+        &n1,
+        "n2's stream refused after the next restart",
+        "through seq",
     );
     stop_receiver_for_writes(&n1, "n2");
     assert_eq!(count(&n2, "t"), Some(3));
@@ -1084,32 +1082,18 @@ fn a_subscriber_holding_commits_a_restored_master_gave_out_again_is_refused() {
     }
 
     let n2 = start("n2", d, &n2_grpc, Some(&n1_grpc));
-    let out = wait_for("n2's stream to say diverged", WAIT, || {
-        outbound_to(&n1, "n2").filter(|o| o["state"] == "diverged")
-    });
-    assert!(
-        out["reason"]
-            .as_str()
-            .is_some_and(|r| r.contains("gave the seq to another commit")),
-        "{out}"
+    diverged_from(
+        &n1,
+        "n2's stream to say diverged",
+        "gave the seq to another commit",
     );
-    let (ok, results, err) = sql(&n2, "select k from t order by k");
-    assert!(ok, "{err}");
     assert_eq!(
-        results[0]["rows"],
+        keys(&n2),
         serde_json::json!([[1], [2], [3]]),
         "n2 keeps what it had and gets nothing past the reused seqs"
     );
     // Refused for good: a restart of n1 does not let n2 through.
     let n1 = restart_cleanly(n1, d, &args);
-    let out = wait_for("n2's stream refused after n1's restart", WAIT, || {
-        outbound_to(&n1, "n2").filter(|o| o["state"] == "diverged")
-    });
-    assert!(
-        out["reason"]
-            .as_str()
-            .is_some_and(|r| r.contains("rebuild")),
-        "{out}"
-    );
+    diverged_from(&n1, "n2's stream refused after n1's restart", "rebuild");
     assert_eq!(count(&n2, "t"), Some(3));
 }
