@@ -262,7 +262,8 @@ impl StreamSender {
             acked_lsn,
             oldest_unacked_micros: AtomicI64::new(0),
             unflushed_since: std::sync::Mutex::new(None),
-            unverified: std::sync::Mutex::new(None),
+            unverified_seq: AtomicU64::new(0),
+            unverified_micros: AtomicI64::new(0),
             on_ack: start.on_ack,
         };
         task.report_acks();
@@ -298,10 +299,11 @@ struct Sender {
     oldest_unacked_micros: AtomicI64,
     /// Since when the log at the cursor is this node's own commit not yet flushed.
     unflushed_since: std::sync::Mutex<Option<Instant>>,
-    /// The receiver's newest commit of this node's origin (`HelloReply.last_of_sender`)
-    /// until the log passes this node's own commit under that seq and it is checked
-    /// ([`Sender::check_reused`]).
-    unverified: std::sync::Mutex<Option<HeldCommit>>,
+    /// The receiver's newest commit of this node's origin (`HelloReply.last_of_sender`),
+    /// its seq (0: none) and commit time, until the log passes this node's own commit
+    /// under that seq and it is checked ([`Sender::check_reused`]).
+    unverified_seq: AtomicU64,
+    unverified_micros: AtomicI64,
     on_ack: Option<AckHook>,
 }
 
@@ -518,11 +520,11 @@ impl Sender {
         let first = first?;
         let (mut high_water, held_after) = match first.and_then(|m| m.msg) {
             Some(receiver_message::Msg::HelloReply(r)) => {
-                *self.unverified.lock().unwrap_or_else(|e| e.into_inner()) =
-                    r.last_of_sender.as_ref().map(|c| HeldCommit {
-                        seq: c.seq,
-                        commit_micros: c.commit_micros,
-                    });
+                let last = r.last_of_sender.as_ref();
+                self.unverified_micros
+                    .store(last.map_or(0, |c| c.commit_micros), Ordering::Release);
+                self.unverified_seq
+                    .store(last.map_or(0, |c| c.seq), Ordering::Release);
                 let held = CommitsAfter {
                     commits: r
                         .held_after
@@ -796,40 +798,36 @@ impl Sender {
             return Ok(());
         }
         let holds = high_water.get(&self.db.node_id()).copied().unwrap_or(0);
-        let (db, node, link) = (
-            self.db.clone(),
-            self.link.receiver_node.0,
-            self.link.clone(),
-        );
-        let verdict = tokio::task::spawn_blocking(move || {
-            let point = db.restart_point().map(|p| p.seq).unwrap_or(0);
-            let mut evidence = RestartEvidence::default();
-            // Only a receiver holding more than the point needs its evidence weighed,
-            // and only one that answered the probe has any.
-            if holds > point && held_after.complete {
-                let (own, own_complete) = db.commits_after(
-                    db.node_id(),
-                    point,
-                    holds,
-                    crate::receiver::PROBE_LIMIT,
-                    |r| {
-                        let commit = HeldCommit {
-                            seq: r.gtid().seq,
-                            commit_micros: r.entry.commit_micros(),
-                        };
-                        (commit, link.carries(&r.entry))
-                    },
-                )?;
-                evidence = RestartEvidence {
-                    held: Some(held_after),
-                    own,
-                    own_complete,
-                };
-            }
-            db.check_receiver_after_restart(&receiver, node, holds, &evidence)
-        })
-        .await
-        .map_err(|e| StreamError::Protocol(format!("checking the receiver: {e}")))??;
+        let link = self.link.clone();
+        let verdict = self
+            .about_receiver(move |db, receiver, node| {
+                let point = db.restart_point().map(|p| p.seq).unwrap_or(0);
+                let mut evidence = RestartEvidence::default();
+                // Only a receiver holding more than the point needs its evidence weighed,
+                // and only one that answered the probe has any.
+                if holds > point && held_after.complete {
+                    let (own, own_complete) = db.commits_after(
+                        db.node_id(),
+                        point,
+                        holds,
+                        crate::receiver::PROBE_LIMIT,
+                        |r| {
+                            let commit = HeldCommit {
+                                seq: r.gtid().seq,
+                                commit_micros: r.entry.commit_micros(),
+                            };
+                            (commit, link.carries(&r.entry))
+                        },
+                    )?;
+                    evidence = RestartEvidence {
+                        held: Some(held_after),
+                        own,
+                        own_complete,
+                    };
+                }
+                Ok(db.check_receiver_after_restart(receiver, node, holds, &evidence)?)
+            })
+            .await?;
         match verdict {
             RestartCheck::Admitted => Ok(()),
             RestartCheck::Diverged(d) => Err(StreamError::Diverged {
@@ -844,15 +842,11 @@ impl Sender {
     /// blocking pool: a verdict that changes what the store recorded is flushed.)
     async fn check_ahead(&self, high_water: &BTreeMap<NodeId, u64>) -> Result<(), StreamError> {
         let holds = high_water.get(&self.db.node_id()).copied().unwrap_or(0);
-        let (db, receiver, node) = (
-            self.db.clone(),
-            self.link.receiver_store.as_str().to_string(),
-            self.link.receiver_node.0,
-        );
-        let verdict =
-            tokio::task::spawn_blocking(move || db.check_receiver_ahead(&receiver, node, holds))
-                .await
-                .map_err(|e| StreamError::Protocol(format!("checking the receiver: {e}")))??;
+        let verdict = self
+            .about_receiver(move |db, receiver, node| {
+                Ok(db.check_receiver_ahead(receiver, node, holds)?)
+            })
+            .await?;
         match verdict {
             RestartCheck::Admitted => Ok(()),
             RestartCheck::Diverged(d) => Err(StreamError::Ahead {
@@ -874,38 +868,44 @@ impl Sender {
         if gtid.origin != self.db.node_id() {
             return Ok(());
         }
-        let theirs = {
-            let mut unverified = self.unverified.lock().unwrap_or_else(|e| e.into_inner());
-            match *unverified {
-                Some(c) if c.seq == gtid.seq => {
-                    *unverified = None;
-                    c
-                }
-                Some(c) if c.seq < gtid.seq => {
-                    // Passed it without finding it (not in what this stream reads).
-                    *unverified = None;
-                    return Ok(());
-                }
-                _ => return Ok(()),
-            }
-        };
-        let ours = entry.commit_micros();
-        if ours == theirs.commit_micros {
+        // Two atomic loads per own record on the way (the ship loop's path); the
+        // receiver's seq is 0 once checked or passed.
+        let want = self.unverified_seq.load(Ordering::Acquire);
+        if want == 0 || gtid.seq < want {
             return Ok(());
         }
+        // Checked now, or passed without finding it (not in what this stream reads).
+        self.unverified_seq.store(0, Ordering::Release);
+        let theirs = self.unverified_micros.load(Ordering::Acquire);
+        let ours = entry.commit_micros();
+        if gtid.seq > want || ours == theirs {
+            return Ok(());
+        }
+        self.about_receiver(move |db, receiver, node| {
+            Ok(db.mark_receiver_diverged(receiver, node, want)?)
+        })
+        .await?;
+        Err(StreamError::Reused {
+            holds: want,
+            theirs,
+            ours,
+        })
+    }
+
+    /// Runs `f` with the store, the receiver's store name and its node id on the
+    /// blocking pool: the receiver checks write what they find through to the store.
+    async fn about_receiver<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Database, &str, u64) -> Result<T, StreamError> + Send + 'static,
+    ) -> Result<T, StreamError> {
         let (db, receiver, node) = (
             self.db.clone(),
             self.link.receiver_store.as_str().to_string(),
             self.link.receiver_node.0,
         );
-        tokio::task::spawn_blocking(move || db.mark_receiver_diverged(&receiver, node, theirs.seq))
+        tokio::task::spawn_blocking(move || f(&db, &receiver, node))
             .await
-            .map_err(|e| StreamError::Protocol(format!("recording the receiver: {e}")))??;
-        Err(StreamError::Reused {
-            holds: theirs.seq,
-            theirs: theirs.commit_micros,
-            ours,
-        })
+            .map_err(|e| StreamError::Protocol(format!("checking the receiver: {e}")))?
     }
 
     /// Hands the current status to the ack hook, if there is one.
