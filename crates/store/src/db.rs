@@ -1732,14 +1732,8 @@ impl Inner {
         let mut log_bytes = 0;
         let mut written = Vec::with_capacity(records.len());
         let mut sizes = Vec::with_capacity(records.len());
-        let mut ddl = Vec::new();
-        let mut newest = HashMap::new();
         for (epoch, entry) in records {
             lsn = lsn.next();
-            if matches!(entry, LogEntry::Ddl { .. }) {
-                ddl.push(lsn.0);
-            }
-            note_last_commit(&mut newest, entry.gtid(), entry.commit_micros());
             let record = Arc::new(LogRecord { lsn, epoch, entry });
             let bytes = codec::encode_record(&record);
             log_bytes += bytes.len() as u64;
@@ -1752,13 +1746,13 @@ impl Inner {
         // carry the new high-waters), visible from here on, durable only after the
         // flush.
         self.engine.apply(batch)?;
-        if !ddl.is_empty() {
-            self.ddl_lsns.lock().extend(ddl);
-        }
         {
             let mut last = self.last_commits.lock();
-            for (origin, c) in newest {
-                note_last_commit(&mut last, Gtid::new(origin, c.seq), c.commit_micros);
+            for r in &written {
+                note_last_commit(&mut last, r.entry.gtid(), r.entry.commit_micros());
+                if matches!(r.entry, LogEntry::Ddl { .. }) {
+                    self.ddl_lsns.lock().insert(r.lsn.0);
+                }
             }
         }
         state.last_lsn = lsn;
