@@ -472,7 +472,12 @@ fn three_voters(d: &Path, args: &[&str]) -> (Node, Node, Node) {
 
 /// Stops `node` cleanly (asserting that it did) and starts it again on its data and
 /// address with `args`.
-fn restart_cleanly(mut node: Node, d: &Path, args: &[&str]) -> Node {
+fn restart_cleanly(node: Node, d: &Path, args: &[&str]) -> Node {
+    restart_cleanly_with(node, d, args, || {})
+}
+
+/// [`restart_cleanly`], doing `meanwhile` while the node is down.
+fn restart_cleanly_with(mut node: Node, d: &Path, args: &[&str], meanwhile: impl FnOnce()) -> Node {
     assert!(
         node.terminate().is_some_and(|s| s.success()),
         "{} did not stop cleanly",
@@ -480,6 +485,7 @@ fn restart_cleanly(mut node: Node, d: &Path, args: &[&str]) -> Node {
     );
     let (name, grpc) = (node.name.clone(), node.grpc.clone());
     drop(node);
+    meanwhile();
     Node::start_at(&name, &d.join(&name), &grpc, args)
 }
 
@@ -923,6 +929,12 @@ fn keys(node: &Node) -> Value {
     results[0]["rows"].clone()
 }
 
+/// Puts a store back to the copy `saved` (the copy takes its place).
+fn put_back(saved: &Path, store: &Path) {
+    std::fs::remove_dir_all(store).unwrap();
+    std::fs::rename(saved, store).unwrap();
+}
+
 /// Copies a directory tree (files and directories only).
 fn copy_tree(from: &Path, to: &Path) {
     std::fs::create_dir_all(to).unwrap();
@@ -951,12 +963,8 @@ fn a_subscriber_holding_commits_its_master_lost_is_never_streamed_to_again() {
     receipt_to_n2(&n1, &n2);
     sql_ok(&n1, "insert into t values (1, 'kept')");
     // The store as the machine's disk will have it: without the next two commits.
-    let mut n1 = n1;
-    assert!(n1.terminate().is_some_and(|s| s.success()));
-    let (n1_grpc, store, saved) = (n1.grpc.clone(), d.join("n1/db"), d.join("n1-db-saved"));
-    drop(n1);
-    copy_tree(&store, &saved);
-    let n1 = Node::start_at("n1", &d.join("n1"), &n1_grpc, &boot("boot-a"));
+    let (store, saved) = (d.join("n1/db"), d.join("n1-db-saved"));
+    let n1 = restart_cleanly_with(n1, d, &boot("boot-a"), || copy_tree(&store, &saved));
     wait_for("the stream to n2 again", WAIT, || {
         outbound_to(&n1, "n2").filter(|o| o["state"] == "streaming")
     });
@@ -965,13 +973,7 @@ fn a_subscriber_holding_commits_its_master_lost_is_never_streamed_to_again() {
         assert!(warnings(&results).is_empty(), "{results:?}");
     }
     assert_eq!(count(&n2, "t"), Some(3));
-    let mut n1 = n1;
-    assert!(n1.terminate().is_some_and(|s| s.success()));
-    drop(n1);
-    std::fs::remove_dir_all(&store).unwrap();
-    std::fs::rename(&saved, &store).unwrap();
-
-    let n1 = Node::start_at("n1", &d.join("n1"), &n1_grpc, &boot("boot-b"));
+    let n1 = restart_cleanly_with(n1, d, &boot("boot-b"), || put_back(&saved, &store));
     let reason = wait_for(
         "n1 to name the subscriber holding its lost commits",
         WAIT,
@@ -1049,12 +1051,8 @@ fn a_subscriber_holding_commits_a_restored_master_gave_out_again_is_refused() {
     streaming(&n1);
     sql_ok(&n1, "insert into t values (1, 'kept')");
     // The copy of n1's store, taken without the next two commits.
-    let mut n1 = n1;
-    assert!(n1.terminate().is_some_and(|s| s.success()));
-    let (n1_grpc, store, saved) = (n1.grpc.clone(), d.join("n1/db"), d.join("n1-db-saved"));
-    drop(n1);
-    copy_tree(&store, &saved);
-    let n1 = Node::start_at("n1", &d.join("n1"), &n1_grpc, &args);
+    let (store, saved) = (d.join("n1/db"), d.join("n1-db-saved"));
+    let n1 = restart_cleanly_with(n1, d, &args, || copy_tree(&store, &saved));
     streaming(&n1);
     for k in [2, 3] {
         sql_ok(&n1, &format!("insert into t values ({k}, 'lost')"));
@@ -1068,12 +1066,7 @@ fn a_subscriber_holding_commits_a_restored_master_gave_out_again_is_refused() {
     let n2_grpc = n2.grpc.clone();
     n2.kill9();
     drop(n2);
-    let mut n1 = n1;
-    assert!(n1.terminate().is_some_and(|s| s.success()));
-    drop(n1);
-    std::fs::remove_dir_all(&store).unwrap();
-    std::fs::rename(&saved, &store).unwrap();
-    let n1 = Node::start_at("n1", &d.join("n1"), &n1_grpc, &args);
+    let n1 = restart_cleanly_with(n1, d, &args, || put_back(&saved, &store));
     for k in 4..=7 {
         let row = format!("insert into t values ({k}, 'new')");
         wait_for("n1 to take a write", WAIT, || {
@@ -1081,7 +1074,7 @@ fn a_subscriber_holding_commits_a_restored_master_gave_out_again_is_refused() {
         });
     }
 
-    let n2 = start("n2", d, &n2_grpc, Some(&n1_grpc));
+    let n2 = start("n2", d, &n2_grpc, Some(&n1.grpc));
     diverged_from(
         &n1,
         "n2's stream to say diverged",
