@@ -371,7 +371,8 @@ impl Sender {
                 Err(
                     e @ (StreamError::Diverged { holds, .. }
                     | StreamError::Ahead { holds, .. }
-                    | StreamError::Reused { holds, .. }),
+                    | StreamError::Reused { holds, .. }
+                    | StreamError::GaveAgain { holds }),
                 ) => {
                     warn!(error = %e, "cannot stream");
                     SenderState::Diverged {
@@ -849,6 +850,10 @@ impl Sender {
             .await?;
         match verdict {
             RestartCheck::Admitted => Ok(()),
+            // Recorded by the reuse check: this node's seqs had passed what it holds.
+            RestartCheck::Diverged(d) if d.holds <= d.seq => {
+                Err(StreamError::GaveAgain { holds: d.holds })
+            }
             RestartCheck::Diverged(d) => Err(StreamError::Ahead {
                 holds: d.holds,
                 own: d.seq,

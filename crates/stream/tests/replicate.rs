@@ -1019,11 +1019,16 @@ async fn a_receiver_holding_a_commit_whose_seq_the_master_gave_again_is_refused(
     );
     assert_eq!(sub.high_water(NodeId(1))?, 5, "nothing reached s1");
     assert!(rows(&sub)?.is_empty());
-    // Recorded: the next session is refused at once.
+    // Recorded: the next session is refused at once, for the same reason.
     assert!(matches!(
         master.check_receiver_ahead("s1", 2, 5)?,
         hawser_store::RestartCheck::Diverged(_)
     ));
+    wait_status(&h, "the next session refused for the same reason", |s| {
+        matches!(&s.state, SenderState::Diverged { reason, .. }
+            if reason.contains("given that seq to another commit"))
+    })
+    .await?;
     senders.stop().await;
     r.stop().await;
     Ok(())
