@@ -55,8 +55,8 @@ pub enum StreamError {
     )]
     Reused { holds: u64, theirs: i64, ours: i64 },
     #[error(
-        "the receiver holds this node's commit seq {holds}, but this node has given that seq \
-         to another commit (found when it last streamed to it): it holds commits this node \
+        "the receiver holds this node's commit seq {holds}, but this node gave the seq to \
+         another commit (found when it last streamed to it): it holds commits this node \
          lost, and would skip this node's commits under seqs it already has; rebuild the \
          subscriber from this node (a new store), or make it the master"
     )]

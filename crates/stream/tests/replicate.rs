@@ -1026,7 +1026,7 @@ async fn a_receiver_holding_a_commit_whose_seq_the_master_gave_again_is_refused(
     ));
     wait_status(&h, "the next session refused for the same reason", |s| {
         matches!(&s.state, SenderState::Diverged { reason, .. }
-            if reason.contains("given that seq to another commit"))
+            if reason.contains("found when it last streamed"))
     })
     .await?;
     senders.stop().await;
