@@ -6,6 +6,9 @@
 //!  │               └── Backoff (50 ms … 5 s) ◄─────┴───── error / peer silent ◄──────┘
 //!  └─ shutdown ──► Stopped
 //!
+//!  A refusal (Refused, LogReleased, Diverged) stays the state through the backoff and
+//!  the next attempt, until that attempt streams or ends another way.
+//!
 //!  Streaming: log_range(cursor) ─► LinkConfig::filter (origin, tables, high-water)
 //!             ─► encode ─► compress ─► Batch(through_lsn) ─► in flight (bounded)
 //!             ◄─ Ack(durable, applied, through_lsn) ─ frees in-flight, feeds status
@@ -73,6 +76,17 @@ pub enum SenderState {
         holds: u64,
     },
     Stopped,
+}
+
+impl SenderState {
+    /// Whether the receiver (or this node's log) refused the last session: the cause
+    /// outlasts the backoff unless something changed.
+    pub fn is_refusal(&self) -> bool {
+        matches!(
+            self,
+            Self::Refused { .. } | Self::LogReleased { .. } | Self::Diverged { .. }
+        )
+    }
 }
 
 /// A sender's status, for `hawser status` and the return-service tracker.
@@ -352,7 +366,11 @@ impl Sender {
                 break;
             }
             self.status.send_modify(|s| {
-                s.state = SenderState::Connecting;
+                // A refusal stays the state until the next attempt ends another way:
+                // status keeps naming why nothing is sent while it is asked again.
+                if !s.state.is_refusal() {
+                    s.state = SenderState::Connecting;
+                }
                 s.sessions += 1;
             });
             let mut streamed = false;

@@ -1024,11 +1024,21 @@ async fn a_receiver_holding_a_commit_whose_seq_the_master_gave_again_is_refused(
         master.check_receiver_ahead("s1", 2, 5)?,
         hawser_store::RestartCheck::Diverged(_)
     ));
-    wait_status(&h, "the next session refused for the same reason", |s| {
+    let again = wait_status(&h, "the next session refused for the same reason", |s| {
         matches!(&s.state, SenderState::Diverged { reason, .. }
             if reason.contains("found when it last streamed"))
     })
     .await?;
+    // Asked again and again, status keeps saying why in between: never `connecting`.
+    let mut between = Vec::new();
+    wait_status(&h, "two more sessions", |s| {
+        if !matches!(s.state, SenderState::Diverged { .. }) {
+            between.push(s.state.clone());
+        }
+        s.sessions >= again.sessions + 2
+    })
+    .await?;
+    assert!(between.is_empty(), "{between:?}");
     senders.stop().await;
     r.stop().await;
     Ok(())
