@@ -308,11 +308,6 @@ pub(crate) struct RecordHead {
     pub ddl: bool,
 }
 
-/// The Gtid of a stored log record, read from its first bytes only.
-pub(crate) fn record_gtid(key: &[u8], bytes: &[u8]) -> Result<Gtid, StoreError> {
-    Ok(record_head(key, bytes)?.gtid)
-}
-
 /// A log record's Gtid, commit time and whether it is a DDL record, read without
 /// decoding the rest.
 pub(crate) fn record_head(key: &[u8], bytes: &[u8]) -> Result<RecordHead, StoreError> {
@@ -527,9 +522,9 @@ mod tests {
                 epoch: Epoch(1),
                 entry,
             });
-            assert_eq!(record_gtid(b"L", &bytes).unwrap(), gtid);
+            assert_eq!(record_head(b"L", &bytes).unwrap().gtid, gtid);
             assert!(
-                record_gtid(b"L", &bytes[..10]).is_err(),
+                record_head(b"L", &bytes[..10]).is_err(),
                 "a short record is corrupt"
             );
         }

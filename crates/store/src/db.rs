@@ -453,19 +453,25 @@ impl Database {
         };
         // High-water marks: the `H` keys hold every origin's mark as of the log
         // released so far; the records still held raise them to the last commit.
+        // They also name each origin's newest released commit, the newest one held
+        // when no record of that origin is left (the log raises it too).
         let mut marks = BTreeMap::new();
+        let mut last_commits = HashMap::new();
         for kv in engine.scan(layout::prefix_range(&[layout::HIGH_WATER_PREFIX]), false) {
             let (k, v) = kv?;
             let origin = layout::suffix_u64(&k)
                 .filter(|_| k.len() == 9)
                 .ok_or_else(|| StoreError::corrupt(&k, "malformed high-water key"))?;
-            marks.insert(NodeId(origin), u64_value(&k, &v)?);
+            let (seq, micros) = layout::decode_high_water(&k, &v)?;
+            marks.insert(NodeId(origin), seq);
+            if let Some(micros) = micros {
+                note_last_commit(&mut last_commits, Gtid::new(NodeId(origin), seq), micros);
+            }
         }
         // The log's first record and size, for retention ([`Database::release_log`]).
         let mut log_start = None;
         let mut log_sizes = LogSizes::default();
         let mut ddl_lsns = BTreeSet::new();
-        let mut last_commits = HashMap::new();
         for kv in engine.scan(layout::prefix_range(&[layout::LOG_PREFIX]), false) {
             let (k, v) = kv?;
             let lsn = layout::suffix_u64(&k)
@@ -1303,8 +1309,8 @@ impl Database {
     }
 
     /// The newest commit of `origin` this store holds, by seq and its origin's commit
-    /// time (`None` when there is none, or when its record was released from the log
-    /// before this store was opened). A sender compares it with its own commit under
+    /// time (`None` when there is none, or when its record was released before store
+    /// format 4, whose `H` keys keep the newest released commit's time). A sender compares it with its own commit under
     /// that seq: another time means the sender gave that seq to another commit — it
     /// lost the one the receiver has.
     pub fn last_commit_of(&self, origin: NodeId) -> Option<HeldCommit> {
@@ -1407,7 +1413,7 @@ impl Database {
             let mut last = None;
             // The marks the released records carry go to the `H` keys in the same
             // batch: they are what opening derives the marks from.
-            let mut released_marks: BTreeMap<NodeId, u64> = BTreeMap::new();
+            let mut released_marks: HashMap<NodeId, HeldCommit> = HashMap::new();
             for kv in inner.engine.scan(log_from(Lsn(start)), false).take(CHUNK) {
                 let (k, v) = kv?;
                 let lsn = layout::suffix_u64(&k)
@@ -1416,23 +1422,25 @@ impl Database {
                 if lsn > limit || retained.saturating_sub(size) < keep_bytes {
                     break;
                 }
-                let gtid = codec::record_gtid(&k, &v)?;
-                let mark = released_marks.entry(gtid.origin).or_insert(0);
-                *mark = (*mark).max(gtid.seq);
+                let head = codec::record_head(&k, &v)?;
+                note_last_commit(&mut released_marks, head.gtid, head.commit_micros);
                 retained -= size;
                 batch.delete(k);
                 last = Some(lsn);
             }
             let Some(last) = last else { break };
             let count = batch.len() as u64;
-            for (origin, seq) in released_marks {
+            for (origin, newest) in released_marks {
                 let key = layout::high_water_key(origin);
                 let kept = match inner.engine.get(&key)? {
-                    Some(v) => u64_value(&key, &v)?,
+                    Some(v) => layout::decode_high_water(&key, &v)?.0,
                     None => 0,
                 };
-                if seq > kept {
-                    batch.put(key, seq.to_be_bytes().to_vec());
+                if newest.seq > kept {
+                    batch.put(
+                        key,
+                        layout::high_water_value(newest.seq, newest.commit_micros),
+                    );
                 }
             }
             inner.engine.apply(batch)?;
@@ -2199,7 +2207,7 @@ fn check_format(engine: &dyn KvEngine) -> Result<(), StoreError> {
                 })?;
             if version == FORMAT_VERSION {
                 Ok(())
-            } else if version == 1 || version == 2 {
+            } else if (1..=3).contains(&version) {
                 // Format 1 wrote every origin's high-water key with each commit; format
                 // 2 derives the marks from the log and writes the keys only as log is
                 // released. A format-1 store is a valid format-2 store (its keys are
@@ -2207,7 +2215,8 @@ fn check_format(engine: &dyn KvEngine) -> Result<(), StoreError> {
                 // write-ahead log; the engine still reads and deletes those an older
                 // store left in sled. So both are upgraded by rewriting the marker: an
                 // older build must not open the store afterwards (it would not find the
-                // log, and would drop the log segments that hold it).
+                // log, and would drop the log segments that hold it). Format 4 reads
+                // an older `H` value (its seq alone) as it is.
                 write_format_marker(engine)
             } else if version > FORMAT_VERSION {
                 Err(StoreError::IncompatibleFormat(format!(

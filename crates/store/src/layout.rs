@@ -25,6 +25,7 @@ use hawser_core::{Lsn, NodeId, QualName, Value};
 use std::ops::Bound;
 
 use crate::engine::ByteRange;
+use crate::error::StoreError;
 
 pub(crate) const FORMAT_KEY: &[u8] = b"Fformat";
 pub(crate) const NEXT_TABLE_ID_KEY: &[u8] = b"Mnext_table_id";
@@ -48,9 +49,10 @@ pub(crate) const FORMAT_MAGIC: &[u8] = b"hawser-store";
 /// The on-disk format this build reads and writes.
 /// Format 1 wrote every origin's high-water mark with each commit; format 2 derives the
 /// marks from the log and writes `H` keys only for log it releases; format 3 keeps the
-/// log's `L` keys in the write-ahead log instead of sled (`crate::engine`, `LogIndex`).
-/// Older formats are upgraded when opened.
-pub const FORMAT_VERSION: u32 = 3;
+/// log's `L` keys in the write-ahead log instead of sled (`crate::engine`, `LogIndex`);
+/// format 4 may follow an `H` key's seq with the commit time of that origin's newest
+/// released commit ([`high_water_value`]). Older formats are upgraded when opened.
+pub const FORMAT_VERSION: u32 = 4;
 
 pub(crate) fn format_value() -> Vec<u8> {
     let mut v = FORMAT_MAGIC.to_vec();
@@ -93,6 +95,31 @@ pub(crate) fn log_key(lsn: Lsn) -> Vec<u8> {
     let mut k = vec![LOG_PREFIX];
     k.extend_from_slice(&lsn.0.to_be_bytes());
     k
+}
+
+/// An `H` key's value: the highest seq of the origin among released log records,
+/// followed (format 4) by that commit's commit time.
+pub(crate) fn high_water_value(seq: u64, commit_micros: i64) -> Vec<u8> {
+    let mut v = seq.to_be_bytes().to_vec();
+    v.extend_from_slice(&commit_micros.to_be_bytes());
+    v
+}
+
+/// Reads an `H` key's value: the seq, and the commit time where the value has one
+/// (formats before 4 wrote the seq alone).
+pub(crate) fn decode_high_water(key: &[u8], v: &[u8]) -> Result<(u64, Option<i64>), StoreError> {
+    let word = |b: &[u8]| <[u8; 8]>::try_from(b).expect("eight bytes");
+    match v.len() {
+        8 => Ok((u64::from_be_bytes(word(v)), None)),
+        16 => Ok((
+            u64::from_be_bytes(word(&v[..8])),
+            Some(i64::from_be_bytes(word(&v[8..]))),
+        )),
+        n => Err(StoreError::corrupt(
+            key,
+            format!("a high-water value is 8 or 16 bytes, found {n}"),
+        )),
+    }
 }
 
 pub(crate) fn high_water_key(origin: NodeId) -> Vec<u8> {

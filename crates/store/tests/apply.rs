@@ -684,7 +684,8 @@ async fn a_table_replicated_ddl_creates_is_refused_to_client_writes_until_a_plan
 
 /// `last_commit_of` gives each origin's newest commit by seq and commit time, for this
 /// node's own origin and for one applied from, kept as commits come and derived from
-/// the log when the store opens.
+/// the log when the store opens — and from the marks of released log once the log holds
+/// none of an origin's commits.
 async fn the_newest_commit_of_each_origin_is_known_before_and_after_reopening(mut f: Fixture) {
     let db = setup(&f).await;
     let own = db.node_id();
@@ -718,6 +719,33 @@ async fn the_newest_commit_of_each_origin_is_known_before_and_after_reopening(mu
     expected(db);
     let db = f.reopen();
     expected(db);
+    // Once every record of ORIGIN is released, its newest commit is still known
+    // after reopening: the released mark keeps its commit time.
+    let mut txn = db.begin();
+    txn.insert(&t(), row(3, 0)).await.unwrap();
+    let newer = txn.commit().await.unwrap();
+    db.release_log(newer.lsn, 0).unwrap();
+    assert!(db
+        .log_range(Lsn(1), 10)
+        .unwrap()
+        .iter()
+        .all(|r| r.entry.gtid().origin == own));
+    let micros = db.log_range(newer.lsn, 1).unwrap()[0].entry.commit_micros();
+    let db = f.reopen();
+    assert_eq!(
+        db.last_commit_of(ORIGIN),
+        Some(HeldCommit {
+            seq: 2,
+            commit_micros: 1_002
+        })
+    );
+    assert_eq!(
+        db.last_commit_of(own),
+        Some(HeldCommit {
+            seq: newer.gtid.seq,
+            commit_micros: micros
+        })
+    );
 }
 
 async fn commits_after_reads_one_origins_newest_commits_back_and_says_when_it_saw_them_all(

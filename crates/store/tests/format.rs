@@ -40,11 +40,12 @@ fn open(engine: &Arc<MemEngine>) -> Result<Database, hawser_store::StoreError> {
 }
 
 #[test]
-fn format_1_and_2_stores_are_upgraded_and_keep_their_high_water_marks() {
-    // Format 1 wrote the high-water keys with every commit; formats 2 and 3 read them as
-    // the marks of released log and raise them with the log they hold. Format 3 moved
-    // the log keys out of sled, which changes nothing for a store in memory.
-    for old in [1u32, 2] {
+fn format_1_to_3_stores_are_upgraded_and_keep_their_high_water_marks() {
+    // Format 1 wrote the high-water keys with every commit; formats 2 and later read
+    // them as the marks of released log and raise them with the log they hold. Format 3
+    // moved the log keys out of sled, which changes nothing for a store in memory;
+    // format 4 may add a commit time after the seq, which older values lack.
+    for old in [1u32, 2, 3] {
         let mut marker = b"hawser-store".to_vec();
         marker.extend_from_slice(&old.to_be_bytes());
         let mut hw = vec![b'H'];
@@ -60,6 +61,19 @@ fn format_1_and_2_stores_are_upgraded_and_keep_their_high_water_marks() {
             "from {old}"
         );
     }
+}
+
+#[test]
+fn a_high_water_value_of_another_length_is_reported_with_its_key() {
+    let mut hw = vec![b'H'];
+    hw.extend_from_slice(&77u64.to_be_bytes());
+    let mut marker = b"hawser-store".to_vec();
+    marker.extend_from_slice(&hawser_store::layout::FORMAT_VERSION.to_be_bytes());
+    let engine = engine_with(&[(b"Fformat", &marker), (&hw, &[0u8; 12])]);
+    let err = open(&engine).unwrap_err();
+    let msg = err.to_string();
+    assert!(msg.contains("8 or 16 bytes, found 12"), "{msg}");
+    assert!(msg.contains("H\\x00"), "names the key: {msg}");
 }
 
 #[test]
