@@ -23,7 +23,7 @@ pub struct StartArgs {
     /// data_dir, durable_commits, lock_timeout, max_message_bytes, join, advertise,
     /// raft_heartbeat, raft_election_min, raft_election_max, raft_snapshot_every,
     /// raft_log_keep, compile, compile_threshold_txns, compile_threshold_bytes,
-    /// log_file_size, log_keep_bytes, threads, boot_id).
+    /// log_file_size, log_keep_bytes, min_free_bytes, threads, boot_id).
     #[arg(long, env = "HAWSER_CONFIG")]
     config: Option<PathBuf>,
     /// Store name replication schemes use for this node [default: hawser].
@@ -88,6 +88,12 @@ pub struct StartArgs {
     /// log: one that missed released log needs a duplicate [default: 67108864].
     #[arg(long, env = "HAWSER_LOG_KEEP_BYTES", value_name = "BYTES")]
     log_keep_bytes: Option<u64>,
+    /// Free space kept on the data directory's volume: below it the node refuses writes
+    /// — its own commits and DDL (SQLSTATE 53100, "disk full") and what its receiver
+    /// would apply (the sender retries) — until there is room again; reads go on.
+    /// Checked four times a second; 0 turns the check off [default: 67108864].
+    #[arg(long, env = "HAWSER_MIN_FREE_BYTES", value_name = "BYTES")]
+    min_free_bytes: Option<u64>,
     /// Async worker threads: 0 runs one per CPU core; 1 runs the node on a single
     /// thread, which flushes a receiver's applies inline (fewer thread wake-ups per
     /// replicated commit; suits subscribers and nodes sharing a small machine)
@@ -212,6 +218,9 @@ impl StartArgs {
         }
         if let Some(v) = self.log_keep_bytes {
             c.log_keep_bytes = v;
+        }
+        if let Some(v) = self.min_free_bytes {
+            c.min_free_bytes = v;
         }
         if let Some(v) = self.threads {
             c.threads = v;

@@ -59,6 +59,33 @@ pub async fn run(args: StatusArgs) -> anyhow::Result<ExitCode> {
             if let Some(reason) = paused {
                 println!("writes      PAUSED: {reason}");
             }
+            let disk = serde_json::from_str::<serde_json::Value>(&s.replication_json)
+                .ok()
+                .and_then(|r| {
+                    let d = r.get("disk")?;
+                    Some((
+                        d["free_bytes"].as_u64()?,
+                        d["min_free_bytes"].as_u64()?,
+                        d["full"].as_bool()?,
+                    ))
+                });
+            if let Some((free, min, full)) = disk {
+                let mib = |b: u64| b as f64 / (1024.0 * 1024.0);
+                if full {
+                    println!(
+                        "disk        FULL: {:.1} MiB free, below the {:.1} MiB kept free: \
+                         writes and applies refused until there is room",
+                        mib(free),
+                        mib(min)
+                    );
+                } else {
+                    println!(
+                        "disk        {:.1} MiB free ({:.1} MiB kept free)",
+                        mib(free),
+                        mib(min)
+                    );
+                }
+            }
             let log = serde_json::from_str::<serde_json::Value>(&s.replication_json)
                 .ok()
                 .and_then(|r| {

@@ -68,6 +68,11 @@ pub struct NodeConfig {
     /// soon after can still get recent history; older log is released once every
     /// stream that holds log (receivers in START or PAUSE state) has acknowledged it.
     pub log_keep_bytes: u64,
+    /// Writes (own commits, DDL, replicated applies) are refused with SQLSTATE 53100
+    /// while the volume of the data directory has less than this many bytes available,
+    /// so a filling disk stops writes cleanly instead of failing one half way
+    /// (docs/storage.md, "A full disk"); 0 never refuses.
+    pub min_free_bytes: u64,
     /// Async worker threads: 0 runs one per CPU core; 1 runs the whole node on one
     /// thread, where a receiver's flush blocks it as a PostgreSQL walreceiver's does
     /// (several nodes sharing a small machine spend less CPU per replicated commit
@@ -102,6 +107,7 @@ impl Default for NodeConfig {
             compile_threshold_bytes: CompilePolicy::DEFAULT_MIN_BYTES,
             log_file_size: 64 * 1024 * 1024,
             log_keep_bytes: 64 * 1024 * 1024,
+            min_free_bytes: 64 * 1024 * 1024,
             threads: 0,
             boot_id: None,
         }

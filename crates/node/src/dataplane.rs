@@ -299,6 +299,10 @@ pub(crate) async fn run(task: DataPlaneTask) {
         check_restart_fence(&task, &state, &running);
         metrics::gauge!("hawser_writes_paused")
             .set(f64::from(u8::from(task.db.writes_paused().is_some())));
+        if let Some(space) = task.db.space() {
+            metrics::gauge!("hawser_disk_free_bytes").set(space.free_bytes as f64);
+            metrics::gauge!("hawser_disk_full").set(f64::from(u8::from(space.low)));
+        }
         first_seen.retain(|k, _| known.contains_key(k));
         for k in known.keys() {
             first_seen

@@ -45,6 +45,7 @@ fn store_status(e: &StoreError) -> Status {
         "55P03" | "40001" => tonic::Code::Aborted,
         "58030" | "57P03" => tonic::Code::Unavailable,
         "XX001" => tonic::Code::DataLoss,
+        "53100" => tonic::Code::ResourceExhausted,
         _ => tonic::Code::InvalidArgument,
     };
     status_with_code(grpc, code, e.to_string())

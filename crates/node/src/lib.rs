@@ -142,6 +142,15 @@ impl NodeState {
         json["returns"] = self.returns.json();
         // Why this node takes no writes of its own now (the restart fence), if so.
         json["writes_paused"] = self.db.writes_paused().into();
+        // The data directory's free space against the floor writes stop at.
+        json["disk"] = match self.db.space() {
+            Some(s) => serde_json::json!({
+                "free_bytes": s.free_bytes,
+                "min_free_bytes": s.min_free_bytes,
+                "full": s.low,
+            }),
+            None => serde_json::Value::Null,
+        };
         json["log"] = serde_json::json!({
             "start_lsn": self.db.log_start().0,
             "last_lsn": self.db.last_lsn().0,
@@ -239,6 +248,7 @@ pub async fn run(
         durable_commits: config.durable_commits,
         lock_timeout: config.lock_timeout,
         boot_id: config.boot_id.clone(),
+        min_free_bytes: config.min_free_bytes,
     };
     let db_dir = config.data_dir.join("db");
     // Opening sled replays its log: blocking work, kept off the async workers.

@@ -359,6 +359,9 @@ impl Database {
             .iter()
             .filter(|r| r.txn.gtid.seq > marks.get(&r.txn.gtid.origin).copied().unwrap_or(0))
             .collect();
+        if !fresh.is_empty() {
+            inner.check_space()?;
+        }
         // Net operations describe the whole run: write them only if all of it is new.
         let net = net.filter(|_| fresh.len() == batch.len());
         let prepared = prepare(self, &fresh, net)?;

@@ -43,6 +43,7 @@ use crate::locks::LockManager;
 use crate::log::{DdlOp, LogEntry, LogRecord};
 use crate::restart::{Diverged, HeldCommit, RestartCheck, RestartEvidence, RestartPoint};
 use crate::sequence::{SequenceDef, SequenceState, BLOCK_SIZE};
+use crate::space::{SpaceGuard, SpaceStatus};
 use crate::txn::Txn;
 
 /// How a database is opened.
@@ -59,16 +60,21 @@ pub struct DbOptions {
     /// was last opened under ([`Database::machine_restarted`]); `None` reads Linux's
     /// `/proc/sys/kernel/random/boot_id`.
     pub boot_id: Option<String>,
+    /// Writes are refused (SQLSTATE 53100) while the volume of the store's directory
+    /// has less than this many bytes available ([`crate::space`]); 0 never refuses.
+    /// Only a store on disk ([`Database::open_sled`]) checks.
+    pub min_free_bytes: u64,
 }
 
 impl DbOptions {
-    /// Durable commits and a 10 s lock timeout.
+    /// Durable commits, a 10 s lock timeout, no free-space floor.
     pub fn new(node_id: NodeId) -> Self {
         Self {
             node_id,
             durable_commits: true,
             lock_timeout: Duration::from_secs(10),
             boot_id: None,
+            min_free_bytes: 0,
         }
     }
 }
@@ -311,6 +317,8 @@ pub(crate) struct Inner {
     ahead: Mutex<BTreeMap<String, Diverged>>,
     /// Why this node takes no commits of its own now ([`Database::pause_writes`]).
     paused: RwLock<Option<String>>,
+    /// The free-space floor of a store on disk ([`crate::space`]).
+    space: std::sync::OnceLock<Arc<SpaceGuard>>,
     counters: Counters,
     metrics: Metrics,
 }
@@ -544,6 +552,7 @@ impl Database {
             restart: Mutex::new(restart),
             ahead: Mutex::new(ahead),
             paused: RwLock::new(None),
+            space: std::sync::OnceLock::new(),
             counters: Counters::default(),
             metrics: Metrics::new(),
         };
@@ -554,7 +563,25 @@ impl Database {
 
     /// Opens (or creates) a sled-backed database in `dir`.
     pub fn open_sled(dir: &Path, opts: DbOptions) -> Result<Database, StoreError> {
-        Self::open(Arc::new(SledEngine::open(dir)?), opts)
+        let min_free = opts.min_free_bytes;
+        let db = Self::open(Arc::new(SledEngine::open(dir)?), opts)?;
+        if min_free > 0 {
+            let guard = SpaceGuard::start(dir, min_free)?;
+            let _ = db.inner.space.set(guard);
+        }
+        Ok(db)
+    }
+
+    /// Refuses with [`StoreError::DiskFull`] while the store's volume is below its
+    /// free-space floor (any write would be refused).
+    pub fn check_space(&self) -> Result<(), StoreError> {
+        self.inner.check_space()
+    }
+
+    /// The free space of the store's volume against its floor (`None` for a store not
+    /// on disk, or without a floor).
+    pub fn space(&self) -> Option<SpaceStatus> {
+        self.inner.space.get().map(|g| g.status())
     }
 
     /// A fresh in-memory database.
@@ -1640,6 +1667,14 @@ impl Inner {
         self.append_as(prepare, kind, Origin::Local)
     }
 
+    /// Refuses a write while the store's volume is below its free-space floor.
+    pub(crate) fn check_space(&self) -> Result<(), StoreError> {
+        match self.space.get() {
+            Some(guard) => guard.check(),
+            None => Ok(()),
+        }
+    }
+
     /// [`Inner::append`] for a commit of either origin: a local one takes the next
     /// Gtid of this node and the current epoch, a replicated one (DDL received from
     /// another origin) keeps its Gtid, epoch and commit time. Either way the record's
@@ -1654,6 +1689,7 @@ impl Inner {
         P: FnOnce(&mut CommitState, Gtid, i64) -> Result<Prepared<I>, StoreError>,
         I: FnOnce(),
     {
+        self.check_space()?;
         if matches!(origin, Origin::Local) {
             if let Some(reason) = self.paused.read().clone() {
                 return Err(StoreError::WritesPaused(reason));

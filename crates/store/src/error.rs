@@ -73,6 +73,11 @@ pub enum StoreError {
     /// [`crate::Database::pause_writes`]); retry once the reason is resolved.
     #[error("this node takes no writes now: {0}")]
     WritesPaused(String),
+    /// The volume of the store's directory has less free space than the store keeps
+    /// ([`crate::DbOptions::min_free_bytes`]): writes are refused before they touch the
+    /// disk; retry once there is room.
+    #[error("disk full: {0}")]
+    DiskFull(String),
     /// A replicated transaction could not be applied here (a table it names does not
     /// exist, a row does not fit the table, ...). Nothing of its batch was applied.
     #[error("replicated transaction {gtid}: {source}")]
@@ -121,6 +126,7 @@ impl StoreError {
             StoreError::NotSupported(_) => "0A000",
             StoreError::ReceivedTable { .. } => "25006",
             StoreError::WritesPaused(_) => "57P03",
+            StoreError::DiskFull(_) => "53100",
             StoreError::Replicated { source, .. } => source.code(),
             StoreError::InvalidBatch(_) => "08P01",
             StoreError::Io { .. } => "58030",
@@ -133,7 +139,8 @@ impl StoreError {
         match self {
             StoreError::LockTimeout { .. }
             | StoreError::TableChanged(_)
-            | StoreError::WritesPaused(_) => true,
+            | StoreError::WritesPaused(_)
+            | StoreError::DiskFull(_) => true,
             StoreError::Replicated { source, .. } => source.is_retryable(),
             _ => false,
         }
@@ -143,9 +150,19 @@ impl StoreError {
         context: impl Into<String>,
         source: impl std::error::Error + Send + Sync + 'static,
     ) -> Self {
+        let source: Box<dyn std::error::Error + Send + Sync> = Box::new(source);
+        // sled prints its I/O errors with Debug ("IO error: Os { code: 28, ... }"):
+        // give the operating system's own words instead.
+        let source = match source.downcast::<sled::Error>() {
+            Ok(sled) => match *sled {
+                sled::Error::Io(io) => Box::new(io) as Box<dyn std::error::Error + Send + Sync>,
+                other => Box::new(other),
+            },
+            Err(other) => other,
+        };
         StoreError::Io {
             context: context.into(),
-            source: Box::new(source),
+            source,
         }
     }
 

@@ -35,6 +35,7 @@ mod locks;
 pub mod log;
 mod restart;
 pub mod sequence;
+pub mod space;
 pub mod txn;
 mod wal;
 
@@ -47,4 +48,5 @@ pub use restart::{
     CommitsAfter, Diverged, HeldCommit, RestartCheck, RestartEvidence, RestartPoint,
 };
 pub use sequence::SequenceDef;
+pub use space::SpaceStatus;
 pub use txn::{Savepoint, Txn};

@@ -377,6 +377,15 @@ impl ReceiverService {
         })
     }
 
+    /// The refusal for an apply this store cannot do, naming the store (the sender
+    /// shows it as its own status).
+    fn apply_failed(&self, e: &hawser_store::StoreError) -> (RefuseCode, String) {
+        (
+            RefuseCode::ApplyFailed,
+            format!("{} cannot apply: {e}", self.config.store),
+        )
+    }
+
     fn check_hello(&self, hello: &pb::Hello) -> Result<Accepted, (RefuseCode, String)> {
         if hello.protocol_version != PROTOCOL_VERSION {
             return Err((
@@ -396,6 +405,9 @@ impl ReceiverService {
                 ),
             ));
         }
+        // A store that cannot write now (its disk is full) takes no stream: its sender
+        // keeps saying why until there is room.
+        self.db.check_space().map_err(|e| self.apply_failed(&e))?;
         let known = self.epochs.borrow().clone();
         let mut elements = BTreeMap::new();
         for e in &hello.elements {
@@ -721,7 +733,7 @@ impl ReceiverService {
         let count: u64 = backlog.iter().map(|b| u64::from(b.count)).sum();
         let bytes: u64 = backlog.iter().map(|b| b.raw_bytes).sum();
         let compiles = self.config.compile.compiles(count, bytes);
-        let failed = |e: hawser_store::StoreError| (RefuseCode::ApplyFailed, e.to_string());
+        let failed = |e: hawser_store::StoreError| self.apply_failed(&e);
         let mut tally = Tally::default();
         let mut run: Vec<ReplicatedTxn> = Vec::new();
         let mut all_durable = true;
@@ -823,7 +835,7 @@ impl ReceiverService {
         if run.is_empty() {
             return Ok(true);
         }
-        let failed = |e: hawser_store::StoreError| (RefuseCode::ApplyFailed, e.to_string());
+        let failed = |e: hawser_store::StoreError| self.apply_failed(&e);
         let lazy = !accepted.returns_wait;
         let info = if compiles {
             let catalog: Vec<TableDef> = self.db.tables().iter().map(|t| (**t).clone()).collect();
