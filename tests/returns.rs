@@ -167,13 +167,19 @@ fn return_services_hold_commits_until_acknowledged_and_fail_over_to_8170() {
     let n2_grpc = n2.grpc.clone();
     n2.kill9();
     drop(n2);
-    let (results, _) = sql_ok(&n1, "insert into t values (7, 'v7')");
+    let (results, err) = sql_ok(&n1, "insert into t values (7, 'v7')");
     let w = warnings(&results);
     assert!(
         w.len() == 1 && w[0].starts_with("TT8170") && w[0].contains("n2"),
         "{w:?}"
     );
-    assert_eq!(count(&n1, "t"), Some(7));
+    // LOCAL COMMIT ACTION NO ACTION (the default) left it open; the script's session
+    // ended, which commits it here.
+    assert!(w[0].contains("stays open"), "{w:?}");
+    assert!(err.contains("committed on the node"), "{err}");
+    wait_for("row 7 once the session is gone", WAIT, || {
+        (count(&n1, "t") == Some(7)).then_some(())
+    });
     let r = returns(&n1);
     assert!(r["timed_out"].as_u64().unwrap() >= 1, "{r}");
     let (_, m) = http_get(&n1.http, "/metrics");
@@ -1060,6 +1066,12 @@ fn a_subscriber_holding_commits_a_restored_master_gave_out_again_is_refused() {
     wait_for("n2 to hold all three", WAIT, || {
         (count(&n2, "t") == Some(3)).then_some(())
     });
+    // ... durably: an async subscriber flushes its applies now and then, and what a
+    // SIGKILL takes from it now n1 no longer has to send again.
+    wait_for("n2 to have all three durably", WAIT, || {
+        outbound_to(&n1, "n2")
+            .filter(|o| o["lag_records"] == 0 && o["acked_durable"] == o["acked_applied"])
+    });
 
     // n2 is down while n1 is put back to the copy and commits past n2's seqs.
     let mut n2 = n2;
@@ -1089,4 +1101,122 @@ fn a_subscriber_holding_commits_a_restored_master_gave_out_again_is_refused() {
     let n1 = restart_cleanly(n1, d, &args);
     diverged_from(&n1, "n2's stream refused after n1's restart", "rebuild");
     assert_eq!(count(&n2, "t"), Some(3));
+}
+
+/// TimesTen's LOCAL COMMIT ACTION NO ACTION (the default) on real processes: a RETURN
+/// TWOSAFE commit that times out leaves the session's transaction open — committed on
+/// the master and shipped, but its rows hidden from other sessions — and only COMMIT
+/// may follow: it waits again, and once the subscriber has the commit it ends it.
+/// `ttRepSyncSet(NULL, NULL, 2)` before COMMIT ends it committed here instead, and so
+/// does the session going away.
+#[test]
+fn a_twosafe_commit_timed_out_under_no_action_stays_open_until_commit_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let (n1, n2, _n3) = three_voters(d, FAST_RAFT);
+    for n in [&n1, &n2] {
+        sql_ok(n, "create table t (k int primary key, v varchar(20))");
+    }
+    ddl(
+        &n1,
+        "CREATE REPLICATION r ELEMENT e TABLE t MASTER n1 SUBSCRIBER n2 RETURN TWOSAFE \
+         STORE n1 RETURN WAIT TIME 1",
+    );
+    wait_for("the stream to n2", WAIT, || {
+        outbound_to(&n1, "n2").filter(|o| o["state"] == "streaming")
+    });
+    let set_receiver = |state: &str| {
+        let out = n1.cli(&["receiver", "--subscriber", "n2", "--state", state]);
+        assert!(out.status.success(), "{}", stderr(&out));
+    };
+    // A worker thread of its own, so a dropped session's stream is closed at once.
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let session = || {
+        rt.block_on(async {
+            let mut c = hawser_client::Client::connect(&n1.grpc).await.unwrap();
+            c.session().await.unwrap()
+        })
+    };
+    let run = |s: &mut hawser_client::Session, sql: &str| rt.block_on(s.execute(sql)).unwrap();
+    let warned = |o: &hawser_client::ScriptOutcome| -> Vec<String> {
+        o.results
+            .iter()
+            .flat_map(|r| {
+                r.warnings
+                    .iter()
+                    .map(|w| format!("{}: {}", w.code, w.message))
+            })
+            .collect()
+    };
+
+    // n2 paused: TWOSAFE keeps waiting while replication is stopped (RETURN SERVICES
+    // ON WHEN STOPPED, its default), so the commit times out.
+    set_receiver("pause");
+    let mut a = session();
+    let o = run(&mut a, "insert into t values (1, 'open')");
+    assert!(o.error.is_none(), "{o:?}");
+    let w = warned(&o);
+    assert!(
+        w[0].starts_with("TT8170") && w[0].contains("stays open"),
+        "{w:?}"
+    );
+    assert!(o.in_transaction, "the transaction is still open");
+    assert_eq!(count(&n1, "t"), Some(0), "other sessions do not see it yet");
+    let o = run(&mut a, "insert into t values (2, 'refused')");
+    let e = o.error.expect("refused while open");
+    assert!(
+        e.code == "25001" && e.message.contains("COMMIT again"),
+        "{e:?}"
+    );
+    let o = run(&mut a, "rollback");
+    assert!(o
+        .error
+        .is_some_and(|e| e.message.contains("ROLLBACK is not possible")));
+    // COMMIT again waits again: still not acknowledged.
+    let o = run(&mut a, "commit");
+    assert!(warned(&o)[0].contains("again"), "{o:?}");
+    assert!(o.in_transaction);
+    // n2 resumes and commits it; the next COMMIT ends the transaction.
+    set_receiver("start");
+    wait_for("n2 to commit row 1", WAIT, || {
+        (count(&n2, "t") == Some(1)).then_some(())
+    });
+    let o = run(&mut a, "commit");
+    assert!(warned(&o).is_empty() && !o.in_transaction, "{o:?}");
+    assert_eq!(count(&n1, "t"), Some(1));
+
+    // localAction 2 before COMMIT: the next timeout ends it committed here.
+    set_receiver("pause");
+    let o = run(&mut a, "insert into t values (3, 'here')");
+    assert!(o.in_transaction, "{o:?}");
+    let o = run(&mut a, "call ttRepSyncSet(NULL, NULL, 2); commit");
+    let w = warned(&o);
+    assert!(w[0].contains("LOCAL COMMIT ACTION COMMIT"), "{w:?}");
+    assert!(!o.in_transaction);
+    assert_eq!(count(&n1, "t"), Some(2), "row 3 committed here");
+
+    // A session that goes away with a commit left open: it stands here too.
+    let mut b = session();
+    let o = run(&mut b, "insert into t values (4, 'gone')");
+    assert!(o.in_transaction, "{o:?}");
+    assert_eq!(count(&n1, "t"), Some(2));
+    drop(b);
+    wait_for("row 4 once its session is gone", WAIT, || {
+        (count(&n1, "t") == Some(3)).then_some(())
+    });
+    set_receiver("start");
+    wait_for("n2 to catch up", WAIT, || {
+        (count(&n2, "t") == Some(3)).then_some(())
+    });
+    assert_eq!(keys(&n1), keys(&n2));
+    assert_eq!(keys(&n1), serde_json::json!([[1], [3], [4]]));
+    let r = returns(&n1);
+    assert_eq!(
+        r["timed_out"], 3,
+        "one per commit left open, not per COMMIT: {r}"
+    );
 }

@@ -107,7 +107,7 @@ pub async fn run(args: SqlArgs) -> anyhow::Result<ExitCode> {
         return shell(&mut session, &mut printer, &args.host).await;
     }
     let numbered = scripts.len() > 1;
-    let mut in_transaction = false;
+    let (mut in_transaction, mut left_open) = (false, false);
     for script in &scripts {
         let outcome = match session.execute(&script.sql).await {
             Ok(outcome) => outcome,
@@ -117,12 +117,15 @@ pub async fn run(args: SqlArgs) -> anyhow::Result<ExitCode> {
             }
         };
         in_transaction = outcome.in_transaction;
+        left_open = outcome.left_open;
         let source = numbered.then_some(script.source.as_str());
         if !printer.outcome(&outcome, source)? {
             return Ok(ExitCode::FAILURE);
         }
     }
-    if in_transaction {
+    if left_open {
+        eprintln!("warning: {LEFT_OPEN_ENDED}");
+    } else if in_transaction {
         eprintln!("warning: the input ended inside a transaction; it was rolled back");
     }
     Ok(ExitCode::SUCCESS)
@@ -302,11 +305,12 @@ async fn shell<W: Write>(
         .context("cannot start the line editor")?;
 
     let mut lost = false;
-    let mut in_transaction = false;
+    let (mut in_transaction, mut left_open) = (false, false);
     while let Some(sql) = inputs.recv().await {
         match session.execute(&sql).await {
             Ok(outcome) => {
                 in_transaction = outcome.in_transaction;
+                left_open = outcome.left_open;
                 printer.outcome(&outcome, None)?;
             }
             Err(e) => {
@@ -331,11 +335,18 @@ async fn shell<W: Write>(
     if lost {
         return Ok(ExitCode::FAILURE);
     }
-    if in_transaction {
+    if left_open {
+        eprintln!("warning: {LEFT_OPEN_ENDED}");
+    } else if in_transaction {
         eprintln!("warning: the open transaction was rolled back");
     }
     Ok(ExitCode::SUCCESS)
 }
+
+/// What ending a session with a commit left open does.
+const LEFT_OPEN_ENDED: &str = "the session ended with a RETURN TWOSAFE commit left open by \
+    LOCAL COMMIT ACTION NO ACTION (TT8170 above): it is committed on the node and reaches \
+    the subscriber when it catches up";
 
 /// `~/.hawser_history` when the home directory is known and the file can be written;
 /// otherwise the shell keeps history for the session only.
@@ -645,6 +656,7 @@ mod tests {
                 column: None,
             }),
             in_transaction: false,
+            left_open: false,
         };
         let mut printer = Printer {
             format: Format::Json,

@@ -97,6 +97,10 @@ pub struct ScriptOutcome {
     pub results: Vec<StatementResult>,
     pub error: Option<v1::SqlError>,
     pub in_transaction: bool,
+    /// The open transaction is a RETURN TWOSAFE commit left open by LOCAL COMMIT
+    /// ACTION NO ACTION: committed on the node, only COMMIT may follow, and ending the
+    /// session commits it there.
+    pub left_open: bool,
 }
 
 impl ScriptOutcome {
@@ -118,6 +122,7 @@ impl ScriptOutcome {
             results,
             error: resp.error,
             in_transaction: resp.in_transaction,
+            left_open: resp.left_open,
         })
     }
 

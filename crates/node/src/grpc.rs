@@ -101,7 +101,11 @@ fn pb_result(r: &hawser_sql::StatementResult) -> v1::StatementResult {
     }
 }
 
-fn pb_outcome(o: &hawser_sql::ScriptOutcome, in_transaction: bool) -> v1::ExecuteResponse {
+fn pb_outcome(
+    o: &hawser_sql::ScriptOutcome,
+    in_transaction: bool,
+    left_open: bool,
+) -> v1::ExecuteResponse {
     v1::ExecuteResponse {
         results: o.results.iter().map(pb_result).collect(),
         error: o.error.as_ref().map(|e| v1::SqlError {
@@ -112,6 +116,7 @@ fn pb_outcome(o: &hawser_sql::ScriptOutcome, in_transaction: bool) -> v1::Execut
             column: e.column,
         }),
         in_transaction,
+        left_open,
     }
 }
 
@@ -167,7 +172,7 @@ impl Services {
             store_status(&e)
         })?;
         let info = committed.info;
-        let warnings = crate::returns::outcome_warning(&committed.outcome, wait)
+        let warnings = crate::returns::outcome_warning(&committed.outcome, wait, false)
             .into_iter()
             .map(|w| v1::Warning {
                 code: w.code,
@@ -267,8 +272,20 @@ impl Client for Services {
         let mut session = self.state.sql.session();
         let outcome = session.execute(&sql).await;
         crate::dataplane::wake_all(&self.state.senders);
-        let mut resp = pb_outcome(&outcome, false);
-        if session.in_transaction() {
+        let mut resp = pb_outcome(&outcome, false, false);
+        if session.left_open() {
+            // Dropping the session below ends the wait: the commit stands here.
+            resp.results.last_mut().into_iter().for_each(|r| {
+                r.warnings.push(v1::Warning {
+                    code: "TT8170".into(),
+                    message: "the commit left open by LOCAL COMMIT ACTION NO ACTION at the \
+                              end of the script is committed here (a one-shot call cannot \
+                              COMMIT again; use a session, hawser sql, to wait for the \
+                              subscriber)"
+                        .into(),
+                })
+            });
+        } else if session.in_transaction() {
             // One-shot calls cannot keep a transaction: roll it back and say so.
             resp.results.last_mut().into_iter().for_each(|r| {
                 r.warnings.push(v1::Warning {
@@ -303,7 +320,7 @@ impl Client for Services {
             while let Some(req) = next_request(&mut inbound, &shutdown, "session").await {
                 let outcome = session.execute(&req.sql).await;
                 crate::dataplane::wake_all(&state.senders);
-                let resp = pb_outcome(&outcome, session.in_transaction());
+                let resp = pb_outcome(&outcome, session.in_transaction(), session.left_open());
                 if tx.send(Ok(resp)).await.is_err() {
                     break;
                 }

@@ -16,10 +16,11 @@
 //! it re-plans, and starts an ack watcher beside each sender.
 //!
 //! A TWOSAFE commit holds its row locks and hides its rows from readers until it is
-//! released, whatever the outcome (acknowledged, timed out, disabled). hawser commits
-//! locally before it waits, so LOCAL COMMIT ACTION NO ACTION and COMMIT end the same
-//! way here — the transaction is committed and visible after the timeout — and only
-//! the 8170 message says which action the scheme named (see `docs/stream.md`).
+//! released, whatever the outcome (acknowledged, timed out, disabled). A SQL session's
+//! TWOSAFE commit that times out under LOCAL COMMIT ACTION NO ACTION is not released: it
+//! comes back to the session open ([`SessionCommit::Open`]), its hold kept in the future
+//! the session keeps, until the session COMMITs again and the subscribers have it, or
+//! gives it up (see `docs/stream.md`, "LOCAL COMMIT ACTION").
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -29,8 +30,8 @@ use hawser_core::{Ident, NodeId};
 use hawser_scheme::ast::LocalAction;
 use hawser_sql::call::Call;
 use hawser_sql::{
-    BoxFuture, ColumnMeta, Committed, ReplicationError, ReturnServices, StatementResult,
-    SyncSettings, Warning,
+    BoxFuture, ColumnMeta, Committed, OpenCommit, ReplicationError, ReturnServices,
+    StatementResult, SyncSettings, Warning,
 };
 use hawser_store::{CommitInfo, StoreError, Txn};
 use hawser_stream::returns::{
@@ -64,6 +65,10 @@ struct Inner {
     routes: ReturnRoutes,
     /// Commits waiting, by seq of this origin.
     waiters: HashMap<u64, oneshot::Sender<ReturnOutcome>>,
+    /// Sessions' commits that may be left open, by seq: told when they are.
+    opened: HashMap<u64, (CommitInfo, oneshot::Sender<(CommitInfo, ReturnOutcome)>)>,
+    /// Commits left open and not yet released (counted when left open).
+    left_open: std::collections::HashSet<u64>,
     /// Subscribers (with their strongest level) some route names, for status.
     subscribers: BTreeMap<Ident, ReturnLevel>,
     /// The subscribers recent commits waited for, by seq (`ttRepXactStatus`); the
@@ -99,6 +104,8 @@ impl Returns {
                 tracker: ReturnTracker::new(ReturnSettings::default()),
                 routes: ReturnRoutes::default(),
                 waiters: HashMap::new(),
+                opened: HashMap::new(),
+                left_open: std::collections::HashSet::new(),
                 subscribers: BTreeMap::new(),
                 awaited: BTreeMap::new(),
                 counts: ReturnCounts::default(),
@@ -141,12 +148,68 @@ impl Returns {
         }
     }
 
-    /// Commits `txn`, then waits as the routes and `sync` say.
+    /// Commits `txn`, then waits as the routes and `sync` say (the typed API: a
+    /// TWOSAFE commit that times out is released, whatever LOCAL COMMIT ACTION says —
+    /// its caller cannot COMMIT again).
     pub(crate) async fn commit(
-        &self,
+        self: &Arc<Self>,
+        txn: Txn,
+        mut sync: SyncOptions,
+    ) -> Result<ReturnCommit, StoreError> {
+        sync.keep_open = false;
+        let (holding, waited) = self.holding(txn, sync, None);
+        let (info, outcome) = holding.await?;
+        Ok(ReturnCommit {
+            info,
+            outcome: outcome.unwrap_or(ReturnOutcome::NotRequested),
+            waited,
+        })
+    }
+
+    /// [`Returns::commit`] for a SQL session, which can COMMIT again: a TWOSAFE commit
+    /// that times out under LOCAL COMMIT ACTION NO ACTION comes back
+    /// [`SessionCommit::Open`], still holding its rows, for the session to wait on
+    /// again or give up.
+    pub(crate) async fn commit_in_session(
+        self: &Arc<Self>,
+        txn: Txn,
+        mut sync: SyncOptions,
+    ) -> Result<SessionCommit, StoreError> {
+        sync.keep_open = true;
+        let (open_tx, open_rx) = oneshot::channel();
+        let (mut holding, waited) = self.holding(txn, sync, Some(open_tx));
+        tokio::select! {
+            biased;
+            done = &mut holding => {
+                let (info, outcome) = done?;
+                Ok(SessionCommit::Done(ReturnCommit {
+                    info,
+                    outcome: outcome.unwrap_or(ReturnOutcome::NotRequested),
+                    waited,
+                }))
+            }
+            Ok((info, outcome)) = open_rx => Ok(SessionCommit::Open {
+                info,
+                outcome,
+                rest: Box::pin(async move {
+                    match holding.await {
+                        Ok((_, outcome)) => outcome.unwrap_or(ReturnOutcome::NotRequested),
+                        Err(_) => ReturnOutcome::NotRequested,
+                    }
+                }),
+            }),
+        }
+    }
+
+    /// The commit of `txn` and its wait, as a future of its own (it owns what it
+    /// needs, so a session can keep it past the COMMIT that left it open), and whether
+    /// a return service applies. `opened` hears of the commit when it is left open.
+    fn holding(
+        self: &Arc<Self>,
         mut txn: Txn,
         sync: SyncOptions,
-    ) -> Result<ReturnCommit, StoreError> {
+        opened: Option<oneshot::Sender<(CommitInfo, ReturnOutcome)>>,
+    ) -> (Holding, bool) {
         let tables = txn.written_tables();
         let (awaits, force_durable) = {
             let inner = self.inner.lock();
@@ -169,19 +232,23 @@ impl Returns {
         let db = txn.database().clone();
         let hide = awaits.iter().any(|a| a.level == ReturnLevel::Twosafe)
             && sync.return_wait != Some(ReturnWait::NoWait);
-        let (info, outcome) = txn
-            .commit_holding(hide, |info| async move {
+        let this = self.clone();
+        let holding = async move {
+            txn.commit_holding(hide, |info| async move {
                 // The senders ship this commit now, not at their next poll.
-                crate::dataplane::wake_all(&self.senders);
+                crate::dataplane::wake_all(&this.senders);
                 if awaits.is_empty() {
-                    self.inner.lock().counts.not_requested += 1;
+                    this.inner.lock().counts.not_requested += 1;
                     return ReturnOutcome::NotRequested;
                 }
                 let (tx, rx) = oneshot::channel();
                 let seq = info.gtid.seq;
                 {
-                    let mut inner = self.inner.lock();
+                    let mut inner = this.inner.lock();
                     inner.waiters.insert(seq, tx);
+                    if let Some(opened) = opened {
+                        inner.opened.insert(seq, (info, opened));
+                    }
                     let subs = awaits.iter().map(|a| a.subscriber.clone()).collect();
                     inner.awaited.insert(seq, subs);
                     if inner.awaited.len() > REMEMBERED_COMMITS {
@@ -195,9 +262,15 @@ impl Returns {
                     let next = inner.tracker.next_deadline();
                     if next.is_some_and(|n| inner.timer_armed.is_none_or(|armed| n < armed)) {
                         inner.timer_armed = next;
-                        self.timer.notify_one();
+                        this.timer.notify_one();
                     }
                 }
+                // A session that drops a commit left open commits it here (the hold
+                // ends with this future): the tracker stops waiting for it.
+                let mut give_up = GiveUpOnDrop {
+                    returns: sync.keep_open.then(|| this.clone()),
+                    seq,
+                };
                 // The senders just woken run first (on this worker: the yield lets
                 // them), then the flush's housekeeping while the subscribers work.
                 tokio::task::yield_now().await;
@@ -205,14 +278,22 @@ impl Returns {
                     tracing::warn!(error = %e, "settling a commit's flush failed");
                 }
                 // A dropped sender means the node is shutting down: nothing to wait for.
-                rx.await.unwrap_or(ReturnOutcome::NotRequested)
+                let outcome = rx.await.unwrap_or(ReturnOutcome::NotRequested);
+                give_up.returns = None;
+                outcome
             })
-            .await?;
-        Ok(ReturnCommit {
-            info,
-            outcome: outcome.unwrap_or(ReturnOutcome::NotRequested),
-            waited,
-        })
+            .await
+        };
+        (Box::pin(holding), waited)
+    }
+
+    /// Ends the wait of a commit left open whose session gave it up.
+    fn give_up(&self, seq: u64) {
+        let mut inner = self.inner.lock();
+        inner.waiters.remove(&seq);
+        inner.opened.remove(&seq);
+        let step = inner.tracker.give_up(seq);
+        Self::dispatch(&mut inner, step);
     }
 
     /// A subscriber acknowledged this origin's commits up to `marks`.
@@ -224,21 +305,30 @@ impl Returns {
 
     /// Releases what a step released and records its events.
     fn dispatch(inner: &mut Inner, step: Step) {
+        for r in step.left_open {
+            // Counted as timed out now; its release later is not counted again.
+            inner.counts.timed_out += 1;
+            inner.left_open.insert(r.seq);
+            count_outcome(&r.outcome);
+            if let Some((info, tx)) = inner.opened.remove(&r.seq) {
+                let _ = tx.send((info, r.outcome));
+            }
+        }
         for r in step.released {
+            inner.opened.remove(&r.seq);
+            if inner.left_open.remove(&r.seq) {
+                if let Some(tx) = inner.waiters.remove(&r.seq) {
+                    let _ = tx.send(r.outcome);
+                }
+                continue;
+            }
             match &r.outcome {
                 ReturnOutcome::NotRequested => inner.counts.not_requested += 1,
                 ReturnOutcome::Acknowledged => inner.counts.acknowledged += 1,
-                ReturnOutcome::TimedOut { pending, .. } => {
-                    inner.counts.timed_out += 1;
-                    for p in pending {
-                        metrics::counter!("hawser_return_timeouts_total", "subscriber" => p.to_string())
-                            .increment(1);
-                    }
-                }
+                ReturnOutcome::TimedOut { .. } => inner.counts.timed_out += 1,
                 ReturnOutcome::ReturnDisabled { .. } => inner.counts.disabled += 1,
             }
-            metrics::counter!("hawser_return_commits_total", "outcome" => outcome_label(&r.outcome))
-                .increment(1);
+            count_outcome(&r.outcome);
             if let Some(tx) = inner.waiters.remove(&r.seq) {
                 // The committing client may be gone; its commit stands either way.
                 let _ = tx.send(r.outcome);
@@ -372,6 +462,49 @@ impl Returns {
     }
 }
 
+/// The metrics of one commit's outcome.
+fn count_outcome(outcome: &ReturnOutcome) {
+    if let ReturnOutcome::TimedOut { pending, .. } = outcome {
+        for p in pending {
+            metrics::counter!("hawser_return_timeouts_total", "subscriber" => p.to_string())
+                .increment(1);
+        }
+    }
+    metrics::counter!("hawser_return_commits_total", "outcome" => outcome_label(outcome))
+        .increment(1);
+}
+
+/// A commit's hold and wait, as [`Returns::holding`] builds it.
+type Holding = BoxFuture<'static, Result<(CommitInfo, Option<ReturnOutcome>), StoreError>>;
+
+/// How a session's commit came back from [`Returns::commit_in_session`].
+pub(crate) enum SessionCommit {
+    Done(ReturnCommit),
+    /// Timed out under LOCAL COMMIT ACTION NO ACTION (`outcome`, for the 8170) and left
+    /// open: committed here, its rows still hidden and locked. `rest` resolves with the
+    /// final outcome once it is released; dropping it commits it here.
+    Open {
+        info: CommitInfo,
+        outcome: ReturnOutcome,
+        rest: BoxFuture<'static, ReturnOutcome>,
+    },
+}
+
+/// Gives a commit left open up when its hold ends before its wait did (the session
+/// dropped it); `returns` is `None` once there is nothing to give up.
+struct GiveUpOnDrop {
+    returns: Option<Arc<Returns>>,
+    seq: u64,
+}
+
+impl Drop for GiveUpOnDrop {
+    fn drop(&mut self) {
+        if let Some(r) = self.returns.take() {
+            r.give_up(self.seq);
+        }
+    }
+}
+
 fn level_name(l: ReturnLevel) -> &'static str {
     match l {
         ReturnLevel::Receipt => "receipt",
@@ -388,8 +521,33 @@ pub(crate) fn outcome_label(o: &ReturnOutcome) -> &'static str {
     }
 }
 
-/// The warning a committing client gets for `outcome`, if any.
-pub(crate) fn outcome_warning(outcome: &ReturnOutcome, wait: ReturnWait) -> Option<Warning> {
+/// The warning a session gets for a commit left open ([`SessionCommit::Open`]).
+fn left_open_warning(pending: &[String], wait: ReturnWait) -> Option<Warning> {
+    let within = match wait {
+        ReturnWait::For(d) => format!(" within {}s", d.as_secs_f64()),
+        ReturnWait::NoWait | ReturnWait::Forever => String::new(),
+    };
+    Some(Warning {
+        code: "TT8170".into(),
+        message: format!(
+            "return service failed: subscriber {} did not acknowledge{within}; the \
+             transaction stays open (LOCAL COMMIT ACTION NO ACTION): it is committed here \
+             and on its way to the subscriber, but its rows stay hidden from other sessions \
+             and locked until you COMMIT again and the subscriber has it; CALL \
+             ttRepSyncSet(NULL, NULL, 2) before that COMMIT ends it committed here instead",
+            pending.join(", ")
+        ),
+    })
+}
+
+/// The warning a committing client gets for `outcome`, if any; `session` when the
+/// client is a SQL session (which keeps a commit open under NO ACTION instead of
+/// getting this warning for it).
+pub(crate) fn outcome_warning(
+    outcome: &ReturnOutcome,
+    wait: ReturnWait,
+    session: bool,
+) -> Option<Warning> {
     let ReturnOutcome::TimedOut {
         pending,
         local_action,
@@ -407,9 +565,10 @@ pub(crate) fn outcome_warning(outcome: &ReturnOutcome, wait: ReturnWait) -> Opti
         ReturnWait::NoWait | ReturnWait::Forever => String::new(),
     };
     let action = match local_action {
+        Some(LocalAction::NoAction) if session => " (LOCAL COMMIT ACTION NO ACTION)",
         Some(LocalAction::NoAction) => {
-            " (LOCAL COMMIT ACTION NO ACTION: hawser has committed locally before waiting, \
-             so the transaction stands; COMMIT again is not needed)"
+            " (LOCAL COMMIT ACTION NO ACTION applies to SQL sessions, which can COMMIT \
+             again; a typed write cannot, so it ends committed here)"
         }
         Some(LocalAction::Commit) => " (LOCAL COMMIT ACTION COMMIT)",
         None => "",
@@ -436,6 +595,8 @@ pub(crate) fn sync_options(s: &SyncSettings) -> SyncOptions {
                 LocalAction::NoAction
             }
         }),
+        // Set by the commit path that can keep a commit open.
+        keep_open: false,
     }
 }
 
@@ -465,12 +626,40 @@ impl ReturnServices for SqlReturns {
         Box::pin(async move {
             let opts = sync_options(&sync);
             let wait = self.returns.wait_for(&opts);
-            let c = self.returns.commit(txn, opts).await?;
-            Ok(Committed {
-                info: c.info,
-                warnings: outcome_warning(&c.outcome, wait).into_iter().collect(),
-                token: c.waited.then_some(c.info.gtid.seq),
-            })
+            match self.returns.commit_in_session(txn, opts).await? {
+                SessionCommit::Done(c) => Ok(Committed {
+                    info: c.info,
+                    warnings: outcome_warning(&c.outcome, wait, true)
+                        .into_iter()
+                        .collect(),
+                    token: c.waited.then_some(c.info.gtid.seq),
+                    open: None,
+                }),
+                SessionCommit::Open {
+                    info,
+                    outcome,
+                    rest,
+                } => {
+                    let pending = match &outcome {
+                        ReturnOutcome::TimedOut { pending, .. } => {
+                            pending.iter().map(ToString::to_string).collect()
+                        }
+                        _ => Vec::new(),
+                    };
+                    Ok(Committed {
+                        info,
+                        warnings: left_open_warning(&pending, wait).into_iter().collect(),
+                        token: Some(info.gtid.seq),
+                        open: Some(OpenCommit {
+                            pending,
+                            settled: Box::pin(async move {
+                                let outcome = rest.await;
+                                outcome_warning(&outcome, wait, true).into_iter().collect()
+                            }),
+                        }),
+                    })
+                }
+            }
         })
     }
 

@@ -87,7 +87,7 @@ pub struct SyncSettings {
 }
 
 /// A commit through [`ReturnServices::commit`].
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct Committed {
     pub info: CommitInfo,
     /// Warnings for the committing client (`TT8170` when a return service timed out).
@@ -95,6 +95,29 @@ pub struct Committed {
     /// Set when a return service applied to the commit: the token
     /// `ttRepXactTokenGet` returns and `ttRepXactStatus` takes (the commit's seq).
     pub token: Option<u64>,
+    /// Set when a RETURN TWOSAFE commit timed out under LOCAL COMMIT ACTION NO ACTION:
+    /// the transaction stays open in the session (TimesTen: the application may only
+    /// COMMIT again).
+    pub open: Option<OpenCommit>,
+}
+
+/// A RETURN TWOSAFE commit left open by LOCAL COMMIT ACTION NO ACTION. It is in this
+/// node's log and on its way to the subscribers, but its rows stay hidden from other
+/// sessions and locked until the session COMMITs again and the subscribers have it.
+pub struct OpenCommit {
+    /// The subscribers it still waits for, for messages.
+    pub pending: Vec<String>,
+    /// Resolves with the commit's warnings once it is released. Dropping it ends the
+    /// wait: the commit stands here, as under LOCAL COMMIT ACTION COMMIT.
+    pub settled: BoxFuture<'static, Vec<Warning>>,
+}
+
+impl fmt::Debug for OpenCommit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("OpenCommit")
+            .field("pending", &self.pending)
+            .finish_non_exhaustive()
+    }
 }
 
 /// The node's return services, for the SQL engine: commits wait for the
@@ -173,6 +196,7 @@ impl SqlEngine {
             currval: HashMap::new(),
             sync: SyncSettings::default(),
             last_token: None,
+            open: None,
         }
     }
 
@@ -192,6 +216,9 @@ pub struct Session {
     sync: SyncSettings,
     /// The last commit a return service applied to (`ttRepXactTokenGet`).
     last_token: Option<u64>,
+    /// A commit left open by LOCAL COMMIT ACTION NO ACTION: only COMMIT (and the
+    /// return-service procedures) may run until it ends.
+    open: Option<OpenCommit>,
 }
 
 impl fmt::Debug for Session {
@@ -243,12 +270,22 @@ impl Session {
         outcome
     }
 
-    /// Whether a transaction block (BEGIN ... COMMIT) is open.
+    /// Whether a transaction block (BEGIN ... COMMIT) is open, or a commit left open
+    /// ([`Session::left_open`]).
     pub fn in_transaction(&self) -> bool {
-        self.txn.is_some()
+        self.txn.is_some() || self.open.is_some()
+    }
+
+    /// Whether a RETURN TWOSAFE commit timed out under LOCAL COMMIT ACTION NO ACTION
+    /// and waits for the session to COMMIT again. Dropping the session commits it here.
+    pub fn left_open(&self) -> bool {
+        self.open.is_some()
     }
 
     async fn run(&mut self, stmt: &ScriptStatement) -> Result<StatementResult> {
+        if self.open.is_some() {
+            return self.run_while_open(stmt).await;
+        }
         let ast = match &stmt.parsed {
             Parsed::Sql(ast) => ast,
             Parsed::Rejected(reason) => {
@@ -335,7 +372,95 @@ impl Session {
         if committed.token.is_some() {
             self.last_token = committed.token;
         }
+        self.open = committed.open;
         Ok(committed.warnings)
+    }
+
+    /// A statement while a commit is left open: COMMIT waits for it again, the
+    /// return-service procedures run, anything else is refused.
+    async fn run_while_open(&mut self, stmt: &ScriptStatement) -> Result<StatementResult> {
+        let refused = |what: &str| -> Result<StatementResult> {
+            Err(ErrorKind::TransactionState(format!(
+                "{what}: the last commit timed out waiting for its RETURN TWOSAFE \
+                 subscribers under LOCAL COMMIT ACTION NO ACTION and is still open; COMMIT \
+                 again to wait for them again, or CALL ttRepSyncSet(NULL, NULL, 2) and \
+                 COMMIT to end it committed here"
+            ))
+            .into())
+        };
+        match &stmt.parsed {
+            Parsed::Call(call)
+                if matches!(
+                    call.name.as_str(),
+                    "ttrepsyncset"
+                        | "ttrepsyncget"
+                        | "ttrepxacttokenget"
+                        | "ttrepxactstatus"
+                        | "ttrepsyncsubscriberstatus"
+                ) =>
+            {
+                self.run_call(call).await
+            }
+            Parsed::Sql(ast) => match plan::plan(ast, &DbCatalog(&self.db))? {
+                Plan::Commit => self.commit_again().await,
+                Plan::Rollback => refused(
+                    "ROLLBACK is not possible: the transaction is committed on this node \
+                     and was sent to its subscribers",
+                ),
+                other => refused(&format!("{} cannot run", other.tag())),
+            },
+            _ => refused("only COMMIT may run"),
+        }
+    }
+
+    /// COMMIT of a commit left open: waits for its subscribers again, up to the return
+    /// wait; then, under LOCAL COMMIT ACTION COMMIT, ends it committed here, and under
+    /// NO ACTION leaves it open again.
+    async fn commit_again(&mut self) -> Result<StatementResult> {
+        let mut result = StatementResult::tag("COMMIT");
+        let (default_wait, default_action) =
+            self.returns.as_ref().map_or((10, 1), |h| h.defaults());
+        let wait = self.sync.return_wait_s.unwrap_or(default_wait);
+        let action = self.sync.local_action.unwrap_or(default_action);
+        let Some(open) = self.open.as_mut() else {
+            result.warnings.push(no_transaction());
+            return Ok(result);
+        };
+        let settled = if wait < 0 {
+            Some((&mut open.settled).await)
+        } else {
+            let limit = std::time::Duration::from_secs(wait.unsigned_abs());
+            tokio::time::timeout(limit, &mut open.settled).await.ok()
+        };
+        let who = open.pending.join(", ");
+        match settled {
+            Some(warnings) => {
+                self.open = None;
+                result.warnings = warnings;
+            }
+            None if action == 2 => {
+                // Dropping the wait ends it: the commit stands here.
+                self.open = None;
+                result.warnings.push(Warning {
+                    code: "TT8170".into(),
+                    message: format!(
+                        "return service failed: subscriber {who} did not acknowledge within \
+                         {wait}s; the transaction is committed here and will be replicated \
+                         when the subscriber catches up (LOCAL COMMIT ACTION COMMIT)"
+                    ),
+                });
+            }
+            None => result.warnings.push(Warning {
+                code: "TT8170".into(),
+                message: format!(
+                    "return service failed: subscriber {who} did not acknowledge within \
+                     {wait}s again; the transaction stays open (LOCAL COMMIT ACTION NO \
+                     ACTION): COMMIT again, or CALL ttRepSyncSet(NULL, NULL, 2) and COMMIT \
+                     to end it committed here"
+                ),
+            }),
+        }
+        Ok(result)
     }
 
     async fn run_call(&mut self, call: &call::Call) -> Result<StatementResult> {

@@ -45,6 +45,7 @@ impl ReturnServices for Recorder {
                 info,
                 warnings,
                 token: sync.request_return.then_some(info.gtid.seq),
+                open: None,
             })
         })
     }
@@ -168,4 +169,156 @@ async fn bad_sync_calls_are_refused_and_change_nothing() {
         rows,
         vec![vec![Value::Bytes(vec![0]), Value::Int(30), Value::Int(2)]]
     );
+}
+
+/// Leaves the first commit open, as a RETURN TWOSAFE commit that timed out under LOCAL
+/// COMMIT ACTION NO ACTION is: it settles when `acknowledge` sends, and records when
+/// the session dropped its wait (gave it up).
+struct LeavesOpen {
+    acknowledge: Mutex<Option<tokio::sync::oneshot::Receiver<()>>>,
+    dropped: Arc<std::sync::atomic::AtomicBool>,
+    action: i64,
+}
+
+struct OnDrop(Arc<std::sync::atomic::AtomicBool>);
+
+impl Drop for OnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+impl ReturnServices for LeavesOpen {
+    fn commit<'a>(
+        &'a self,
+        txn: Txn,
+        _sync: SyncSettings,
+    ) -> BoxFuture<'a, Result<Committed, StoreError>> {
+        Box::pin(async move {
+            let info = txn.commit().await?;
+            // The first commit is left open, later ones are not.
+            let Some(acked) = self.acknowledge.lock().unwrap().take() else {
+                return Ok(Committed {
+                    info,
+                    warnings: Vec::new(),
+                    token: None,
+                    open: None,
+                });
+            };
+            let on_drop = OnDrop(self.dropped.clone());
+            Ok(Committed {
+                info,
+                warnings: vec![Warning {
+                    code: "TT8170".into(),
+                    message: "left open".into(),
+                }],
+                token: Some(info.gtid.seq),
+                open: Some(hawser_sql::OpenCommit {
+                    pending: vec!["ds2".into()],
+                    settled: Box::pin(async move {
+                        let _ = acked.await;
+                        std::mem::forget(on_drop);
+                        Vec::new()
+                    }),
+                }),
+            })
+        })
+    }
+
+    fn call<'a>(
+        &'a self,
+        _call: &'a Call,
+        _token: Option<u64>,
+    ) -> BoxFuture<'a, Result<StatementResult, ReplicationError>> {
+        Box::pin(async { Ok(StatementResult::tag("CALL")) })
+    }
+
+    fn defaults(&self) -> (i64, i64) {
+        (0, self.action)
+    }
+}
+
+fn leaves_open(action: i64) -> (Arc<LeavesOpen>, tokio::sync::oneshot::Sender<()>) {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let hook = Arc::new(LeavesOpen {
+        acknowledge: Mutex::new(Some(rx)),
+        dropped: Arc::default(),
+        action,
+    });
+    (hook, tx)
+}
+
+/// TimesTen's LOCAL COMMIT ACTION NO ACTION: after a commit times out, the application
+/// may only COMMIT again — which waits again and, once the subscribers have it, ends
+/// the transaction.
+#[tokio::test]
+async fn a_commit_left_open_takes_only_commit_until_it_settles() {
+    let (hook, acknowledge) = leaves_open(1);
+    let db = Database::open_memory(DbOptions::new(NodeId(1))).unwrap();
+    let mut s = SqlEngine::new(db)
+        .with_return_services(hook.clone())
+        .session();
+    ok(&mut s, "create table t (k int primary key)").await;
+    let results = ok(&mut s, "insert into t values (1)").await;
+    assert_eq!(results[0].warnings[0].code, "TT8170");
+    assert!(s.left_open() && s.in_transaction());
+    for sql in ["insert into t values (2)", "select * from t", "begin"] {
+        let e = fails(&mut s, sql).await;
+        assert_eq!(e.code, "25001", "{sql}: {e:?}");
+        assert!(e.message.contains("COMMIT again"), "{e:?}");
+    }
+    let e = fails(&mut s, "rollback").await;
+    assert!(e.message.contains("ROLLBACK is not possible"), "{e:?}");
+    // The return-service procedures still run.
+    ok(&mut s, "call ttRepSyncGet(); call ttRepXactTokenGet()").await;
+    // Not acknowledged within the wait (0 s here): still open, and said so.
+    let results = ok(&mut s, "commit").await;
+    assert!(
+        results[0].warnings[0].message.contains("stays open"),
+        "{results:?}"
+    );
+    assert!(s.left_open());
+    acknowledge.send(()).unwrap();
+    let results = ok(&mut s, "commit").await;
+    assert!(results[0].warnings.is_empty(), "{results:?}");
+    assert!(!s.left_open() && !s.in_transaction());
+    assert!(!hook.dropped.load(std::sync::atomic::Ordering::SeqCst));
+    ok(&mut s, "insert into t values (2)").await;
+}
+
+/// With localAction 2 (COMMIT), a COMMIT that times out again ends the transaction
+/// committed here: the session drops its wait.
+#[tokio::test]
+async fn commit_again_under_local_commit_action_commit_ends_it_committed_here() {
+    let (hook, _acknowledge) = leaves_open(1);
+    let db = Database::open_memory(DbOptions::new(NodeId(1))).unwrap();
+    let mut s = SqlEngine::new(db)
+        .with_return_services(hook.clone())
+        .session();
+    ok(&mut s, "create table t (k int primary key)").await;
+    ok(&mut s, "insert into t values (1)").await;
+    let results = ok(&mut s, "call ttRepSyncSet(NULL, NULL, 2); commit").await;
+    let w = &results[1].warnings;
+    assert!(
+        w[0].code == "TT8170" && w[0].message.contains("ds2"),
+        "{w:?}"
+    );
+    assert!(w[0].message.contains("LOCAL COMMIT ACTION COMMIT"), "{w:?}");
+    assert!(!s.left_open());
+    assert!(hook.dropped.load(std::sync::atomic::Ordering::SeqCst));
+}
+
+/// A session that ends with a commit left open gives the wait up: the commit stands.
+#[tokio::test]
+async fn a_session_ending_with_a_commit_left_open_gives_its_wait_up() {
+    let (hook, _acknowledge) = leaves_open(1);
+    let db = Database::open_memory(DbOptions::new(NodeId(1))).unwrap();
+    let mut s = SqlEngine::new(db)
+        .with_return_services(hook.clone())
+        .session();
+    ok(&mut s, "create table t (k int primary key)").await;
+    ok(&mut s, "insert into t values (1)").await;
+    assert!(s.left_open());
+    drop(s);
+    assert!(hook.dropped.load(std::sync::atomic::Ordering::SeqCst));
 }

@@ -23,7 +23,12 @@
 //!   services apply only to transactions that asked (`ttRepSyncSet(0x01, ...)`).
 //! * RETURN WAIT TIME bounds the wait (default 10 s, 0 = do not wait; the connection may
 //!   override it, −1 = until acknowledged). A commit that times out is released with
-//!   warning 8170 and, for TWOSAFE, the LOCAL COMMIT ACTION in force.
+//!   warning 8170 and, for TWOSAFE, the LOCAL COMMIT ACTION in force — except a TWOSAFE
+//!   commit under LOCAL COMMIT ACTION NO ACTION whose caller can COMMIT again
+//!   ([`SyncOptions::keep_open`]): it is *left open* ([`Step::left_open`], 8170 to the
+//!   caller) and keeps waiting, without a deadline, until it is acknowledged, its
+//!   subscribers stop being waited for, or the caller gives up
+//!   ([`ReturnTracker::give_up`]: LOCAL COMMIT ACTION COMMIT, or the session ends).
 //! * DISABLE RETURN SUBSCRIBER n: after n consecutive timeouts of one subscriber, commits
 //!   stop waiting for it. DISABLE RETURN ALL n: after n consecutive timed-out commits,
 //!   commits stop waiting for any subscriber. A commit acknowledged in time resets the
@@ -94,6 +99,10 @@ pub struct SyncOptions {
     pub return_wait: Option<ReturnWait>,
     /// `localAction`, overriding LOCAL COMMIT ACTION.
     pub local_action: Option<LocalAction>,
+    /// The caller can COMMIT again (a SQL session): a TWOSAFE commit that times out
+    /// under LOCAL COMMIT ACTION NO ACTION is left open instead of released. The typed
+    /// API cannot, so its commits end as under COMMIT.
+    pub keep_open: bool,
 }
 
 /// The master's STORE attributes that govern return services.
@@ -311,6 +320,9 @@ pub enum ReturnEvent {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Step {
     pub released: Vec<Release>,
+    /// TWOSAFE commits that timed out under LOCAL COMMIT ACTION NO ACTION and stay
+    /// held (their callers get 8170 now); each is released later like any other.
+    pub left_open: Vec<Release>,
     pub events: Vec<ReturnEvent>,
 }
 
@@ -371,6 +383,8 @@ struct Waiting {
     /// Subscribers no longer waited for (disabled, or stopped with OFF).
     skipped: BTreeSet<Ident>,
     local_action: LocalAction,
+    /// Left open at its deadline instead of released ([`SyncOptions::keep_open`]).
+    keep_open: bool,
 }
 
 /// The return-service state of one master: its subscribers and its waiting commits.
@@ -432,6 +446,7 @@ impl ReturnTracker {
             pending: BTreeMap::new(),
             skipped: BTreeSet::new(),
             local_action: opts.local_action.unwrap_or(self.settings.local_action),
+            keep_open: opts.keep_open,
         };
         for a in awaits {
             let sub = self.subs.entry(a.subscriber.clone()).or_default();
@@ -538,16 +553,25 @@ impl ReturnTracker {
         step
     }
 
-    fn time_out(&mut self, seq: u64, w: Waiting, step: &mut Step) {
+    fn time_out(&mut self, seq: u64, mut w: Waiting, step: &mut Step) {
         let pending: Vec<Ident> = w.pending.keys().cloned().collect();
         let twosafe = w.pending.values().any(|(l, _)| *l == ReturnLevel::Twosafe);
-        step.released.push(Release {
+        let release = Release {
             seq,
             outcome: ReturnOutcome::TimedOut {
                 pending: pending.clone(),
                 local_action: twosafe.then_some(w.local_action),
             },
-        });
+        };
+        if twosafe && w.keep_open && w.local_action == LocalAction::NoAction {
+            // Still held, now without a deadline; a subscriber disabled below stops
+            // being waited for like any other.
+            step.left_open.push(release);
+            w.deadline = None;
+            self.waiting.insert(seq, w);
+        } else {
+            step.released.push(release);
+        }
         let mut to_disable = Vec::new();
         match self.settings.disable {
             Some((DisableScope::Subscriber, n)) => {
@@ -620,6 +644,25 @@ impl ReturnTracker {
             }
             step.released.push(Release { seq, outcome });
         }
+    }
+
+    /// Ends the wait of commit `seq` left open ([`Step::left_open`]) without its
+    /// acknowledgements: its caller commits it here (LOCAL COMMIT ACTION COMMIT, or it
+    /// went away). Released as timed out under COMMIT; not another timeout for DISABLE
+    /// RETURN. Nothing happens for a commit no longer waiting.
+    pub fn give_up(&mut self, seq: u64) -> Step {
+        let mut step = Step::default();
+        if let Some(w) = self.waiting.remove(&seq) {
+            let twosafe = w.pending.values().any(|(l, _)| *l == ReturnLevel::Twosafe);
+            step.released.push(Release {
+                seq,
+                outcome: ReturnOutcome::TimedOut {
+                    pending: w.pending.keys().cloned().collect(),
+                    local_action: twosafe.then_some(LocalAction::Commit),
+                },
+            });
+        }
+        step
     }
 
     /// Re-enables a disabled return service by hand (TimesTen: the agent restarted).
@@ -865,6 +908,105 @@ mod tests {
                 (2, timed_out(&["s1"], Some(LocalAction::NoAction))),
             ]
         );
+    }
+
+    fn left_open(step: &Step) -> Vec<(u64, ReturnOutcome)> {
+        step.left_open
+            .iter()
+            .map(|r| (r.seq, r.outcome.clone()))
+            .collect()
+    }
+
+    /// A session's options: it can COMMIT again.
+    fn session() -> SyncOptions {
+        SyncOptions {
+            keep_open: true,
+            ..SyncOptions::default()
+        }
+    }
+
+    #[test]
+    fn a_twosafe_timeout_under_no_action_leaves_the_commit_open_until_acknowledged() {
+        let now = Instant::now();
+        let mut t = ReturnTracker::new(settings());
+        assert_eq!(
+            t.settings().local_action,
+            LocalAction::NoAction,
+            "the default"
+        );
+        t.begin(1, vec![twosafe("s1")], &session(), now);
+        let step = t.tick(now + secs(10));
+        assert!(step.released.is_empty(), "{step:?}");
+        assert_eq!(
+            left_open(&step),
+            vec![(1, timed_out(&["s1"], Some(LocalAction::NoAction)))]
+        );
+        // Still waiting, with no deadline: no second timeout.
+        assert_eq!((t.waiting(), t.next_deadline()), (1, None));
+        assert!(t.tick(now + secs(3600)).left_open.is_empty());
+        let step = t.ack(&id("s1"), marks(1, 1), now + secs(3601));
+        assert_eq!(released(&step), vec![(1, ReturnOutcome::Acknowledged)]);
+        assert_eq!(t.waiting(), 0);
+    }
+
+    #[test]
+    fn only_a_twosafe_commit_under_no_action_whose_caller_can_commit_again_stays_open() {
+        let now = Instant::now();
+        let mut t = ReturnTracker::new(settings());
+        // RECEIPT has no LOCAL COMMIT ACTION; COMMIT ends the transaction; the typed
+        // API (keep_open false) cannot COMMIT again.
+        t.begin(1, vec![receipt("s1")], &session(), now);
+        let commit = SyncOptions {
+            local_action: Some(LocalAction::Commit),
+            ..session()
+        };
+        t.begin(2, vec![twosafe("s1")], &commit, now);
+        t.begin(3, vec![twosafe("s1")], &SyncOptions::default(), now);
+        let step = t.tick(now + secs(10));
+        assert!(step.left_open.is_empty(), "{step:?}");
+        assert_eq!(
+            released(&step),
+            vec![
+                (1, timed_out(&["s1"], None)),
+                (2, timed_out(&["s1"], Some(LocalAction::Commit))),
+                (3, timed_out(&["s1"], Some(LocalAction::NoAction))),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_commit_left_open_is_given_up_as_committed_here_or_released_by_disable_return() {
+        let now = Instant::now();
+        let mut s = settings();
+        s.disable = Some((DisableScope::Subscriber, 2));
+        let mut t = ReturnTracker::new(s);
+        t.begin(1, vec![twosafe("s1")], &session(), now);
+        assert_eq!(left_open(&t.tick(now + secs(10))).len(), 1);
+        let step = t.give_up(1);
+        assert_eq!(
+            released(&step),
+            vec![(1, timed_out(&["s1"], Some(LocalAction::Commit)))]
+        );
+        assert!(t.give_up(1).released.is_empty(), "no longer waiting");
+        assert_eq!(
+            t.consecutive_timeouts(&id("s1")),
+            1,
+            "giving up is no timeout"
+        );
+        // The second timeout disables s1: the commit left open is released at once.
+        t.begin(2, vec![twosafe("s1")], &session(), now + secs(20));
+        let step = t.tick(now + secs(30));
+        assert_eq!(left_open(&step).len(), 1);
+        assert_eq!(
+            released(&step),
+            vec![(
+                2,
+                ReturnOutcome::ReturnDisabled {
+                    subscribers: vec![id("s1")]
+                }
+            )]
+        );
+        assert_eq!(t.waiting(), 0);
     }
 
     #[test]
