@@ -6,8 +6,12 @@
 //! its master keeps committing and says why the stream is refused — and catches up with
 //! nothing lost once there is room.
 //!
-//! Mounting a tmpfs needs root (CI runs as root); elsewhere the test says so on stderr
-//! and passes without running.
+//! With the floor turned off the disk really fills: the write that meets ENOSPC fails,
+//! the node stops (its store can no longer tell what is durable), and a restart once
+//! there is room has every commit it acknowledged.
+//!
+//! Mounting a tmpfs needs root (CI runs as root); elsewhere the tests say so on stderr
+//! and pass without running.
 
 mod common;
 
@@ -255,4 +259,80 @@ fn a_full_disk_stops_writes_cleanly_and_they_resume_with_nothing_lost() {
     assert_eq!(rows(&n1), rows(&n2));
     drop((n1, n2));
     drop((vol1, vol2));
+}
+
+#[test]
+fn a_disk_filled_without_a_floor_stops_the_node_and_a_restart_loses_nothing_acknowledged() {
+    use hawser_client::{Client, RowOp};
+    use hawser_core::Value as V;
+
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let Some(vol) = Tmpfs::mount(&d.join("n1")) else {
+        return;
+    };
+    let mut args = FAST_RAFT.to_vec();
+    args.extend(["--min-free-bytes", "0"]);
+    let mut n1 = Node::start_at("n1", &d.join("n1"), "127.0.0.1:0", &args);
+    assert!(n1.cli(&["init"]).status.success());
+    sql_ok(&n1, "create table t (k int primary key, v varchar(4000))");
+    let filler = vol.fill_leaving(2 * MIB);
+
+    // One writer until a commit fails: every commit before it was acknowledged.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let (acknowledged, failure) = rt.block_on(async {
+        let mut c = Client::connect(&n1.grpc).await.unwrap();
+        let mut k = 0i64;
+        loop {
+            let row = vec![V::Int(k + 1), V::Text("x".repeat(3000))];
+            let op = RowOp::Insert {
+                table: "t".into(),
+                row,
+            };
+            match c.write(vec![op]).await {
+                Ok(_) => k += 1,
+                Err(e) => return (k, e.to_string()),
+            }
+            assert!(k < 100_000, "2 MiB never ran out");
+        }
+    });
+    assert!(acknowledged > 0, "{failure}");
+    assert!(failure.contains("No space left on device"), "{failure}");
+    let status = n1
+        .wait_exit(WAIT)
+        .expect("the node stops on the failed write");
+    assert!(!status.success(), "{status:?}");
+    let log = n1.log();
+    assert!(log.contains("storage failed"), "{log}");
+
+    // Room again: a restart recovers every acknowledged commit (the failed one may or
+    // may not have reached the disk: its client got an I/O error, not a refusal).
+    std::fs::remove_file(filler).unwrap();
+    let grpc = n1.grpc.clone();
+    drop(n1);
+    let n1 = Node::start_at("n1", &d.join("n1"), &grpc, &args);
+    let (rows, max) = wait_for("n1 to answer after the restart", WAIT, || {
+        let out = n1.cli(&[
+            "sql",
+            "--format",
+            "json",
+            "-e",
+            "select count(*), max(k) from t",
+        ]);
+        let v: Value = serde_json::from_str(String::from_utf8_lossy(&out.stdout).trim()).ok()?;
+        Some((v["rows"][0][0].as_i64()?, v["rows"][0][1].as_i64()?))
+    });
+    assert!(
+        rows == max && (acknowledged..=acknowledged + 1).contains(&rows),
+        "{rows} rows up to {max}, {acknowledged} acknowledged"
+    );
+    sql_ok(
+        &n1,
+        &format!("insert into t values ({}, 'after')", rows + 1),
+    );
+    drop(n1);
+    drop(vol);
 }

@@ -69,6 +69,11 @@ pub enum NodeError {
     TaskFailed { task: &'static str, reason: String },
     #[error("{task} stopped unexpectedly")]
     TaskExited { task: &'static str },
+    #[error(
+        "storage failed: {0}; the node stops so that a restart recovers every commit it \
+         acknowledged from its log (free space on the disk first if it is full)"
+    )]
+    StorageFailed(String),
 }
 
 /// What the services share.
@@ -421,8 +426,24 @@ pub async fn run(
             None => std::future::pending().await,
         }
     };
+    // A store whose log write or sync failed refuses writes and may show readers
+    // commits that never became durable: stop, as PostgreSQL PANICs, and let a restart
+    // recover from the log.
+    let storage_failed = {
+        let db = state.db.clone();
+        async move {
+            let mut tick = tokio::time::interval(STORAGE_CHECK);
+            loop {
+                tick.tick().await;
+                if let Some(reason) = db.storage_failure() {
+                    return reason;
+                }
+            }
+        }
+    };
     let result = tokio::select! {
         reason = control_failed => Err(NodeError::ControlFailed(reason)),
+        reason = storage_failed => Err(NodeError::StorageFailed(reason)),
         r = grpc => match r {
             Ok(()) if state.shutdown.is_cancelled() => Ok(()),
             Ok(()) => Err(NodeError::TaskExited { task: "grpc server" }),
@@ -447,6 +468,9 @@ pub async fn run(
     info!("node stopped");
     result
 }
+
+/// How often the node looks for a storage failure ([`Database::storage_failure`]).
+const STORAGE_CHECK: Duration = Duration::from_millis(100);
 
 /// Opens the Raft storage in `DATA/raft` and starts the control plane; the node's id
 /// is its Raft id.

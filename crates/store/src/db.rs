@@ -572,6 +572,14 @@ impl Database {
         Ok(db)
     }
 
+    /// Why the store can no longer write, if its engine failed a write or sync
+    /// ([`KvEngine::failure`]): it refuses every write, and what it shows readers may
+    /// include commits that were never durable (and were reported failed). The node
+    /// stops on it; a restart recovers every durable commit.
+    pub fn storage_failure(&self) -> Option<String> {
+        self.inner.engine.failure()
+    }
+
     /// Refuses with [`StoreError::DiskFull`] while the store's volume is below its
     /// free-space floor (any write would be refused).
     pub fn check_space(&self) -> Result<(), StoreError> {

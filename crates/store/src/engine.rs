@@ -112,6 +112,14 @@ pub trait KvEngine: Send + Sync + 'static {
     fn write_ahead(&self) -> Result<(), StoreError> {
         Ok(())
     }
+
+    /// Why the engine can no longer write, once a write or sync of its log failed or a
+    /// durable batch could be moved only in part (a full disk, an I/O error): it refuses
+    /// every write from then on, while readers may still see batches that never became
+    /// durable. Only a restart, which recovers from what is durable, clears it.
+    fn failure(&self) -> Option<String> {
+        None
+    }
 }
 
 /// The sled engine: one tree holds the whole keyspace; [`crate::wal`] makes its
@@ -792,6 +800,16 @@ impl KvEngine for SledEngine {
 
     fn write_ahead(&self) -> Result<(), StoreError> {
         self.shared.wal.write_ahead()
+    }
+
+    fn failure(&self) -> Option<String> {
+        let s = &*self.shared;
+        s.wal.failure().or_else(|| {
+            s.broken
+                .lock()
+                .as_ref()
+                .map(|r| format!("a durable batch was moved into sled only in part: {r}"))
+        })
     }
 
     fn settle(&self) -> Result<(), StoreError> {

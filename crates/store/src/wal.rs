@@ -453,6 +453,11 @@ impl Wal {
         }
     }
 
+    /// The first failed write or sync, if one failed.
+    pub(crate) fn failure(&self) -> Option<String> {
+        self.failed.lock().clone()
+    }
+
     /// Records the first failed write or sync (see `failed`) and returns it.
     fn fail(&self, e: StoreError) -> StoreError {
         self.failed.lock().get_or_insert_with(|| e.to_string());
