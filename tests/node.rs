@@ -278,6 +278,38 @@ fn a_bad_configuration_is_refused_with_the_reason() {
     );
 }
 
+/// A script file larger than a request may carry (a dump to load) runs whole: the CLI
+/// sends it in pieces of whole statements on one session, and an error names its
+/// statement and line in the file.
+#[test]
+fn a_sql_file_larger_than_a_request_runs_whole_and_errors_name_their_place() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start_with(
+        "ds1",
+        &dir.path().join("ds1"),
+        &["--max-message-bytes", "2097152"],
+    );
+    let pad = "x".repeat(2000);
+    let mut file = String::from("create table t (k int primary key, v varchar(4000));\n");
+    // About 6 MB, three times the node's limit. Statement 3002 (line 3002) repeats key 1.
+    for k in 1..=3000 {
+        file.push_str(&format!("insert into t values ({k}, '{pad}');\n"));
+    }
+    file.push_str("insert into t values (1, 'again');\nselect 1;\n");
+    assert!(file.len() > 2 * 2097152);
+    let path = dir.path().join("load.sql");
+    std::fs::write(&path, &file).unwrap();
+    let out = node.cli(&["sql", "-f", path.to_str().unwrap()]);
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(
+        err.contains("error[23505]") && err.contains("statement 3002, line 3002"),
+        "{err}"
+    );
+    let out = node.cli(&["sql", "--format", "json", "-e", "select count(*) from t"]);
+    assert!(stdout(&out).contains("[[3000]]"), "{}", stdout(&out));
+}
+
 #[test]
 fn an_oversized_request_is_refused_and_changes_nothing() {
     let dir = tempfile::tempdir().unwrap();

@@ -5,7 +5,8 @@
 //! line of the shell) is still open for the next. Scripts run in order: every `-e` in the
 //! order given, then the `-f` file, then — when neither is given — standard input: the
 //! interactive shell on a terminal, otherwise the whole input as one script. The first
-//! statement error stops the run with exit status 1.
+//! statement error stops the run with exit status 1. A script over [`MAX_REQUEST_SQL`]
+//! goes in pieces of whole statements ([`pieces`]).
 //!
 //! The shell's line editing (rustyline) blocks, so it runs on a thread of its own that hands
 //! complete statements to the async side and waits for the answer before it prompts again:
@@ -44,7 +45,10 @@ pub struct SqlArgs {
     /// session, in the order given, before any -f file.
     #[arg(short = 'e', long = "execute", value_name = "SQL")]
     pub execute: Vec<String>,
-    /// A file of statements to run after the -e scripts.
+    /// A file of statements to run after the -e scripts. A long one (a dump to load) is
+    /// sent in pieces of whole statements on the same session, so its size is not
+    /// bound by the node's --max-message-bytes; errors still name their statement and
+    /// line in the file.
     #[arg(short = 'f', long = "file", value_name = "FILE")]
     pub file: Option<PathBuf>,
     /// How to print results.
@@ -109,18 +113,28 @@ pub async fn run(args: SqlArgs) -> anyhow::Result<ExitCode> {
     let numbered = scripts.len() > 1;
     let (mut in_transaction, mut left_open) = (false, false);
     for script in &scripts {
-        let outcome = match session.execute(&script.sql).await {
-            Ok(outcome) => outcome,
-            Err(e) => {
-                eprintln!("{}", session_failure_text(&args.host, &e));
+        // A long script (a dump to load) goes in pieces of whole statements, one after
+        // the other in the same session: errors still name their place in the script.
+        for piece in pieces(&script.sql, MAX_REQUEST_SQL) {
+            let mut outcome = match session.execute(piece.sql).await {
+                Ok(outcome) => outcome,
+                Err(e) => {
+                    eprintln!("{}", session_failure_text(&args.host, &e));
+                    return Ok(ExitCode::FAILURE);
+                }
+            };
+            if let Some(e) = &mut outcome.error {
+                if e.statement > 0 {
+                    e.statement += piece.statements_before;
+                }
+                e.line = e.line.map(|l| l + piece.lines_before);
+            }
+            in_transaction = outcome.in_transaction;
+            left_open = outcome.left_open;
+            let source = numbered.then_some(script.source.as_str());
+            if !printer.outcome(&outcome, source)? {
                 return Ok(ExitCode::FAILURE);
             }
-        };
-        in_transaction = outcome.in_transaction;
-        left_open = outcome.left_open;
-        let source = numbered.then_some(script.source.as_str());
-        if !printer.outcome(&outcome, source)? {
-            return Ok(ExitCode::FAILURE);
         }
     }
     if left_open {
@@ -432,9 +446,25 @@ fn prompt(in_transaction: bool, continuing: bool) -> &'static str {
 }
 
 /// Whether `sql` ends with a `;` that is outside quotes and comments (comments and blanks
-/// may follow it). Understands `'...'` with `''` escapes, `"..."` identifiers, `-- ...`
-/// line comments and nested `/* ... */` block comments.
+/// may follow it).
 fn statement_complete(sql: &str) -> bool {
+    let mut ends_with_semicolon = false;
+    let outside = walk_code(sql, |_, c| {
+        if c == ';' {
+            ends_with_semicolon = true;
+        } else if !c.is_whitespace() {
+            ends_with_semicolon = false;
+        }
+    });
+    ends_with_semicolon && outside
+}
+
+/// Walks `sql`, calling `code(i, c)` for each character outside literals and comments
+/// (with its byte offset), and for the quote that opens a literal; returns whether the
+/// walk ended outside a literal and a block comment. Understands `'...'` with `''`
+/// escapes, `"..."` identifiers, `-- ...` line comments and nested `/* ... */` block
+/// comments.
+fn walk_code(sql: &str, mut code: impl FnMut(usize, char)) -> bool {
     #[derive(PartialEq)]
     enum State {
         Code,
@@ -444,24 +474,27 @@ fn statement_complete(sql: &str) -> bool {
         Block(u32),
     }
     let mut state = State::Code;
-    let mut ends_with_semicolon = false;
-    let mut chars = sql.chars().peekable();
-    while let Some(c) = chars.next() {
+    let mut chars = sql.char_indices().peekable();
+    while let Some((i, c)) = chars.next() {
+        let next = chars.peek().map(|(_, n)| *n);
         match state {
             State::Code => match c {
-                ';' => ends_with_semicolon = true,
-                '\'' => state = State::Single,
-                '"' => state = State::Double,
-                '-' if chars.peek() == Some(&'-') => {
+                '-' if next == Some('-') => {
                     chars.next();
                     state = State::Line;
                 }
-                '/' if chars.peek() == Some(&'*') => {
+                '/' if next == Some('*') => {
                     chars.next();
                     state = State::Block(1);
                 }
-                c if c.is_whitespace() => {}
-                _ => ends_with_semicolon = false,
+                _ => {
+                    code(i, c);
+                    if c == '\'' {
+                        state = State::Single;
+                    } else if c == '"' {
+                        state = State::Double;
+                    }
+                }
             },
             // A doubled quote inside a literal closes and reopens it, which this handles
             // as two transitions with the same result.
@@ -469,31 +502,118 @@ fn statement_complete(sql: &str) -> bool {
             State::Double if c == '"' => state = State::Code,
             State::Line if c == '\n' => state = State::Code,
             State::Block(depth) => {
-                if c == '*' && chars.peek() == Some(&'/') {
+                if c == '*' && next == Some('/') {
                     chars.next();
                     state = if depth == 1 {
                         State::Code
                     } else {
                         State::Block(depth - 1)
                     };
-                } else if c == '/' && chars.peek() == Some(&'*') {
+                } else if c == '/' && next == Some('*') {
                     chars.next();
                     state = State::Block(depth + 1);
                 }
             }
             State::Single | State::Double | State::Line => {}
         }
-        if matches!(state, State::Single | State::Double) {
-            ends_with_semicolon = false;
-        }
     }
-    ends_with_semicolon && matches!(state, State::Code | State::Line)
+    matches!(state, State::Code | State::Line)
+}
+
+/// The most SQL one request carries: a node refuses messages over its
+/// `--max-message-bytes` (16 MiB by default), so a longer script goes in pieces — small
+/// enough for a node whose limit was lowered, large enough that a request costs nothing
+/// next to the statements it carries.
+const MAX_REQUEST_SQL: usize = 1024 * 1024;
+
+/// A piece of a script sent in one request, with the statements and lines of the script
+/// before it (a node numbers statements and lines from the start of each request).
+#[derive(Debug, PartialEq, Eq)]
+struct Piece<'a> {
+    sql: &'a str,
+    statements_before: u32,
+    lines_before: u64,
+}
+
+/// `script` cut after whole statements into pieces of at most `max` bytes where it can
+/// be (a single statement longer than that stays whole).
+fn pieces(script: &str, max: usize) -> Vec<Piece<'_>> {
+    let piece = |sql, statements_before, lines_before| Piece {
+        sql,
+        statements_before,
+        lines_before,
+    };
+    if script.len() <= max {
+        return vec![piece(script, 0, 0)];
+    }
+    // Where each statement ends, and whether it holds anything but blanks and comments
+    // (a node does not count those).
+    let mut ends: Vec<(usize, bool)> = Vec::new();
+    let mut has_code = false;
+    walk_code(script, |i, c| {
+        if c == ';' {
+            ends.push((i + 1, has_code));
+            has_code = false;
+        } else if !c.is_whitespace() {
+            has_code = true;
+        }
+    });
+    ends.push((script.len(), has_code));
+    let mut out = Vec::new();
+    let (mut start, mut statements, mut lines) = (0usize, 0u32, 0u64);
+    // The end of the last statement in the current piece, and how many it counts.
+    let (mut cut, mut counted) = (0usize, 0u32);
+    for (end, real) in ends {
+        if end - start > max && cut > start {
+            out.push(piece(&script[start..cut], statements, lines));
+            lines += script[start..cut].matches('\n').count() as u64;
+            statements += counted;
+            (start, counted) = (cut, 0);
+        }
+        cut = end;
+        counted += u32::from(real);
+    }
+    if start < script.len() {
+        out.push(piece(&script[start..], statements, lines));
+    }
+    out
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use hawser_core::Value;
+
+    #[test]
+    fn a_long_script_is_cut_after_whole_statements_and_keeps_its_numbering() {
+        let script = "insert into t values (1, 'a;b');\n-- c;\ninsert into t values (2, 'x');\n\
+                      /* ; */ insert into t values (3, 'y'); insert into t values (4, 'z');\n";
+        assert_eq!(pieces(script, script.len()).len(), 1, "short enough: whole");
+        let cut = pieces(script, 40);
+        let joined: String = cut.iter().map(|p| p.sql).collect();
+        assert_eq!(joined, script, "nothing lost or doubled");
+        for p in &cut {
+            assert!(p.sql.len() <= 40, "{p:?}");
+            assert!(
+                p.sql.trim().is_empty() || p.sql.trim_end().ends_with(';'),
+                "{p:?}"
+            );
+        }
+        assert_eq!(
+            cut.iter()
+                .map(|p| (p.statements_before, p.lines_before))
+                .collect::<Vec<_>>(),
+            vec![(0, 0), (1, 0), (2, 2), (3, 3)],
+            "{cut:?}"
+        );
+        assert!(cut[1].sql.contains("(2, 'x')"), "{cut:?}");
+        // A statement longer than the limit goes whole.
+        let long = format!("insert into t values (1, '{}'); select 1;", "x".repeat(100));
+        let cut = pieces(&long, 50);
+        assert_eq!(cut.len(), 2, "{cut:?}");
+        assert!(cut[0].sql.ends_with("');"), "{cut:?}");
+        assert_eq!((cut[1].statements_before, cut[1].sql), (1, " select 1;"));
+    }
 
     #[test]
     fn a_statement_is_complete_at_a_semicolon_outside_quotes_and_comments() {
