@@ -238,14 +238,27 @@ impl ReturnServices for LeavesOpen {
     }
 }
 
-fn leaves_open(action: i64) -> (Arc<LeavesOpen>, tokio::sync::oneshot::Sender<()>) {
+/// A session over a hook that leaves its first commit open (the node's LOCAL COMMIT
+/// ACTION is `action`), with table t, and the sender that acknowledges the commit.
+async fn leaves_open(
+    action: i64,
+) -> (
+    Arc<LeavesOpen>,
+    tokio::sync::oneshot::Sender<()>,
+    hawser_sql::Session,
+) {
     let (tx, rx) = tokio::sync::oneshot::channel();
     let hook = Arc::new(LeavesOpen {
         acknowledge: Mutex::new(Some(rx)),
         dropped: Arc::default(),
         action,
     });
-    (hook, tx)
+    let db = Database::open_memory(DbOptions::new(NodeId(1))).unwrap();
+    let mut s = SqlEngine::new(db)
+        .with_return_services(hook.clone())
+        .session();
+    ok(&mut s, "create table t (k int primary key)").await;
+    (hook, tx, s)
 }
 
 /// TimesTen's LOCAL COMMIT ACTION NO ACTION: after a commit times out, the application
@@ -253,12 +266,7 @@ fn leaves_open(action: i64) -> (Arc<LeavesOpen>, tokio::sync::oneshot::Sender<()
 /// the transaction.
 #[tokio::test]
 async fn a_commit_left_open_takes_only_commit_until_it_settles() {
-    let (hook, acknowledge) = leaves_open(1);
-    let db = Database::open_memory(DbOptions::new(NodeId(1))).unwrap();
-    let mut s = SqlEngine::new(db)
-        .with_return_services(hook.clone())
-        .session();
-    ok(&mut s, "create table t (k int primary key)").await;
+    let (hook, acknowledge, mut s) = leaves_open(1).await;
     let results = ok(&mut s, "insert into t values (1)").await;
     assert_eq!(results[0].warnings[0].code, "TT8170");
     assert!(s.left_open() && s.in_transaction());
@@ -290,12 +298,7 @@ async fn a_commit_left_open_takes_only_commit_until_it_settles() {
 /// committed here: the session drops its wait.
 #[tokio::test]
 async fn commit_again_under_local_commit_action_commit_ends_it_committed_here() {
-    let (hook, _acknowledge) = leaves_open(1);
-    let db = Database::open_memory(DbOptions::new(NodeId(1))).unwrap();
-    let mut s = SqlEngine::new(db)
-        .with_return_services(hook.clone())
-        .session();
-    ok(&mut s, "create table t (k int primary key)").await;
+    let (hook, _acknowledge, mut s) = leaves_open(1).await;
     ok(&mut s, "insert into t values (1)").await;
     let results = ok(&mut s, "call ttRepSyncSet(NULL, NULL, 2); commit").await;
     let w = &results[1].warnings;
@@ -311,12 +314,7 @@ async fn commit_again_under_local_commit_action_commit_ends_it_committed_here() 
 /// A session that ends with a commit left open gives the wait up: the commit stands.
 #[tokio::test]
 async fn a_session_ending_with_a_commit_left_open_gives_its_wait_up() {
-    let (hook, _acknowledge) = leaves_open(1);
-    let db = Database::open_memory(DbOptions::new(NodeId(1))).unwrap();
-    let mut s = SqlEngine::new(db)
-        .with_return_services(hook.clone())
-        .session();
-    ok(&mut s, "create table t (k int primary key)").await;
+    let (hook, _acknowledge, mut s) = leaves_open(1).await;
     ok(&mut s, "insert into t values (1)").await;
     assert!(s.left_open());
     drop(s);
