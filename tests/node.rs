@@ -338,6 +338,17 @@ fn an_oversized_request_is_refused_and_changes_nothing() {
         let out = c.execute("select count(*) from t").await.unwrap();
         assert_eq!(out.results[0].rows[0][0], Value::Int(0));
     });
+    // Through the CLI's session, a statement too long for one request (it cannot be
+    // cut) ends the session with the reason.
+    let values: Vec<String> = (0..100)
+        .map(|k| format!("({k}, '{}')", "x".repeat(2000)))
+        .collect();
+    let path = dir.path().join("one.sql");
+    std::fs::write(&path, format!("insert into t values {}", values.join(", "))).unwrap();
+    let out = node.cli(&["sql", "-f", path.to_str().unwrap()]);
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(err.contains("message length too large"), "{err}");
 }
 
 /// Whether process `pid` is still running (a zombie waiting for its new parent to

@@ -58,16 +58,30 @@ async fn next_request<T>(
     shutdown: &tokio_util::sync::CancellationToken,
     what: &str,
 ) -> Option<T> {
+    next_request_or_failure(inbound, shutdown, what)
+        .await
+        .ok()
+        .flatten()
+}
+
+/// [`next_request`], with why the client's stream failed when it did (a request over
+/// the message limit, say), for a caller that tells the client.
+async fn next_request_or_failure<T>(
+    inbound: &mut Streaming<T>,
+    shutdown: &tokio_util::sync::CancellationToken,
+    what: &str,
+) -> Result<Option<T>, Status> {
     let next = tokio::select! {
         biased;
-        _ = shutdown.cancelled() => return None,
+        _ = shutdown.cancelled() => return Ok(None),
         next = inbound.next() => next,
     };
-    match next? {
-        Ok(req) => Some(req),
-        Err(e) => {
+    match next {
+        None => Ok(None),
+        Some(Ok(req)) => Ok(Some(req)),
+        Some(Err(e)) => {
             debug!(error = %e, "{what} stream failed");
-            None
+            Err(e)
         }
     }
 }
@@ -317,7 +331,17 @@ impl Client for Services {
             state
                 .sessions
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            while let Some(req) = next_request(&mut inbound, &shutdown, "session").await {
+            loop {
+                let req = match next_request_or_failure(&mut inbound, &shutdown, "session").await {
+                    Ok(Some(req)) => req,
+                    Ok(None) => break,
+                    Err(status) => {
+                        // The client is told why its session ended (a script over
+                        // --max-message-bytes ends it here), not just that it did.
+                        let _ = tx.send(Err(status)).await;
+                        break;
+                    }
+                };
                 let outcome = session.execute(&req.sql).await;
                 crate::dataplane::wake_all(&state.senders);
                 let resp = pb_outcome(&outcome, session.in_transaction(), session.left_open());
