@@ -284,7 +284,8 @@ fn error_line(e: &v1::SqlError, source: Option<&str>) -> String {
 
 const HELP: &str = "\
 Type SQL statements ending with `;` (they may span lines); BEGIN ... COMMIT spans statements.
-  \\q, quit, exit, Ctrl-D   leave (an open transaction is rolled back)
+  \\q, quit, exit, Ctrl-D   leave (an open transaction is rolled back; a TWOSAFE commit
+                           left open by LOCAL COMMIT ACTION NO ACTION stays committed)
   Ctrl-C                   discard the statement being typed
   \\?, help                 this text";
 
