@@ -883,22 +883,8 @@ async fn a_receiver_behind_a_table_dropped_and_created_again_in_another_layout_c
 ) -> Result<()> {
     let master = open(1).await?;
     let sub = open(2).await?;
-    let view = epochs(1);
-    let r = Receiver::start(&sub, "s1", view.subscribe(), None).await?;
-    let senders = Senders::default();
-    let h = senders.spawn_ddl_from_now(TableDefinitionChecking::Exact, &master, r.endpoint());
-    write(&master, 0..2, "before").await?;
-    caught_up(&h, &master).await?;
-    let addr = r.stop().await;
-
-    // While the receiver is down: rows in the old layout, then DROP and CREATE in
-    // another, and rows in that one.
-    let (before_drop, v2) = drop_and_create_in_another_layout(&master).await?;
-
-    let r = Receiver::start(&sub, "s1", view.subscribe(), Some(addr)).await?;
-    caught_up(&h, &master).await?;
-    assert_eq!(sub.table(&tab()).as_deref(), Some(&v2));
-    assert_eq!(rows(&sub)?, rows(&master)?);
+    let (senders, r, _view, before_drop) =
+        catch_up_through_a_drop_and_create(&master, &sub, TableDefinitionChecking::Exact).await?;
     assert_eq!(rows(&sub)?.len(), 3);
     senders.stop().await;
 
@@ -924,6 +910,36 @@ async fn a_receiver_behind_a_table_dropped_and_created_again_in_another_layout_c
     senders.stop().await;
     r.stop().await;
     Ok(())
+}
+
+/// Streams two rows to `sub` under `check`; while its receiver is down, the master
+/// writes rows in the old layout, drops the table and creates it again in another, with
+/// rows in that one ([`drop_and_create_in_another_layout`]); then the receiver starts
+/// again and catches up: `sub` ends with the new layout and the master's rows. Returns
+/// what still runs (senders, receiver, its epoch view) and the last LSN before the drop.
+async fn catch_up_through_a_drop_and_create(
+    master: &Database,
+    sub: &Database,
+    check: TableDefinitionChecking,
+) -> Result<(
+    Senders,
+    Receiver,
+    watch::Sender<BTreeMap<Ident, Epoch>>,
+    Lsn,
+)> {
+    let view = epochs(1);
+    let r = Receiver::start(sub, "s1", view.subscribe(), None).await?;
+    let senders = Senders::default();
+    let h = senders.spawn_ddl_from_now(check, master, r.endpoint());
+    write(master, 0..2, "before").await?;
+    caught_up(&h, master).await?;
+    let addr = r.stop().await;
+    let (before_drop, v2) = drop_and_create_in_another_layout(master).await?;
+    let r = Receiver::start(sub, "s1", view.subscribe(), Some(addr)).await?;
+    caught_up(&h, master).await?;
+    assert_eq!(sub.table(&tab()).as_deref(), Some(&v2));
+    assert_eq!(rows(sub)?, rows(master)?);
+    Ok((senders, r, view, before_drop))
 }
 
 /// On the master: rows in tab's layout, then DROP TABLE and CREATE TABLE with a BIGINT
@@ -969,19 +985,8 @@ async fn a_relaxed_receiver_behind_a_drop_and_create_skips_the_dropped_tables_ro
     reordered.columns.reverse();
     reordered.primary_key = vec![1];
     sub.create_table(reordered).await?;
-    let view = epochs(1);
-    let r = Receiver::start(&sub, "s1", view.subscribe(), None).await?;
-    let senders = Senders::default();
-    let h = senders.spawn_ddl_from_now(TableDefinitionChecking::Relaxed, &master, r.endpoint());
-    write(&master, 0..2, "before").await?;
-    caught_up(&h, &master).await?;
-    let addr = r.stop().await;
-
-    let (_, v2) = drop_and_create_in_another_layout(&master).await?;
-    let r = Receiver::start(&sub, "s1", view.subscribe(), Some(addr)).await?;
-    caught_up(&h, &master).await?;
-    assert_eq!(sub.table(&tab()).as_deref(), Some(&v2));
-    assert_eq!(rows(&sub)?, rows(&master)?);
+    let (senders, r, _view, _) =
+        catch_up_through_a_drop_and_create(&master, &sub, TableDefinitionChecking::Relaxed).await?;
     senders.stop().await;
     r.stop().await;
     Ok(())
