@@ -26,7 +26,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::ops::Bound;
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -285,6 +285,9 @@ pub(crate) struct Inner {
     tail: Mutex<VecDeque<Arc<LogRecord>>>,
     /// Held by the one commit that is flushing for everybody.
     flush_lock: tokio::sync::Mutex<()>,
+    /// Client commits waiting for a flush (leading one or queued behind it): whether a
+    /// single-threaded node's commit may flush inline ([`flush_mode`]).
+    committing: AtomicUsize,
     pub(crate) locks: LockManager,
     epoch: AtomicU64,
     pub(crate) next_txn_id: AtomicU64,
@@ -540,6 +543,7 @@ impl Database {
             marks: RwLock::new(marks),
             tail: Mutex::new(VecDeque::with_capacity(TAIL_RECORDS)),
             flush_lock: tokio::sync::Mutex::new(()),
+            committing: AtomicUsize::new(0),
             locks: LockManager::default(),
             epoch: AtomicU64::new(0),
             next_txn_id: AtomicU64::new(1),
@@ -1882,6 +1886,7 @@ impl Inner {
         if self.flushed_lsn.load(Ordering::Acquire) >= lsn.0 {
             return Ok(());
         }
+        let _counted = (who == Flusher::Commit).then(|| Committing::enter(&self.committing));
         let _leader = self.flush_lock.lock().await;
         if self.flushed_lsn.load(Ordering::Acquire) >= lsn.0 {
             // A flush that finished while we queued covered us.
@@ -1889,7 +1894,7 @@ impl Inner {
         }
         // Every batch up to `upto` was applied before this load, so the flush below
         // covers it (and `lsn` ≤ `upto`, since our own batch is applied).
-        let upto = self.applied_lsn.load(Ordering::Acquire);
+        let mut upto = self.applied_lsn.load(Ordering::Acquire);
         let started = Instant::now();
         // Flush: a blocking fsync. With two or more async workers it runs right here,
         // blocking this worker for the sync as a PostgreSQL backend does: only the one
@@ -1898,7 +1903,10 @@ impl Inner {
         // wake-ups per flush, which cost more CPU than the sync itself with few
         // clients (1 client, no replication: 3.2-3.4k -> 4.7-5.4k commits/s on the
         // 2-core VM). With a single worker, blocking it would stall every other task,
-        // so the sync goes to the blocking pool there (as tokio::fs does).
+        // so the sync goes to the blocking pool there (as tokio::fs does) — unless this
+        // commit is the only one waiting for a flush once the tasks ready to run have
+        // run: then nothing could join it or apply meanwhile, and the hand-off would
+        // only add its two wake-ups.
         let flush = move |engine: &dyn KvEngine| {
             if settle {
                 engine.flush()
@@ -1906,6 +1914,7 @@ impl Inner {
                 engine.flush_unsettled()
             }
         };
+        let mut yielded = false;
         if who == Flusher::Commit {
             if let Some(hook) = self.written_hook.get() {
                 // Write ahead, let the senders that ship written commits go, then sync.
@@ -1915,10 +1924,26 @@ impl Inner {
                     // A woken task waits in this worker's next-task slot, which no
                     // other worker takes from: it runs now, or only after the sync.
                     tokio::task::yield_now().await;
+                    yielded = true;
                 }
             }
         }
-        if flush_inline(who) {
+        let inline = match flush_mode(who) {
+            FlushMode::Inline => true,
+            FlushMode::Pool => false,
+            FlushMode::InlineIfAlone => {
+                // On one thread the other commits run only when this task lets them:
+                // a yield (tokio defers it until every ready task has run and the I/O
+                // driver was polled) lets those whose requests are in apply and queue
+                // behind this flush — which then covers them too.
+                if !yielded {
+                    tokio::task::yield_now().await;
+                }
+                upto = self.applied_lsn.load(Ordering::Acquire);
+                self.committing.load(Ordering::Acquire) <= 1
+            }
+        };
+        if inline {
             flush(&*self.engine)?;
         } else {
             let engine = self.engine.clone();
@@ -2387,45 +2412,80 @@ pub(crate) enum Flusher {
     Apply,
 }
 
-/// Whether a flush may block the calling async worker (see [`Inner::wait_durable`]):
-/// on a multi-thread runtime with at least two workers, the other workers go on; on a
-/// single-threaded runtime (`hawser start --threads 1`) only for a receiver's apply,
-/// which, as a PostgreSQL walreceiver does, has nothing better to do than wait for its
-/// own sync — while a client commit's flush goes to the blocking pool there, so other
-/// commits apply meanwhile and join the next flush. (Measured on the 2-core VM, three
-/// nodes on one machine: subscribers on one thread spend ~30 % less CPU per RECEIPT
-/// commit than with two workers; a master on one thread that flushed inline lost a
-/// third of its throughput at 16 clients.)
-fn flush_inline(who: Flusher) -> bool {
+/// Where a flush runs (see [`Inner::wait_durable`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum FlushMode {
+    /// On the calling async worker, blocking it for the sync.
+    Inline,
+    /// On tokio's blocking pool, the caller waiting for it.
+    Pool,
+    /// Inline when the caller is the only commit waiting for a flush, else pooled.
+    InlineIfAlone,
+}
+
+/// Where `who`'s flush runs: on a multi-thread runtime with at least two workers,
+/// inline — the other workers go on. On a single-threaded runtime (`hawser start
+/// --threads 1`), inline for a receiver's apply, which, as a PostgreSQL walreceiver
+/// does, has nothing better to do than wait for its own sync; a client commit's flush
+/// goes to the blocking pool there, so other commits apply meanwhile and join the next
+/// flush, unless the commit is alone. (Measured on the 2-core VM, three nodes on one
+/// machine: subscribers on one thread spend ~30 % less CPU per RECEIPT commit than
+/// with two workers; a master on one thread that flushed every commit inline lost a
+/// third of its throughput at 16 clients, and more than half once it flushed inline
+/// any commit that found no other waiting before it yielded; one that sent every
+/// commit's flush to the pool lost ~5 % at one client.)
+fn flush_mode(who: Flusher) -> FlushMode {
     let handle = tokio::runtime::Handle::current();
     match handle.runtime_flavor() {
-        tokio::runtime::RuntimeFlavor::MultiThread => handle.metrics().num_workers() >= 2,
-        tokio::runtime::RuntimeFlavor::CurrentThread => who == Flusher::Apply,
-        _ => false,
+        tokio::runtime::RuntimeFlavor::MultiThread if handle.metrics().num_workers() >= 2 => {
+            FlushMode::Inline
+        }
+        tokio::runtime::RuntimeFlavor::CurrentThread => match who {
+            Flusher::Apply => FlushMode::Inline,
+            Flusher::Commit => FlushMode::InlineIfAlone,
+        },
+        _ => FlushMode::Pool,
+    }
+}
+
+/// Counts a client commit in [`Inner::committing`] while it waits for its flush,
+/// however the wait ends (a dropped future included).
+struct Committing<'a>(&'a AtomicUsize);
+
+impl<'a> Committing<'a> {
+    fn enter(count: &'a AtomicUsize) -> Self {
+        count.fetch_add(1, Ordering::AcqRel);
+        Committing(count)
+    }
+}
+
+impl Drop for Committing<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::{flush_inline, Flusher};
+    use super::{flush_mode, FlushMode, Flusher};
 
     #[test]
-    fn only_a_receivers_flush_blocks_a_single_threaded_runtime() {
+    fn a_single_threaded_runtime_flushes_a_receivers_apply_inline_and_a_commit_when_alone() {
         let one = tokio::runtime::Builder::new_current_thread()
             .build()
             .unwrap();
         one.block_on(async {
-            assert!(flush_inline(Flusher::Apply));
-            assert!(!flush_inline(Flusher::Commit));
+            assert_eq!(flush_mode(Flusher::Apply), FlushMode::Inline);
+            assert_eq!(flush_mode(Flusher::Commit), FlushMode::InlineIfAlone);
         });
-        for (workers, inline) in [(1, false), (2, true)] {
+        for (workers, mode) in [(1, FlushMode::Pool), (2, FlushMode::Inline)] {
             let rt = tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(workers)
                 .build()
                 .unwrap();
             rt.block_on(async {
                 for who in [Flusher::Apply, Flusher::Commit] {
-                    assert_eq!(flush_inline(who), inline, "{workers} workers, {who:?}");
+                    assert_eq!(flush_mode(who), mode, "{workers} workers, {who:?}");
                 }
             });
         }
