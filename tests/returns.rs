@@ -290,8 +290,8 @@ fn bench_mode_replicates_its_table_and_wait_sees_subscribers_caught_up() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     // The master and the TWOSAFE subscriber run on one thread each (`--threads 1`:
-    // the master's commits flush on the blocking pool, the subscriber's applies
-    // inline), the async subscriber on one per core.
+    // the master's commits flush on the blocking pool or, alone, inline; the
+    // subscriber's applies inline), the async subscriber on one per core.
     let one = ["--threads", "1"];
     let n1 = start_member("n1", d, "127.0.0.1:0", None, &one);
     let out = n1.cli(&["init"]);
@@ -321,6 +321,9 @@ fn bench_mode_replicates_its_table_and_wait_sees_subscribers_caught_up() {
         "--compress",
         "--clients",
         "2",
+        // Both clients' write streams on one HTTP/2 connection.
+        "--connections",
+        "1",
         "--duration",
         "1s",
         "--warmup",
@@ -334,6 +337,7 @@ fn bench_mode_replicates_its_table_and_wait_sees_subscribers_caught_up() {
     let report: Value = serde_json::from_str(stdout(&out).trim()).unwrap();
     let commits = report["commits"].as_u64().unwrap();
     assert!(commits > 0, "{report}");
+    assert_eq!(report["connections"], 1, "{report}");
     assert_eq!(report["mode"], "twosafe");
     // Every measured commit waited for n2 and was acknowledged.
     assert_eq!(report["returns"]["acknowledged"], commits, "{report}");

@@ -1,8 +1,9 @@
 //! `hawser bench`: the load generator — single-row upserts of random keys from many
 //! clients, reporting commit throughput and latency.
 //!
-//! Each client task has its own connection and does one `Write` at a time, so the number
-//! of commits in flight equals `--clients`; how far throughput grows with clients shows how
+//! Each client task has its own write stream — on its own connection, unless
+//! `--connections` has the clients share fewer — and does one `Write` at a time, so the
+//! number of commits in flight equals `--clients`; how far throughput grows with clients shows how
 //! well the node groups commits into flushes. The run has three phases on one clock:
 //!
 //! ```text
@@ -59,8 +60,8 @@ pub struct BenchArgs {
         default_value = "127.0.0.1:7420"
     )]
     pub host: String,
-    /// Concurrent clients, each with its own connection and write stream (the
-    /// `WriteStream` RPC) and one commit in flight.
+    /// Concurrent clients, each with its own write stream (the `WriteStream` RPC) and
+    /// one commit in flight.
     #[arg(long, value_name = "N", default_value_t = 16,
           value_parser = clap::value_parser!(u32).range(1..=4096))]
     pub clients: u32,
@@ -115,6 +116,12 @@ pub struct BenchArgs {
     /// threads, which costs the CPU being measured
     #[arg(long, value_name = "N", default_value_t = 0)]
     pub threads: usize,
+    /// Connections the clients share, HTTP/2 carrying one stream per client on each
+    /// (as an application sharing one gRPC channel does): fewer sockets and system
+    /// calls on both sides. 0 (the default) gives each client its own, as a
+    /// PostgreSQL client has.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub connections: u32,
 }
 
 /// How long the fsync probe runs.
@@ -239,13 +246,20 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
     };
     let before = admin.status().await.context("status before the run")?;
     // Connections are opened before the clock starts, so their setup is not measured.
-    let mut clients = Vec::with_capacity(args.clients as usize);
-    for _ in 0..args.clients {
+    let connections = match args.connections {
+        0 => args.clients,
+        n => n.min(args.clients),
+    };
+    let mut opened = Vec::with_capacity(connections as usize);
+    for _ in 0..connections {
         let client = Client::connect(&args.host)
             .await
             .with_context(|| format!("cannot open client connections to {}", args.host))?;
-        clients.push(client);
+        opened.push(client);
     }
+    let clients: Vec<Client> = (0..args.clients as usize)
+        .map(|i| opened[i % opened.len()].clone())
+        .collect();
 
     let start = Instant::now();
     let workload = Arc::new(Workload {
@@ -323,6 +337,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
     let finished = Instant::now().min(workload.end);
     let measured = finished.saturating_duration_since(workload.measure_from);
     let mut report = Report::merge(args.clients, measured, &runs)?;
+    report.connections = connections;
     report.steal_pct = steal_at_start
         .flatten()
         .zip(CpuTicks::read())
@@ -602,6 +617,8 @@ fn may_mean_server_gone(e: &ClientError) -> bool {
 /// The merged result of a run.
 struct Report {
     clients: u32,
+    /// Connections the clients shared (`--connections`, 0 resolved).
+    connections: u32,
     measured: Duration,
     commits: u64,
     errors: u64,
@@ -746,6 +763,7 @@ impl Report {
     fn merge(clients: u32, measured: Duration, runs: &[ClientRun]) -> anyhow::Result<Report> {
         let mut report = Report {
             clients,
+            connections: clients,
             measured,
             commits: 0,
             errors: 0,
@@ -806,6 +824,7 @@ impl Report {
         let (p50, p99, p999, max, mean) = self.latency();
         json!({
             "clients": self.clients,
+            "connections": self.connections,
             "duration_s": self.measured.as_secs_f64(),
             "commits": self.commits,
             "errors": self.errors,
@@ -902,7 +921,7 @@ impl Report {
             (_, n) => format!("{} of {}", self.commits - n, self.commits),
         };
         format!(
-            "bench: {clients} clients, {secs:.1} s, table {table}, {value_size} B values, \
+            "bench: {clients} clients{shared}, {secs:.1} s, table {table}, {value_size} B values, \
              {keys} keys\n\
              commits        {commits}\n\
              commits/s      {rate:.1}\n\
@@ -912,6 +931,12 @@ impl Report {
              {extra}",
             extra = self.extra_text(),
             clients = self.clients,
+            shared = if self.connections < self.clients {
+                let s = if self.connections == 1 { "" } else { "s" };
+                format!(" on {} connection{s}", self.connections)
+            } else {
+                String::new()
+            },
             secs = self.measured.as_secs_f64(),
             commits = self.commits,
             rate = self.commits_per_sec(),
