@@ -33,6 +33,8 @@ Options:
   --sub-threads N    async worker threads of the subscribers ds2 and ds3 (default 1:
                      on a small machine shared by three nodes, one thread each spends
                      less CPU per replicated commit; see `hawser start --help`)
+  --master-threads N async worker threads of the master ds1 (default 1, for the same
+                     reason; 0 = one per core, a node's default)
   --json             JSON lines instead of text
   --keep             keep the hawser nodes' data directories
   -h, --help         show this help
@@ -52,6 +54,7 @@ modes="async receipt twosafe"
 hawser=""
 pg_args=()
 sub_threads=1
+master_threads=1
 json=0
 keep=0
 
@@ -69,6 +72,7 @@ while [[ $# -gt 0 ]]; do
     --hawser) need_value "$@"; hawser="$2"; shift 2 ;;
     --pg-bin) need_value "$@"; pg_args=(--pg-bin "$2"); shift 2 ;;
     --sub-threads) need_value "$@"; sub_threads="$2"; shift 2 ;;
+    --master-threads) need_value "$@"; master_threads="$2"; shift 2 ;;
     --json) json=1; shift ;;
     --keep) keep=1; shift ;;
     -h | --help) usage; exit 0 ;;
@@ -79,6 +83,7 @@ done
 [[ $rounds =~ ^[1-9][0-9]*$ ]] || die "--rounds must be a whole number ≥ 1"
 check_run_args
 [[ $sub_threads =~ ^[0-9]+$ ]] || die "--sub-threads must be a whole number"
+[[ $master_threads =~ ^[0-9]+$ ]] || die "--master-threads must be a whole number"
 [[ -n ${modes// /} ]] || die "--modes is empty"
 pg_mode() {
     case "$1" in
@@ -169,7 +174,7 @@ start_cluster() {
     cells=$((cells + 1))
     cell="$work/cell$cells"
     mkdir -p "$cell"
-    start_node ds1
+    start_node ds1 --threads "$master_threads"
     "$hawser" init --host "$grpc_ds1" >"$cell/init.out" 2>&1 || { cat "$cell/init.out" >&2; die "hawser init failed"; }
     start_node ds2 --join "$grpc_ds1" --threads "$sub_threads"
     start_node ds3 --join "$grpc_ds1" --threads "$sub_threads"
