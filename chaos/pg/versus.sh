@@ -35,6 +35,9 @@ Options:
                      less CPU per replicated commit; see `hawser start --help`)
   --master-threads N async worker threads of the master ds1 (default 1, for the same
                      reason; 0 = one per core, a node's default)
+  --connections N    connections hawser bench's clients share (default 1: the clients
+                     of a gRPC application share one channel, HTTP/2 carrying one
+                     stream per client; 0 = one per client, as pgbench's have)
   --json             JSON lines instead of text
   --keep             keep the hawser nodes' data directories
   -h, --help         show this help
@@ -55,6 +58,7 @@ hawser=""
 pg_args=()
 sub_threads=1
 master_threads=1
+connections=1
 json=0
 keep=0
 
@@ -73,6 +77,7 @@ while [[ $# -gt 0 ]]; do
     --pg-bin) need_value "$@"; pg_args=(--pg-bin "$2"); shift 2 ;;
     --sub-threads) need_value "$@"; sub_threads="$2"; shift 2 ;;
     --master-threads) need_value "$@"; master_threads="$2"; shift 2 ;;
+    --connections) need_value "$@"; connections="$2"; shift 2 ;;
     --json) json=1; shift ;;
     --keep) keep=1; shift ;;
     -h | --help) usage; exit 0 ;;
@@ -84,6 +89,7 @@ done
 check_run_args
 [[ $sub_threads =~ ^[0-9]+$ ]] || die "--sub-threads must be a whole number"
 [[ $master_threads =~ ^[0-9]+$ ]] || die "--master-threads must be a whole number"
+[[ $connections =~ ^[0-9]+$ ]] || die "--connections must be a whole number"
 [[ -n ${modes// /} ]] || die "--modes is empty"
 pg_mode() {
     case "$1" in
@@ -210,7 +216,7 @@ run_hawser() {
     start_cluster
     before="$(cpu_sample)"
     out="$("$hawser" bench --host "$grpc_ds1" --mode "$mode" --subscriber ds2 --async-subscriber ds3 \
-        --clients "$clients" --duration "$duration" --warmup "$warmup" --format json 2>"$work/bench.log")" ||
+        --clients "$clients" --connections "$connections" --duration "$duration" --warmup "$warmup" --format json 2>"$work/bench.log")" ||
         { tail -n 20 "$work/bench.log" >&2; die "hawser bench failed (mode $mode, $clients clients)"; }
     local steal
     steal="$(steal_since "$before")"
