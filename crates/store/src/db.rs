@@ -285,9 +285,11 @@ pub(crate) struct Inner {
     tail: Mutex<VecDeque<Arc<LogRecord>>>,
     /// Held by the one commit that is flushing for everybody.
     flush_lock: tokio::sync::Mutex<()>,
-    /// Client commits waiting for a flush (leading one or queued behind it): whether a
+    /// Client commits waiting for a flush (leading one or queued behind it), and
+    /// those past their flush still holding (waiting for a return service): whether a
     /// single-threaded node's commit may flush inline ([`flush_mode`]).
     committing: AtomicUsize,
+    pub(crate) holding: AtomicUsize,
     pub(crate) locks: LockManager,
     epoch: AtomicU64,
     pub(crate) next_txn_id: AtomicU64,
@@ -544,6 +546,7 @@ impl Database {
             tail: Mutex::new(VecDeque::with_capacity(TAIL_RECORDS)),
             flush_lock: tokio::sync::Mutex::new(()),
             committing: AtomicUsize::new(0),
+            holding: AtomicUsize::new(0),
             locks: LockManager::default(),
             epoch: AtomicU64::new(0),
             next_txn_id: AtomicU64::new(1),
@@ -1935,12 +1938,14 @@ impl Inner {
                 // On one thread the other commits run only when this task lets them:
                 // a yield (tokio defers it until every ready task has run and the I/O
                 // driver was polled) lets those whose requests are in apply and queue
-                // behind this flush — which then covers them too.
+                // behind this flush — which then covers them too. Commits holding for
+                // a return service count too: the acks that end their wait, and the
+                // next commits of their clients, would wait for an inline sync.
                 if !yielded {
                     tokio::task::yield_now().await;
                 }
                 upto = self.applied_lsn.load(Ordering::Acquire);
-                self.committing.load(Ordering::Acquire) <= 1
+                self.committing.load(Ordering::Acquire) + self.holding.load(Ordering::Acquire) <= 1
             }
         };
         if inline {
@@ -2448,12 +2453,13 @@ fn flush_mode(who: Flusher) -> FlushMode {
     }
 }
 
-/// Counts a client commit in [`Inner::committing`] while it waits for its flush,
-/// however the wait ends (a dropped future included).
-struct Committing<'a>(&'a AtomicUsize);
+/// Counts a client commit in [`Inner::committing`] while it waits for its flush, or
+/// in [`Inner::holding`] while it holds, however the wait ends (a dropped future
+/// included).
+pub(crate) struct Committing<'a>(&'a AtomicUsize);
 
 impl<'a> Committing<'a> {
-    fn enter(count: &'a AtomicUsize) -> Self {
+    pub(crate) fn enter(count: &'a AtomicUsize) -> Self {
         count.fetch_add(1, Ordering::AcqRel);
         Committing(count)
     }

@@ -459,7 +459,10 @@ impl Txn {
             }
         }
         let info = CommitInfo { gtid, lsn, durable };
-        let held_outcome = hold(info).await;
+        let held_outcome = {
+            let _holding = crate::db::Committing::enter(&inner.holding);
+            hold(info).await
+        };
         // Ack: show the rows and release the row locks only now that the commit is as
         // durable as promised and whatever `hold` waited for has happened.
         drop(_shown_on_drop);

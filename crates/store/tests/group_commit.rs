@@ -21,6 +21,8 @@ struct GatedEngine {
     /// Of the flushes, those that left their housekeeping for `settle`.
     unsettled: AtomicU64,
     settles: AtomicU64,
+    /// The thread each flush ran on, in order.
+    flush_threads: Mutex<Vec<std::thread::ThreadId>>,
     gate: Mutex<Option<(tokio::sync::oneshot::Sender<()>, mpsc::Receiver<()>)>>,
 }
 
@@ -58,6 +60,7 @@ impl KvEngine for GatedEngine {
                 .expect("the test releases the flush");
         }
         self.flushes.fetch_add(1, Ordering::SeqCst);
+        self.flush_threads.lock().push(std::thread::current().id());
         Ok(())
     }
     fn flush_unsettled(&self) -> Result<(), StoreError> {
@@ -170,4 +173,61 @@ async fn a_commit_that_settles_later_leaves_the_flush_housekeeping_to_settle() {
     assert_eq!(engine.settles.load(Ordering::SeqCst), 0);
     db.settle().unwrap();
     assert_eq!(engine.settles.load(Ordering::SeqCst), 1);
+}
+
+#[test]
+fn a_single_threaded_node_flushes_a_lone_commit_inline_but_not_while_another_holds() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    let runtime_thread = std::thread::current().id();
+    rt.block_on(async {
+        let engine = Arc::new(GatedEngine::default());
+        let db = Database::open(engine.clone() as Arc<dyn KvEngine>, opts()).unwrap();
+        db.create_table(counters()).await.unwrap();
+        let t = QualName::bare("counters");
+        let last_flush_thread = || *engine.flush_threads.lock().last().unwrap();
+
+        // Alone: the sync runs on the runtime's one thread.
+        increment(&db, 1).await.unwrap();
+        assert_eq!(last_flush_thread(), runtime_thread, "a lone commit's flush");
+
+        // A commit that holds after its flush (as one waiting for a return service).
+        let (release_hold, held) = tokio::sync::oneshot::channel::<()>();
+        let holder = {
+            let db = db.clone();
+            let t = t.clone();
+            tokio::spawn(async move {
+                let mut txn = db.begin();
+                txn.insert(&t, vec![Value::Int(2), Value::Int(0)])
+                    .await
+                    .unwrap();
+                txn.commit_holding(false, |_| async move {
+                    let _ = held.await;
+                })
+                .await
+                .unwrap()
+            })
+        };
+        let flushes = engine.flushes.load(Ordering::SeqCst);
+        wait_until("the holder's flush", || {
+            engine.flushes.load(Ordering::SeqCst) > flushes
+        })
+        .await;
+        // Another commit meanwhile: its sync must not stall the thread the holder's
+        // release (an ack) would arrive on, so it goes to the blocking pool.
+        increment(&db, 3).await.unwrap();
+        assert_ne!(
+            last_flush_thread(),
+            runtime_thread,
+            "a flush while another commit holds"
+        );
+        assert!(!holder.is_finished());
+        release_hold.send(()).unwrap();
+        holder.await.unwrap();
+
+        // Alone again: inline again.
+        increment(&db, 4).await.unwrap();
+        assert_eq!(last_flush_thread(), runtime_thread, "a lone commit's flush");
+    });
 }
