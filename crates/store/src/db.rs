@@ -1889,7 +1889,7 @@ impl Inner {
         if self.flushed_lsn.load(Ordering::Acquire) >= lsn.0 {
             return Ok(());
         }
-        let _counted = (who == Flusher::Commit).then(|| Committing::enter(&self.committing));
+        let _counted = (who == Flusher::Commit).then(|| Counted::enter(&self.committing));
         let _leader = self.flush_lock.lock().await;
         if self.flushed_lsn.load(Ordering::Acquire) >= lsn.0 {
             // A flush that finished while we queued covered us.
@@ -2456,16 +2456,16 @@ fn flush_mode(who: Flusher) -> FlushMode {
 /// Counts a client commit in [`Inner::committing`] while it waits for its flush, or
 /// in [`Inner::holding`] while it holds, however the wait ends (a dropped future
 /// included).
-pub(crate) struct Committing<'a>(&'a AtomicUsize);
+pub(crate) struct Counted<'a>(&'a AtomicUsize);
 
-impl<'a> Committing<'a> {
+impl<'a> Counted<'a> {
     pub(crate) fn enter(count: &'a AtomicUsize) -> Self {
         count.fetch_add(1, Ordering::AcqRel);
-        Committing(count)
+        Counted(count)
     }
 }
 
-impl Drop for Committing<'_> {
+impl Drop for Counted<'_> {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::AcqRel);
     }
