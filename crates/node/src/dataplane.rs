@@ -484,6 +484,10 @@ fn wanted_links(
     let mut all_links = Vec::new();
     let mut ds_routes: Vec<DatastoreRoute> = Vec::new();
     let mut received: Vec<(QualName, String)> = Vec::new();
+    // Streams other nodes send: (scheme, sender, receiver) and what each carries.
+    let mut foreign: Vec<((QualName, Ident, Ident), LinkConfig)> = Vec::new();
+    // Every scheme's planned streams, whoever sends them.
+    let mut planned: Vec<Link> = Vec::new();
     for (name, s) in &state.schemes {
         let plan = match hawser_scheme::plan(&s.scheme, &topology) {
             Ok(p) => p,
@@ -565,7 +569,7 @@ fn wanted_links(
                 *e = rstate;
                 continue;
             }
-            let mut config = match LinkConfig::from_link(link, s.version, &nodes, &epochs) {
+            let config = match link_config(link, s.version, &nodes, &epochs, &datastore) {
                 Ok(c) => c,
                 Err(e) => {
                     let to = &link.receiver;
@@ -573,27 +577,6 @@ fn wanted_links(
                     continue;
                 }
             };
-            config.replicate_ddl = link
-                .tables
-                .iter()
-                .any(|t| datastore.contains_key(&t.element));
-            let mut rules: BTreeMap<(Ident, NodeId), DatastoreRule> = BTreeMap::new();
-            for t in &link.tables {
-                let (Some((include, exclude)), Some(origin)) =
-                    (datastore.get(&t.element), nodes.get(&t.origin))
-                else {
-                    continue;
-                };
-                rules
-                    .entry((t.element.clone(), *origin))
-                    .or_insert_with(|| DatastoreRule {
-                        element: t.element.clone(),
-                        origin: *origin,
-                        include: include.clone(),
-                        exclude: exclude.clone(),
-                    });
-            }
-            config.datastore = rules.into_values().collect();
             let Some(addr) = state
                 .node_by_store(&link.receiver)
                 .map(|n| n.grpc_addr.clone())
@@ -602,20 +585,41 @@ fn wanted_links(
             };
             out.insert((name.clone(), link.receiver.clone()), (config, addr));
         }
+        // The streams other nodes send that run (their receiver in START): a receiver
+        // they share with this node's gets some origin's transactions by both.
+        for link in plan.links.iter().filter(|l| &l.sender != store) {
+            if link.tables.is_empty() || s.receiver_state(&link.receiver) != ReceiverState::Start {
+                continue;
+            }
+            if let Ok(config) = link_config(link, s.version, &nodes, &epochs, &datastore) {
+                foreign.push((
+                    (name.clone(), link.sender.clone(), link.receiver.clone()),
+                    config,
+                ));
+            }
+        }
+        planned.extend(plan.links.iter().cloned());
     }
-    // Streams from this node to the same receiver node (several schemes) keep each
-    // origin's transactions in seq order between them (`LinkConfig::siblings`).
-    let configs: Vec<((QualName, Ident), LinkConfig)> = out
+    // Every stream to the same receiver node — from this node (several schemes) or
+    // from another (a propagator beside a master's own stream) — keeps each origin's
+    // transactions in seq order between them (`LinkConfig::siblings`): the receiver
+    // keeps one high-water per origin.
+    let configs: Vec<((QualName, Ident, Ident), LinkConfig)> = out
         .iter()
-        .map(|(k, (c, _))| (k.clone(), c.clone()))
+        .map(|((scheme, receiver), (c, _))| {
+            ((scheme.clone(), store.clone(), receiver.clone()), c.clone())
+        })
+        .chain(foreign)
         .collect();
-    for (key, (config, _)) in out.iter_mut() {
+    for ((scheme, receiver), (config, _)) in out.iter_mut() {
+        let own = (scheme.clone(), store.clone(), receiver.clone());
         config.siblings = configs
             .iter()
-            .filter(|(k, c)| k != key && c.receiver_node == config.receiver_node)
+            .filter(|(k, c)| *k != own && c.receiver_node == config.receiver_node)
             .map(|(_, c)| c.clone())
             .collect();
     }
+    problems.extend(unordered_paths(store, &planned));
     set_returns(returns, store, &all_links, ds_routes);
     returns.set_replication(replication);
     // A table this store also masters (bidirectional, general workload) stays writable.
@@ -633,6 +637,87 @@ fn wanted_links(
     }
     db.set_write_refusals(refusals, seen);
     (out, problems)
+}
+
+/// Where this store forwards another origin's transactions to a receiver that also
+/// gets some of that origin's tables from another sender, and this store does not
+/// receive those tables itself: its stream cannot see those transactions, so it cannot
+/// wait for them (`LinkConfig::waits_for_sibling`), and the receiver — one high-water
+/// per origin — may skip one of them as a duplicate after this stream delivered a
+/// later transaction of that origin. Named as a problem (status, the log) until the
+/// receiver keeps its marks per path (docs/stream.md, "Two paths from one origin to
+/// one receiver").
+fn unordered_paths(store: &Ident, links: &[Link]) -> BTreeSet<String> {
+    let inbound: BTreeSet<(&QualName, &Ident)> = links
+        .iter()
+        .filter(|l| &l.receiver == store)
+        .flat_map(|l| l.tables.iter().map(|t| (&t.table, &t.origin)))
+        .collect();
+    let mut out = BTreeSet::new();
+    for mine in links.iter().filter(|l| &l.sender == store) {
+        let forwarded: BTreeSet<&Ident> = mine
+            .tables
+            .iter()
+            .map(|t| &t.origin)
+            .filter(|o| *o != store)
+            .collect();
+        for other in links
+            .iter()
+            .filter(|l| &l.sender != store && l.receiver == mine.receiver)
+        {
+            for t in &other.tables {
+                if forwarded.contains(&t.origin) && !inbound.contains(&(&t.table, &t.origin)) {
+                    out.insert(format!(
+                        "{receiver} gets transactions of {origin} from {store} and from \
+                         {sender}, and {store} does not receive {table}, which {sender} \
+                         sends: {store} cannot keep {origin}'s order there, and {receiver} \
+                         may skip a transaction of {origin} as a duplicate (subscribe \
+                         {store} to {table}, or route all of {origin}'s tables for \
+                         {receiver} one way)",
+                        receiver = mine.receiver,
+                        origin = t.origin,
+                        sender = other.sender,
+                        table = t.table,
+                    ));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The stream `link` plans, for one of this node's senders or as another node's
+/// stream a sender of this node must keep order with (`LinkConfig::siblings`).
+fn link_config(
+    link: &Link,
+    version: u64,
+    nodes: &BTreeMap<Ident, NodeId>,
+    epochs: &BTreeMap<Ident, Epoch>,
+    datastore: &BTreeMap<&Ident, TableLists>,
+) -> Result<LinkConfig, hawser_stream::LinkError> {
+    let mut config = LinkConfig::from_link(link, version, nodes, epochs)?;
+    config.replicate_ddl = link
+        .tables
+        .iter()
+        .any(|t| datastore.contains_key(&t.element));
+    let mut rules: BTreeMap<(Ident, NodeId), DatastoreRule> = BTreeMap::new();
+    for t in &link.tables {
+        let (Some((include, exclude)), Some(origin)) =
+            (datastore.get(&t.element), nodes.get(&t.origin))
+        else {
+            continue;
+        };
+        rules
+            .entry((t.element.clone(), *origin))
+            .or_insert_with(|| DatastoreRule {
+                element: t.element.clone(),
+                origin: *origin,
+                include: include.clone(),
+                exclude: exclude.clone(),
+            });
+    }
+    config.datastore = rules.into_values().collect();
+    Ok(config)
 }
 
 /// Per outbound stream, for `/metrics` (refreshed at every re-plan, at least once a
@@ -1045,9 +1130,61 @@ pub(crate) fn streams_json(senders: &Senders, receiver: &ReceiverService) -> ser
 
 #[cfg(test)]
 mod tests {
-    use super::{fence_check, measured_from, Fence};
+    use super::{fence_check, measured_from, unordered_paths, Fence};
     use hawser_core::{Ident, Lsn, NodeId};
+    use hawser_scheme::route::Link;
     use hawser_stream::SenderStatus;
+
+    /// The streams `source` (one CREATE REPLICATION) plans among ds1, ds2 and ds3.
+    fn planned(source: &str) -> Vec<Link> {
+        let scheme = match hawser_scheme::parse(source).expect("parses").remove(0) {
+            hawser_scheme::Statement::Create(s) => s,
+            other => panic!("not a CREATE REPLICATION: {other:?}"),
+        };
+        let topology = hawser_scheme::Topology {
+            catalogs: Default::default(),
+            nodes: [("ds1", 1), ("ds2", 2), ("ds3", 3)]
+                .map(|(s, n)| (Ident::unquoted(s), NodeId(n)))
+                .into(),
+        };
+        hawser_scheme::plan(&scheme, &topology)
+            .expect("plans")
+            .links
+    }
+
+    #[test]
+    fn a_propagator_that_cannot_see_a_transaction_it_races_is_a_problem() {
+        // The demo's scheme: ds2 receives both tables, so it sees every transaction
+        // of ds1 that ds1 sends ds3 itself, and waits for it (LinkConfig::siblings).
+        let sees_all = planned(
+            "CREATE REPLICATION r
+             ELEMENT a TABLE accounts MASTER ds1 SUBSCRIBER ds2 RETURN TWOSAFE SUBSCRIBER ds3
+             ELEMENT e TABLE events MASTER ds1 SUBSCRIBER ds2 RETURN TWOSAFE
+             ELEMENT e2 TABLE events PROPAGATOR ds2 SUBSCRIBER ds3",
+        );
+        for store in ["ds1", "ds2", "ds3"] {
+            assert!(unordered_paths(&Ident::unquoted(store), &sees_all).is_empty());
+        }
+        // ds2 does not receive accounts: it cannot wait for ds1's transactions of it.
+        let blind = planned(
+            "CREATE REPLICATION r
+             ELEMENT a TABLE accounts MASTER ds1 SUBSCRIBER ds3
+             ELEMENT e TABLE events MASTER ds1 SUBSCRIBER ds2
+             ELEMENT e2 TABLE events PROPAGATOR ds2 SUBSCRIBER ds3",
+        );
+        let problems = unordered_paths(&Ident::unquoted("ds2"), &blind);
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        let p = problems.first().unwrap();
+        assert!(
+            p.starts_with(
+                "ds3 gets transactions of ds1 from ds2 and from ds1, and ds2 does not receive"
+            ),
+            "{p}"
+        );
+        assert!(p.contains("accounts"), "{p}");
+        // Only the propagator is blind; the master sees all of its own log.
+        assert!(unordered_paths(&Ident::unquoted("ds1"), &blind).is_empty());
+    }
 
     #[test]
     fn the_restart_fence_lifts_once_every_receiver_answered_and_none_holds_more() {

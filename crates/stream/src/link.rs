@@ -103,11 +103,13 @@ pub struct LinkConfig {
     pub compression: Compression,
     pub table_check: TableDefinitionChecking,
     pub tuning: SenderTuning,
-    /// The other streams from this sender to the same receiver node (other schemes),
-    /// with empty `siblings` of their own. The receiver keeps one high-water per origin,
-    /// so it must get each origin's transactions in seq order across all of them: this
-    /// stream does not move past a transaction a sibling carries until the receiver has
-    /// it ([`LinkConfig::waits_for_sibling`]).
+    /// The other streams to the same receiver node — from this sender (other schemes)
+    /// and from other senders (a propagator beside a master's own stream) — with empty
+    /// `siblings` of their own. The receiver keeps one high-water per origin, so it must
+    /// get each origin's transactions in seq order across all of them: this stream does
+    /// not move past a transaction a sibling carries until the receiver has it
+    /// ([`LinkConfig::waits_for_sibling`]; docs/stream.md, "Two paths from one origin to
+    /// one receiver").
     pub siblings: Vec<LinkConfig>,
 }
 
