@@ -52,6 +52,9 @@ pub struct SenderTuning {
     /// On a stream no return service waits on: how long a commit may wait for others
     /// to share its batch, unless `linger_records` are ready sooner. Zero ships every
     /// commit as soon as it is durable, as streams a return service waits on always do.
+    /// The poll does not cut a linger short. Each ship costs both nodes a task run, an
+    /// HTTP/2 frame, a socket write and a wake-up of the receiver; `docs/stream.md`
+    /// has the measured trade against async lag.
     pub linger: Duration,
     pub linger_records: usize,
 }
@@ -70,8 +73,8 @@ impl Default for SenderTuning {
             backoff_max: Duration::from_secs(5),
             poll_interval: Duration::from_millis(5),
             position_every: Duration::from_millis(20),
-            linger: Duration::from_millis(1),
-            linger_records: 32,
+            linger: Duration::from_millis(5),
+            linger_records: 128,
         }
     }
 }

@@ -712,7 +712,11 @@ impl Sender {
                     self.ship(&tx, &mut cursor, &mut unsent, &high_water, &mut in_flight, &mut in_flight_bytes, &mut last_sent).await?;
                 }
                 _ = poll.tick(), if room => {
-                    self.end_linger(&mut lingering);
+                    if lingering {
+                        // Its timer ships what lingers, the wake that finds enough
+                        // records sooner.
+                        continue;
+                    }
                     self.ship(&tx, &mut cursor, &mut unsent, &high_water, &mut in_flight, &mut in_flight_bytes, &mut last_sent).await?;
                 }
             }

@@ -522,6 +522,47 @@ async fn a_lazy_stream_lets_commits_share_a_batch() -> Result<()> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_poll_does_not_cut_a_linger_short() -> Result<()> {
+    let master = open(1).await?;
+    let sub = open(2).await?;
+    let view = epochs(1);
+    let r = Receiver::start(&sub, "s1", view.subscribe(), None).await?;
+    let senders = Senders::default();
+    let mut lazy = lazy_link();
+    lazy.tuning.linger = Duration::from_secs(30);
+    lazy.tuning.linger_records = 2;
+    lazy.tuning.poll_interval = Duration::from_millis(5);
+    let h = senders.spawn(lazy, &master, r.endpoint());
+    wait_status(&h, "the session to stream", |s| {
+        s.state == SenderState::Streaming
+    })
+    .await?;
+    // A wake with nothing to ship starts a linger; the sender takes it in well within
+    // the pause (time passing is the point of these sleeps, not a condition awaited:
+    // a poll that came between a commit and its wake would ship the commit, as it
+    // should, since nothing lingered yet).
+    h.wake();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let before = h.status().borrow().batches_sent;
+    write(&master, 0..1, "first").await?;
+    // Twenty polls go by while the first commit lingers: none of them ships it.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(h.status().borrow().transactions_sent, 0);
+    write(&master, 1..2, "second").await?;
+    h.wake();
+    let st = caught_up(&h, &master).await?;
+    assert_eq!(rows(&sub)?, rows(&master)?);
+    assert_eq!(
+        (st.transactions_sent, st.batches_sent - before),
+        (2, 1),
+        "{st:?}"
+    );
+    senders.stop().await;
+    r.stop().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn compression_shrinks_wire_bytes_for_compressible_rows() -> Result<()> {
     let master = open(1).await?;
     let sub = open(2).await?;
