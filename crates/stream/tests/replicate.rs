@@ -490,18 +490,34 @@ async fn without_a_return_service_durable_marks_follow_a_periodic_flush() -> Res
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_lazy_stream_lets_commits_share_a_batch() -> Result<()> {
+/// A master and a subscriber with its receiver (and the epochs it watches), the senders
+/// to stop, and a lazy link between them whose linger is far longer than any test:
+/// only `records` ready (or the poll, every `poll`) can end it.
+async fn lazy_pair(
+    records: usize,
+    poll: Duration,
+) -> Result<(
+    Database,
+    Database,
+    watch::Sender<BTreeMap<Ident, Epoch>>,
+    Receiver,
+    Senders,
+    LinkConfig,
+)> {
     let master = open(1).await?;
     let sub = open(2).await?;
     let view = epochs(1);
     let r = Receiver::start(&sub, "s1", view.subscribe(), None).await?;
-    let senders = Senders::default();
     let mut lazy = lazy_link();
-    // Far longer than the test: only the record count can ship these.
     lazy.tuning.linger = Duration::from_secs(30);
-    lazy.tuning.linger_records = 3;
-    lazy.tuning.poll_interval = Duration::from_secs(30);
+    lazy.tuning.linger_records = records;
+    lazy.tuning.poll_interval = poll;
+    Ok((master, sub, view, r, Senders::default(), lazy))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lazy_stream_lets_commits_share_a_batch() -> Result<()> {
+    let (master, sub, _view, r, senders, lazy) = lazy_pair(3, Duration::from_secs(30)).await?;
     // A commit before the sender starts: its session's first look at the log (the
     // poll's first tick, at once) ships it alone. Once it is acknowledged, that look
     // is over and the next poll is far away.
@@ -523,15 +539,7 @@ async fn a_lazy_stream_lets_commits_share_a_batch() -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_poll_does_not_cut_a_linger_short() -> Result<()> {
-    let master = open(1).await?;
-    let sub = open(2).await?;
-    let view = epochs(1);
-    let r = Receiver::start(&sub, "s1", view.subscribe(), None).await?;
-    let senders = Senders::default();
-    let mut lazy = lazy_link();
-    lazy.tuning.linger = Duration::from_secs(30);
-    lazy.tuning.linger_records = 2;
-    lazy.tuning.poll_interval = Duration::from_millis(5);
+    let (master, sub, _view, r, senders, lazy) = lazy_pair(2, Duration::from_millis(5)).await?;
     let h = senders.spawn(lazy, &master, r.endpoint());
     wait_status(&h, "the session to stream", |s| {
         s.state == SenderState::Streaming
