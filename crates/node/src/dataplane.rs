@@ -588,7 +588,8 @@ fn wanted_links(
         // The streams other nodes send that run (their receiver in START): a receiver
         // they share with this node's gets some origin's transactions by both.
         for link in plan.links.iter().filter(|l| &l.sender != store) {
-            if link.tables.is_empty() || s.receiver_state(&link.receiver) != ReceiverState::Start {
+            let carries_nothing = link.tables.is_empty() && link.sequences.is_empty();
+            if carries_nothing || s.receiver_state(&link.receiver) != ReceiverState::Start {
                 continue;
             }
             if let Ok(config) = link_config(link, s.version, &nodes, &epochs, &datastore) {
