@@ -250,10 +250,18 @@ async fn a_node_joining_after_the_log_was_purged_receives_a_snapshot() {
     let st = fourth.plane.wait_for_version(version, WAIT).await.unwrap();
     assert_eq!(st.schemes.len(), 8);
     assert!(st.nodes.contains_key(&NodeId(4)));
-    let m = fourth.plane.metrics();
+    // Raft's metrics follow the installed snapshot a moment after the state machine
+    // has it: waited for (bounded), not read once.
+    let installed = fourth
+        .plane
+        .raft()
+        .wait(Some(WAIT))
+        .metrics(|m| m.snapshot.is_some(), "a snapshot installed")
+        .await;
     assert!(
-        m.snapshot_index.is_some(),
-        "the fourth node was brought up by a snapshot: {m:?}"
+        installed.is_ok(),
+        "the fourth node was brought up by a snapshot: {:?}",
+        fourth.plane.metrics()
     );
     nodes.push(fourth);
     for n in &mut nodes {
