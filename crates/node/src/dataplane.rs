@@ -645,7 +645,7 @@ fn wanted_links(
 /// receive those tables itself: its stream cannot see those transactions, so it cannot
 /// wait for them (`LinkConfig::waits_for_sibling`), and the receiver — one high-water
 /// per origin — may skip one of them as a duplicate after this stream delivered a
-/// later transaction of that origin. Named as a problem (status, the log) until the
+/// later transaction of that origin. Named as a problem (a warning in the log) until the
 /// receiver keeps its marks per path (docs/stream.md, "Two paths from one origin to
 /// one receiver").
 fn unordered_paths(store: &Ident, links: &[Link]) -> BTreeSet<String> {
