@@ -198,6 +198,12 @@ impl SenderHandle {
         }
     }
 
+    /// Whether the sender lingers now: it holds records for company, and commits do not
+    /// wake it until enough are ready (see [`SenderTuning::linger`]).
+    pub fn lingering(&self) -> bool {
+        self.wake_at.load(Ordering::Acquire) != 0
+    }
+
     /// Whether this sender ships this node's own commits as soon as they are written
     /// to the log, while their sync is still under way: on a stream a return service
     /// waits on (the commit waits for the receiver's ack anyway, so the two syncs

@@ -545,15 +545,20 @@ async fn the_poll_does_not_cut_a_linger_short() -> Result<()> {
         s.state == SenderState::Streaming
     })
     .await?;
-    // A wake with nothing to ship starts a linger; the sender takes it in well within
-    // the pause (time passing is the point of these sleeps, not a condition awaited:
-    // a poll that came between a commit and its wake would ship the commit, as it
-    // should, since nothing lingered yet).
+    // A wake with nothing to ship starts a linger (before the commit: a poll that came
+    // between a commit and its wake would ship it, as it should, nothing lingering yet).
     h.wake();
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    tokio::time::timeout(DEADLINE, async {
+        while !h.lingering() {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await
+    .context("the sender to start lingering")?;
     let before = h.status().borrow().batches_sent;
     write(&master, 0..1, "first").await?;
-    // Twenty polls go by while the first commit lingers: none of them ships it.
+    // Twenty polls go by while the first commit lingers: none of them ships it. (Time
+    // passing is the point of this pause, not a condition awaited.)
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert_eq!(h.status().borrow().transactions_sent, 0);
     write(&master, 1..2, "second").await?;
