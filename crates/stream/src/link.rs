@@ -14,7 +14,7 @@ use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use hawser_core::{Epoch, Ident, NodeId, QualName, TableDef};
+use hawser_core::{Epoch, Ident, NodeId, QualName, RowChange, TableDef};
 use hawser_scheme::ast::{ReturnService, TableDefinitionChecking};
 use hawser_scheme::route::Link;
 use hawser_store::{DdlOp, LogEntry};
@@ -242,15 +242,42 @@ impl LinkConfig {
     /// does not have it yet. Moving past it would let this stream deliver a later
     /// transaction of the same origin first, after which the receiver would take the
     /// sibling's for a duplicate.
+    ///
+    /// A transaction split between two streams (part of it on each) goes whole on the
+    /// origin's own stream, if one of them is that ([`LinkConfig::filter_ref`]): any
+    /// other stream carrying a part of it also stops before it until the receiver has
+    /// it, and then leaves it (the filter drops what the receiver has). Without that,
+    /// the part delivered first would raise the receiver's mark and the other part be
+    /// skipped as a duplicate.
     pub fn waits_for_sibling(&self, entry: &LogEntry, high_water: &BTreeMap<NodeId, u64>) -> bool {
         if self.siblings.is_empty() {
             return false;
         }
         let gtid = entry.gtid();
-        gtid.origin != self.receiver_node
-            && gtid.seq > high_water.get(&gtid.origin).copied().unwrap_or(0)
-            && !self.carries(entry)
-            && self.siblings.iter().any(|s| s.carries(entry))
+        if gtid.origin == self.receiver_node
+            || gtid.seq <= high_water.get(&gtid.origin).copied().unwrap_or(0)
+        {
+            return false;
+        }
+        let mine = self.carries(entry);
+        let relays = self.sender_node != gtid.origin;
+        self.siblings
+            .iter()
+            .any(|s| s.carries(entry) && (!mine || (relays && s.sender_node == gtid.origin)))
+    }
+
+    /// Whether this stream ships `table` of its own sender's commits only as part of
+    /// transactions it carries for other tables: a sibling stream carries `table` to
+    /// the same receiver, this one does not ([`LinkConfig::filter_ref`]). Hello
+    /// describes such tables too, so the receiver checks them (and maps their columns)
+    /// as it does the stream's own.
+    pub fn completes(&self, table: &QualName) -> bool {
+        let own = self.sender_node;
+        !self.carries_table(table, own) && self.sibling_carries(table, own)
+    }
+
+    fn sibling_carries(&self, table: &QualName, origin: NodeId) -> bool {
+        self.siblings.iter().any(|s| s.carries_table(table, origin))
     }
 
     /// Whether rows of `table` committed at `origin` go to the receiver.
@@ -285,19 +312,32 @@ impl LinkConfig {
         }
         match entry {
             LogEntry::Txn(t) => {
+                let origin = gtid.origin;
                 let carried = t
                     .changes
                     .iter()
-                    .filter(|c| self.carries_table(&c.table, gtid.origin))
+                    .filter(|c| self.carries_table(&c.table, origin))
                     .count();
                 if carried == t.changes.len() {
                     Some(Cow::Borrowed(entry))
                 } else if carried == 0 {
                     None
                 } else {
+                    // The sender's own transaction, split with a sibling stream to the
+                    // same receiver: this stream takes the sibling's part too, so the
+                    // receiver gets all of it at once (the sibling waits for it and
+                    // then leaves it: `waits_for_sibling`). A relay has only what it
+                    // received, so it ships its own part only.
+                    let whole = origin == self.sender_node;
+                    let keep = |c: &RowChange| {
+                        self.carries_table(&c.table, origin)
+                            || (whole && self.sibling_carries(&c.table, origin))
+                    };
+                    if t.changes.iter().all(keep) {
+                        return Some(Cow::Borrowed(entry));
+                    }
                     let mut t = t.clone();
-                    t.changes
-                        .retain(|c| self.carries_table(&c.table, gtid.origin));
+                    t.changes.retain(keep);
                     Some(Cow::Owned(LogEntry::Txn(t)))
                 }
             }

@@ -444,8 +444,9 @@ impl ReceiverService {
                 .map_err(|e| (RefuseCode::Protocol, format!("a table definition: {e}")))?;
             remotes.insert(remote.name.clone(), remote.clone());
             let Some(local) = self.db.table(&remote.name) else {
-                if hello.carries_ddl {
-                    // A DATASTORE element's stream creates the table before its rows.
+                if hello.carries_ddl || spec.completing {
+                    // A DATASTORE element's stream creates the table before its rows;
+                    // a completing table is a sibling stream's (which may create it).
                     continue;
                 }
                 return Err((

@@ -434,7 +434,7 @@ impl Sender {
 
     fn hello(&self) -> Result<pb::Hello, StreamError> {
         let dropped = self.drops_ahead()?;
-        let tables = self
+        let mut tables: Vec<pb::TableSpec> = self
             .link
             .tables
             .iter()
@@ -446,9 +446,26 @@ impl Sender {
                         origin: g.origin.0,
                         seq: g.seq,
                     }),
+                    completing: false,
                 })
             })
             .collect();
+        // Tables a sibling stream carries, which this one ships inside split
+        // transactions (`LinkConfig::completes`).
+        if !self.link.siblings.is_empty() {
+            tables.extend(
+                self.db
+                    .tables()
+                    .iter()
+                    .filter(|def| self.link.completes(&def.name))
+                    .map(|def| pb::TableSpec {
+                        element: String::new(),
+                        definition: codec::encode_table_def(def),
+                        dropped_at: None,
+                        completing: true,
+                    }),
+            );
+        }
         Ok(pb::Hello {
             protocol_version: PROTOCOL_VERSION,
             sender_node: self.link.sender_node.0,

@@ -1287,3 +1287,105 @@ async fn a_receiver_holding_more_of_the_masters_origin_than_it_has_is_refused_fo
     r.stop().await;
     Ok(())
 }
+
+/// A second table, laid out as `repl.tab`.
+fn other() -> QualName {
+    QualName::parse_unquoted("repl.other")
+}
+
+/// One transaction of the master upserting key `k` in each of `tables`.
+async fn write_in(db: &Database, tables: &[QualName], k: i64) -> Result<()> {
+    let mut t = db.begin();
+    for table in tables {
+        let row = vec![Value::Int(k), Value::Text(format!("{table} {k}"))];
+        if !t.update(table, &[Value::Int(k)], row.clone()).await? {
+            t.insert(table, row).await?;
+        }
+    }
+    t.commit().await?;
+    Ok(())
+}
+
+fn rows_of(db: &Database, table: &QualName) -> Result<Vec<Row>> {
+    Ok(db.scan(table, KeyRange::all())?.collect::<Result<_, _>>()?)
+}
+
+/// The demo's shape: the master (node 1) sends `tab` to s1 (node 2) itself and `other`
+/// through a propagator (node 3). A transaction writing both tables is split between
+/// the two streams; the receiver keeps one high-water per origin, so the part that
+/// came second used to be skipped as a duplicate. The master's stream now takes the
+/// whole transaction and the propagator's waits for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transaction_split_between_the_masters_stream_and_a_propagators_arrives_whole(
+) -> Result<()> {
+    let (master, prop, sub) = (open(1).await?, open(3).await?, open(2).await?);
+    for db in [&master, &prop, &sub] {
+        db.create_table(TableDef {
+            name: other(),
+            ..tab_def()
+        })
+        .await?;
+    }
+    let view = epochs(1);
+    let rp = Receiver::start(&prop, "prop", view.subscribe(), None).await?;
+    let rs = Receiver::start(&sub, "s1", view.subscribe(), None).await?;
+    let carrying = |config: LinkConfig, tables: &[QualName]| LinkConfig {
+        tables: tables
+            .iter()
+            .map(|t| ((t.clone(), NodeId(1)), id("e")))
+            .collect(),
+        ..config
+    };
+    let to_prop = carrying(link(1, "prop", 3, 1, Compression::None), &[tab(), other()]);
+    let mut direct = carrying(link(1, "s1", 2, 1, Compression::None), &[tab()]);
+    let mut relay = carrying(
+        LinkConfig {
+            sender_node: NodeId(3),
+            sender_store: id("prop"),
+            ..link(1, "s1", 2, 1, Compression::None)
+        },
+        &[other()],
+    );
+    direct.siblings = vec![relay.clone()];
+    relay.siblings = vec![direct.clone()];
+
+    // After the master's two CREATE TABLEs: `other` only (the relay's), both tables
+    // (split), `tab` only (the master's own stream's), `other` only.
+    let first = master.high_water(NodeId(1))? + 1;
+    write_in(&master, &[other()], 1).await?;
+    write_in(&master, &[tab(), other()], 2).await?;
+    write_in(&master, &[tab()], 3).await?;
+    write_in(&master, &[other()], 4).await?;
+    let senders = Senders::default();
+    let to_prop = senders.spawn(to_prop, &master, rp.endpoint());
+    caught_up(&to_prop, &master).await?;
+
+    // The relay comes up first: it delivers the first and stops before the split one,
+    // which the master's stream carries whole.
+    let from_prop = senders.spawn(relay, &prop, rs.endpoint());
+    wait_status(
+        &from_prop,
+        "s1 to get the first through the propagator",
+        |s| s.acked_applied.get(&NodeId(1)).copied().unwrap_or(0) >= first,
+    )
+    .await?;
+    assert_eq!(
+        sub.high_water(NodeId(1))?,
+        first,
+        "the propagator went past the split transaction"
+    );
+    let direct = senders.spawn(direct, &master, rs.endpoint());
+    caught_up(&direct, &master).await?;
+    wait_status(&from_prop, "the propagator to see s1 caught up", |s| {
+        s.acked_applied.get(&NodeId(1)).copied().unwrap_or(0) >= first + 3
+    })
+    .await?;
+    assert_eq!(rows_of(&sub, &tab())?, rows_of(&master, &tab())?);
+    assert_eq!(rows_of(&sub, &other())?, rows_of(&master, &other())?);
+    assert_eq!(rows_of(&sub, &tab())?.len(), 2);
+    assert_eq!(rows_of(&sub, &other())?.len(), 3);
+    senders.stop().await;
+    rs.stop().await;
+    rp.stop().await;
+    Ok(())
+}

@@ -48,11 +48,16 @@ insert into accounts values
     (account_ids.nextval, 'Chen',    75.25, null);
 ";
 
-/// One multi-statement transaction on the master.
+/// One multi-statement transaction on the master, recorded in `events` too: ds3 gets
+/// its `accounts` part on ds1's own stream and its `events` part through ds2, so it
+/// is split between two streams (the whole of it travels on ds1's; docs/stream.md,
+/// "Two paths from one origin to one receiver"). Its event's key is below the
+/// workload's.
 pub(crate) const TRANSFER: &str = "
 begin;
 update accounts set balance = balance - 25 where owner = 'Brian';
 update accounts set balance = balance + 25 where owner = 'Ada';
+insert into events values (-1, 'transfer: 25.00 from Brian to Ada');
 commit;
 ";
 

@@ -28,6 +28,7 @@ pub fn hello(def: &TableDef) -> pb::Hello {
             element: "e".into(),
             definition: encode_table_def(def),
             dropped_at: None,
+            completing: false,
         }],
         codec: pb::Codec::None as i32,
         table_check: pb::TableCheck::Exact as i32,
