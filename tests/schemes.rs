@@ -8,6 +8,8 @@
 //!
 //! * two subscribers with RETURN RECEIPT and FAILTHRESHOLD;
 //! * a propagator forwarding a master's rows to two backups, origin kept;
+//! * a subscriber fed by a master and by a propagator that does not see all of the
+//!   master's transactions;
 //! * a bidirectional split workload, each side refusing writes to the other's table;
 //! * DATASTORE elements with EXCLUDE and INCLUDE, tables created after the scheme;
 //! * TABLE DEFINITION CHECKING RELAXED (columns mapped by name) and EXACT (refused);
@@ -310,6 +312,62 @@ fn a_propagator_forwards_the_masters_rows_to_its_subscribers_with_the_origin_kep
             n.name
         );
     }
+}
+
+/// Two paths from one master to one subscriber, one through a propagator that does not
+/// see all of the master's transactions: ds3 gets `accounts` from ds1 directly and
+/// `events` through ds2, which does not receive `accounts`.
+const BLIND_PROPAGATOR: &str = "CREATE REPLICATION blind
+ELEMENT a TABLE accounts MASTER ds1 SUBSCRIBER ds3
+ELEMENT e TABLE events MASTER ds1 SUBSCRIBER ds2
+ELEMENT e2 TABLE events PROPAGATOR ds2 SUBSCRIBER ds3;";
+
+#[test]
+fn a_subscriber_fed_by_the_master_and_a_blind_propagator_gets_every_transaction() {
+    let dir = tempfile::tempdir().unwrap();
+    let nodes = cluster(dir.path(), &["ds1", "ds2", "ds3"]);
+    let [ds1, ds2, ds3] = &nodes[..] else {
+        unreachable!()
+    };
+    for n in &nodes {
+        sql_ok(
+            n,
+            "create table accounts (k int primary key, v int); \
+             create table events (k int primary key, v varchar(40))",
+        );
+    }
+    ddl(ds1, BLIND_PROPAGATOR);
+    streaming_to(ds1, &["ds2", "ds3"]);
+    streaming_to(ds2, &["ds3"]);
+    // The two tables' transactions interleaved, one commit each: ds3's one high-water
+    // for ds1 must not pass an `accounts` commit before ds1's stream brought it.
+    let mut writes = Vec::new();
+    for k in 0..20 {
+        writes.push(format!("insert into events values ({k}, 'event {k}')"));
+        writes.push(format!("insert into accounts values ({k}, {k})"));
+        if k % 3 == 0 {
+            writes.push(format!("update accounts set v = v + 100 where k = {k}"));
+        }
+    }
+    sql_ok(ds1, &writes.join("; "));
+    for (table, query) in [
+        ("accounts", "select k, v from accounts order by k"),
+        ("events", "select k, v from events order by k"),
+    ] {
+        let expected = rows(ds1, query).expect("ds1 answers");
+        assert_eq!(expected.as_array().map(Vec::len), Some(20), "{table}");
+        converge(ds3, query, &expected, table);
+    }
+    converge(
+        ds2,
+        "select count(*) from events",
+        &json!([[20]]),
+        "ds2's events",
+    );
+    assert_eq!(
+        rows(ds2, "select count(*) from accounts"),
+        Some(json!([[0]]))
+    );
 }
 
 /// The seed's split workload: each side masters one table and subscribes to the other.

@@ -612,6 +612,7 @@ fn wanted_links(
         })
         .chain(foreign)
         .collect();
+    let unseen = unseen_paths(store, &planned);
     for ((scheme, receiver), (config, _)) in out.iter_mut() {
         let own = (scheme.clone(), store.clone(), receiver.clone());
         config.siblings = configs
@@ -619,8 +620,16 @@ fn wanted_links(
             .filter(|(k, c)| *k != own && c.receiver_node == config.receiver_node)
             .map(|(_, c)| c.clone())
             .collect();
+        // Origins this stream relays without seeing all their transactions that the
+        // origin's own stream (running beside it) sends the same receiver.
+        config.blind = unseen
+            .iter()
+            .filter(|u| &u.receiver == receiver && u.sender == u.origin)
+            .filter_map(|u| nodes.get(&u.origin).copied())
+            .filter(|o| config.siblings.iter().any(|s| s.sender_node == *o))
+            .collect();
     }
-    problems.extend(unordered_paths(store, &planned));
+    problems.extend(unordered_paths(&unseen));
     set_returns(returns, store, &all_links, ds_routes);
     returns.set_replication(replication);
     // A table this store also masters (bidirectional, general workload) stays writable.
@@ -640,21 +649,28 @@ fn wanted_links(
     (out, problems)
 }
 
+/// A table of `origin` that `sender` sends `receiver`, which this store also sends
+/// `origin`'s transactions to, and which this store does not receive: this store's
+/// log lacks those transactions, so its stream cannot see them to wait for them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Unseen {
+    store: Ident,
+    receiver: Ident,
+    origin: Ident,
+    sender: Ident,
+    table: QualName,
+}
+
 /// Where this store forwards another origin's transactions to a receiver that also
-/// gets some of that origin's tables from another sender, and this store does not
-/// receive those tables itself: its stream cannot see those transactions, so it cannot
-/// wait for them (`LinkConfig::waits_for_sibling`), and the receiver — one high-water
-/// per origin — may skip one of them as a duplicate after this stream delivered a
-/// later transaction of that origin. Named as a problem (a warning in the log) until the
-/// receiver keeps its marks per path (docs/stream.md, "Two paths from one origin to
-/// one receiver").
-fn unordered_paths(store: &Ident, links: &[Link]) -> BTreeSet<String> {
+/// gets some of that origin's tables from another sender, in tables this store does
+/// not receive (see [`Unseen`]).
+fn unseen_paths(store: &Ident, links: &[Link]) -> Vec<Unseen> {
     let inbound: BTreeSet<(&QualName, &Ident)> = links
         .iter()
         .filter(|l| &l.receiver == store)
         .flat_map(|l| l.tables.iter().map(|t| (&t.table, &t.origin)))
         .collect();
-    let mut out = BTreeSet::new();
+    let mut out = Vec::new();
     for mine in links.iter().filter(|l| &l.sender == store) {
         let forwarded: BTreeSet<&Ident> = mine
             .tables
@@ -668,23 +684,47 @@ fn unordered_paths(store: &Ident, links: &[Link]) -> BTreeSet<String> {
         {
             for t in &other.tables {
                 if forwarded.contains(&t.origin) && !inbound.contains(&(&t.table, &t.origin)) {
-                    out.insert(format!(
-                        "{receiver} gets transactions of {origin} from {store} and from \
-                         {sender}, and {store} does not receive {table}, which {sender} \
-                         sends: {store} cannot keep {origin}'s order there, and {receiver} \
-                         may skip a transaction of {origin} as a duplicate (subscribe \
-                         {store} to {table}, or route all of {origin}'s tables for \
-                         {receiver} one way)",
-                        receiver = mine.receiver,
-                        origin = t.origin,
-                        sender = other.sender,
-                        table = t.table,
-                    ));
+                    out.push(Unseen {
+                        store: store.clone(),
+                        receiver: mine.receiver.clone(),
+                        origin: t.origin.clone(),
+                        sender: other.sender.clone(),
+                        table: t.table.clone(),
+                    });
                 }
             }
         }
     }
     out
+}
+
+/// The unseen paths the streams cannot keep in order, as problems (a warning in the
+/// log): where the other sender is the origin itself, this store's stream waits until
+/// the origin's stream has decided about each transaction (`LinkConfig::blind`); where
+/// it is another relay, neither relay sees the other's transactions, and the
+/// receiver — one high-water per origin — may skip one of them as a duplicate after
+/// the other relay delivered a later transaction of that origin (docs/stream.md, "Two
+/// paths from one origin to one receiver").
+fn unordered_paths(unseen: &[Unseen]) -> BTreeSet<String> {
+    unseen
+        .iter()
+        .filter(|u| u.sender != u.origin)
+        .map(|u| {
+            format!(
+                "{receiver} gets transactions of {origin} from {store} and from \
+                 {sender}, and {store} does not receive {table}, which {sender} \
+                 sends: {store} cannot keep {origin}'s order there, and {receiver} \
+                 may skip a transaction of {origin} as a duplicate (subscribe \
+                 {store} to {table}, or route all of {origin}'s tables for \
+                 {receiver} one way)",
+                receiver = u.receiver,
+                origin = u.origin,
+                sender = u.sender,
+                store = u.store,
+                table = u.table,
+            )
+        })
+        .collect()
 }
 
 /// The stream `link` plans, for one of this node's senders or as another node's
@@ -1131,8 +1171,8 @@ pub(crate) fn streams_json(senders: &Senders, receiver: &ReceiverService) -> ser
 
 #[cfg(test)]
 mod tests {
-    use super::{fence_check, measured_from, unordered_paths, Fence};
-    use hawser_core::{Ident, Lsn, NodeId};
+    use super::{fence_check, measured_from, unordered_paths, unseen_paths, Fence, Unseen};
+    use hawser_core::{Ident, Lsn, NodeId, QualName};
     use hawser_scheme::route::Link;
     use hawser_stream::SenderStatus;
 
@@ -1144,7 +1184,7 @@ mod tests {
         };
         let topology = hawser_scheme::Topology {
             catalogs: Default::default(),
-            nodes: [("ds1", 1), ("ds2", 2), ("ds3", 3)]
+            nodes: [("ds1", 1), ("ds2", 2), ("ds3", 3), ("ds4", 4)]
                 .map(|(s, n)| (Ident::unquoted(s), NodeId(n)))
                 .into(),
         };
@@ -1154,7 +1194,8 @@ mod tests {
     }
 
     #[test]
-    fn a_propagator_that_cannot_see_a_transaction_it_races_is_a_problem() {
+    fn a_propagator_that_cannot_see_a_transaction_it_races_waits_or_is_a_problem() {
+        let ds = |s: &str| Ident::unquoted(s);
         // The demo's scheme: ds2 receives both tables, so it sees every transaction
         // of ds1 that ds1 sends ds3 itself, and waits for it (LinkConfig::siblings).
         let sees_all = planned(
@@ -1164,27 +1205,49 @@ mod tests {
              ELEMENT e2 TABLE events PROPAGATOR ds2 SUBSCRIBER ds3",
         );
         for store in ["ds1", "ds2", "ds3"] {
-            assert!(unordered_paths(&Ident::unquoted(store), &sees_all).is_empty());
+            assert!(unseen_paths(&ds(store), &sees_all).is_empty());
         }
-        // ds2 does not receive accounts: it cannot wait for ds1's transactions of it.
+        // ds2 does not receive accounts: it cannot see ds1's transactions of it, so it
+        // waits for ds1's own stream to decide about each (LinkConfig::blind).
         let blind = planned(
             "CREATE REPLICATION r
              ELEMENT a TABLE accounts MASTER ds1 SUBSCRIBER ds3
              ELEMENT e TABLE events MASTER ds1 SUBSCRIBER ds2
              ELEMENT e2 TABLE events PROPAGATOR ds2 SUBSCRIBER ds3",
         );
-        let problems = unordered_paths(&Ident::unquoted("ds2"), &blind);
+        let unseen = unseen_paths(&ds("ds2"), &blind);
+        assert_eq!(
+            unseen,
+            [Unseen {
+                store: ds("ds2"),
+                receiver: ds("ds3"),
+                origin: ds("ds1"),
+                sender: ds("ds1"),
+                table: QualName::bare("accounts"),
+            }]
+        );
+        assert!(unordered_paths(&unseen).is_empty());
+        // Only the propagator is blind; the master sees all of its own log.
+        assert!(unseen_paths(&ds("ds1"), &blind).is_empty());
+        // Two relays of ds1 to ds3, each blind to the other's table: nobody can keep
+        // ds1's order at ds3, a problem.
+        let relays = planned(
+            "CREATE REPLICATION r
+             ELEMENT a TABLE accounts MASTER ds1 SUBSCRIBER ds4
+             ELEMENT e TABLE events MASTER ds1 SUBSCRIBER ds2
+             ELEMENT a2 TABLE accounts PROPAGATOR ds4 SUBSCRIBER ds3
+             ELEMENT e2 TABLE events PROPAGATOR ds2 SUBSCRIBER ds3",
+        );
+        let problems = unordered_paths(&unseen_paths(&ds("ds2"), &relays));
         assert_eq!(problems.len(), 1, "{problems:?}");
         let p = problems.first().unwrap();
         assert!(
             p.starts_with(
-                "ds3 gets transactions of ds1 from ds2 and from ds1, and ds2 does not receive"
+                "ds3 gets transactions of ds1 from ds2 and from ds4, and ds2 does not receive"
             ),
             "{p}"
         );
         assert!(p.contains("accounts"), "{p}");
-        // Only the propagator is blind; the master sees all of its own log.
-        assert!(unordered_paths(&Ident::unquoted("ds1"), &blind).is_empty());
     }
 
     #[test]

@@ -1350,6 +1350,29 @@ impl Database {
             .collect()
     }
 
+    /// The seq of this node's own newest commit at or before `lsn` in the log, looking
+    /// at most `look_back` records back from there (`None` when none is found: the
+    /// records are released, or all of another origin's).
+    pub fn own_seq_through(&self, lsn: Lsn, look_back: usize) -> Result<Option<u64>, StoreError> {
+        let own = self.node_id();
+        let from = self.log_start();
+        if lsn < from || lsn == Lsn::ZERO {
+            return Ok(None);
+        }
+        let range = (
+            Bound::Included(layout::log_key(from)),
+            Bound::Included(layout::log_key(lsn)),
+        );
+        for kv in self.inner.engine.scan(range, true).take(look_back) {
+            let (k, v) = kv?;
+            let head = codec::record_head(&k, &v)?;
+            if head.gtid.origin == own {
+                return Ok(Some(head.gtid.seq));
+            }
+        }
+        Ok(None)
+    }
+
     /// The newest commit of `origin` this store holds, by seq and its origin's commit
     /// time (`None` when there is none, or when its record was released before store
     /// format 4, whose `H` keys keep the newest released commit's time). A sender compares it with its own commit under

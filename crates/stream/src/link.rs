@@ -114,6 +114,13 @@ pub struct LinkConfig {
     /// ([`LinkConfig::waits_for_sibling`]; docs/stream.md, "Two paths from one origin to
     /// one receiver").
     pub siblings: Vec<LinkConfig>,
+    /// Origins whose transactions this stream relays while the origin's own stream to
+    /// the same receiver (a sibling) carries tables of that origin this node does not
+    /// receive: this node's log lacks those transactions, so the stream cannot see
+    /// them to wait for them. It waits instead, before each transaction of such an
+    /// origin, until the origin's stream has decided about it (`Ack.decided`:
+    /// delivered whatever of it is the origin stream's, or found nothing of it there).
+    pub blind: BTreeSet<NodeId>,
 }
 
 /// The tables a DATASTORE element carries, as its INCLUDE / EXCLUDE says.
@@ -204,6 +211,7 @@ impl LinkConfig {
             table_check: link.receiver_settings.table_definition_checking,
             tuning: SenderTuning::default(),
             siblings: Vec::new(),
+            blind: BTreeSet::new(),
         })
     }
 
@@ -249,7 +257,16 @@ impl LinkConfig {
     /// it, and then leaves it (the filter drops what the receiver has). Without that,
     /// the part delivered first would raise the receiver's mark and the other part be
     /// skipped as a duplicate.
-    pub fn waits_for_sibling(&self, entry: &LogEntry, high_water: &BTreeMap<NodeId, u64>) -> bool {
+    ///
+    /// An origin in [`LinkConfig::blind`]: the stream also stops before each of its
+    /// transactions until the origin's own stream has decided about it (`decided`, the
+    /// receiver's `Ack.decided`).
+    pub fn waits_for_sibling(
+        &self,
+        entry: &LogEntry,
+        high_water: &BTreeMap<NodeId, u64>,
+        decided: &BTreeMap<NodeId, u64>,
+    ) -> bool {
         if self.siblings.is_empty() {
             return false;
         }
@@ -259,11 +276,30 @@ impl LinkConfig {
         {
             return false;
         }
-        let mine = self.carries(entry);
         let relays = self.sender_node != gtid.origin;
+        if relays
+            && self.blind.contains(&gtid.origin)
+            && gtid.seq > decided.get(&gtid.origin).copied().unwrap_or(0)
+        {
+            return true;
+        }
+        let mine = self.carries(entry);
         self.siblings
             .iter()
             .any(|s| s.carries(entry) && (!mine || (relays && s.sender_node == gtid.origin)))
+    }
+
+    /// Whether this stream, stopped before its own node's transaction `entry` (it
+    /// carries none of it, a sibling does), has still decided about it: no other
+    /// stream of this node's to the receiver carries it (only relays of it do, which
+    /// wait for this decision).
+    pub fn decides_while_waiting(&self, entry: &LogEntry) -> bool {
+        entry.gtid().origin == self.sender_node
+            && !self.carries(entry)
+            && !self
+                .siblings
+                .iter()
+                .any(|s| s.sender_node == self.sender_node && s.carries(entry))
     }
 
     /// Whether this stream ships `table` of its own sender's commits only as part of
@@ -513,6 +549,7 @@ mod tests {
             table_check: TableDefinitionChecking::Exact,
             tuning: SenderTuning::default(),
             siblings: Vec::new(),
+            blind: BTreeSet::new(),
         }
     }
 
@@ -549,18 +586,100 @@ mod tests {
         let txn = |origin: NodeId, seq: u64, table: &str| txn(origin, seq, &[table]);
         let mut t3 = link("t3");
         let hw = BTreeMap::from([(m, 5)]);
+        let none = BTreeMap::new();
         // Alone, a stream skips what it does not carry.
-        assert!(!t3.waits_for_sibling(&txn(m, 6, "t1"), &hw));
+        assert!(!t3.waits_for_sibling(&txn(m, 6, "t1"), &hw, &none));
         t3.siblings = vec![link("t1")];
         // The t1 stream carries seq 6 and the receiver lacks it: t3's stream waits.
-        assert!(t3.waits_for_sibling(&txn(m, 6, "t1"), &hw));
+        assert!(t3.waits_for_sibling(&txn(m, 6, "t1"), &hw, &none));
         // Not once the receiver has it, not for its own tables, not for tables nobody
         // carries, not for the receiver's own transactions.
-        assert!(!t3.waits_for_sibling(&txn(m, 5, "t1"), &hw));
-        assert!(!t3.waits_for_sibling(&txn(m, 6, "t3"), &hw));
-        assert!(!t3.waits_for_sibling(&txn(m, 6, "t9"), &hw));
-        assert!(!t3.waits_for_sibling(&txn(s, 6, "t1"), &hw));
+        assert!(!t3.waits_for_sibling(&txn(m, 5, "t1"), &hw, &none));
+        assert!(!t3.waits_for_sibling(&txn(m, 6, "t3"), &hw, &none));
+        assert!(!t3.waits_for_sibling(&txn(m, 6, "t9"), &hw, &none));
+        assert!(!t3.waits_for_sibling(&txn(s, 6, "t1"), &hw, &none));
         assert!(t3.carries(&txn(m, 1, "t3")) && !t3.carries(&txn(m, 1, "t1")));
+    }
+
+    #[test]
+    fn a_split_transaction_goes_whole_on_the_origins_stream_and_the_relay_waits_for_it() {
+        // The demo's shape: m sends t1 to s itself, p relays m's t2 to s.
+        let (m, s, p) = (NodeId(1), NodeId(2), NodeId(3));
+        let carrying = |sender: NodeId, table: &str| {
+            test_link(
+                sender,
+                s,
+                BTreeMap::from([((QualName::bare(table), m), Ident::unquoted("e"))]),
+            )
+        };
+        let mut direct = carrying(m, "t1");
+        let mut relay = carrying(p, "t2");
+        direct.siblings = vec![relay.clone()];
+        relay.siblings = vec![direct.clone()];
+        let hw = BTreeMap::from([(m, 5)]);
+        let none = BTreeMap::new();
+        let split = txn(m, 6, &["t1", "t2", "t9"]);
+        let tables = |e: Option<LogEntry>| -> Vec<String> {
+            match e {
+                Some(LogEntry::Txn(t)) => t.changes.iter().map(|c| c.table.to_string()).collect(),
+                _ => Vec::new(),
+            }
+        };
+        // The origin's stream ships every part the receiver gets, by either stream
+        // (t9 goes nowhere), and does not wait.
+        assert!(!direct.waits_for_sibling(&split, &hw, &none));
+        assert_eq!(tables(direct.filter(split.clone(), &hw)), ["t1", "t2"]);
+        assert!(direct.completes(&QualName::bare("t2")));
+        assert!(!direct.completes(&QualName::bare("t1")));
+        // The relay has all of it too (it receives t1), but ships only its own part,
+        // and only if the receiver does not have the transaction by then: it waits.
+        assert!(relay.waits_for_sibling(&split, &hw, &none));
+        assert_eq!(tables(relay.filter(split.clone(), &hw)), ["t2"]);
+        let has = BTreeMap::from([(m, 6)]);
+        assert!(!relay.waits_for_sibling(&split, &has, &none));
+        assert!(relay.filter(split, &has).is_none());
+        assert!(!relay.completes(&QualName::bare("t1")));
+        // A transaction of the relay's tables only: it does not wait, and the
+        // origin's stream ships none of it.
+        let relays_only = txn(m, 6, &["t2"]);
+        assert!(!relay.waits_for_sibling(&relays_only, &hw, &none));
+        assert!(direct.filter(relays_only, &hw).is_none());
+    }
+
+    #[test]
+    fn a_blind_relay_waits_until_the_origins_stream_has_decided() {
+        // m sends t1 to s itself; p relays m's t2 to s and does not receive t1.
+        let (m, s, p) = (NodeId(1), NodeId(2), NodeId(3));
+        let carrying = |sender: NodeId, table: &str| {
+            test_link(
+                sender,
+                s,
+                BTreeMap::from([((QualName::bare(table), m), Ident::unquoted("e"))]),
+            )
+        };
+        let mut direct = carrying(m, "t1");
+        let mut relay = carrying(p, "t2");
+        direct.siblings = vec![relay.clone()];
+        relay.siblings = vec![direct.clone()];
+        let hw = BTreeMap::from([(m, 5)]);
+        let decided = |seq| BTreeMap::from([(m, seq)]);
+        // What the relay holds of m's seq 7 (seq 6, t1 only, never reached it).
+        let seen = txn(m, 7, &["t2"]);
+        assert!(!relay.waits_for_sibling(&seen, &hw, &decided(5)));
+        relay.blind = BTreeSet::from([m]);
+        assert!(relay.waits_for_sibling(&seen, &hw, &decided(5)));
+        assert!(relay.waits_for_sibling(&seen, &hw, &decided(6)));
+        assert!(!relay.waits_for_sibling(&seen, &hw, &decided(7)));
+        assert!(!relay.waits_for_sibling(&seen, &BTreeMap::from([(m, 7)]), &decided(0)));
+        // The origin's stream, stopped before seq 7 (the relay's), has decided it: no
+        // other stream of m's carries it.
+        assert!(direct.waits_for_sibling(&seen, &hw, &decided(0)));
+        assert!(direct.decides_while_waiting(&seen));
+        let mut again = carrying(m, "t2");
+        again.receiver_store = Ident::unquoted("other_scheme");
+        direct.siblings.push(again);
+        assert!(!direct.decides_while_waiting(&seen));
+        assert!(!relay.decides_while_waiting(&seen));
     }
 
     #[test]

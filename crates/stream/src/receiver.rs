@@ -37,6 +37,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::pin::Pin;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::Stream;
@@ -165,6 +166,10 @@ pub struct ReceiverService {
     /// The elements this node subscribes to, with the epochs the control plane gives.
     epochs: watch::Receiver<BTreeMap<Ident, Epoch>>,
     status: watch::Sender<BTreeMap<Ident, InboundStatus>>,
+    /// Per origin, how far the origin's own streams to this node have decided about
+    /// its commits (`Batch.decided`), shared by every stream: acks tell each sender,
+    /// and a propagator that relays an origin it cannot see all of waits for it.
+    decided: Arc<parking_lot::Mutex<BTreeMap<NodeId, u64>>>,
     tracker: TaskTracker,
     shutdown: CancellationToken,
 }
@@ -184,9 +189,21 @@ impl ReceiverService {
             config,
             epochs,
             status: watch::Sender::new(BTreeMap::new()),
+            decided: Arc::default(),
             tracker,
             shutdown,
         }
+    }
+
+    /// Notes that `origin`'s own stream has decided through `seq`; returns every
+    /// origin's mark.
+    fn note_decided(&self, origin: NodeId, seq: u64) -> Vec<pb::OriginMark> {
+        let mut decided = self.decided.lock();
+        if seq > 0 {
+            let mark = decided.entry(origin).or_insert(0);
+            *mark = (*mark).max(seq);
+        }
+        to_pb(&decided)
     }
 
     /// Per-sender status, for `hawser status`.
@@ -283,6 +300,7 @@ fn with_status(
 /// A stream that passed Hello.
 struct Accepted {
     sender: Ident,
+    sender_node: NodeId,
     /// A return service may wait on this stream: every apply is flushed before its ack.
     /// Otherwise applies do not wait for the flush, and durable marks follow a flush
     /// every [`LAZY_FLUSH_EVERY`].
@@ -476,6 +494,7 @@ impl ReceiverService {
         }
         Ok(Accepted {
             sender: Ident::quoted(&hello.sender_store),
+            sender_node: NodeId(hello.sender_node),
             returns_wait: hello.returns_wait,
             elements,
             maps,
@@ -565,6 +584,7 @@ impl ReceiverService {
                                 durable: to_pb(&marks.durable),
                                 applied: to_pb(&marks.applied),
                                 through_lsn: last_through,
+                                decided: self.note_decided(accepted.sender_node, 0),
                             })),
                         };
                         if out.send(Ok(ack)).await.is_err() {
@@ -806,6 +826,12 @@ impl ReceiverService {
                 durable: to_pb(&marks.durable),
                 applied: to_pb(&marks.applied),
                 through_lsn,
+                // Applied (or found here) through these batches: what they decided
+                // holds now.
+                decided: self.note_decided(
+                    accepted.sender_node,
+                    backlog.iter().map(|b| b.decided).max().unwrap_or(0),
+                ),
             },
             tally,
         })
@@ -1114,6 +1140,7 @@ impl pb::replication_server::Replication for ReceiverService {
                 let _ = tx.try_send(Ok(refused(code, reason)));
             }
             Ok(accepted) => {
+                self.note_decided(accepted.sender_node, hello.decided);
                 let high_waters = self
                     .db
                     .high_waters()
@@ -1162,6 +1189,7 @@ mod tests {
             codec: pb::Codec::None as i32,
             raw_bytes: raw,
             payload: Vec::new(),
+            decided: 0,
         }
     }
 

@@ -284,6 +284,7 @@ impl StreamSender {
             unflushed_since: std::sync::Mutex::new(None),
             unverified_seq: AtomicU64::new(0),
             unverified_micros: AtomicI64::new(0),
+            decided: AtomicU64::new(0),
             on_ack: start.on_ack,
         };
         task.report_acks();
@@ -324,6 +325,12 @@ struct Sender {
     /// under that seq and it is checked ([`Sender::check_reused`]).
     unverified_seq: AtomicU64,
     unverified_micros: AtomicI64,
+    /// How far this stream has decided about this node's own commits (seq): each one
+    /// up to it was passed (shipped, whole if the stream carries any of it, or found
+    /// nothing of it for this stream), or is one this stream waits before that only
+    /// relays of it to the receiver carry (`LinkConfig::decides_while_waiting`). Sent
+    /// with Hello and every batch (`Batch.decided`).
+    decided: AtomicU64,
     on_ack: Option<AckHook>,
 }
 
@@ -490,7 +497,19 @@ impl Sender {
             carries_ddl: self.link.replicate_ddl,
             returns_wait: self.link.returns_wait,
             restart_probe: self.restart_probe(),
+            decided: self.decided_at_start()?,
         })
+    }
+
+    /// How far this stream had decided when the session starts: through its
+    /// acknowledged position, every record was passed by an earlier session.
+    fn decided_at_start(&self) -> Result<u64, StreamError> {
+        const LOOK_BACK: usize = 4096;
+        let at = self.db.own_seq_through(self.acked_lsn, LOOK_BACK)?;
+        Ok(self
+            .decided
+            .fetch_max(at.unwrap_or(0), Ordering::AcqRel)
+            .max(at.unwrap_or(0)))
     }
 
     /// On a stream that carries DDL: the last DROP TABLE of each table this stream
@@ -593,6 +612,8 @@ impl Sender {
             }
         };
         *streamed = true;
+        // How far each origin's own streams to the receiver have decided (acks).
+        let mut decided: BTreeMap<NodeId, u64> = BTreeMap::new();
         let mut last_contact = Instant::now();
         let mut last_sent = Instant::now();
         self.status
@@ -663,6 +684,10 @@ impl Sender {
                                 let hw = high_water.entry(*o).or_insert(0);
                                 *hw = (*hw).max(*s);
                             }
+                            for (o, s) in from_marks(&ack.decided) {
+                                let d = decided.entry(o).or_insert(0);
+                                *d = (*d).max(s);
+                            }
                             let acked_lsn = self.acked_lsn;
                             let oldest = in_flight.iter().find_map(|f| f.first_commit_micros);
                             self.oldest_unacked_micros.store(oldest.unwrap_or(0), Ordering::Relaxed);
@@ -728,11 +753,11 @@ impl Sender {
                         }
                     }
                     self.end_linger(&mut lingering);
-                    self.ship(&tx, &mut cursor, &mut unsent, &high_water, &mut in_flight, &mut in_flight_bytes, &mut last_sent).await?;
+                    self.ship(&tx, &mut cursor, &mut unsent, &high_water, &decided, &mut in_flight, &mut in_flight_bytes, &mut last_sent).await?;
                 }
                 _ = &mut linger, if lingering && room => {
                     self.end_linger(&mut lingering);
-                    self.ship(&tx, &mut cursor, &mut unsent, &high_water, &mut in_flight, &mut in_flight_bytes, &mut last_sent).await?;
+                    self.ship(&tx, &mut cursor, &mut unsent, &high_water, &decided, &mut in_flight, &mut in_flight_bytes, &mut last_sent).await?;
                 }
                 _ = poll.tick(), if room => {
                     if lingering {
@@ -740,7 +765,7 @@ impl Sender {
                         // records sooner.
                         continue;
                     }
-                    self.ship(&tx, &mut cursor, &mut unsent, &high_water, &mut in_flight, &mut in_flight_bytes, &mut last_sent).await?;
+                    self.ship(&tx, &mut cursor, &mut unsent, &high_water, &decided, &mut in_flight, &mut in_flight_bytes, &mut last_sent).await?;
                 }
             }
         }
@@ -986,6 +1011,7 @@ impl Sender {
         cursor: &mut Lsn,
         unsent: &mut Option<Lsn>,
         high_water: &BTreeMap<NodeId, u64>,
+        decided: &BTreeMap<NodeId, u64>,
         in_flight: &mut VecDeque<InFlight>,
         in_flight_bytes: &mut u64,
         last_sent: &mut Instant,
@@ -1062,20 +1088,40 @@ impl Sender {
                 self.db.flushed_lsn().next()
             };
             let own = self.db.node_id();
-            for r in &records {
+            for (i, r) in records.iter().enumerate() {
                 self.check_reused(&r.entry).await?;
                 if r.lsn >= durable_from && r.entry.gtid().origin == own {
                     // Its commit is flushing; the committer wakes the senders after.
                     unflushed = true;
                     break;
                 }
-                if self.link.waits_for_sibling(&r.entry, high_water) {
+                if self.link.waits_for_sibling(&r.entry, high_water, decided) {
                     // Another stream to this receiver carries it: stop before it until
                     // the receiver has it (see LinkConfig::siblings).
+                    if self.link.decides_while_waiting(&r.entry) {
+                        // Nothing of it is this stream's, nor of the own commits
+                        // after it that only relays carry: decided, so that a relay
+                        // that cannot see this node's other commits may ship them
+                        // (one ping-pong per run of them, not per commit).
+                        let run = records[i..]
+                            .iter()
+                            .filter(|r| r.entry.gtid().origin == own)
+                            .take_while(|r| {
+                                r.lsn < durable_from && self.link.decides_while_waiting(&r.entry)
+                            })
+                            .last();
+                        if let Some(last) = run {
+                            self.decided
+                                .fetch_max(last.entry.gtid().seq, Ordering::AcqRel);
+                        }
+                    }
                     blocked = true;
                     break;
                 }
                 through = Some(r.lsn);
+                if r.entry.gtid().origin == own {
+                    self.decided.fetch_max(r.entry.gtid().seq, Ordering::AcqRel);
+                }
                 if let Some(entry) = self.link.filter_ref(&r.entry, high_water) {
                     size += entry_size(&entry);
                     first_commit_micros.get_or_insert(entry.commit_micros());
@@ -1163,6 +1209,7 @@ impl Sender {
             codec: codec_to_pb(self.link.compression) as i32,
             raw_bytes,
             payload,
+            decided: self.decided.load(Ordering::Acquire),
         };
         let wire_bytes = batch.payload.len() as u64;
         if let Some(m) = first_commit_micros {

@@ -95,6 +95,7 @@ async fn master() -> Result<(Database, Vec<pb::Batch>)> {
             codec: pb::Codec::None as i32,
             raw_bytes: raw.len() as u64,
             payload: raw,
+            decided: 0,
         }
     };
     let batches = vec![

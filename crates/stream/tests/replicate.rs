@@ -174,6 +174,7 @@ fn link(
             ..SenderTuning::default()
         },
         siblings: Vec::new(),
+        blind: Default::default(),
     }
 }
 
@@ -764,6 +765,7 @@ async fn a_batch_received_twice_changes_nothing() -> Result<()> {
         codec: pb::Codec::None as i32,
         raw_bytes: raw.len() as u64,
         payload: raw,
+        decided: 0,
     };
     let hello = common::hello(&tab_def());
     let msg = |m: sender_message::Msg| pb::SenderMessage { msg: Some(m) };
@@ -1378,6 +1380,89 @@ async fn a_transaction_split_between_the_masters_stream_and_a_propagators_arrive
     caught_up(&direct, &master).await?;
     wait_status(&from_prop, "the propagator to see s1 caught up", |s| {
         s.acked_applied.get(&NodeId(1)).copied().unwrap_or(0) >= first + 3
+    })
+    .await?;
+    assert_eq!(rows_of(&sub, &tab())?, rows_of(&master, &tab())?);
+    assert_eq!(rows_of(&sub, &other())?, rows_of(&master, &other())?);
+    assert_eq!(rows_of(&sub, &tab())?.len(), 2);
+    assert_eq!(rows_of(&sub, &other())?.len(), 3);
+    senders.stop().await;
+    rs.stop().await;
+    rp.stop().await;
+    Ok(())
+}
+
+/// The propagator is blind: the master (node 1) sends `tab` to s1 (node 2) itself and
+/// `other` through a propagator (node 3) that does not receive `tab`. The propagator's
+/// log lacks the master's `tab` transactions, so it cannot wait for them by sight; if
+/// it delivered a later `other` transaction first, s1 (one high-water per origin)
+/// would skip the earlier `tab` one as a duplicate. It waits instead until the
+/// master's own stream has decided about each transaction it relays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_propagator_that_cannot_see_the_masters_other_transactions_waits_for_its_stream(
+) -> Result<()> {
+    let (master, prop, sub) = (open(1).await?, open(3).await?, open(2).await?);
+    for db in [&master, &prop, &sub] {
+        db.create_table(TableDef {
+            name: other(),
+            ..tab_def()
+        })
+        .await?;
+    }
+    let view = epochs(1);
+    let rp = Receiver::start(&prop, "prop", view.subscribe(), None).await?;
+    let rs = Receiver::start(&sub, "s1", view.subscribe(), None).await?;
+    let carrying = |config: LinkConfig, tables: &[QualName]| LinkConfig {
+        tables: tables
+            .iter()
+            .map(|t| ((t.clone(), NodeId(1)), id("e")))
+            .collect(),
+        ..config
+    };
+    let to_prop = carrying(link(1, "prop", 3, 1, Compression::None), &[other()]);
+    let mut direct = carrying(link(1, "s1", 2, 1, Compression::None), &[tab()]);
+    let mut relay = carrying(
+        LinkConfig {
+            sender_node: NodeId(3),
+            sender_store: id("prop"),
+            returns_wait: false,
+            ..link(1, "s1", 2, 1, Compression::None)
+        },
+        &[other()],
+    );
+    direct.siblings = vec![relay.clone()];
+    relay.siblings = vec![direct.clone()];
+    relay.blind = [NodeId(1)].into();
+
+    // `tab`, `other`, `other`, `tab`, `other`: the propagator gets the second, third and
+    // fifth only.
+    let first = master.high_water(NodeId(1))? + 1;
+    for (k, table) in [tab(), other(), other(), tab(), other()].iter().enumerate() {
+        write_in(&master, std::slice::from_ref(table), k as i64).await?;
+    }
+    let senders = Senders::default();
+    let to_prop = senders.spawn(to_prop, &master, rp.endpoint());
+    caught_up(&to_prop, &master).await?;
+    assert_eq!(records_from(&prop, NodeId(1))?, 3);
+
+    // The relay comes up first and must not deliver anything of the master's: the
+    // master's stream has not decided about the first `tab` transaction.
+    // Its log: its own two CREATE TABLEs, then the master's three.
+    let before_masters = Lsn(prop.last_lsn().0 - 3);
+    let from_prop = senders.spawn(relay, &prop, rs.endpoint());
+    wait_status(&from_prop, "s1 to answer the propagator", |s| {
+        s.acked_lsn >= before_masters
+    })
+    .await?;
+    assert_eq!(
+        sub.high_water(NodeId(1))?,
+        0,
+        "the propagator relayed before the master's stream decided"
+    );
+    let direct = senders.spawn(direct, &master, rs.endpoint());
+    caught_up(&direct, &master).await?;
+    wait_status(&from_prop, "s1 to have the master's last", |s| {
+        s.acked_applied.get(&NodeId(1)).copied().unwrap_or(0) >= first + 4
     })
     .await?;
     assert_eq!(rows_of(&sub, &tab())?, rows_of(&master, &tab())?);

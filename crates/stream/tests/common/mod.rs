@@ -35,5 +35,6 @@ pub fn hello(def: &TableDef) -> pb::Hello {
         carries_ddl: false,
         returns_wait: true,
         restart_probe: None,
+        decided: 0,
     }
 }
