@@ -9,7 +9,8 @@
 //! * two subscribers with RETURN RECEIPT and FAILTHRESHOLD;
 //! * a propagator forwarding a master's rows to two backups, origin kept;
 //! * a subscriber fed by a master and by a propagator that does not see all of the
-//!   master's transactions;
+//!   master's transactions; two relays that cannot keep a master's order, shown as a
+//!   problem;
 //! * a bidirectional split workload, each side refusing writes to the other's table;
 //! * DATASTORE elements with EXCLUDE and INCLUDE, tables created after the scheme;
 //! * TABLE DEFINITION CHECKING RELAXED (columns mapped by name) and EXACT (refused);
@@ -368,6 +369,60 @@ fn a_subscriber_fed_by_the_master_and_a_blind_propagator_gets_every_transaction(
         rows(ds2, "select count(*) from accounts"),
         Some(json!([[0]]))
     );
+}
+
+/// Two relays of one master to one subscriber, each blind to the other's table: no
+/// stream of the master's own runs beside them to decide, so the relays cannot keep
+/// the master's order at ds3. Each relay's node says so in `/replication` and in
+/// `hawser status`.
+const TWO_BLIND_RELAYS: &str = "CREATE REPLICATION relays
+ELEMENT a TABLE accounts MASTER ds1 SUBSCRIBER ds4
+ELEMENT e TABLE events MASTER ds1 SUBSCRIBER ds2
+ELEMENT a2 TABLE accounts PROPAGATOR ds4 SUBSCRIBER ds3
+ELEMENT e2 TABLE events PROPAGATOR ds2 SUBSCRIBER ds3;";
+
+#[test]
+fn paths_the_data_plane_cannot_keep_in_order_are_shown_as_problems() {
+    let dir = tempfile::tempdir().unwrap();
+    let nodes = cluster(dir.path(), &["ds1", "ds2", "ds3", "ds4"]);
+    let [ds1, ds2, ds3, ds4] = &nodes[..] else {
+        unreachable!()
+    };
+    for n in &nodes {
+        sql_ok(
+            n,
+            "create table accounts (k int primary key, v int); \
+             create table events (k int primary key, v varchar(40))",
+        );
+    }
+    ddl(ds1, TWO_BLIND_RELAYS);
+    for (relay, other, table) in [(ds2, "ds4", "accounts"), (ds4, "ds2", "events")] {
+        let expected = format!(
+            "ds3 gets transactions of ds1 from {} and from {other}, and {} does not receive \
+             {table}",
+            relay.name, relay.name
+        );
+        let mut last = Value::Null;
+        let shown = poll_until(WAIT, || {
+            last = replication(relay)["problems"].clone();
+            let problems = last.as_array()?;
+            (problems.len() == 1 && problems[0].as_str()?.starts_with(&expected)).then_some(())
+        });
+        assert!(shown.is_some(), "{}: {last}", relay.name);
+        let out = relay.cli(&["status"]);
+        assert!(out.status.success(), "{}", stderr(&out));
+        let text = stdout(&out);
+        assert!(
+            text.contains(&format!("PROBLEM     {expected}")),
+            "{}: {text}",
+            relay.name
+        );
+        let json = relay.status();
+        assert_eq!(json["replication"]["problems"], last, "{json}");
+    }
+    for n in [ds1, ds3] {
+        assert_eq!(replication(n)["problems"], json!([]), "{}", n.name);
+    }
 }
 
 /// The seed's split workload: each side masters one table and subscribes to the other.

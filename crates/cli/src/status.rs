@@ -145,6 +145,13 @@ fn field(v: &serde_json::Value) -> String {
 /// The streams and return services from the node's replication JSON.
 fn print_replication(r: &serde_json::Value) {
     let empty = Vec::new();
+    let problems = r["problems"].as_array().unwrap_or(&empty);
+    for (i, p) in problems.iter().enumerate() {
+        if i == 0 {
+            println!();
+        }
+        println!("PROBLEM     {}", field(p));
+    }
     let outbound = r["outbound"].as_array().unwrap_or(&empty);
     let inbound = r["inbound"].as_array().unwrap_or(&empty);
     if outbound.is_empty() && inbound.is_empty() {

@@ -75,6 +75,11 @@ struct Running {
 /// commit paths to wake.
 pub(crate) type Senders = Arc<parking_lot::Mutex<BTreeMap<(QualName, Ident), SenderHandle>>>;
 
+/// What the data plane cannot do as the schemes ask, as of its last re-plan (a scheme
+/// it cannot plan, a stream it cannot start, paths it cannot keep in order), for
+/// `/replication` and `hawser status`.
+pub(crate) type Problems = Arc<parking_lot::Mutex<Vec<String>>>;
+
 /// Tells every sender there may be new log (called after client writes, so shipping
 /// does not wait for the sender's poll).
 pub(crate) fn wake_all(senders: &Senders) {
@@ -249,6 +254,7 @@ pub(crate) struct DataPlaneTask {
     /// Fed with the elements this store subscribes to; the receiver checks epochs on it.
     pub(crate) epochs: watch::Sender<BTreeMap<Ident, Epoch>>,
     pub(crate) senders: Senders,
+    pub(crate) problems: Problems,
     pub(crate) tracker: TaskTracker,
     pub(crate) shutdown: CancellationToken,
     /// The unit of FAILTHRESHOLD, in bytes of log (TimesTen's LogFileSize).
@@ -293,6 +299,9 @@ pub(crate) async fn run(task: DataPlaneTask) {
         // Each problem is logged once, when it appears, not at every re-plan.
         for p in now.difference(&problems) {
             warn!("{p}");
+        }
+        if now != problems {
+            *task.problems.lock() = now.iter().cloned().collect();
         }
         problems = now;
         reconcile(&task, &mut running, wanted, &positions);

@@ -94,6 +94,8 @@ pub(crate) struct NodeState {
     pub(crate) http_addr: std::net::SocketAddr,
     /// This node's outbound streams (the data plane task keeps the map current).
     pub(crate) senders: dataplane::Senders,
+    /// What the data plane cannot do as the schemes ask (kept by its task).
+    pub(crate) problems: dataplane::Problems,
     /// This node's inbound streams.
     pub(crate) receiver: hawser_stream::ReceiverService,
     /// Commits waiting for subscribers' acknowledgements.
@@ -145,6 +147,7 @@ impl NodeState {
     pub(crate) fn replication_json(&self) -> serde_json::Value {
         let mut json = dataplane::streams_json(&self.senders, &self.receiver);
         json["returns"] = self.returns.json();
+        json["problems"] = self.problems.lock().clone().into();
         // Why this node takes no writes of its own now (the restart fence), if so.
         json["writes_paused"] = self.db.writes_paused().into();
         // The data directory's free space against the floor writes stop at.
@@ -332,6 +335,7 @@ pub async fn run(
         http_addr,
         config,
         senders,
+        problems: Default::default(),
         receiver,
         returns,
     });
@@ -406,6 +410,7 @@ pub async fn run(
         store,
         epochs,
         senders: state.senders.clone(),
+        problems: state.problems.clone(),
         tracker: state.tasks.clone(),
         shutdown: state.shutdown.clone(),
     }));
