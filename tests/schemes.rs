@@ -371,6 +371,69 @@ fn a_subscriber_fed_by_the_master_and_a_blind_propagator_gets_every_transaction(
     );
 }
 
+/// The demo's routes: ds3 gets `accounts` from ds1 itself and `events` through ds2.
+const MASTER_AND_PROPAGATOR: &str = "CREATE REPLICATION paths
+ELEMENT a TABLE accounts MASTER ds1 SUBSCRIBER ds2, ds3
+ELEMENT e TABLE events MASTER ds1 SUBSCRIBER ds2
+ELEMENT e2 TABLE events PROPAGATOR ds2 SUBSCRIBER ds3;";
+
+/// ds1's own stream to ds3 keeps ds1's order with ds2's relay: it waits before the
+/// events ds2 relays until ds3 has them. With ds2 stopped as a receiver, ds2 gets none
+/// of ds1's commits and relays none: ds1's stream must not wait for it.
+#[test]
+fn a_stopped_propagator_does_not_hold_the_masters_own_stream() {
+    let dir = tempfile::tempdir().unwrap();
+    let nodes = cluster(dir.path(), &["ds1", "ds2", "ds3"]);
+    let [ds1, ds2, ds3] = &nodes[..] else {
+        unreachable!()
+    };
+    for n in &nodes {
+        sql_ok(
+            n,
+            "create table accounts (k int primary key, v int); \
+             create table events (k int primary key, v varchar(40))",
+        );
+    }
+    ddl(ds1, MASTER_AND_PROPAGATOR);
+    streaming_to(ds1, &["ds2", "ds3"]);
+    streaming_to(ds2, &["ds3"]);
+    sql_ok(
+        ds1,
+        "insert into events values (1, 'one'); insert into accounts values (1, 1)",
+    );
+    converge(
+        ds3,
+        "select k from accounts",
+        &json!([[1]]),
+        "before the stop",
+    );
+    let out = ds1.cli(&[
+        "receiver",
+        "--scheme",
+        "paths",
+        "--subscriber",
+        "ds2",
+        "--state",
+        "stop",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    streaming_to(ds1, &["ds3"]);
+    sql_ok(
+        ds1,
+        "insert into events values (2, 'two'); insert into accounts values (2, 2)",
+    );
+    converge(
+        ds3,
+        "select k from accounts order by k",
+        &json!([[1], [2]]),
+        "ds1's own stream with ds2 stopped",
+    );
+    assert_eq!(
+        rows(ds3, "select k from events order by k"),
+        Some(json!([[1]]))
+    );
+}
+
 /// Two relays of one master to one subscriber, each blind to the other's table: no
 /// stream of the master's own runs beside them to decide, so the relays cannot keep
 /// the master's order at ds3. Each relay's node says so in `/replication` and in

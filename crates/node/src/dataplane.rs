@@ -597,11 +597,25 @@ fn wanted_links(
         // The streams other nodes send that run (their receiver in START): a receiver
         // they share with this node's gets some origin's transactions by both.
         for link in plan.links.iter().filter(|l| &l.sender != store) {
-            let carries_nothing = link.tables.is_empty() && link.sequences.is_empty();
-            if carries_nothing || s.receiver_state(&link.receiver) != ReceiverState::Start {
+            if s.receiver_state(&link.receiver) != ReceiverState::Start {
                 continue;
             }
-            if let Ok(config) = link_config(link, s.version, &nodes, &epochs, &datastore) {
+            // A sender stopped or failed as a receiver of this scheme gets no other
+            // origin's commits to relay: nobody waits for it to relay them (its own
+            // commits it still sends).
+            let relays = !matches!(
+                s.receiver_state(&link.sender),
+                ReceiverState::Stop | ReceiverState::Failed
+            );
+            let mut link = link.clone();
+            if !relays {
+                link.tables.retain(|t| t.origin == link.sender);
+                link.sequences.retain(|t| t.origin == link.sender);
+            }
+            if link.tables.is_empty() && link.sequences.is_empty() {
+                continue;
+            }
+            if let Ok(config) = link_config(&link, s.version, &nodes, &epochs, &datastore) {
                 foreign.push((
                     (name.clone(), link.sender.clone(), link.receiver.clone()),
                     config,
