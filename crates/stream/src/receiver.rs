@@ -170,6 +170,9 @@ pub struct ReceiverService {
     /// its commits (`Batch.decided`), shared by every stream: acks tell each sender,
     /// and a propagator that relays an origin it cannot see all of waits for it.
     decided: Arc<parking_lot::Mutex<BTreeMap<NodeId, u64>>>,
+    /// Moves after every apply that moved this node's marks: a stream whose sender
+    /// waits for another stream's transaction (`Batch.waiting`) is acked again then.
+    applied: Arc<watch::Sender<u64>>,
     tracker: TaskTracker,
     shutdown: CancellationToken,
 }
@@ -190,6 +193,7 @@ impl ReceiverService {
             epochs,
             status: watch::Sender::new(BTreeMap::new()),
             decided: Arc::default(),
+            applied: Arc::new(watch::Sender::new(0)),
             tracker,
             shutdown,
         }
@@ -554,6 +558,10 @@ impl ReceiverService {
         let mut lazy_flush = tokio::time::interval(LAZY_FLUSH_EVERY);
         lazy_flush.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut last_through = 0u64;
+        // The sender waits for another stream's transaction (`Batch.waiting`): acked
+        // again, unasked, whenever another stream's apply moves the marks.
+        let mut waiting = false;
+        let mut moved = self.applied.subscribe();
         // Batches and wire bytes applied on a lazy stream since its last ack.
         let mut unacked_batches = 0usize;
         let mut unacked_bytes = 0u64;
@@ -579,6 +587,23 @@ impl ReceiverService {
                         marks.durable = applied;
                         unacked_batches = 0;
                         unacked_bytes = 0;
+                        let ack = pb::ReceiverMessage {
+                            msg: Some(receiver_message::Msg::Ack(pb::Ack {
+                                durable: to_pb(&marks.durable),
+                                applied: to_pb(&marks.applied),
+                                through_lsn: last_through,
+                                decided: self.note_decided(accepted.sender_node, 0),
+                            })),
+                        };
+                        if out.send(Ok(ack)).await.is_err() {
+                            break;
+                        }
+                        continue;
+                    }
+                    Ok(()) = moved.changed(), if waiting => {
+                        if let Ok(now) = self.db.high_waters() {
+                            marks.refresh(&now);
+                        }
                         let ack = pb::ReceiverMessage {
                             msg: Some(receiver_message::Msg::Ack(pb::Ack {
                                 durable: to_pb(&marks.durable),
@@ -663,12 +688,21 @@ impl ReceiverService {
                                 s.wire_bytes += wire;
                             });
                             last_through = done.ack.through_lsn;
+                            if backlog.iter().any(|b| b.count > 0) {
+                                self.applied.send_modify(|n| *n = n.wrapping_add(1));
+                            }
+                            waiting = backlog.last().is_some_and(|b| b.waiting);
+                            if waiting {
+                                // Answered below; later moves are news.
+                                moved.mark_unchanged();
+                            }
                             // Nobody waits on a lazy stream's acks: they free the
                             // sender's window and report progress, so one answers
                             // several batches (and the lazy flush acks the rest).
                             unacked_batches += backlog.len();
                             unacked_bytes += wire;
                             if accepted.returns_wait
+                                || waiting
                                 || unacked_batches >= LAZY_ACK_BATCHES
                                 || unacked_bytes >= LAZY_ACK_BYTES
                             {
@@ -1190,6 +1224,7 @@ mod tests {
             raw_bytes: raw,
             payload: Vec::new(),
             decided: 0,
+            waiting: false,
         }
     }
 

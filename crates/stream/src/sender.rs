@@ -614,6 +614,9 @@ impl Sender {
         *streamed = true;
         // How far each origin's own streams to the receiver have decided (acks).
         let mut decided: BTreeMap<NodeId, u64> = BTreeMap::new();
+        // The last ship stopped before another stream's transaction: the receiver
+        // acks (unasked) when its marks move, and the next ack ships again.
+        let mut stalled = false;
         let mut last_contact = Instant::now();
         let mut last_sent = Instant::now();
         self.status
@@ -705,6 +708,13 @@ impl Sender {
                                 }
                             });
                             self.report_acks();
+                            if stalled
+                                && in_flight.len() < tuning.max_in_flight_batches
+                                && in_flight_bytes < tuning.max_in_flight_bytes
+                            {
+                                self.end_linger(&mut lingering);
+                                stalled = self.ship(&tx, &mut cursor, &mut unsent, &high_water, &decided, stalled, &mut in_flight, &mut in_flight_bytes, &mut last_sent).await?;
+                            }
                         }
                         Some(receiver_message::Msg::Heartbeat(_)) => {
                             self.status.send_if_modified(|s| {
@@ -753,11 +763,11 @@ impl Sender {
                         }
                     }
                     self.end_linger(&mut lingering);
-                    self.ship(&tx, &mut cursor, &mut unsent, &high_water, &decided, &mut in_flight, &mut in_flight_bytes, &mut last_sent).await?;
+                    stalled = self.ship(&tx, &mut cursor, &mut unsent, &high_water, &decided, stalled, &mut in_flight, &mut in_flight_bytes, &mut last_sent).await?;
                 }
                 _ = &mut linger, if lingering && room => {
                     self.end_linger(&mut lingering);
-                    self.ship(&tx, &mut cursor, &mut unsent, &high_water, &decided, &mut in_flight, &mut in_flight_bytes, &mut last_sent).await?;
+                    stalled = self.ship(&tx, &mut cursor, &mut unsent, &high_water, &decided, stalled, &mut in_flight, &mut in_flight_bytes, &mut last_sent).await?;
                 }
                 _ = poll.tick(), if room => {
                     if lingering {
@@ -765,7 +775,7 @@ impl Sender {
                         // records sooner.
                         continue;
                     }
-                    self.ship(&tx, &mut cursor, &mut unsent, &high_water, &decided, &mut in_flight, &mut in_flight_bytes, &mut last_sent).await?;
+                    stalled = self.ship(&tx, &mut cursor, &mut unsent, &high_water, &decided, stalled, &mut in_flight, &mut in_flight_bytes, &mut last_sent).await?;
                 }
             }
         }
@@ -1012,10 +1022,11 @@ impl Sender {
         unsent: &mut Option<Lsn>,
         high_water: &BTreeMap<NodeId, u64>,
         decided: &BTreeMap<NodeId, u64>,
+        was_blocked: bool,
         in_flight: &mut VecDeque<InFlight>,
         in_flight_bytes: &mut u64,
         last_sent: &mut Instant,
-    ) -> Result<(), StreamError> {
+    ) -> Result<bool, StreamError> {
         let tuning = &self.link.tuning;
         while in_flight.len() < tuning.max_in_flight_batches
             && *in_flight_bytes < tuning.max_in_flight_bytes
@@ -1047,13 +1058,21 @@ impl Sender {
             if records.is_empty() {
                 if let Some(position) = *unsent {
                     if last_sent.elapsed() >= tuning.position_every {
-                        self.send(tx, Vec::new(), position, None, in_flight, in_flight_bytes)
-                            .await?;
+                        self.send(
+                            tx,
+                            Vec::new(),
+                            position,
+                            None,
+                            false,
+                            in_flight,
+                            in_flight_bytes,
+                        )
+                        .await?;
                         *last_sent = Instant::now();
                         *unsent = None;
                     }
                 }
-                return Ok(());
+                return Ok(false);
             }
             let mut through = None;
             let mut wire: Vec<(Epoch, Cow<'_, LogEntry>)> = Vec::new();
@@ -1141,29 +1160,54 @@ impl Sender {
                         .unwrap_or_else(|e| e.into_inner())
                         .get_or_insert_with(Instant::now);
                     if since.elapsed() < UNFLUSHED_PATIENCE {
-                        return Ok(());
+                        return Ok(false);
                     }
                     self.db.flush().await?;
                     self.clear_unflushed();
                     continue;
                 }
                 // Blocked at the cursor: ask for the receiver's marks (a record-less
-                // batch is answered with them) at most every poll, and wait.
-                if last_sent.elapsed() >= tuning.poll_interval {
+                // batch flagged waiting is answered with them at once, and again
+                // whenever another stream's apply moves them) when newly blocked, and
+                // at most every poll after that.
+                if !was_blocked || last_sent.elapsed() >= tuning.poll_interval {
                     let position = unsent.unwrap_or(Lsn(cursor.0.saturating_sub(1)));
-                    self.send(tx, Vec::new(), position, None, in_flight, in_flight_bytes)
-                        .await?;
+                    self.send(
+                        tx,
+                        Vec::new(),
+                        position,
+                        None,
+                        true,
+                        in_flight,
+                        in_flight_bytes,
+                    )
+                    .await?;
                     *last_sent = Instant::now();
                     *unsent = None;
                 }
-                return Ok(());
+                return Ok(true);
             };
             self.clear_unflushed();
             *cursor = through.next();
             if wire.is_empty() {
                 *unsent = Some(through);
+                if blocked && !was_blocked {
+                    // Say so now (see above).
+                    self.send(
+                        tx,
+                        Vec::new(),
+                        through,
+                        None,
+                        true,
+                        in_flight,
+                        in_flight_bytes,
+                    )
+                    .await?;
+                    *last_sent = Instant::now();
+                    *unsent = None;
+                }
                 if blocked || unflushed {
-                    return Ok(());
+                    return Ok(blocked);
                 }
                 continue;
             }
@@ -1172,6 +1216,7 @@ impl Sender {
                 wire,
                 through,
                 first_commit_micros,
+                blocked,
                 in_flight,
                 in_flight_bytes,
             )
@@ -1179,19 +1224,22 @@ impl Sender {
             *last_sent = Instant::now();
             *unsent = None;
             if blocked || unflushed {
-                return Ok(());
+                return Ok(blocked);
             }
         }
-        Ok(())
+        Ok(false)
     }
 
-    /// Sends one batch of `wire` records, acknowledged up to `through`.
+    /// Sends one batch of `wire` records, acknowledged up to `through`; `waiting`: the
+    /// stream stops after it for another stream's transaction (`Batch.waiting`).
+    #[allow(clippy::too_many_arguments)]
     async fn send(
         &self,
         tx: &mpsc::Sender<pb::SenderMessage>,
         wire: Vec<(Epoch, Cow<'_, LogEntry>)>,
         through: Lsn,
         first_commit_micros: Option<i64>,
+        waiting: bool,
         in_flight: &mut VecDeque<InFlight>,
         in_flight_bytes: &mut u64,
     ) -> Result<(), StreamError> {
@@ -1210,6 +1258,7 @@ impl Sender {
             raw_bytes,
             payload,
             decided: self.decided.load(Ordering::Acquire),
+            waiting,
         };
         let wire_bytes = batch.payload.len() as u64;
         if let Some(m) = first_commit_micros {

@@ -96,6 +96,7 @@ async fn master() -> Result<(Database, Vec<pb::Batch>)> {
             raw_bytes: raw.len() as u64,
             payload: raw,
             decided: 0,
+            waiting: false,
         }
     };
     let batches = vec![

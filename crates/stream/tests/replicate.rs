@@ -101,6 +101,15 @@ impl Receiver {
         epochs: watch::Receiver<BTreeMap<Ident, Epoch>>,
         addr: Option<SocketAddr>,
     ) -> Result<Receiver> {
+        Self::start_with(db, ReceiverConfig::new(id(store)), epochs, addr).await
+    }
+
+    async fn start_with(
+        db: &Database,
+        config: ReceiverConfig,
+        epochs: watch::Receiver<BTreeMap<Ident, Epoch>>,
+        addr: Option<SocketAddr>,
+    ) -> Result<Receiver> {
         let listener = TcpListener::bind(addr.unwrap_or_else(|| "127.0.0.1:0".parse().unwrap()))
             .await
             .context("bind receiver")?;
@@ -109,7 +118,7 @@ impl Receiver {
         let tracker = TaskTracker::new();
         let service = ReceiverService::new(
             db.clone(),
-            ReceiverConfig::new(id(store)),
+            config,
             epochs,
             tracker.clone(),
             shutdown.clone(),
@@ -766,6 +775,7 @@ async fn a_batch_received_twice_changes_nothing() -> Result<()> {
         raw_bytes: raw.len() as u64,
         payload: raw,
         decided: 0,
+        waiting: false,
     };
     let hello = common::hello(&tab_def());
     let msg = |m: sender_message::Msg| pb::SenderMessage { msg: Some(m) };
@@ -1469,6 +1479,84 @@ async fn a_propagator_that_cannot_see_the_masters_other_transactions_waits_for_i
     assert_eq!(rows_of(&sub, &other())?, rows_of(&master, &other())?);
     assert_eq!(rows_of(&sub, &tab())?.len(), 2);
     assert_eq!(rows_of(&sub, &other())?.len(), 3);
+    senders.stop().await;
+    rs.stop().await;
+    rp.stop().await;
+    Ok(())
+}
+
+/// Two streams to one receiver that take turns (the master's `tab`, the propagator's
+/// `other`, alternating) hand over without polling: a stream that stops for the other's
+/// transaction says so (`Batch.waiting`), and the receiver acks it again as soon as
+/// the other's apply moves its marks. With polls an hour apart, no heartbeat from the
+/// receiver and no commit waking the senders, nothing else could move them on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_taking_turns_at_one_receiver_hand_over_without_polling() -> Result<()> {
+    let (master, prop, sub) = (open(1).await?, open(3).await?, open(2).await?);
+    for db in [&master, &prop, &sub] {
+        db.create_table(TableDef {
+            name: other(),
+            ..tab_def()
+        })
+        .await?;
+    }
+    for k in 0..20 {
+        let table = if k % 2 == 0 { other() } else { tab() };
+        write_in(&master, &[table], k).await?;
+    }
+    let view = epochs(1);
+    let rp = Receiver::start(&prop, "prop", view.subscribe(), None).await?;
+    // No heartbeat from s1 either (its heartbeats refresh the marks a lazy ack
+    // reports): the senders hear from it only when it acks.
+    let never = Duration::from_secs(3600);
+    let quiet = ReceiverConfig {
+        heartbeat: never,
+        ..ReceiverConfig::new(id("s1"))
+    };
+    let rs = Receiver::start_with(&sub, quiet, view.subscribe(), None).await?;
+    let senders = Senders::default();
+    let to_prop = LinkConfig {
+        tables: [tab(), other()]
+            .into_iter()
+            .map(|t| ((t, NodeId(1)), id("e")))
+            .collect(),
+        ..link(1, "prop", 3, 1, Compression::None)
+    };
+    let to_prop = senders.spawn(to_prop, &master, rp.endpoint());
+    caught_up(&to_prop, &master).await?;
+
+    let lazy_carrying = |sender: u64, store: &str, table: QualName| {
+        let base = link(1, "s1", 2, 1, Compression::None);
+        LinkConfig {
+            sender_node: NodeId(sender),
+            sender_store: id(store),
+            tables: BTreeMap::from([((table, NodeId(1)), id("e"))]),
+            returns_wait: false,
+            tuning: SenderTuning {
+                poll_interval: never,
+                position_every: never,
+                peer_timeout: never,
+                ..base.tuning.clone()
+            },
+            ..base
+        }
+    };
+    let mut direct = lazy_carrying(1, "master", tab());
+    let mut relay = lazy_carrying(3, "prop", other());
+    direct.siblings = vec![relay.clone()];
+    relay.siblings = vec![direct.clone()];
+    let direct = senders.spawn(direct, &master, rs.endpoint());
+    let relay = senders.spawn(relay, &prop, rs.endpoint());
+    let last = master.high_water(NodeId(1))?;
+    for (handle, name) in [(&direct, "the master's stream"), (&relay, "the relay")] {
+        wait_status(handle, name, |s| {
+            s.acked_applied.get(&NodeId(1)).copied().unwrap_or(0) >= last
+        })
+        .await?;
+    }
+    assert_eq!(rows_of(&sub, &tab())?, rows_of(&master, &tab())?);
+    assert_eq!(rows_of(&sub, &other())?, rows_of(&master, &other())?);
+    assert_eq!(rows_of(&sub, &other())?.len(), 10);
     senders.stop().await;
     rs.stop().await;
     rp.stop().await;
