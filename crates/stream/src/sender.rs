@@ -334,6 +334,38 @@ struct Sender {
     on_ack: Option<AckHook>,
 }
 
+/// Where a session's sender is in its log.
+struct Reader {
+    /// The next LSN to look at.
+    cursor: Lsn,
+    /// The end of log passed but not sent: records this receiver gets nothing of.
+    unsent: Option<Lsn>,
+    /// Records read from `cursor` on and not passed yet. A stream that stops before
+    /// another stream's transaction keeps them for its next turn rather than reading
+    /// them again (which, behind the store's in-memory tail, decodes them again: with
+    /// turns every few transactions, hundreds of decodes per transaction shipped).
+    ahead: VecDeque<Arc<LogRecord>>,
+    /// The record the stream stopped before, for another stream's transaction.
+    blocked_at: Option<Arc<LogRecord>>,
+}
+
+impl Reader {
+    fn new(cursor: Lsn) -> Self {
+        Self {
+            cursor,
+            unsent: None,
+            ahead: VecDeque::new(),
+            blocked_at: None,
+        }
+    }
+
+    /// The first `count` records read ahead are passed, through `through`.
+    fn pass(&mut self, count: usize, through: Lsn) {
+        self.ahead.drain(..count);
+        self.cursor = through.next();
+    }
+}
+
 /// How long a sender waits for an own commit's flush before flushing itself: a commit
 /// whose caller went away (a dropped request) is applied but nobody flushes it, and
 /// without a later commit it would hold the stream back for good.
@@ -614,9 +646,7 @@ impl Sender {
         *streamed = true;
         // How far each origin's own streams to the receiver have decided (acks).
         let mut decided: BTreeMap<NodeId, u64> = BTreeMap::new();
-        // The last ship stopped before another stream's transaction: the receiver
-        // acks (unasked) when its marks move, and the next ack ships again.
-        let mut stalled = false;
+
         let mut last_contact = Instant::now();
         let mut last_sent = Instant::now();
         self.status
@@ -638,9 +668,7 @@ impl Sender {
         });
         self.report_acks();
         info!("streaming");
-        let mut cursor = self.acked_lsn.next();
-        // The end of log read but not sent: records this receiver does not get.
-        let mut unsent: Option<Lsn> = None;
+        let mut reader = Reader::new(self.acked_lsn.next());
         let mut in_flight: VecDeque<InFlight> = VecDeque::new();
         let mut in_flight_bytes = 0u64;
         let mut heartbeat = tokio::time::interval(tuning.heartbeat);
@@ -708,12 +736,18 @@ impl Sender {
                                 }
                             });
                             self.report_acks();
-                            if stalled
+                            // Stopped before another stream's transaction: ship again
+                            // once the receiver has it (it acks, unasked, when its
+                            // marks move).
+                            let unblocked = reader.blocked_at.as_ref().is_some_and(|r| {
+                                !self.link.waits_for_sibling(&r.entry, &high_water, &decided)
+                            });
+                            if unblocked
                                 && in_flight.len() < tuning.max_in_flight_batches
                                 && in_flight_bytes < tuning.max_in_flight_bytes
                             {
                                 self.end_linger(&mut lingering);
-                                stalled = self.ship(&tx, &mut cursor, &mut unsent, &high_water, &decided, stalled, &mut in_flight, &mut in_flight_bytes, &mut last_sent).await?;
+                                self.ship(&tx, &mut reader, &high_water, &decided, &mut in_flight, &mut in_flight_bytes, &mut last_sent).await?;
                             }
                         }
                         Some(receiver_message::Msg::Heartbeat(_)) => {
@@ -749,25 +783,25 @@ impl Sender {
                 }
                 _ = self.wake.notified(), if room => {
                     if lingers {
-                        let ready = self.db.last_lsn().0.saturating_sub(cursor.0.saturating_sub(1));
+                        let ready = self.db.last_lsn().0.saturating_sub(reader.cursor.0.saturating_sub(1));
                         if ready < tuning.linger_records as u64 {
                             if !lingering {
                                 lingering = true;
                                 linger.as_mut().reset(tokio::time::Instant::now() + tuning.linger);
                                 // Commits wake this sender again only once the log holds
                                 // enough to ship now.
-                                let enough = cursor.0.saturating_sub(1) + tuning.linger_records as u64;
+                                let enough = reader.cursor.0.saturating_sub(1) + tuning.linger_records as u64;
                                 self.wake_at.store(enough, Ordering::Release);
                             }
                             continue;
                         }
                     }
                     self.end_linger(&mut lingering);
-                    stalled = self.ship(&tx, &mut cursor, &mut unsent, &high_water, &decided, stalled, &mut in_flight, &mut in_flight_bytes, &mut last_sent).await?;
+                    self.ship(&tx, &mut reader, &high_water, &decided, &mut in_flight, &mut in_flight_bytes, &mut last_sent).await?;
                 }
                 _ = &mut linger, if lingering && room => {
                     self.end_linger(&mut lingering);
-                    stalled = self.ship(&tx, &mut cursor, &mut unsent, &high_water, &decided, stalled, &mut in_flight, &mut in_flight_bytes, &mut last_sent).await?;
+                    self.ship(&tx, &mut reader, &high_water, &decided, &mut in_flight, &mut in_flight_bytes, &mut last_sent).await?;
                 }
                 _ = poll.tick(), if room => {
                     if lingering {
@@ -775,7 +809,7 @@ impl Sender {
                         // records sooner.
                         continue;
                     }
-                    stalled = self.ship(&tx, &mut cursor, &mut unsent, &high_water, &decided, stalled, &mut in_flight, &mut in_flight_bytes, &mut last_sent).await?;
+                    self.ship(&tx, &mut reader, &high_water, &decided, &mut in_flight, &mut in_flight_bytes, &mut last_sent).await?;
                 }
             }
         }
@@ -1007,27 +1041,30 @@ impl Sender {
             .unwrap_or_else(|e| e.into_inner()) = None;
     }
 
-    /// Reads the log from `cursor` and sends batches while there is log and room.
+    /// Reads the log from the reader's cursor and sends batches while there is log and
+    /// room.
     ///
     /// Log this receiver gets nothing of (other tables, other elements) is skipped
     /// without a message: its position goes out in a record-less batch at most every
     /// [`SenderTuning::position_every`], or with the next batch that carries records,
     /// so a master busy with tables a receiver does not subscribe to does not cost
-    /// that receiver a round trip per commit. `unsent` is the position skipped so far.
+    /// that receiver a round trip per commit (`Reader::unsent`).
+    ///
+    /// A stream that stops before another stream's transaction (`LinkConfig::siblings`)
+    /// says so (`Batch.waiting`) and keeps what it read ahead for the next turn.
     #[allow(clippy::too_many_arguments)]
     async fn ship(
         &self,
         tx: &mpsc::Sender<pb::SenderMessage>,
-        cursor: &mut Lsn,
-        unsent: &mut Option<Lsn>,
+        reader: &mut Reader,
         high_water: &BTreeMap<NodeId, u64>,
         decided: &BTreeMap<NodeId, u64>,
-        was_blocked: bool,
         in_flight: &mut VecDeque<InFlight>,
         in_flight_bytes: &mut u64,
         last_sent: &mut Instant,
-    ) -> Result<bool, StreamError> {
+    ) -> Result<(), StreamError> {
         let tuning = &self.link.tuning;
+        let was_blocked = reader.blocked_at.take().is_some();
         while in_flight.len() < tuning.max_in_flight_batches
             && *in_flight_bytes < tuning.max_in_flight_bytes
         {
@@ -1038,25 +1075,22 @@ impl Sender {
             // scan the step that would only find the end.
             //
             // A sender that keeps up reads the store's in-memory tail of the log (no
-            // engine read, no decoding); one that is behind reads the engine.
+            // engine read, no decoding); one that is behind reads the engine. What was
+            // read and not passed yet is kept (`Reader::ahead`).
             let last_lsn = self.db.last_lsn();
-            let records: Vec<Arc<LogRecord>> = if last_lsn < *cursor {
-                Vec::new()
-            } else {
+            if reader.ahead.is_empty() && last_lsn >= reader.cursor {
+                let cursor = reader.cursor;
                 let available = usize::try_from(last_lsn.0 - cursor.0 + 1).unwrap_or(usize::MAX);
                 let limit = available.min(tuning.max_batch_records);
-                match self.db.log_tail(*cursor, limit) {
-                    Some(records) => records,
-                    None => self
-                        .db
-                        .log_range(*cursor, limit)?
-                        .into_iter()
-                        .map(Arc::new)
-                        .collect(),
+                match self.db.log_tail(cursor, limit) {
+                    Some(records) => reader.ahead.extend(records),
+                    None => reader
+                        .ahead
+                        .extend(self.db.log_range(cursor, limit)?.into_iter().map(Arc::new)),
                 }
-            };
-            if records.is_empty() {
-                if let Some(position) = *unsent {
+            }
+            if reader.ahead.is_empty() {
+                if let Some(position) = reader.unsent {
                     if last_sent.elapsed() >= tuning.position_every {
                         self.send(
                             tx,
@@ -1069,16 +1103,19 @@ impl Sender {
                         )
                         .await?;
                         *last_sent = Instant::now();
-                        *unsent = None;
+                        reader.unsent = None;
                     }
                 }
-                return Ok(false);
+                return Ok(());
             }
+            let records: &[Arc<LogRecord>] = reader.ahead.make_contiguous();
             let mut through = None;
+            // Records passed: the first `passed` of `records`.
+            let mut passed = 0;
+            let mut blocked_at = None;
             let mut wire: Vec<(Epoch, Cow<'_, LogEntry>)> = Vec::new();
             let mut first_commit_micros = None;
             let mut size = 0usize;
-            let mut blocked = false;
             let mut unflushed = false;
             // This node's own commits go out only once durable here — or, on a stream a
             // return service waits on, once written to the log while their sync runs
@@ -1134,10 +1171,11 @@ impl Sender {
                                 .fetch_max(last.entry.gtid().seq, Ordering::AcqRel);
                         }
                     }
-                    blocked = true;
+                    blocked_at = Some(r.clone());
                     break;
                 }
                 through = Some(r.lsn);
+                passed = i + 1;
                 if r.entry.gtid().origin == own {
                     self.decided.fetch_max(r.entry.gtid().seq, Ordering::AcqRel);
                 }
@@ -1160,7 +1198,7 @@ impl Sender {
                         .unwrap_or_else(|e| e.into_inner())
                         .get_or_insert_with(Instant::now);
                     if since.elapsed() < UNFLUSHED_PATIENCE {
-                        return Ok(false);
+                        return Ok(());
                     }
                     self.db.flush().await?;
                     self.clear_unflushed();
@@ -1171,7 +1209,9 @@ impl Sender {
                 // whenever another stream's apply moves them) when newly blocked, and
                 // at most every poll after that.
                 if !was_blocked || last_sent.elapsed() >= tuning.poll_interval {
-                    let position = unsent.unwrap_or(Lsn(cursor.0.saturating_sub(1)));
+                    let position = reader
+                        .unsent
+                        .unwrap_or(Lsn(reader.cursor.0.saturating_sub(1)));
                     self.send(
                         tx,
                         Vec::new(),
@@ -1183,14 +1223,16 @@ impl Sender {
                     )
                     .await?;
                     *last_sent = Instant::now();
-                    *unsent = None;
+                    reader.unsent = None;
                 }
-                return Ok(true);
+                reader.blocked_at = blocked_at;
+                return Ok(());
             };
             self.clear_unflushed();
-            *cursor = through.next();
+            let blocked = blocked_at.is_some();
             if wire.is_empty() {
-                *unsent = Some(through);
+                reader.pass(passed, through);
+                reader.unsent = Some(through);
                 if blocked && !was_blocked {
                     // Say so now (see above).
                     self.send(
@@ -1204,10 +1246,11 @@ impl Sender {
                     )
                     .await?;
                     *last_sent = Instant::now();
-                    *unsent = None;
+                    reader.unsent = None;
                 }
                 if blocked || unflushed {
-                    return Ok(blocked);
+                    reader.blocked_at = blocked_at;
+                    return Ok(());
                 }
                 continue;
             }
@@ -1221,13 +1264,15 @@ impl Sender {
                 in_flight_bytes,
             )
             .await?;
+            reader.pass(passed, through);
             *last_sent = Instant::now();
-            *unsent = None;
+            reader.unsent = None;
             if blocked || unflushed {
-                return Ok(blocked);
+                reader.blocked_at = blocked_at;
+                return Ok(());
             }
         }
-        Ok(false)
+        Ok(())
     }
 
     /// Sends one batch of `wire` records, acknowledged up to `through`; `waiting`: the
