@@ -11,6 +11,7 @@
 //! * a subscriber fed by a master and by a propagator that does not see all of the
 //!   master's transactions; two relays that cannot keep a master's order, shown as a
 //!   problem; a master's own stream and a propagator's under a mixed load, with kills;
+//!   a propagator that is down, whose relaying the master's stream takes over;
 //! * a bidirectional split workload, each side refusing writes to the other's table;
 //! * DATASTORE elements with EXCLUDE and INCLUDE, tables created after the scheme;
 //! * TABLE DEFINITION CHECKING RELAXED (columns mapped by name) and EXACT (refused);
@@ -432,6 +433,50 @@ fn a_stopped_propagator_does_not_hold_the_masters_own_stream() {
         rows(ds3, "select k from events order by k"),
         Some(json!([[1]]))
     );
+}
+
+/// ds1's own stream to ds3 waits for the events ds2 relays (one high-water per origin
+/// at ds3). With ds2 down, it takes them over once ds2 has had no stream to ds3 for a
+/// while: ds3 keeps getting both tables, and ds2, back, catches up itself.
+#[test]
+fn a_propagator_that_is_down_does_not_hold_the_masters_own_stream() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let mut nodes = cluster(d, &["ds1", "ds2", "ds3"]);
+    for n in &nodes {
+        sql_ok(
+            n,
+            "create table accounts (k int primary key, v int); \
+             create table events (k int primary key, v varchar(40))",
+        );
+    }
+    ddl(&nodes[0], MASTER_AND_PROPAGATOR);
+    streaming_to(&nodes[0], &["ds2", "ds3"]);
+    streaming_to(&nodes[1], &["ds3"]);
+    let grpc = nodes[1].grpc.clone();
+    nodes[1].kill9();
+    sql_ok(
+        &nodes[0],
+        "insert into events values (1, 'one'); insert into accounts values (1, 1); \
+         insert into events values (2, 'two'); insert into accounts values (2, 2)",
+    );
+    for query in [
+        "select k, v from accounts order by k",
+        "select k, v from events order by k",
+    ] {
+        let expected = rows(&nodes[0], query).expect("ds1 answers");
+        converge(&nodes[2], query, &expected, "ds3 with ds2 down");
+    }
+    nodes[1] = start("ds2", d, &grpc, Some(&nodes[0].grpc));
+    sql_ok(&nodes[0], "insert into events values (3, 'three')");
+    for query in [
+        "select k, v from accounts order by k",
+        "select k, v from events order by k",
+    ] {
+        let expected = rows(&nodes[0], query).expect("ds1 answers");
+        converge(&nodes[1], query, &expected, "ds2 back");
+        converge(&nodes[2], query, &expected, "ds3 with ds2 back");
+    }
 }
 
 /// A `hawser sql -f FILE` run in the background, killed if the test ends while it runs.

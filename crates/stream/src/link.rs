@@ -57,6 +57,10 @@ pub struct SenderTuning {
     /// has the measured trade against async lag.
     pub linger: Duration,
     pub linger_records: usize,
+    /// How long a sibling's sender may have no stream to the receiver before this
+    /// node's own stream takes over the node's transactions the sibling would relay
+    /// there ([`LinkConfig::takes_over`]).
+    pub takeover_after: Duration,
 }
 
 impl Default for SenderTuning {
@@ -75,6 +79,7 @@ impl Default for SenderTuning {
             position_every: Duration::from_millis(20),
             linger: Duration::from_millis(5),
             linger_records: 128,
+            takeover_after: Duration::from_secs(2),
         }
     }
 }
@@ -302,6 +307,26 @@ impl LinkConfig {
                 .any(|s| s.sender_node == self.sender_node && s.carries(entry))
     }
 
+    /// Whether this stream, stopped before its own node's transaction `entry` that only
+    /// other nodes' streams carry (propagators relaying it), ships it itself: every
+    /// one of those senders is in `absent` (no stream to the receiver for a while).
+    /// Otherwise a propagator that is down would hold this stream — and the receiver's
+    /// tables this stream carries — until it is back. The receiver gets the same rows
+    /// either way; the propagator, back, finds them there (its receiver's mark has
+    /// passed them). Row changes only: DDL and sequence blocks wait.
+    pub fn takes_over(&self, entry: &LogEntry, absent: &BTreeSet<NodeId>) -> bool {
+        let own = self.sender_node;
+        let LogEntry::Txn(_) = entry else {
+            return false;
+        };
+        if entry.gtid().origin != own || self.carries(entry) {
+            return false;
+        }
+        let mut carriers = self.siblings.iter().filter(|s| s.carries(entry)).peekable();
+        carriers.peek().is_some()
+            && carriers.all(|s| s.sender_node != own && absent.contains(&s.sender_node))
+    }
+
     /// Whether this stream ships `table` of its own sender's commits only as part of
     /// transactions it carries for other tables: a sibling stream carries `table` to
     /// the same receiver, this one does not ([`LinkConfig::filter_ref`]). Hello
@@ -331,6 +356,33 @@ impl LinkConfig {
     /// to the wire without a copy (the sender owns the records it read).
     pub fn filter(&self, entry: LogEntry, high_water: &BTreeMap<NodeId, u64>) -> Option<LogEntry> {
         self.filter_ref(&entry, high_water).map(Cow::into_owned)
+    }
+
+    /// What of this node's own transaction `entry` the receiver gets by this stream or
+    /// a sibling: what this stream ships when it takes over ([`LinkConfig::takes_over`]).
+    pub fn filter_whole<'a>(
+        &self,
+        entry: &'a LogEntry,
+        high_water: &BTreeMap<NodeId, u64>,
+    ) -> Option<Cow<'a, LogEntry>> {
+        let gtid = entry.gtid();
+        let LogEntry::Txn(t) = entry else {
+            return self.filter_ref(entry, high_water);
+        };
+        if gtid.origin != self.sender_node
+            || gtid.seq <= high_water.get(&gtid.origin).copied().unwrap_or(0)
+        {
+            return self.filter_ref(entry, high_water);
+        }
+        let keep = |c: &RowChange| {
+            self.carries_table(&c.table, gtid.origin) || self.sibling_carries(&c.table, gtid.origin)
+        };
+        if t.changes.iter().all(keep) {
+            return Some(Cow::Borrowed(entry));
+        }
+        let mut t = t.clone();
+        t.changes.retain(keep);
+        (!t.changes.is_empty()).then_some(Cow::Owned(LogEntry::Txn(t)))
     }
 
     /// [`LinkConfig::filter`] on a borrowed entry: the entry itself when all of it goes
@@ -644,6 +696,45 @@ mod tests {
         let relays_only = txn(m, 6, &["t2"]);
         assert!(!relay.waits_for_sibling(&relays_only, &hw, &none));
         assert!(direct.filter(relays_only, &hw).is_none());
+    }
+
+    #[test]
+    fn the_origins_stream_takes_over_what_an_absent_relay_would_relay() {
+        // The demo's shape: m sends t1 to s itself, p relays m's t2 to s.
+        let (m, s, p) = (NodeId(1), NodeId(2), NodeId(3));
+        let carrying = |sender: NodeId, table: &str| {
+            test_link(
+                sender,
+                s,
+                BTreeMap::from([((QualName::bare(table), m), Ident::unquoted("e"))]),
+            )
+        };
+        let mut direct = carrying(m, "t1");
+        let relay = carrying(p, "t2");
+        direct.siblings = vec![relay.clone()];
+        let hw = BTreeMap::from([(m, 5)]);
+        let relayed = txn(m, 6, &["t2", "t9"]);
+        let gone = BTreeSet::from([p]);
+        assert!(!direct.takes_over(&relayed, &BTreeSet::new()));
+        assert!(direct.takes_over(&relayed, &gone));
+        // What it ships then: the relay's part (t9 goes nowhere).
+        let Some(Cow::Owned(LogEntry::Txn(t))) = direct.filter_whole(&relayed, &hw) else {
+            panic!("the relay's part, copied")
+        };
+        assert_eq!(t.changes, vec![change("t2")]);
+        assert!(direct
+            .filter_whole(&relayed, &BTreeMap::from([(m, 6)]))
+            .is_none());
+        // Not its own tables' (it ships those anyway), not another origin's, not a
+        // transaction nobody else carries, not for a relay that is there.
+        assert!(!direct.takes_over(&txn(m, 6, &["t1", "t2"]), &gone));
+        assert!(!direct.takes_over(&txn(p, 6, &["t2"]), &gone));
+        assert!(!direct.takes_over(&txn(m, 6, &["t9"]), &gone));
+        assert!(!direct.takes_over(&relayed, &BTreeSet::from([NodeId(7)])));
+        // A relay never takes over: it has only what it received.
+        let mut relay = relay;
+        relay.siblings = vec![direct.clone()];
+        assert!(!relay.takes_over(&txn(m, 6, &["t1"]), &BTreeSet::from([m])));
     }
 
     #[test]

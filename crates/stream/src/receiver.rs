@@ -173,6 +173,8 @@ pub struct ReceiverService {
     /// Moves after every apply that moved this node's marks: a stream whose sender
     /// waits for another stream's transaction (`Batch.waiting`) is acked again then.
     applied: Arc<watch::Sender<u64>>,
+    /// Streams accepted and not ended, per sender node (acks list the nodes).
+    connected: Arc<parking_lot::Mutex<BTreeMap<NodeId, usize>>>,
     tracker: TaskTracker,
     shutdown: CancellationToken,
 }
@@ -194,9 +196,15 @@ impl ReceiverService {
             status: watch::Sender::new(BTreeMap::new()),
             decided: Arc::default(),
             applied: Arc::new(watch::Sender::new(0)),
+            connected: Arc::default(),
             tracker,
             shutdown,
         }
+    }
+
+    /// The sender nodes with a stream to this node now.
+    fn connected_senders(&self) -> Vec<u64> {
+        self.connected.lock().keys().map(|n| n.0).collect()
     }
 
     /// Notes that `origin`'s own stream has decided through `seq`; returns every
@@ -533,6 +541,7 @@ impl ReceiverService {
         inbound: Streaming<pb::SenderMessage>,
         out: mpsc::Sender<Result<pb::ReceiverMessage, Status>>,
     ) {
+        let _connected = Connected::new(&self.connected, accepted.sender_node);
         let (queue_tx, queue) = mpsc::channel(READ_AHEAD);
         let stop = self.shutdown.child_token();
         let reader = read_ahead(inbound, queue_tx, stop.clone());
@@ -593,6 +602,7 @@ impl ReceiverService {
                                 applied: to_pb(&marks.applied),
                                 through_lsn: last_through,
                                 decided: self.note_decided(accepted.sender_node, 0),
+                                connected_senders: self.connected_senders(),
                             })),
                         };
                         if out.send(Ok(ack)).await.is_err() {
@@ -610,6 +620,7 @@ impl ReceiverService {
                                 applied: to_pb(&marks.applied),
                                 through_lsn: last_through,
                                 decided: self.note_decided(accepted.sender_node, 0),
+                                connected_senders: self.connected_senders(),
                             })),
                         };
                         if out.send(Ok(ack)).await.is_err() {
@@ -866,6 +877,7 @@ impl ReceiverService {
                     accepted.sender_node,
                     backlog.iter().map(|b| b.decided).max().unwrap_or(0),
                 ),
+                connected_senders: self.connected_senders(),
             },
             tally,
         })
@@ -1039,6 +1051,34 @@ fn send_heartbeat(out: &mpsc::Sender<Result<pb::ReceiverMessage, Status>>) {
             sent_micros: now_micros(),
         })),
     }));
+}
+
+/// One accepted stream of a sender node, counted while it lasts.
+struct Connected {
+    map: Arc<parking_lot::Mutex<BTreeMap<NodeId, usize>>>,
+    node: NodeId,
+}
+
+impl Connected {
+    fn new(map: &Arc<parking_lot::Mutex<BTreeMap<NodeId, usize>>>, node: NodeId) -> Self {
+        *map.lock().entry(node).or_insert(0) += 1;
+        Self {
+            map: map.clone(),
+            node,
+        }
+    }
+}
+
+impl Drop for Connected {
+    fn drop(&mut self) {
+        let mut map = self.map.lock();
+        if let Some(n) = map.get_mut(&self.node) {
+            *n -= 1;
+            if *n == 0 {
+                map.remove(&self.node);
+            }
+        }
+    }
 }
 
 /// What one backlog's apply did.

@@ -25,7 +25,7 @@
 //! duplicate.
 
 use std::borrow::Cow;
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -334,6 +334,45 @@ struct Sender {
     on_ack: Option<AckHook>,
 }
 
+/// What a session's acks say of the other streams to its receiver.
+#[derive(Default)]
+struct Others {
+    /// How far each origin's own streams to the receiver have decided.
+    decided: BTreeMap<NodeId, u64>,
+    /// Since when each sibling's sender has had no stream to the receiver
+    /// (`Ack.connected_senders`).
+    absent_since: BTreeMap<NodeId, Instant>,
+    /// When the last ack came.
+    last_heard: Option<Instant>,
+}
+
+impl Others {
+    fn heard(&mut self, link: &LinkConfig, ack: &pb::Ack) {
+        self.last_heard = Some(Instant::now());
+        for (o, s) in from_marks(&ack.decided) {
+            let d = self.decided.entry(o).or_insert(0);
+            *d = (*d).max(s);
+        }
+        for sibling in &link.siblings {
+            let node = sibling.sender_node;
+            if node == link.sender_node || ack.connected_senders.contains(&node.0) {
+                self.absent_since.remove(&node);
+            } else {
+                self.absent_since.entry(node).or_insert_with(Instant::now);
+            }
+        }
+    }
+
+    /// The siblings' senders without a stream to the receiver for `after` or longer.
+    fn absent(&self, after: Duration) -> BTreeSet<NodeId> {
+        self.absent_since
+            .iter()
+            .filter(|(_, since)| since.elapsed() >= after)
+            .map(|(n, _)| *n)
+            .collect()
+    }
+}
+
 /// Where a session's sender is in its log.
 struct Reader {
     /// The next LSN to look at.
@@ -347,6 +386,8 @@ struct Reader {
     ahead: VecDeque<Arc<LogRecord>>,
     /// The record the stream stopped before, for another stream's transaction.
     blocked_at: Option<Arc<LogRecord>>,
+    /// Since when it has stopped before that record.
+    blocked_since: Option<Instant>,
 }
 
 impl Reader {
@@ -356,7 +397,19 @@ impl Reader {
             unsent: None,
             ahead: VecDeque::new(),
             blocked_at: None,
+            blocked_since: None,
         }
+    }
+
+    /// Stops before `at` (or goes on, `None`), keeping the time of the first stop
+    /// before the same record.
+    fn block(&mut self, at: Option<Arc<LogRecord>>, before: Option<(Lsn, Instant)>) {
+        self.blocked_since = match (&at, before) {
+            (Some(r), Some((lsn, since))) if r.lsn == lsn => Some(since),
+            (Some(_), _) => Some(Instant::now()),
+            (None, _) => None,
+        };
+        self.blocked_at = at;
     }
 
     /// The first `count` records read ahead are passed, through `through`.
@@ -644,8 +697,7 @@ impl Sender {
             }
         };
         *streamed = true;
-        // How far each origin's own streams to the receiver have decided (acks).
-        let mut decided: BTreeMap<NodeId, u64> = BTreeMap::new();
+        let mut others = Others::default();
 
         let mut last_contact = Instant::now();
         let mut last_sent = Instant::now();
@@ -715,10 +767,7 @@ impl Sender {
                                 let hw = high_water.entry(*o).or_insert(0);
                                 *hw = (*hw).max(*s);
                             }
-                            for (o, s) in from_marks(&ack.decided) {
-                                let d = decided.entry(o).or_insert(0);
-                                *d = (*d).max(s);
-                            }
+                            others.heard(&self.link, &ack);
                             let acked_lsn = self.acked_lsn;
                             let oldest = in_flight.iter().find_map(|f| f.first_commit_micros);
                             self.oldest_unacked_micros.store(oldest.unwrap_or(0), Ordering::Relaxed);
@@ -740,14 +789,15 @@ impl Sender {
                             // once the receiver has it (it acks, unasked, when its
                             // marks move).
                             let unblocked = reader.blocked_at.as_ref().is_some_and(|r| {
-                                !self.link.waits_for_sibling(&r.entry, &high_water, &decided)
+                                !self.link.waits_for_sibling(&r.entry, &high_water, &others.decided)
+                                    || self.link.takes_over(&r.entry, &others.absent(tuning.takeover_after))
                             });
                             if unblocked
                                 && in_flight.len() < tuning.max_in_flight_batches
                                 && in_flight_bytes < tuning.max_in_flight_bytes
                             {
                                 self.end_linger(&mut lingering);
-                                self.ship(&tx, &mut reader, &high_water, &decided, &mut in_flight, &mut in_flight_bytes, &mut last_sent).await?;
+                                self.ship(&tx, &mut reader, &high_water, &others, &mut in_flight, &mut in_flight_bytes, &mut last_sent).await?;
                             }
                         }
                         Some(receiver_message::Msg::Heartbeat(_)) => {
@@ -797,11 +847,11 @@ impl Sender {
                         }
                     }
                     self.end_linger(&mut lingering);
-                    self.ship(&tx, &mut reader, &high_water, &decided, &mut in_flight, &mut in_flight_bytes, &mut last_sent).await?;
+                    self.ship(&tx, &mut reader, &high_water, &others, &mut in_flight, &mut in_flight_bytes, &mut last_sent).await?;
                 }
                 _ = &mut linger, if lingering && room => {
                     self.end_linger(&mut lingering);
-                    self.ship(&tx, &mut reader, &high_water, &decided, &mut in_flight, &mut in_flight_bytes, &mut last_sent).await?;
+                    self.ship(&tx, &mut reader, &high_water, &others, &mut in_flight, &mut in_flight_bytes, &mut last_sent).await?;
                 }
                 _ = poll.tick(), if room => {
                     if lingering {
@@ -809,7 +859,7 @@ impl Sender {
                         // records sooner.
                         continue;
                     }
-                    self.ship(&tx, &mut reader, &high_water, &decided, &mut in_flight, &mut in_flight_bytes, &mut last_sent).await?;
+                    self.ship(&tx, &mut reader, &high_water, &others, &mut in_flight, &mut in_flight_bytes, &mut last_sent).await?;
                 }
             }
         }
@@ -1058,13 +1108,29 @@ impl Sender {
         tx: &mpsc::Sender<pb::SenderMessage>,
         reader: &mut Reader,
         high_water: &BTreeMap<NodeId, u64>,
-        decided: &BTreeMap<NodeId, u64>,
+        others: &Others,
         in_flight: &mut VecDeque<InFlight>,
         in_flight_bytes: &mut u64,
         last_sent: &mut Instant,
     ) -> Result<(), StreamError> {
         let tuning = &self.link.tuning;
-        let was_blocked = reader.blocked_at.take().is_some();
+        let decided = &others.decided;
+        let before = reader
+            .blocked_at
+            .take()
+            .zip(reader.blocked_since.take())
+            .map(|(r, since)| (r.lsn, since));
+        let was_blocked = before.is_some();
+        // Siblings' senders long without a stream to the receiver, as an ack that came
+        // since this stream stopped says: it takes over this node's transactions they
+        // would relay (`LinkConfig::takes_over`). Not on older news: a stopped stream
+        // asks at once, and the answer decides.
+        let absent = match (before, others.last_heard) {
+            (Some((_, since)), Some(heard)) if heard > since => {
+                others.absent(tuning.takeover_after)
+            }
+            _ => BTreeSet::new(),
+        };
         while in_flight.len() < tuning.max_in_flight_batches
             && *in_flight_bytes < tuning.max_in_flight_bytes
         {
@@ -1151,7 +1217,8 @@ impl Sender {
                     unflushed = true;
                     break;
                 }
-                if self.link.waits_for_sibling(&r.entry, high_water, decided) {
+                let takes_over = !absent.is_empty() && self.link.takes_over(&r.entry, &absent);
+                if !takes_over && self.link.waits_for_sibling(&r.entry, high_water, decided) {
                     // Another stream to this receiver carries it: stop before it until
                     // the receiver has it (see LinkConfig::siblings).
                     if self.link.decides_while_waiting(&r.entry) {
@@ -1179,7 +1246,12 @@ impl Sender {
                 if r.entry.gtid().origin == own {
                     self.decided.fetch_max(r.entry.gtid().seq, Ordering::AcqRel);
                 }
-                if let Some(entry) = self.link.filter_ref(&r.entry, high_water) {
+                let entry = if takes_over {
+                    self.link.filter_whole(&r.entry, high_water)
+                } else {
+                    self.link.filter_ref(&r.entry, high_water)
+                };
+                if let Some(entry) = entry {
                     size += entry_size(&entry);
                     first_commit_micros.get_or_insert(entry.commit_micros());
                     wire.push((r.epoch, entry));
@@ -1225,7 +1297,7 @@ impl Sender {
                     *last_sent = Instant::now();
                     reader.unsent = None;
                 }
-                reader.blocked_at = blocked_at;
+                reader.block(blocked_at, before);
                 return Ok(());
             };
             self.clear_unflushed();
@@ -1249,7 +1321,7 @@ impl Sender {
                     reader.unsent = None;
                 }
                 if blocked || unflushed {
-                    reader.blocked_at = blocked_at;
+                    reader.block(blocked_at, before);
                     return Ok(());
                 }
                 continue;
@@ -1268,7 +1340,7 @@ impl Sender {
             *last_sent = Instant::now();
             reader.unsent = None;
             if blocked || unflushed {
-                reader.blocked_at = blocked_at;
+                reader.block(blocked_at, before);
                 return Ok(());
             }
         }

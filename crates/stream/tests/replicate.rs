@@ -1562,3 +1562,86 @@ async fn streams_taking_turns_at_one_receiver_hand_over_without_polling() -> Res
     rp.stop().await;
     Ok(())
 }
+
+/// The master's own stream to s1 waits for the transactions a propagator relays there
+/// (one high-water per origin). With the propagator down, it takes them over once the
+/// propagator has had no stream to s1 for `takeover_after`, so s1 keeps getting both
+/// tables; the propagator, back, finds everything there and sends nothing again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_masters_stream_takes_over_what_an_absent_propagator_would_relay() -> Result<()> {
+    let (master, prop, sub) = (open(1).await?, open(3).await?, open(2).await?);
+    for db in [&master, &prop, &sub] {
+        db.create_table(TableDef {
+            name: other(),
+            ..tab_def()
+        })
+        .await?;
+    }
+    for k in 0..10 {
+        let table = if k % 2 == 0 { other() } else { tab() };
+        write_in(&master, &[table], k).await?;
+    }
+    write_in(&master, &[tab(), other()], 10).await?;
+    let view = epochs(1);
+    let rp = Receiver::start(&prop, "prop", view.subscribe(), None).await?;
+    let rs = Receiver::start(&sub, "s1", view.subscribe(), None).await?;
+    let senders = Senders::default();
+    let to_prop = LinkConfig {
+        tables: [tab(), other()]
+            .into_iter()
+            .map(|t| ((t, NodeId(1)), id("e")))
+            .collect(),
+        ..link(1, "prop", 3, 1, Compression::None)
+    };
+    let to_prop = senders.spawn(to_prop, &master, rp.endpoint());
+    caught_up(&to_prop, &master).await?;
+
+    let carrying = |sender: u64, store: &str, table: QualName| {
+        let base = link(1, "s1", 2, 1, Compression::None);
+        LinkConfig {
+            sender_node: NodeId(sender),
+            sender_store: id(store),
+            tables: BTreeMap::from([((table, NodeId(1)), id("e"))]),
+            tuning: SenderTuning {
+                takeover_after: Duration::from_millis(200),
+                ..base.tuning.clone()
+            },
+            ..base
+        }
+    };
+    let mut direct = carrying(1, "master", tab());
+    let mut relay = carrying(3, "prop", other());
+    direct.siblings = vec![relay.clone()];
+    relay.siblings = vec![direct.clone()];
+    // The propagator's stream is not up: the master's carries everything.
+    let direct = senders.spawn(direct, &master, rs.endpoint());
+    caught_up(&direct, &master).await?;
+    assert_eq!(rows_of(&sub, &tab())?, rows_of(&master, &tab())?);
+    assert_eq!(rows_of(&sub, &other())?, rows_of(&master, &other())?);
+    assert_eq!(rows_of(&sub, &other())?.len(), 6);
+
+    // Back, the propagator has nothing to send.
+    let relay = senders.spawn(relay, &prop, rs.endpoint());
+    let last = master.high_water(NodeId(1))?;
+    let st = wait_status(&relay, "the propagator to see s1 caught up", |s| {
+        s.acked_applied.get(&NodeId(1)).copied().unwrap_or(0) >= last
+            && s.acked_lsn >= prop.last_lsn()
+    })
+    .await?;
+    assert_eq!(st.transactions_sent, 0, "{st:?}");
+    // And from now on the two streams share the work again.
+    write_in(&master, &[other()], 20).await?;
+    write_in(&master, &[tab()], 21).await?;
+    caught_up(&to_prop, &master).await?;
+    caught_up(&direct, &master).await?;
+    let st = wait_status(&relay, "the propagator to relay the new row", |s| {
+        s.transactions_sent >= 1
+    })
+    .await?;
+    assert_eq!(st.transactions_sent, 1, "{st:?}");
+    assert_eq!(rows_of(&sub, &other())?, rows_of(&master, &other())?);
+    senders.stop().await;
+    rs.stop().await;
+    rp.stop().await;
+    Ok(())
+}
