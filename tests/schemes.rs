@@ -316,6 +316,21 @@ fn a_propagator_forwards_the_masters_rows_to_its_subscribers_with_the_origin_kep
     }
 }
 
+/// A cluster of `stores` with tables `accounts` and `events` on each, and `scheme`
+/// created through the first.
+fn two_tables(dir: &Path, stores: &[&str], scheme: &str) -> Vec<Node> {
+    let nodes = cluster(dir, stores);
+    for n in &nodes {
+        sql_ok(
+            n,
+            "create table accounts (k int primary key, v int); \
+             create table events (k int primary key, v varchar(40))",
+        );
+    }
+    ddl(&nodes[0], scheme);
+    nodes
+}
+
 /// Two paths from one master to one subscriber, one through a propagator that does not
 /// see all of the master's transactions: ds3 gets `accounts` from ds1 directly and
 /// `events` through ds2, which does not receive `accounts`.
@@ -327,18 +342,10 @@ ELEMENT e2 TABLE events PROPAGATOR ds2 SUBSCRIBER ds3;";
 #[test]
 fn a_subscriber_fed_by_the_master_and_a_blind_propagator_gets_every_transaction() {
     let dir = tempfile::tempdir().unwrap();
-    let nodes = cluster(dir.path(), &["ds1", "ds2", "ds3"]);
+    let nodes = two_tables(dir.path(), &["ds1", "ds2", "ds3"], BLIND_PROPAGATOR);
     let [ds1, ds2, ds3] = &nodes[..] else {
         unreachable!()
     };
-    for n in &nodes {
-        sql_ok(
-            n,
-            "create table accounts (k int primary key, v int); \
-             create table events (k int primary key, v varchar(40))",
-        );
-    }
-    ddl(ds1, BLIND_PROPAGATOR);
     streaming_to(ds1, &["ds2", "ds3"]);
     streaming_to(ds2, &["ds3"]);
     // The two tables' transactions interleaved, one commit each: ds3's one high-water
@@ -384,18 +391,10 @@ ELEMENT e2 TABLE events PROPAGATOR ds2 SUBSCRIBER ds3;";
 #[test]
 fn a_stopped_propagator_does_not_hold_the_masters_own_stream() {
     let dir = tempfile::tempdir().unwrap();
-    let nodes = cluster(dir.path(), &["ds1", "ds2", "ds3"]);
+    let nodes = two_tables(dir.path(), &["ds1", "ds2", "ds3"], MASTER_AND_PROPAGATOR);
     let [ds1, ds2, ds3] = &nodes[..] else {
         unreachable!()
     };
-    for n in &nodes {
-        sql_ok(
-            n,
-            "create table accounts (k int primary key, v int); \
-             create table events (k int primary key, v varchar(40))",
-        );
-    }
-    ddl(ds1, MASTER_AND_PROPAGATOR);
     streaming_to(ds1, &["ds2", "ds3"]);
     streaming_to(ds2, &["ds3"]);
     sql_ok(
@@ -442,15 +441,7 @@ fn a_stopped_propagator_does_not_hold_the_masters_own_stream() {
 fn a_propagator_that_is_down_does_not_hold_the_masters_own_stream() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    let mut nodes = cluster(d, &["ds1", "ds2", "ds3"]);
-    for n in &nodes {
-        sql_ok(
-            n,
-            "create table accounts (k int primary key, v int); \
-             create table events (k int primary key, v varchar(40))",
-        );
-    }
-    ddl(&nodes[0], MASTER_AND_PROPAGATOR);
+    let mut nodes = two_tables(d, &["ds1", "ds2", "ds3"], MASTER_AND_PROPAGATOR);
     streaming_to(&nodes[0], &["ds2", "ds3"]);
     streaming_to(&nodes[1], &["ds3"]);
     let grpc = nodes[1].grpc.clone();
@@ -526,15 +517,7 @@ impl Drop for SqlLoad {
 fn a_subscriber_fed_two_ways_matches_the_master_after_kills_under_a_mixed_load() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    let mut nodes = cluster(d, &["ds1", "ds2", "ds3"]);
-    for n in &nodes {
-        sql_ok(
-            n,
-            "create table accounts (k int primary key, v int); \
-             create table events (k int primary key, v varchar(40))",
-        );
-    }
-    ddl(&nodes[0], MASTER_AND_PROPAGATOR);
+    let mut nodes = two_tables(d, &["ds1", "ds2", "ds3"], MASTER_AND_PROPAGATOR);
     streaming_to(&nodes[0], &["ds2", "ds3"]);
     streaming_to(&nodes[1], &["ds3"]);
     let mut script = String::from("insert into accounts values ");
@@ -612,18 +595,10 @@ ELEMENT e2 TABLE events PROPAGATOR ds2 SUBSCRIBER ds3;";
 #[test]
 fn paths_the_data_plane_cannot_keep_in_order_are_shown_as_problems() {
     let dir = tempfile::tempdir().unwrap();
-    let nodes = cluster(dir.path(), &["ds1", "ds2", "ds3", "ds4"]);
+    let nodes = two_tables(dir.path(), &["ds1", "ds2", "ds3", "ds4"], TWO_BLIND_RELAYS);
     let [ds1, ds2, ds3, ds4] = &nodes[..] else {
         unreachable!()
     };
-    for n in &nodes {
-        sql_ok(
-            n,
-            "create table accounts (k int primary key, v int); \
-             create table events (k int primary key, v varchar(40))",
-        );
-    }
-    ddl(ds1, TWO_BLIND_RELAYS);
     for (relay, other, table) in [(ds2, "ds4", "accounts"), (ds4, "ds2", "events")] {
         let expected = format!(
             "ds3 gets transactions of ds1 from {} and from {other}, and {} does not receive \

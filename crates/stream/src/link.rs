@@ -605,6 +605,22 @@ mod tests {
         }
     }
 
+    /// The demo's shape: `m` sends its t1 to `s` itself (the first) while `p` relays
+    /// m's t2 to `s` (the second), each the other's sibling.
+    fn demo_shape(m: NodeId, s: NodeId, p: NodeId) -> (LinkConfig, LinkConfig) {
+        let carrying = |sender: NodeId, table: &str| {
+            test_link(
+                sender,
+                s,
+                BTreeMap::from([((QualName::bare(table), m), Ident::unquoted("e"))]),
+            )
+        };
+        let (mut direct, mut relay) = (carrying(m, "t1"), carrying(p, "t2"));
+        direct.siblings = vec![relay.clone()];
+        relay.siblings = vec![direct.clone()];
+        (direct, relay)
+    }
+
     /// An insert of one row into `t`.
     fn change(t: &str) -> RowChange {
         RowChange {
@@ -657,17 +673,7 @@ mod tests {
     fn a_split_transaction_goes_whole_on_the_origins_stream_and_the_relay_waits_for_it() {
         // The demo's shape: m sends t1 to s itself, p relays m's t2 to s.
         let (m, s, p) = (NodeId(1), NodeId(2), NodeId(3));
-        let carrying = |sender: NodeId, table: &str| {
-            test_link(
-                sender,
-                s,
-                BTreeMap::from([((QualName::bare(table), m), Ident::unquoted("e"))]),
-            )
-        };
-        let mut direct = carrying(m, "t1");
-        let mut relay = carrying(p, "t2");
-        direct.siblings = vec![relay.clone()];
-        relay.siblings = vec![direct.clone()];
+        let (direct, relay) = demo_shape(m, s, p);
         let hw = BTreeMap::from([(m, 5)]);
         let none = BTreeMap::new();
         let split = txn(m, 6, &["t1", "t2", "t9"]);
@@ -702,16 +708,7 @@ mod tests {
     fn the_origins_stream_takes_over_what_an_absent_relay_would_relay() {
         // The demo's shape: m sends t1 to s itself, p relays m's t2 to s.
         let (m, s, p) = (NodeId(1), NodeId(2), NodeId(3));
-        let carrying = |sender: NodeId, table: &str| {
-            test_link(
-                sender,
-                s,
-                BTreeMap::from([((QualName::bare(table), m), Ident::unquoted("e"))]),
-            )
-        };
-        let mut direct = carrying(m, "t1");
-        let relay = carrying(p, "t2");
-        direct.siblings = vec![relay.clone()];
+        let (direct, relay) = demo_shape(m, s, p);
         let hw = BTreeMap::from([(m, 5)]);
         let relayed = txn(m, 6, &["t2", "t9"]);
         let gone = BTreeSet::from([p]);
@@ -732,8 +729,6 @@ mod tests {
         assert!(!direct.takes_over(&txn(m, 6, &["t9"]), &gone));
         assert!(!direct.takes_over(&relayed, &BTreeSet::from([NodeId(7)])));
         // A relay never takes over: it has only what it received.
-        let mut relay = relay;
-        relay.siblings = vec![direct.clone()];
         assert!(!relay.takes_over(&txn(m, 6, &["t1"]), &BTreeSet::from([m])));
     }
 
@@ -741,17 +736,7 @@ mod tests {
     fn a_blind_relay_waits_until_the_origins_stream_has_decided() {
         // m sends t1 to s itself; p relays m's t2 to s and does not receive t1.
         let (m, s, p) = (NodeId(1), NodeId(2), NodeId(3));
-        let carrying = |sender: NodeId, table: &str| {
-            test_link(
-                sender,
-                s,
-                BTreeMap::from([((QualName::bare(table), m), Ident::unquoted("e"))]),
-            )
-        };
-        let mut direct = carrying(m, "t1");
-        let mut relay = carrying(p, "t2");
-        direct.siblings = vec![relay.clone()];
-        relay.siblings = vec![direct.clone()];
+        let (mut direct, mut relay) = demo_shape(m, s, p);
         let hw = BTreeMap::from([(m, 5)]);
         let decided = |seq| BTreeMap::from([(m, seq)]);
         // What the relay holds of m's seq 7 (seq 6, t1 only, never reached it).
@@ -766,8 +751,10 @@ mod tests {
         // other stream of m's carries it.
         assert!(direct.waits_for_sibling(&seen, &hw, &decided(0)));
         assert!(direct.decides_while_waiting(&seen));
-        let mut again = carrying(m, "t2");
-        again.receiver_store = Ident::unquoted("other_scheme");
+        // Another scheme's stream of m's that carries t2 to s: that one decides.
+        let mut again = relay.clone();
+        again.sender_node = m;
+        again.siblings.clear();
         direct.siblings.push(again);
         assert!(!direct.decides_while_waiting(&seen));
         assert!(!relay.decides_while_waiting(&seen));

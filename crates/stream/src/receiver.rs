@@ -202,6 +202,20 @@ impl ReceiverService {
         }
     }
 
+    /// An ack of what a stream from `sender` has applied (`marks`) through
+    /// `through_lsn`, outside the apply of a backlog.
+    fn ack(&self, marks: &Marks, through_lsn: u64, sender: NodeId) -> pb::ReceiverMessage {
+        pb::ReceiverMessage {
+            msg: Some(receiver_message::Msg::Ack(pb::Ack {
+                durable: to_pb(&marks.durable),
+                applied: to_pb(&marks.applied),
+                through_lsn,
+                decided: self.note_decided(sender, 0),
+                connected_senders: self.connected_senders(),
+            })),
+        }
+    }
+
     /// The sender nodes with a stream to this node now.
     fn connected_senders(&self) -> Vec<u64> {
         self.connected.lock().keys().map(|n| n.0).collect()
@@ -596,15 +610,7 @@ impl ReceiverService {
                         marks.durable = applied;
                         unacked_batches = 0;
                         unacked_bytes = 0;
-                        let ack = pb::ReceiverMessage {
-                            msg: Some(receiver_message::Msg::Ack(pb::Ack {
-                                durable: to_pb(&marks.durable),
-                                applied: to_pb(&marks.applied),
-                                through_lsn: last_through,
-                                decided: self.note_decided(accepted.sender_node, 0),
-                                connected_senders: self.connected_senders(),
-                            })),
-                        };
+                        let ack = self.ack(&marks, last_through, accepted.sender_node);
                         if out.send(Ok(ack)).await.is_err() {
                             break;
                         }
@@ -614,15 +620,7 @@ impl ReceiverService {
                         if let Ok(now) = self.db.high_waters() {
                             marks.refresh(&now);
                         }
-                        let ack = pb::ReceiverMessage {
-                            msg: Some(receiver_message::Msg::Ack(pb::Ack {
-                                durable: to_pb(&marks.durable),
-                                applied: to_pb(&marks.applied),
-                                through_lsn: last_through,
-                                decided: self.note_decided(accepted.sender_node, 0),
-                                connected_senders: self.connected_senders(),
-                            })),
-                        };
+                        let ack = self.ack(&marks, last_through, accepted.sender_node);
                         if out.send(Ok(ack)).await.is_err() {
                             break;
                         }

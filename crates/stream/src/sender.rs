@@ -1284,16 +1284,8 @@ impl Sender {
                     let position = reader
                         .unsent
                         .unwrap_or(Lsn(reader.cursor.0.saturating_sub(1)));
-                    self.send(
-                        tx,
-                        Vec::new(),
-                        position,
-                        None,
-                        true,
-                        in_flight,
-                        in_flight_bytes,
-                    )
-                    .await?;
+                    self.say_waiting(tx, position, in_flight, in_flight_bytes)
+                        .await?;
                     *last_sent = Instant::now();
                     reader.unsent = None;
                 }
@@ -1307,16 +1299,8 @@ impl Sender {
                 reader.unsent = Some(through);
                 if blocked && !was_blocked {
                     // Say so now (see above).
-                    self.send(
-                        tx,
-                        Vec::new(),
-                        through,
-                        None,
-                        true,
-                        in_flight,
-                        in_flight_bytes,
-                    )
-                    .await?;
+                    self.say_waiting(tx, through, in_flight, in_flight_bytes)
+                        .await?;
                     *last_sent = Instant::now();
                     reader.unsent = None;
                 }
@@ -1345,6 +1329,27 @@ impl Sender {
             }
         }
         Ok(())
+    }
+
+    /// Sends a record-less batch through `position` that says the stream waits for
+    /// another stream's transaction (`Batch.waiting`).
+    async fn say_waiting(
+        &self,
+        tx: &mpsc::Sender<pb::SenderMessage>,
+        position: Lsn,
+        in_flight: &mut VecDeque<InFlight>,
+        in_flight_bytes: &mut u64,
+    ) -> Result<(), StreamError> {
+        self.send(
+            tx,
+            Vec::new(),
+            position,
+            None,
+            true,
+            in_flight,
+            in_flight_bytes,
+        )
+        .await
     }
 
     /// Sends one batch of `wire` records, acknowledged up to `through`; `waiting`: the

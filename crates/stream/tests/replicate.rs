@@ -1322,6 +1322,123 @@ fn rows_of(db: &Database, table: &QualName) -> Result<Vec<Row>> {
     Ok(db.scan(table, KeyRange::all())?.collect::<Result<_, _>>()?)
 }
 
+/// The demo's shape in one process: the master (node 1) sends `tab` to s1 (node 2)
+/// itself and `other` through a propagator (node 3); every store has both tables.
+struct TwoPaths {
+    master: Database,
+    prop: Database,
+    sub: Database,
+    rp: Receiver,
+    rs: Receiver,
+    senders: Senders,
+    _epochs: watch::Sender<BTreeMap<Ident, Epoch>>,
+}
+
+impl TwoPaths {
+    /// The stores and receivers, s1's with `s1`.
+    async fn new(s1: ReceiverConfig) -> Result<TwoPaths> {
+        let (master, prop, sub) = (open(1).await?, open(3).await?, open(2).await?);
+        for db in [&master, &prop, &sub] {
+            db.create_table(TableDef {
+                name: other(),
+                ..tab_def()
+            })
+            .await?;
+        }
+        let view = epochs(1);
+        let rp = Receiver::start(&prop, "prop", view.subscribe(), None).await?;
+        let rs = Receiver::start_with(&sub, s1, view.subscribe(), None).await?;
+        Ok(TwoPaths {
+            master,
+            prop,
+            sub,
+            rp,
+            rs,
+            senders: Senders::default(),
+            _epochs: view,
+        })
+    }
+
+    /// Starts the master's stream to the propagator, carrying `tables`, and waits until
+    /// the propagator has the master's log.
+    async fn feed_propagator(&self, tables: &[QualName]) -> Result<SenderHandle> {
+        let config = LinkConfig {
+            tables: carried(tables),
+            ..link(1, "prop", 3, 1, Compression::None)
+        };
+        let handle = self.senders.spawn(config, &self.master, self.rp.endpoint());
+        caught_up(&handle, &self.master).await?;
+        Ok(handle)
+    }
+
+    /// The master's stream to s1 (`tab`) and the propagator's (`other`), each as
+    /// `adjust` makes it, then each the other's sibling.
+    fn streams(&self, adjust: impl Fn(LinkConfig) -> LinkConfig) -> (LinkConfig, LinkConfig) {
+        let to_s1 = || link(1, "s1", 2, 1, Compression::None);
+        let mut direct = adjust(LinkConfig {
+            tables: carried(&[tab()]),
+            ..to_s1()
+        });
+        let mut relay = adjust(LinkConfig {
+            sender_node: NodeId(3),
+            sender_store: id("prop"),
+            tables: carried(&[other()]),
+            ..to_s1()
+        });
+        direct.siblings = vec![relay.clone()];
+        relay.siblings = vec![direct.clone()];
+        (direct, relay)
+    }
+
+    /// s1's tables equal the master's.
+    fn assert_equal(&self) -> Result<()> {
+        for table in [tab(), other()] {
+            assert_eq!(rows_of(&self.sub, &table)?, rows_of(&self.master, &table)?);
+        }
+        Ok(())
+    }
+
+    /// Starts the master's stream `direct`, waits until s1 has the master's log by it
+    /// and through seq `last` by `relay`, checks that s1's tables are the master's, with
+    /// `rows` rows of `tab` and of `other`, and stops.
+    async fn finish(
+        self,
+        direct: LinkConfig,
+        relay: &SenderHandle,
+        last: u64,
+        rows: (usize, usize),
+    ) -> Result<()> {
+        let direct = self.senders.spawn(direct, &self.master, self.rs.endpoint());
+        caught_up(&direct, &self.master).await?;
+        wait_status(relay, "s1 to have the master's last by the relay", |s| {
+            s.acked_applied.get(&NodeId(1)).copied().unwrap_or(0) >= last
+        })
+        .await?;
+        self.assert_equal()?;
+        let counts = (
+            rows_of(&self.sub, &tab())?.len(),
+            rows_of(&self.sub, &other())?.len(),
+        );
+        assert_eq!(counts, rows);
+        self.stop().await;
+        Ok(())
+    }
+
+    async fn stop(self) {
+        self.senders.stop().await;
+        self.rs.stop().await;
+        self.rp.stop().await;
+    }
+}
+
+/// The master's (node 1) `tables`, by element e.
+fn carried(tables: &[QualName]) -> BTreeMap<(QualName, NodeId), Ident> {
+    tables
+        .iter()
+        .map(|t| ((t.clone(), NodeId(1)), id("e")))
+        .collect()
+}
+
 /// The demo's shape: the master (node 1) sends `tab` to s1 (node 2) itself and `other`
 /// through a propagator (node 3). A transaction writing both tables is split between
 /// the two streams; the receiver keeps one high-water per origin, so the part that
@@ -1330,51 +1447,22 @@ fn rows_of(db: &Database, table: &QualName) -> Result<Vec<Row>> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_transaction_split_between_the_masters_stream_and_a_propagators_arrives_whole(
 ) -> Result<()> {
-    let (master, prop, sub) = (open(1).await?, open(3).await?, open(2).await?);
-    for db in [&master, &prop, &sub] {
-        db.create_table(TableDef {
-            name: other(),
-            ..tab_def()
-        })
-        .await?;
-    }
-    let view = epochs(1);
-    let rp = Receiver::start(&prop, "prop", view.subscribe(), None).await?;
-    let rs = Receiver::start(&sub, "s1", view.subscribe(), None).await?;
-    let carrying = |config: LinkConfig, tables: &[QualName]| LinkConfig {
-        tables: tables
-            .iter()
-            .map(|t| ((t.clone(), NodeId(1)), id("e")))
-            .collect(),
-        ..config
-    };
-    let to_prop = carrying(link(1, "prop", 3, 1, Compression::None), &[tab(), other()]);
-    let mut direct = carrying(link(1, "s1", 2, 1, Compression::None), &[tab()]);
-    let mut relay = carrying(
-        LinkConfig {
-            sender_node: NodeId(3),
-            sender_store: id("prop"),
-            ..link(1, "s1", 2, 1, Compression::None)
-        },
-        &[other()],
-    );
-    direct.siblings = vec![relay.clone()];
-    relay.siblings = vec![direct.clone()];
+    let two = TwoPaths::new(ReceiverConfig::new(id("s1"))).await?;
+    let (master, prop, sub) = (&two.master, &two.prop, &two.sub);
+    let (direct, relay) = two.streams(|c| c);
 
     // After the master's two CREATE TABLEs: `other` only (the relay's), both tables
     // (split), `tab` only (the master's own stream's), `other` only.
     let first = master.high_water(NodeId(1))? + 1;
-    write_in(&master, &[other()], 1).await?;
-    write_in(&master, &[tab(), other()], 2).await?;
-    write_in(&master, &[tab()], 3).await?;
-    write_in(&master, &[other()], 4).await?;
-    let senders = Senders::default();
-    let to_prop = senders.spawn(to_prop, &master, rp.endpoint());
-    caught_up(&to_prop, &master).await?;
+    write_in(master, &[other()], 1).await?;
+    write_in(master, &[tab(), other()], 2).await?;
+    write_in(master, &[tab()], 3).await?;
+    write_in(master, &[other()], 4).await?;
+    two.feed_propagator(&[tab(), other()]).await?;
 
     // The relay comes up first: it delivers the first and stops before the split one,
     // which the master's stream carries whole.
-    let from_prop = senders.spawn(relay, &prop, rs.endpoint());
+    let from_prop = two.senders.spawn(relay, prop, two.rs.endpoint());
     wait_status(
         &from_prop,
         "s1 to get the first through the propagator",
@@ -1386,20 +1474,7 @@ async fn a_transaction_split_between_the_masters_stream_and_a_propagators_arrive
         first,
         "the propagator went past the split transaction"
     );
-    let direct = senders.spawn(direct, &master, rs.endpoint());
-    caught_up(&direct, &master).await?;
-    wait_status(&from_prop, "the propagator to see s1 caught up", |s| {
-        s.acked_applied.get(&NodeId(1)).copied().unwrap_or(0) >= first + 3
-    })
-    .await?;
-    assert_eq!(rows_of(&sub, &tab())?, rows_of(&master, &tab())?);
-    assert_eq!(rows_of(&sub, &other())?, rows_of(&master, &other())?);
-    assert_eq!(rows_of(&sub, &tab())?.len(), 2);
-    assert_eq!(rows_of(&sub, &other())?.len(), 3);
-    senders.stop().await;
-    rs.stop().await;
-    rp.stop().await;
-    Ok(())
+    two.finish(direct, &from_prop, first + 3, (2, 3)).await
 }
 
 /// The propagator is blind: the master (node 1) sends `tab` to s1 (node 2) itself and
@@ -1411,55 +1486,28 @@ async fn a_transaction_split_between_the_masters_stream_and_a_propagators_arrive
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_propagator_that_cannot_see_the_masters_other_transactions_waits_for_its_stream(
 ) -> Result<()> {
-    let (master, prop, sub) = (open(1).await?, open(3).await?, open(2).await?);
-    for db in [&master, &prop, &sub] {
-        db.create_table(TableDef {
-            name: other(),
-            ..tab_def()
-        })
-        .await?;
-    }
-    let view = epochs(1);
-    let rp = Receiver::start(&prop, "prop", view.subscribe(), None).await?;
-    let rs = Receiver::start(&sub, "s1", view.subscribe(), None).await?;
-    let carrying = |config: LinkConfig, tables: &[QualName]| LinkConfig {
-        tables: tables
-            .iter()
-            .map(|t| ((t.clone(), NodeId(1)), id("e")))
-            .collect(),
-        ..config
-    };
-    let to_prop = carrying(link(1, "prop", 3, 1, Compression::None), &[other()]);
-    let mut direct = carrying(link(1, "s1", 2, 1, Compression::None), &[tab()]);
-    let mut relay = carrying(
-        LinkConfig {
-            sender_node: NodeId(3),
-            sender_store: id("prop"),
-            returns_wait: false,
-            ..link(1, "s1", 2, 1, Compression::None)
-        },
-        &[other()],
-    );
-    direct.siblings = vec![relay.clone()];
-    relay.siblings = vec![direct.clone()];
+    let two = TwoPaths::new(ReceiverConfig::new(id("s1"))).await?;
+    let (master, prop, sub) = (&two.master, &two.prop, &two.sub);
+    let (direct, mut relay) = two.streams(|c| LinkConfig {
+        returns_wait: false,
+        ..c
+    });
     relay.blind = [NodeId(1)].into();
 
     // `tab`, `other`, `other`, `tab`, `other`: the propagator gets the second, third and
     // fifth only.
     let first = master.high_water(NodeId(1))? + 1;
     for (k, table) in [tab(), other(), other(), tab(), other()].iter().enumerate() {
-        write_in(&master, std::slice::from_ref(table), k as i64).await?;
+        write_in(master, std::slice::from_ref(table), k as i64).await?;
     }
-    let senders = Senders::default();
-    let to_prop = senders.spawn(to_prop, &master, rp.endpoint());
-    caught_up(&to_prop, &master).await?;
-    assert_eq!(records_from(&prop, NodeId(1))?, 3);
+    two.feed_propagator(&[other()]).await?;
+    assert_eq!(records_from(prop, NodeId(1))?, 3);
 
     // The relay comes up first and must not deliver anything of the master's: the
     // master's stream has not decided about the first `tab` transaction.
     // Its log: its own two CREATE TABLEs, then the master's three.
     let before_masters = Lsn(prop.last_lsn().0 - 3);
-    let from_prop = senders.spawn(relay, &prop, rs.endpoint());
+    let from_prop = two.senders.spawn(relay, prop, two.rs.endpoint());
     wait_status(&from_prop, "s1 to answer the propagator", |s| {
         s.acked_lsn >= before_masters
     })
@@ -1469,20 +1517,7 @@ async fn a_propagator_that_cannot_see_the_masters_other_transactions_waits_for_i
         0,
         "the propagator relayed before the master's stream decided"
     );
-    let direct = senders.spawn(direct, &master, rs.endpoint());
-    caught_up(&direct, &master).await?;
-    wait_status(&from_prop, "s1 to have the master's last", |s| {
-        s.acked_applied.get(&NodeId(1)).copied().unwrap_or(0) >= first + 4
-    })
-    .await?;
-    assert_eq!(rows_of(&sub, &tab())?, rows_of(&master, &tab())?);
-    assert_eq!(rows_of(&sub, &other())?, rows_of(&master, &other())?);
-    assert_eq!(rows_of(&sub, &tab())?.len(), 2);
-    assert_eq!(rows_of(&sub, &other())?.len(), 3);
-    senders.stop().await;
-    rs.stop().await;
-    rp.stop().await;
-    Ok(())
+    two.finish(direct, &from_prop, first + 4, (2, 3)).await
 }
 
 /// Two streams to one receiver that take turns (the master's `tab`, the propagator's
@@ -1492,20 +1527,6 @@ async fn a_propagator_that_cannot_see_the_masters_other_transactions_waits_for_i
 /// receiver and no commit waking the senders, nothing else could move them on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn streams_taking_turns_at_one_receiver_hand_over_without_polling() -> Result<()> {
-    let (master, prop, sub) = (open(1).await?, open(3).await?, open(2).await?);
-    for db in [&master, &prop, &sub] {
-        db.create_table(TableDef {
-            name: other(),
-            ..tab_def()
-        })
-        .await?;
-    }
-    for k in 0..20 {
-        let table = if k % 2 == 0 { other() } else { tab() };
-        write_in(&master, &[table], k).await?;
-    }
-    let view = epochs(1);
-    let rp = Receiver::start(&prop, "prop", view.subscribe(), None).await?;
     // No heartbeat from s1 either (its heartbeats refresh the marks a lazy ack
     // reports): the senders hear from it only when it acks.
     let never = Duration::from_secs(3600);
@@ -1513,40 +1534,25 @@ async fn streams_taking_turns_at_one_receiver_hand_over_without_polling() -> Res
         heartbeat: never,
         ..ReceiverConfig::new(id("s1"))
     };
-    let rs = Receiver::start_with(&sub, quiet, view.subscribe(), None).await?;
-    let senders = Senders::default();
-    let to_prop = LinkConfig {
-        tables: [tab(), other()]
-            .into_iter()
-            .map(|t| ((t, NodeId(1)), id("e")))
-            .collect(),
-        ..link(1, "prop", 3, 1, Compression::None)
-    };
-    let to_prop = senders.spawn(to_prop, &master, rp.endpoint());
-    caught_up(&to_prop, &master).await?;
-
-    let lazy_carrying = |sender: u64, store: &str, table: QualName| {
-        let base = link(1, "s1", 2, 1, Compression::None);
-        LinkConfig {
-            sender_node: NodeId(sender),
-            sender_store: id(store),
-            tables: BTreeMap::from([((table, NodeId(1)), id("e"))]),
-            returns_wait: false,
-            tuning: SenderTuning {
-                poll_interval: never,
-                position_every: never,
-                peer_timeout: never,
-                ..base.tuning.clone()
-            },
-            ..base
-        }
-    };
-    let mut direct = lazy_carrying(1, "master", tab());
-    let mut relay = lazy_carrying(3, "prop", other());
-    direct.siblings = vec![relay.clone()];
-    relay.siblings = vec![direct.clone()];
-    let direct = senders.spawn(direct, &master, rs.endpoint());
-    let relay = senders.spawn(relay, &prop, rs.endpoint());
+    let two = TwoPaths::new(quiet).await?;
+    let (master, prop, sub) = (&two.master, &two.prop, &two.sub);
+    for k in 0..20 {
+        let table = if k % 2 == 0 { other() } else { tab() };
+        write_in(master, &[table], k).await?;
+    }
+    two.feed_propagator(&[tab(), other()]).await?;
+    let (direct, relay) = two.streams(|c| LinkConfig {
+        returns_wait: false,
+        tuning: SenderTuning {
+            poll_interval: never,
+            position_every: never,
+            peer_timeout: never,
+            ..c.tuning.clone()
+        },
+        ..c
+    });
+    let direct = two.senders.spawn(direct, master, two.rs.endpoint());
+    let relay = two.senders.spawn(relay, prop, two.rs.endpoint());
     let last = master.high_water(NodeId(1))?;
     for (handle, name) in [(&direct, "the master's stream"), (&relay, "the relay")] {
         wait_status(handle, name, |s| {
@@ -1554,12 +1560,9 @@ async fn streams_taking_turns_at_one_receiver_hand_over_without_polling() -> Res
         })
         .await?;
     }
-    assert_eq!(rows_of(&sub, &tab())?, rows_of(&master, &tab())?);
-    assert_eq!(rows_of(&sub, &other())?, rows_of(&master, &other())?);
-    assert_eq!(rows_of(&sub, &other())?.len(), 10);
-    senders.stop().await;
-    rs.stop().await;
-    rp.stop().await;
+    two.assert_equal()?;
+    assert_eq!(rows_of(sub, &other())?.len(), 10);
+    two.stop().await;
     Ok(())
 }
 
@@ -1569,59 +1572,29 @@ async fn streams_taking_turns_at_one_receiver_hand_over_without_polling() -> Res
 /// tables; the propagator, back, finds everything there and sends nothing again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_masters_stream_takes_over_what_an_absent_propagator_would_relay() -> Result<()> {
-    let (master, prop, sub) = (open(1).await?, open(3).await?, open(2).await?);
-    for db in [&master, &prop, &sub] {
-        db.create_table(TableDef {
-            name: other(),
-            ..tab_def()
-        })
-        .await?;
-    }
+    let two = TwoPaths::new(ReceiverConfig::new(id("s1"))).await?;
+    let (master, prop, sub) = (&two.master, &two.prop, &two.sub);
     for k in 0..10 {
         let table = if k % 2 == 0 { other() } else { tab() };
-        write_in(&master, &[table], k).await?;
+        write_in(master, &[table], k).await?;
     }
-    write_in(&master, &[tab(), other()], 10).await?;
-    let view = epochs(1);
-    let rp = Receiver::start(&prop, "prop", view.subscribe(), None).await?;
-    let rs = Receiver::start(&sub, "s1", view.subscribe(), None).await?;
-    let senders = Senders::default();
-    let to_prop = LinkConfig {
-        tables: [tab(), other()]
-            .into_iter()
-            .map(|t| ((t, NodeId(1)), id("e")))
-            .collect(),
-        ..link(1, "prop", 3, 1, Compression::None)
-    };
-    let to_prop = senders.spawn(to_prop, &master, rp.endpoint());
-    caught_up(&to_prop, &master).await?;
-
-    let carrying = |sender: u64, store: &str, table: QualName| {
-        let base = link(1, "s1", 2, 1, Compression::None);
-        LinkConfig {
-            sender_node: NodeId(sender),
-            sender_store: id(store),
-            tables: BTreeMap::from([((table, NodeId(1)), id("e"))]),
-            tuning: SenderTuning {
-                takeover_after: Duration::from_millis(200),
-                ..base.tuning.clone()
-            },
-            ..base
-        }
-    };
-    let mut direct = carrying(1, "master", tab());
-    let mut relay = carrying(3, "prop", other());
-    direct.siblings = vec![relay.clone()];
-    relay.siblings = vec![direct.clone()];
+    write_in(master, &[tab(), other()], 10).await?;
+    let to_prop = two.feed_propagator(&[tab(), other()]).await?;
+    let (direct, relay) = two.streams(|c| LinkConfig {
+        tuning: SenderTuning {
+            takeover_after: Duration::from_millis(200),
+            ..c.tuning.clone()
+        },
+        ..c
+    });
     // The propagator's stream is not up: the master's carries everything.
-    let direct = senders.spawn(direct, &master, rs.endpoint());
-    caught_up(&direct, &master).await?;
-    assert_eq!(rows_of(&sub, &tab())?, rows_of(&master, &tab())?);
-    assert_eq!(rows_of(&sub, &other())?, rows_of(&master, &other())?);
-    assert_eq!(rows_of(&sub, &other())?.len(), 6);
+    let direct = two.senders.spawn(direct, master, two.rs.endpoint());
+    caught_up(&direct, master).await?;
+    two.assert_equal()?;
+    assert_eq!(rows_of(sub, &other())?.len(), 6);
 
     // Back, the propagator has nothing to send.
-    let relay = senders.spawn(relay, &prop, rs.endpoint());
+    let relay = two.senders.spawn(relay, prop, two.rs.endpoint());
     let last = master.high_water(NodeId(1))?;
     let st = wait_status(&relay, "the propagator to see s1 caught up", |s| {
         s.acked_applied.get(&NodeId(1)).copied().unwrap_or(0) >= last
@@ -1630,18 +1603,16 @@ async fn the_masters_stream_takes_over_what_an_absent_propagator_would_relay() -
     .await?;
     assert_eq!(st.transactions_sent, 0, "{st:?}");
     // And from now on the two streams share the work again.
-    write_in(&master, &[other()], 20).await?;
-    write_in(&master, &[tab()], 21).await?;
-    caught_up(&to_prop, &master).await?;
-    caught_up(&direct, &master).await?;
+    write_in(master, &[other()], 20).await?;
+    write_in(master, &[tab()], 21).await?;
+    caught_up(&to_prop, master).await?;
+    caught_up(&direct, master).await?;
     let st = wait_status(&relay, "the propagator to relay the new row", |s| {
         s.transactions_sent >= 1
     })
     .await?;
     assert_eq!(st.transactions_sent, 1, "{st:?}");
-    assert_eq!(rows_of(&sub, &other())?, rows_of(&master, &other())?);
-    senders.stop().await;
-    rs.stop().await;
-    rp.stop().await;
+    two.assert_equal()?;
+    two.stop().await;
     Ok(())
 }
