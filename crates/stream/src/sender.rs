@@ -379,10 +379,11 @@ struct Reader {
     cursor: Lsn,
     /// The end of log passed but not sent: records this receiver gets nothing of.
     unsent: Option<Lsn>,
-    /// Records read from `cursor` on and not passed yet. A stream that stops before
-    /// another stream's transaction keeps them for its next turn rather than reading
-    /// them again (which, behind the store's in-memory tail, decodes them again: with
-    /// turns every few transactions, hundreds of decodes per transaction shipped).
+    /// Records read from `cursor` on and not passed yet (at most a batch's worth),
+    /// topped up from the log as it grows. A stream that stops before another stream's
+    /// transaction keeps them for its next turn rather than reading them again (which,
+    /// behind the store's in-memory tail, decodes them again: with turns every few
+    /// transactions, hundreds of decodes per transaction shipped).
     ahead: VecDeque<Arc<LogRecord>>,
     /// The record the stream stopped before, for another stream's transaction.
     blocked_at: Option<Arc<LogRecord>>,
@@ -1144,15 +1145,16 @@ impl Sender {
             // engine read, no decoding); one that is behind reads the engine. What was
             // read and not passed yet is kept (`Reader::ahead`).
             let last_lsn = self.db.last_lsn();
-            if reader.ahead.is_empty() && last_lsn >= reader.cursor {
-                let cursor = reader.cursor;
-                let available = usize::try_from(last_lsn.0 - cursor.0 + 1).unwrap_or(usize::MAX);
-                let limit = available.min(tuning.max_batch_records);
-                match self.db.log_tail(cursor, limit) {
+            let next = reader.ahead.back().map_or(reader.cursor, |r| r.lsn.next());
+            let room = tuning.max_batch_records.saturating_sub(reader.ahead.len());
+            if last_lsn >= next && room > 0 {
+                let available = usize::try_from(last_lsn.0 - next.0 + 1).unwrap_or(usize::MAX);
+                let limit = available.min(room);
+                match self.db.log_tail(next, limit) {
                     Some(records) => reader.ahead.extend(records),
                     None => reader
                         .ahead
-                        .extend(self.db.log_range(cursor, limit)?.into_iter().map(Arc::new)),
+                        .extend(self.db.log_range(next, limit)?.into_iter().map(Arc::new)),
                 }
             }
             if reader.ahead.is_empty() {
