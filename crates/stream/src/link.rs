@@ -14,7 +14,7 @@ use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use hawser_core::{Epoch, Ident, NodeId, QualName, RowChange, TableDef};
+use hawser_core::{Epoch, Ident, NodeId, QualName, RowChange, TableDef, Transaction};
 use hawser_scheme::ast::{ReturnService, TableDefinitionChecking};
 use hawser_scheme::route::Link;
 use hawser_store::{DdlOp, LogEntry};
@@ -374,15 +374,9 @@ impl LinkConfig {
         {
             return self.filter_ref(entry, high_water);
         }
-        let keep = |c: &RowChange| {
+        kept(entry, t, |c| {
             self.carries_table(&c.table, gtid.origin) || self.sibling_carries(&c.table, gtid.origin)
-        };
-        if t.changes.iter().all(keep) {
-            return Some(Cow::Borrowed(entry));
-        }
-        let mut t = t.clone();
-        t.changes.retain(keep);
-        (!t.changes.is_empty()).then_some(Cow::Owned(LogEntry::Txn(t)))
+        })
     }
 
     /// [`LinkConfig::filter`] on a borrowed entry: the entry itself when all of it goes
@@ -417,16 +411,10 @@ impl LinkConfig {
                     // then leaves it: `waits_for_sibling`). A relay has only what it
                     // received, so it ships its own part only.
                     let whole = origin == self.sender_node;
-                    let keep = |c: &RowChange| {
+                    kept(entry, t, |c| {
                         self.carries_table(&c.table, origin)
                             || (whole && self.sibling_carries(&c.table, origin))
-                    };
-                    if t.changes.iter().all(keep) {
-                        return Some(Cow::Borrowed(entry));
-                    }
-                    let mut t = t.clone();
-                    t.changes.retain(keep);
-                    Some(Cow::Owned(LogEntry::Txn(t)))
+                    })
                 }
             }
             // A table's DDL goes where its rows go (EXCLUDEd tables stay home); a
@@ -434,6 +422,21 @@ impl LinkConfig {
             other => self.carries(other).then_some(Cow::Borrowed(other)),
         }
     }
+}
+
+/// The changes of transaction `t` (which is `entry`) that `keep` keeps: `entry` itself
+/// when all are kept (no copy), a copy with the kept ones when some are, `None` when none.
+fn kept<'a>(
+    entry: &'a LogEntry,
+    t: &Transaction,
+    keep: impl Fn(&RowChange) -> bool,
+) -> Option<Cow<'a, LogEntry>> {
+    if t.changes.iter().all(&keep) {
+        return Some(Cow::Borrowed(entry));
+    }
+    let mut t = t.clone();
+    t.changes.retain(|c| keep(c));
+    (!t.changes.is_empty()).then_some(Cow::Owned(LogEntry::Txn(t)))
 }
 
 /// Why a sender's table definition does not fit the receiver's.
