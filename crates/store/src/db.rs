@@ -278,7 +278,7 @@ pub(crate) struct Inner {
     /// the commit state's `last_seq`). Changed under the commit mutex with the batch
     /// that writes the origin's log record; derived from the log at open (see
     /// [`Database::open`]).
-    marks: RwLock<BTreeMap<NodeId, u64>>,
+    pub(crate) marks: RwLock<BTreeMap<NodeId, u64>>,
     /// The newest log records, decoded, for senders that keep up ([`Database::log_tail`]):
     /// appended under the commit mutex once their batch is applied, at most
     /// [`TAIL_RECORDS`] of them.
@@ -320,6 +320,10 @@ pub(crate) struct Inner {
     /// ([`Database::check_receiver_ahead`]), by store name; written through to
     /// [`layout::AHEAD_KEY`].
     ahead: Mutex<BTreeMap<String, Diverged>>,
+    /// Per origin, the seq through which replicated transactions are applied in log
+    /// order, never compiled: what a duplicate's copy may already reflect in part
+    /// ([`Database::in_order_through`]); written through to [`layout::COPY_ORDER_KEY`].
+    pub(crate) in_order: RwLock<BTreeMap<NodeId, u64>>,
     /// Why this node takes no commits of its own now ([`Database::pause_writes`]).
     paused: RwLock<Option<String>>,
     /// The free-space floor of a store on disk ([`crate::space`]).
@@ -512,6 +516,10 @@ impl Database {
             Some(v) => crate::restart::decode_ahead(layout::AHEAD_KEY, &v)?,
             None => BTreeMap::new(),
         };
+        let in_order = match engine.get(layout::COPY_ORDER_KEY)? {
+            Some(v) => layout::decode_marks(layout::COPY_ORDER_KEY, &v)?,
+            None => BTreeMap::new(),
+        };
         let machine_restarted = boot.restarted;
         tracing::info!(
             node = %opts.node_id,
@@ -558,6 +566,7 @@ impl Database {
             machine_restarted,
             restart: Mutex::new(restart),
             ahead: Mutex::new(ahead),
+            in_order: RwLock::new(in_order),
             paused: RwLock::new(None),
             space: std::sync::OnceLock::new(),
             counters: Counters::default(),

@@ -5,6 +5,9 @@
 //! M "next_table_id"              → u64 BE, the next table id to assign
 //! M "boot_id"                    → the boot id of the machine it was last opened on
 //! M "restart"                    → the last machine restart's point (db::RestartPoint)
+//! M "ahead"                      → receivers found holding more of this origin than it has
+//! M "copy_in_order"              → per origin, the seq through which replicated
+//!                                  transactions apply in log order after a duplicate
 //! T <table id u64 BE>            → catalog entry of a table (id, version, definition)
 //! S <encode_key(owner, name)>    → sequence definition and restart point
 //! R <table id u64 BE> <encode_key(pk)> → row
@@ -22,6 +25,7 @@
 
 use hawser_core::key::{encode_key, prefix_successor};
 use hawser_core::{Lsn, NodeId, QualName, Value};
+use std::collections::BTreeMap;
 use std::ops::Bound;
 
 use crate::engine::ByteRange;
@@ -37,6 +41,9 @@ pub(crate) const RESTART_KEY: &[u8] = b"Mrestart";
 /// Receivers found holding more of this node's origin than it had committed
 /// ([`crate::Database::check_receiver_ahead`]).
 pub(crate) const AHEAD_KEY: &[u8] = b"Mahead";
+/// Per origin, the seq through which replicated transactions are applied in log order
+/// after a duplicate (`crate::Database::in_order_through`): pairs of u64 BE.
+pub(crate) const COPY_ORDER_KEY: &[u8] = b"Mcopy_in_order";
 pub(crate) const TABLE_PREFIX: u8 = b'T';
 pub(crate) const SEQUENCE_PREFIX: u8 = b'S';
 pub(crate) const ROW_PREFIX: u8 = b'R';
@@ -103,6 +110,29 @@ pub(crate) fn high_water_value(seq: u64, commit_micros: i64) -> Vec<u8> {
     let mut v = seq.to_be_bytes().to_vec();
     v.extend_from_slice(&commit_micros.to_be_bytes());
     v
+}
+
+/// A map of origin → seq as pairs of big-endian u64s.
+pub(crate) fn encode_marks(marks: &BTreeMap<NodeId, u64>) -> Vec<u8> {
+    let mut v = Vec::with_capacity(marks.len() * 16);
+    for (origin, seq) in marks {
+        v.extend_from_slice(&origin.0.to_be_bytes());
+        v.extend_from_slice(&seq.to_be_bytes());
+    }
+    v
+}
+
+/// Reads what [`encode_marks`] wrote.
+pub(crate) fn decode_marks(key: &[u8], v: &[u8]) -> Result<BTreeMap<NodeId, u64>, StoreError> {
+    if !v.len().is_multiple_of(16) {
+        return Err(StoreError::corrupt(key, "malformed origin marks"));
+    }
+    Ok(v.chunks_exact(16)
+        .map(|c| {
+            let word = |b: &[u8]| u64::from_be_bytes(<[u8; 8]>::try_from(b).expect("eight bytes"));
+            (NodeId(word(&c[..8])), word(&c[8..]))
+        })
+        .collect())
 }
 
 /// Reads an `H` key's value: the seq, and the commit time where the value has one

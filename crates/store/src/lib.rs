@@ -26,6 +26,7 @@
 
 pub mod apply;
 mod codec;
+pub mod copy;
 pub mod db;
 pub mod engine;
 pub mod error;
@@ -40,6 +41,7 @@ pub mod txn;
 mod wal;
 
 pub use apply::{ApplyInfo, ReplicatedTxn};
+pub use copy::CopyPoint;
 pub use db::{CommitInfo, Database, DbOptions, KeyRange, RowIter, StoreStats};
 pub use engine::{ByteRange, KvEngine, KvIter, MemEngine, SledEngine, WriteBatch};
 pub use error::StoreError;

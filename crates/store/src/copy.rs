@@ -1,0 +1,199 @@
+//! Whole-table copies for a duplicate (`hawser duplicate`, docs/stream.md, "Duplicate").
+//!
+//! ```text
+//!  source:  copy_point() ─► (last LSN, marks) ─► copy_scan(table) … rows as committed
+//!  target:  copy_clear(table) ─► copy_put(table, rows) … ─► copy_marks(point's marks)
+//! ```
+//!
+//! The source copies without stopping its commits: it reads the point first and the
+//! rows after, so every row reflects at least the point, and a row may reflect later
+//! commits too. Its stream then resumes from the point; the receiver applies what
+//! follows with the DB2 exception rules (an insert of a present key updates, an update
+//! of a missing row inserts its after-image, a delete of a missing row does nothing)
+//! and full images, so replaying commits the copy already reflects converges on the
+//! source's rows. The target writes without log records: what it copies is another
+//! node's history, which it must not ship on as its own.
+
+use std::collections::BTreeMap;
+
+use hawser_core::key::encode_key;
+use hawser_core::{Lsn, NodeId, QualName, Row};
+
+use crate::db::{decode_stored_row, validate_row, Database};
+use crate::engine::WriteBatch;
+use crate::error::StoreError;
+use crate::layout;
+
+/// Rows deleted or written per engine batch.
+const BATCH_ROWS: usize = 1024;
+
+/// Where a copy starts: the source's last LSN and its high-water marks (its own last
+/// seq included), read before any row.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CopyPoint {
+    pub lsn: Lsn,
+    pub marks: BTreeMap<NodeId, u64>,
+}
+
+impl Database {
+    /// The point a copy starts from: every commit at or below it is in the marks and
+    /// visible to a scan that starts afterwards; a later one may be visible too, and
+    /// its log record comes after `lsn`.
+    pub fn copy_point(&self) -> Result<CopyPoint, StoreError> {
+        let lsn = self.last_lsn();
+        let marks = self.high_waters()?;
+        Ok(CopyPoint { lsn, marks })
+    }
+
+    /// A table's committed rows in key order, read from the engine: rows a RETURN
+    /// TWOSAFE commit still hides from readers count too (the copy point covers their
+    /// commit).
+    pub fn copy_scan(
+        &self,
+        table: &QualName,
+    ) -> Result<impl Iterator<Item = Result<Row, StoreError>>, StoreError> {
+        let t = self.table_ref(table)?;
+        let def = t.def.clone();
+        let rows = self
+            .inner
+            .engine
+            .scan(layout::prefix_range(&layout::row_prefix(t.id)), false);
+        Ok(rows.map(move |kv| kv.and_then(|(k, v)| decode_stored_row(&def, &k, &v))))
+    }
+
+    /// Deletes every row of `table` (a duplicate's target, before the copied rows).
+    /// Returns how many went. Not atomic: a crash leaves some, and the duplicate is run
+    /// again.
+    pub async fn copy_clear(&self, table: &QualName) -> Result<u64, StoreError> {
+        let t = self.table_ref(table)?;
+        let _serial = self.inner.apply_lock.lock().await;
+        let range = layout::prefix_range(&layout::row_prefix(t.id));
+        let mut deleted = 0u64;
+        loop {
+            let mut batch = WriteBatch::new();
+            for kv in self
+                .inner
+                .engine
+                .scan(range.clone(), false)
+                .take(BATCH_ROWS)
+            {
+                let (k, _) = kv?;
+                batch.delete(k);
+            }
+            if batch.is_empty() {
+                return Ok(deleted);
+            }
+            deleted += batch.len() as u64;
+            self.inner.engine.apply(batch)?;
+        }
+    }
+
+    /// Writes copied rows into `table` (validated against its definition here) without
+    /// a log record.
+    pub async fn copy_put(&self, table: &QualName, rows: Vec<Row>) -> Result<(), StoreError> {
+        let t = self.table_ref(table)?;
+        let mut checked = Vec::with_capacity(rows.len());
+        for row in rows {
+            let row = validate_row(&t.def, row)?;
+            let key = layout::row_key(t.id, &encode_key(&t.def.key_of(&row)));
+            checked.push((key, crate::codec::encode_row(&row)));
+        }
+        let _serial = self.inner.apply_lock.lock().await;
+        for chunk in checked.chunks(BATCH_ROWS) {
+            let mut batch = WriteBatch::new();
+            for (k, v) in chunk {
+                batch.put(k.clone(), v.clone());
+            }
+            self.inner.engine.apply(batch)?;
+        }
+        self.inner.count_rows_written(checked.len() as u64);
+        Ok(())
+    }
+
+    /// Ends a copy: raises this node's high-water marks of other origins to the copy
+    /// point's (`start`; this node's own origin is left alone), and has transactions
+    /// through `end` — the source's marks once it had read every row — applied in log
+    /// order, never compiled. Everything is made durable; the marks go to the `H` keys
+    /// and the order to [`layout::COPY_ORDER_KEY`], which opening reads.
+    ///
+    /// A row copied may reflect commits after `start`: they come again from the
+    /// stream, and applied in log order with the DB2 rules and full images they
+    /// converge on the source's rows. A compiled run would not: its insert + delete of
+    /// a key is nothing, which leaves a row copied between the two (docs/rtl.md, "Apply
+    /// semantics and the one divergence"). Past `end` the rows are exactly the
+    /// source's, and compiling is safe again. A mark already higher stays (the stream
+    /// re-sends what it carries from the point on, and the receiver skips what it has).
+    pub async fn copy_marks(
+        &self,
+        start: &BTreeMap<NodeId, u64>,
+        end: &BTreeMap<NodeId, u64>,
+    ) -> Result<(), StoreError> {
+        let _serial = self.inner.apply_lock.lock().await;
+        let own = self.node_id();
+        let mut batch = WriteBatch::new();
+        let mut raised = Vec::new();
+        for (&origin, &seq) in start {
+            if origin == own || seq <= self.inner.mark(origin) {
+                continue;
+            }
+            let key = layout::high_water_key(origin);
+            let kept = match self.inner.engine.get(&key)? {
+                Some(v) => layout::decode_high_water(&key, &v)?.0,
+                None => 0,
+            };
+            if seq > kept {
+                batch.put(key, layout::high_water_value(seq, 0));
+            }
+            raised.push((origin, seq));
+        }
+        let mut in_order = self.inner.in_order.read().clone();
+        for (&origin, &seq) in end {
+            if origin != own {
+                let e = in_order.entry(origin).or_insert(0);
+                *e = (*e).max(seq);
+            }
+        }
+        batch.put(
+            layout::COPY_ORDER_KEY.to_vec(),
+            layout::encode_marks(&in_order),
+        );
+        self.inner.engine.apply(batch)?;
+        self.inner.engine.flush()?;
+        *self.inner.in_order.write() = in_order;
+        let mut current = self.inner.marks.write();
+        for (origin, seq) in raised {
+            let m = current.entry(origin).or_insert(0);
+            *m = (*m).max(seq);
+        }
+        Ok(())
+    }
+
+    /// The seq of `origin` through which replicated transactions must be applied in
+    /// log order (0: none); see [`Database::copy_marks`].
+    pub fn in_order_through(&self, origin: NodeId) -> u64 {
+        self.inner
+            .in_order
+            .read()
+            .get(&origin)
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// Per origin, the highest seq of the log released so far (the `H` keys): a
+    /// receiver whose marks reach these lacks nothing the released log held.
+    pub fn released_marks(&self) -> Result<BTreeMap<NodeId, u64>, StoreError> {
+        let mut out = BTreeMap::new();
+        for kv in self
+            .inner
+            .engine
+            .scan(layout::prefix_range(&[layout::HIGH_WATER_PREFIX]), false)
+        {
+            let (k, v) = kv?;
+            let Some(origin) = layout::suffix_u64(&k).filter(|_| k.len() == 9) else {
+                return Err(StoreError::corrupt(&k, "malformed high-water key"));
+            };
+            out.insert(NodeId(origin), layout::decode_high_water(&k, &v)?.0);
+        }
+        Ok(out)
+    }
+}
