@@ -24,7 +24,8 @@ pub enum StreamError {
     Protocol(String),
     #[error(
         "the log this receiver needs was released: it acknowledged through LSN {acked} and \
-         the log now starts at LSN {log_start}; the subscriber needs a duplicate"
+         the log now starts at LSN {log_start}, and the receiver's marks do not reach what was \
+         released; the subscriber needs a duplicate (hawser duplicate)"
     )]
     LogReleased {
         acked: hawser_core::Lsn,

@@ -20,6 +20,7 @@
 //! * [`pb`]: the generated `hawser.replication.v1` messages and service (peers only).
 
 pub mod codec;
+pub mod copy;
 pub mod error;
 pub mod link;
 pub mod receiver;
@@ -36,6 +37,7 @@ pub mod pb {
 pub const PROTOCOL_VERSION: u32 = 1;
 
 pub use codec::{CodecError, Compression, WireRecord};
+pub use copy::{CopiedRows, CopyHolds};
 pub use error::StreamError;
 pub use link::{check_table, DatastoreRule, LinkConfig, LinkError, SenderTuning, TableMismatch};
 pub use receiver::{CompilePolicy, InboundStatus, ReceiverConfig, ReceiverService};

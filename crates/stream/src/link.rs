@@ -159,6 +159,17 @@ pub enum LinkError {
 }
 
 impl LinkConfig {
+    /// The origins whose transactions this link carries (tables, sequences, DATASTORE
+    /// elements).
+    pub fn carried_origins(&self) -> BTreeSet<NodeId> {
+        self.tables
+            .keys()
+            .chain(self.sequences.keys())
+            .map(|(_, o)| *o)
+            .chain(self.datastore.iter().map(|d| d.origin))
+            .collect()
+    }
+
     /// Builds the config of a routing-plan link. `nodes` maps store names to nodes,
     /// `epochs` gives each element's current epoch. Compression follows the sender's
     /// COMPRESS TRAFFIC (lz4 when on), table checking the receiver's setting.

@@ -173,6 +173,8 @@ pub struct ReceiverService {
     /// Moves after every apply that moved this node's marks: a stream whose sender
     /// waits for another stream's transaction (`Batch.waiting`) is acked again then.
     applied: Arc<watch::Sender<u64>>,
+    /// Log positions held for copies this node serves (`Copy`, a duplicate).
+    copy_holds: Arc<crate::copy::CopyHolds>,
     /// Streams accepted and not ended, per sender node (acks list the nodes).
     connected: Arc<parking_lot::Mutex<BTreeMap<NodeId, usize>>>,
     tracker: TaskTracker,
@@ -196,6 +198,7 @@ impl ReceiverService {
             status: watch::Sender::new(BTreeMap::new()),
             decided: Arc::default(),
             applied: Arc::new(watch::Sender::new(0)),
+            copy_holds: Arc::default(),
             connected: Arc::default(),
             tracker,
             shutdown,
@@ -233,6 +236,12 @@ impl ReceiverService {
     }
 
     /// Per-sender status, for `hawser status`.
+    /// The log positions copies served by this node hold (the data plane releases no
+    /// log past the lowest).
+    pub fn copy_holds(&self) -> Arc<crate::copy::CopyHolds> {
+        self.copy_holds.clone()
+    }
+
     pub fn status(&self) -> watch::Receiver<BTreeMap<Ident, InboundStatus>> {
         self.status.subscribe()
     }
@@ -908,6 +917,11 @@ impl ReceiverService {
         }
         let failed = |e: hawser_store::StoreError| self.apply_failed(&e);
         let lazy = !accepted.returns_wait;
+        // Transactions a duplicate's copy may reflect in part go in log order.
+        let compiles = compiles
+            && !run
+                .iter()
+                .any(|r| r.txn.gtid.seq <= self.db.in_order_through(r.txn.gtid.origin));
         let info = if compiles {
             let catalog: Vec<TableDef> = self.db.tables().iter().map(|t| (**t).clone()).collect();
             // Compilation is CPU work proportional to the run: off the async workers.
@@ -1182,6 +1196,20 @@ impl ReceiverService {
 #[tonic::async_trait]
 impl pb::replication_server::Replication for ReceiverService {
     type ReplicateStream = Outbound;
+    type CopyStream = tokio_stream::wrappers::ReceiverStream<Result<pb::CopyMessage, Status>>;
+
+    async fn copy(
+        &self,
+        request: Request<pb::CopyRequest>,
+    ) -> Result<Response<Self::CopyStream>, Status> {
+        let request = request.into_inner();
+        tracing::info!(
+            receiver = %request.receiver_store,
+            tables = request.tables.len(),
+            "copying tables for a duplicate"
+        );
+        crate::copy::serve(self.db.clone(), self.copy_holds.clone(), request).map(Response::new)
+    }
 
     async fn replicate(
         &self,

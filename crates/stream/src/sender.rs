@@ -642,7 +642,6 @@ impl Sender {
     async fn session(&mut self, streamed: &mut bool) -> Result<(), StreamError> {
         // A session that ended while lingering left its threshold behind.
         self.wake_at.store(0, Ordering::Release);
-        self.check_log()?;
         let tuning = self.link.tuning.clone();
         // `None` from a connect step: shutting down.
         let Some(channel) = self.connecting(self.endpoint.connect()).await? else {
@@ -708,6 +707,7 @@ impl Sender {
         // seem to acknowledge the new commits that reuse their seqs.
         self.check_after_restart(&high_water, held_after).await?;
         self.check_ahead(&high_water).await?;
+        self.check_log(&high_water)?;
         // What the receiver already has is durable and committed there: return
         // services waiting on it are answered by the Hello exchange alone.
         self.status.send_modify(|s| {
@@ -936,16 +936,41 @@ impl Sender {
         self.wake_at.store(0, Ordering::Release);
     }
 
-    /// Fails when log after the acknowledged position was released: whatever this
-    /// receiver needed of it is gone, and sending what follows would skip it silently.
-    fn check_log(&self) -> Result<(), StreamError> {
+    /// Fails when log after the acknowledged position was released and the receiver's
+    /// marks (`receiver`, from its HelloReply) do not show that it has everything of it
+    /// this link carries: sending what follows would skip the rest silently. When they
+    /// do — a duplicate gave it the rows and the marks, or it got them from another
+    /// stream — the session goes on from the log's start (the receiver skips what it
+    /// has by its marks).
+    fn check_log(&mut self, receiver: &BTreeMap<NodeId, u64>) -> Result<(), StreamError> {
         let log_start = self.db.log_start();
-        if self.acked_lsn.next() < log_start {
+        if self.acked_lsn.next() >= log_start {
+            return Ok(());
+        }
+        // Read after the start: marks only grow, so they cover the log released by then.
+        let released = self.db.released_marks()?;
+        let origins = self.link.carried_origins();
+        let lacks = released
+            .iter()
+            .filter(|(o, _)| origins.contains(o))
+            .any(|(o, seq)| receiver.get(o).copied().unwrap_or(0) < *seq);
+        if lacks {
             return Err(StreamError::LogReleased {
                 acked: self.acked_lsn,
                 log_start,
             });
         }
+        info!(
+            acked = self.acked_lsn.0,
+            log_start = log_start.0,
+            "the receiver's marks cover the released log: resuming from the log's start"
+        );
+        self.acked_lsn = Lsn(log_start.0.saturating_sub(1));
+        let acked = self.acked_lsn;
+        self.status.send_modify(|s| {
+            s.acked_lsn = s.acked_lsn.max(acked);
+            s.sent_lsn = s.sent_lsn.max(acked);
+        });
         Ok(())
     }
 
