@@ -1246,3 +1246,128 @@ fn a_bidirectional_datastore_scheme_replicates_each_sides_tables_to_the_other() 
     write_compressible_rows(dsn2, "c2");
     check_compressed_one_way(dsn1, dsn2);
 }
+
+/// `hawser duplicate`: a subscriber whose master released log it still needed (its
+/// receiver was stopped) is refused with `log_released`; the duplicate copies the
+/// master's table while a load keeps changing it, sets the receiver back to START, and
+/// the stream resumes from the copy's point — the subscriber ends equal to the master
+/// and keeps receiving.
+#[test]
+fn a_subscriber_past_the_released_log_is_rebuilt_by_a_duplicate_under_load() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let nodes = cluster_with(d, &["ds1", "ds2"], &["--log-keep-bytes", "0"]);
+    let (ds1, ds2) = (&nodes[0], &nodes[1]);
+    for n in [ds1, ds2] {
+        sql_ok(
+            n,
+            "create table t (k int primary key, v int, s varchar(40))",
+        );
+    }
+    ddl(
+        ds1,
+        "CREATE REPLICATION r ELEMENT e TABLE t MASTER ds1 SUBSCRIBER ds2;",
+    );
+    streaming_to(ds1, &["ds2"]);
+    let values = |from: i64, to: i64| {
+        (from..to)
+            .map(|k| format!("({k}, {k}, 'row {k}')"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    sql_ok(ds1, &format!("insert into t values {}", values(0, 100)));
+    let query = "select k, v, s from t order by k";
+    converge(
+        ds2,
+        query,
+        &rows(ds1, query).unwrap(),
+        "ds2 before the stop",
+    );
+    // A stopped receiver holds no log: what ds1 commits meanwhile is released.
+    let receiver = |state: &str| {
+        let out = ds1.cli(&[
+            "receiver",
+            "--scheme",
+            "r",
+            "--subscriber",
+            "ds2",
+            "--state",
+            state,
+        ]);
+        assert!(out.status.success(), "{}", stderr(&out));
+    };
+    receiver("stop");
+    wait_for("ds1 to stop sending", WAIT, || {
+        outbound(ds1).is_empty().then_some(())
+    });
+    for chunk in 1..5 {
+        sql_ok(
+            ds1,
+            &format!(
+                "insert into t values {}",
+                values(chunk * 500, chunk * 500 + 500)
+            ),
+        );
+    }
+    sql_ok(
+        ds1,
+        "update t set v = v + 1 where k < 50; delete from t where k >= 90 and k < 100",
+    );
+    let last = ds1.status()["last_lsn"].as_u64().unwrap();
+    wait_for("ds1 to release the log", WAIT, || {
+        (replication(ds1)["log"]["start_lsn"].as_u64() == Some(last)).then_some(())
+    });
+    receiver("start");
+    wait_for("the sender to say ds2 needs a duplicate", WAIT, || {
+        outbound(ds1)
+            .into_iter()
+            .find(|o| o["state"] == "log_released")
+    });
+    // Not while the receiver is started: a stream could apply during the copy.
+    let out = ds2.cli(&["duplicate"]);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("set it to stop first"),
+        "{}",
+        stderr(&out)
+    );
+    receiver("stop");
+
+    let mut script = String::new();
+    for i in 0..1500 {
+        let k = (i * 7) % 2500;
+        script.push_str(&match i % 3 {
+            0 => format!("update t set v = v + 1, s = 'load {i}' where k = {k};\n"),
+            1 => format!("insert into t values ({}, {i}, 'new {i}');\n", 10_000 + i),
+            _ => format!("delete from t where k = {};\n", 10_000 + i - 1),
+        });
+    }
+    let file = d.join("load.sql");
+    std::fs::write(&file, script).unwrap();
+    let before = rows(ds1, "select count(*) from t");
+    let mut load = SqlLoad::start(&ds1.grpc, &file);
+    wait_for("the load to start", WAIT, || {
+        (rows(ds1, "select count(*) from t") != before).then_some(())
+    });
+    let out = ds2.cli(&["duplicate", "--format", "json"]);
+    assert!(
+        out.status.success(),
+        "duplicate: {}\n{}",
+        stderr(&out),
+        ds2.log()
+    );
+    let text = stdout(&out);
+    let done: Value = serde_json::from_str(text.lines().last().unwrap()).unwrap();
+    assert_eq!(done["done"], true, "{text}");
+    assert_eq!(done["from"], "ds1", "{text}");
+    assert_eq!(done["tables"], json!(["t"]), "{text}");
+    assert!(done["rows"].as_u64().unwrap() >= 2000, "{text}");
+    assert_eq!(done["rows_deleted"], 100, "{text}");
+    load.finish();
+    streaming_to(ds1, &["ds2"]);
+    let expected = rows(ds1, query).unwrap();
+    converge(ds2, query, &expected, "ds2 after the duplicate");
+    sql_ok(ds1, "insert into t values (99999, 1, 'after')");
+    let expected = rows(ds1, query).unwrap();
+    converge(ds2, query, &expected, "ds2 streaming after the duplicate");
+}

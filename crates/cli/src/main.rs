@@ -6,6 +6,7 @@
 mod bench;
 mod cluster_cmd;
 mod demo;
+mod duplicate_cmd;
 mod output;
 mod rtl_cmd;
 mod scheme_cmd;
@@ -59,6 +60,9 @@ enum Command {
     Scheme(scheme_cmd::SchemeArgs),
     /// Sybase RTL net-row compilation of DML runs, offline.
     Rtl(rtl_cmd::RtlArgs),
+    /// Rebuild a subscriber from another store: copy the tables it receives, then start
+    /// its receiver again (TimesTen's ttRepAdmin -duplicate).
+    Duplicate(duplicate_cmd::DuplicateArgs),
     /// Wait until subscribers have acknowledged everything a master committed so far
     /// (TimesTen's ttRepAdmin -wait); exit 1 if they do not within --timeout.
     Wait(wait_cmd::WaitArgs),
@@ -126,6 +130,7 @@ fn main() -> ExitCode {
             Command::Scheme(args) => scheme_cmd::run(args).await,
             Command::Rtl(args) => rtl_cmd::run(args).await,
             Command::Wait(args) => wait_cmd::run(args).await,
+            Command::Duplicate(args) => duplicate_cmd::run(args).await,
         }
     });
     match result {

@@ -377,6 +377,22 @@ impl Client {
         Ok(resp.schemes)
     }
 
+    /// Rebuilds what this node receives in `scheme` (None: the one it receives in) by
+    /// copying the tables from `from` (None: their master); see `hawser duplicate`.
+    /// Progress messages follow, the last with `done`; no timeout applies (a copy takes
+    /// as long as the tables need).
+    pub async fn duplicate(
+        &mut self,
+        scheme: Option<&str>,
+        from: Option<&str>,
+    ) -> Result<tonic::Streaming<v1::DuplicateProgress>, ClientError> {
+        let req = tonic::Request::new(v1::DuplicateRequest {
+            scheme: scheme.unwrap_or_default().into(),
+            from: from.unwrap_or_default().into(),
+        });
+        Ok(self.admin.duplicate(req).await?.into_inner())
+    }
+
     /// The effective replication schemes as this node has applied them, in canonical
     /// DDL; `name` (`[owner.]name`) selects one, and an unknown name is NOT_FOUND.
     pub async fn show_schemes(

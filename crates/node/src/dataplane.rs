@@ -261,6 +261,8 @@ pub(crate) struct DataPlaneTask {
     pub(crate) log_file_size: u64,
     /// Recent log kept whatever the streams need.
     pub(crate) log_keep_bytes: u64,
+    /// Log held for copies this node serves (a duplicate of a receiver).
+    pub(crate) copy_holds: Arc<hawser_stream::CopyHolds>,
 }
 
 /// Keeps this node's senders and its receiver's epochs in line with the cluster state
@@ -444,6 +446,36 @@ fn subscribed(state: &ClusterState, store: &Ident) -> BTreeMap<Ident, Epoch> {
     out
 }
 
+/// What the routing plans are made from: every store with a node, each taken to have
+/// this node's catalog (catalogs are not reported to the cluster yet); and the stores'
+/// node ids.
+pub(crate) fn local_topology(
+    state: &ClusterState,
+    db: &Database,
+) -> (Topology, BTreeMap<Ident, NodeId>) {
+    let catalog = StoreCatalog {
+        tables: db.tables().iter().map(|t| (**t).clone()).collect(),
+        sequences: db
+            .sequences()
+            .into_iter()
+            .map(|s| SequenceInfo {
+                name: s.name,
+                cycle: s.cycle,
+            })
+            .collect(),
+    };
+    let nodes: BTreeMap<Ident, NodeId> = state
+        .nodes
+        .values()
+        .map(|n| (n.store.clone(), n.id))
+        .collect();
+    let topology = Topology {
+        catalogs: nodes.keys().map(|s| (s.clone(), catalog.clone())).collect(),
+        nodes: nodes.clone(),
+    };
+    (topology, nodes)
+}
+
 /// The links `store` sends, with the receiver's gRPC address, by (scheme, receiver);
 /// and why some links cannot be streamed now. Also gives `returns` the routes of this
 /// store's return services and the database the tables it receives (refused to
@@ -462,32 +494,13 @@ fn wanted_links(
     // Before the catalog is read: tables replicated DDL creates from here on stay
     // refused until a later plan has seen them (`Database::set_write_refusals`).
     let seen = db.catalog_generation();
-    let catalog = StoreCatalog {
-        tables: db.tables().iter().map(|t| (**t).clone()).collect(),
-        sequences: db
-            .sequences()
-            .into_iter()
-            .map(|s| SequenceInfo {
-                name: s.name,
-                cycle: s.cycle,
-            })
-            .collect(),
-    };
-    let nodes: BTreeMap<Ident, NodeId> = state
-        .nodes
-        .values()
-        .map(|n| (n.store.clone(), n.id))
-        .collect();
+    let (topology, nodes) = local_topology(state, db);
     db.set_store_names(
         nodes
             .iter()
             .map(|(store, id)| (*id, store.to_string()))
             .collect(),
     );
-    let topology = Topology {
-        catalogs: nodes.keys().map(|s| (s.clone(), catalog.clone())).collect(),
-        nodes: nodes.clone(),
-    };
     let mut out = BTreeMap::new();
     let mut problems = BTreeSet::new();
     let mut all_links = Vec::new();
@@ -982,6 +995,12 @@ async fn retain_log(
         .filter(|p| *p >= floor)
         .min()
         .unwrap_or_else(|| db.last_lsn());
+    // A copy in progress (or just ended) keeps the log after its point: its receiver
+    // resumes from there once set to START again.
+    let through = match task.copy_holds.lowest() {
+        Some(held) => through.min(held),
+        None => through,
+    };
     if through < db.log_start() || db.log_retained_bytes() <= task.log_keep_bytes {
         return;
     }

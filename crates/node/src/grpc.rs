@@ -574,6 +574,26 @@ impl Admin for Services {
         Ok(Response::new(v1::SetReceiverStateResponse { schemes }))
     }
 
+    type DuplicateStream = ReceiverStream<Result<v1::DuplicateProgress, Status>>;
+
+    async fn duplicate(
+        &self,
+        request: Request<v1::DuplicateRequest>,
+    ) -> Result<Response<Self::DuplicateStream>, Status> {
+        let req = request.into_inner();
+        let (tx, rx) = tokio::sync::mpsc::channel(16);
+        let state = self.state.clone();
+        self.state.tasks.spawn(async move {
+            if let Err(status) =
+                crate::duplicate::run(state, req.scheme, req.from, tx.clone()).await
+            {
+                warn!(error = %status.message(), "duplicate failed");
+                let _ = tx.send(Err(status)).await;
+            }
+        });
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+
     async fn show_schemes(
         &self,
         request: Request<v1::ShowSchemesRequest>,

@@ -23,6 +23,7 @@
 pub mod cluster;
 pub mod config;
 mod dataplane;
+mod duplicate;
 mod grpc;
 mod http;
 pub mod identity;
@@ -405,6 +406,7 @@ pub async fn run(
         returns: state.returns.clone(),
         log_file_size: state.config.log_file_size,
         log_keep_bytes: state.config.log_keep_bytes,
+        copy_holds: state.receiver.copy_holds(),
         plane: state.plane.clone(),
         db: state.db.clone(),
         store,

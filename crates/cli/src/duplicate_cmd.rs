@@ -1,0 +1,128 @@
+//! `hawser duplicate`: rebuild what a subscriber receives from another store.
+
+use std::io::IsTerminal;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::Args;
+use hawser_proto::v1;
+use serde_json::json;
+
+use crate::output::{error_text, Format};
+
+/// Copy the tables a subscriber receives whole from another store, then start its
+/// receiver again (TimesTen's ttRepAdmin -duplicate, for one scheme).
+///
+/// For a subscriber whose master released log it still needed (`log released` in
+/// `hawser status`: it was in STOP or FAILED state, or fell past FAILTHRESHOLD). Its
+/// receiver state must be STOP or FAILED; set it with `hawser receiver ... --state stop`
+/// first if it is not. The source keeps committing during the copy: the streams resume
+/// from the point the copy began and re-apply what followed, which converges on the
+/// source's rows. The copy replaces the rows of those tables on the subscriber; the
+/// tables must exist there. A failure leaves the receiver stopped: run it again.
+#[derive(Args, Debug)]
+#[command(
+    after_help = "Example:\n  hawser receiver --host ds1:7420 --scheme repscheme \
+    --subscriber ds3 --state stop\n  hawser duplicate --host ds3:7420 --scheme repscheme"
+)]
+pub struct DuplicateArgs {
+    /// The subscriber to rebuild (its gRPC address).
+    #[arg(long, env = "HAWSER_HOST", default_value = "127.0.0.1:7420")]
+    host: String,
+    /// The replication scheme [default: the one scheme the subscriber receives in].
+    #[arg(long, value_name = "NAME")]
+    scheme: Option<String>,
+    /// The store to copy from [default: the master of the tables it receives].
+    #[arg(long, value_name = "STORE")]
+    from: Option<String>,
+    /// Output: progress and a summary for a person, or JSON lines (one per progress
+    /// message, the last with "done": true).
+    #[arg(long, value_enum, default_value_t = Format::Table)]
+    format: Format,
+}
+
+pub async fn run(args: DuplicateArgs) -> anyhow::Result<ExitCode> {
+    let mut client = hawser_client::Client::connect(&args.host)
+        .await
+        .with_context(|| format!("connect to {}", args.host))?;
+    let mut progress = match client
+        .duplicate(args.scheme.as_deref(), args.from.as_deref())
+        .await
+    {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("error: duplicate on {}: {}", args.host, error_text(&e));
+            return Ok(ExitCode::FAILURE);
+        }
+    };
+    let show = args.format == Format::Table && std::io::stderr().is_terminal();
+    let mut last: Option<v1::DuplicateProgress> = None;
+    loop {
+        match progress.message().await {
+            Ok(Some(p)) => {
+                match args.format {
+                    Format::Json => println!("{}", progress_json(&p)),
+                    Format::Table if show && !p.done => eprint!(
+                        "\r\x1b[2Kcopying {} from {}: table {}/{}  rows {}/{}",
+                        if p.table.is_empty() { "-" } else { &p.table },
+                        p.from,
+                        p.tables_done + u32::from(!p.table.is_empty()),
+                        p.tables.len(),
+                        p.rows,
+                        p.rows_estimate
+                    ),
+                    Format::Table => {}
+                }
+                last = Some(p);
+            }
+            Ok(None) => break,
+            Err(status) => {
+                if show {
+                    eprint!("\r\x1b[2K");
+                }
+                eprintln!("error: duplicate on {}: {}", args.host, status.message());
+                return Ok(ExitCode::FAILURE);
+            }
+        }
+    }
+    if show {
+        eprint!("\r\x1b[2K");
+    }
+    let Some(p) = last.filter(|p| p.done) else {
+        eprintln!(
+            "error: duplicate on {}: the node ended without finishing",
+            args.host
+        );
+        return Ok(ExitCode::FAILURE);
+    };
+    if args.format == Format::Table {
+        println!(
+            "copied {} rows of {} tables from {} (replaced {} rows); streams resume after \
+             its LSN {}",
+            p.rows,
+            p.tables.len(),
+            p.from,
+            p.rows_deleted,
+            p.copy_lsn
+        );
+        let marks: Vec<String> = p.marks.iter().map(|(s, q)| format!("{s} {q}")).collect();
+        println!("marks: {}", marks.join(", "));
+        println!("receiver state START");
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn progress_json(p: &v1::DuplicateProgress) -> serde_json::Value {
+    json!({
+        "from": p.from,
+        "tables": p.tables,
+        "table": p.table,
+        "tables_done": p.tables_done,
+        "rows": p.rows,
+        "rows_estimate": p.rows_estimate,
+        "rows_deleted": p.rows_deleted,
+        "copy_lsn": p.copy_lsn,
+        "marks": p.marks,
+        "done": p.done,
+    })
+}

@@ -1,0 +1,402 @@
+//! Duplicate: rebuild what this node receives in a scheme from another store
+//! (`hawser duplicate`, TimesTen's `ttRepAdmin -duplicate`; docs/stream.md, "Duplicate").
+//!
+//! ```text
+//!  checks: receiver STOP/FAILED, one scheme, relays nothing ─► Copy from the source
+//!   CopyStart(lsn, marks) ─► marks not above ours? ─► per table: clear, put rows
+//!   CopyEnd ─► raise marks to the copy's ─► receiver state START ─► streams resume
+//! ```
+//!
+//! The copy is fuzzy (the source keeps committing); the streams resume from the copy's
+//! point and the apply's exception rules make the overlap converge (see
+//! `hawser_store::copy`). Not atomic: a failure leaves the receiver stopped and the
+//! tables partly copied, and running the duplicate again starts over.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use hawser_control::state::ReceiverState;
+use hawser_core::{Ident, NodeId, QualName, Row, TableDef, Value};
+use hawser_proto::v1;
+use hawser_stream::copy::{decode_rows, from_pb};
+use hawser_stream::pb as peer;
+use tokio::sync::mpsc;
+use tonic::transport::Endpoint;
+use tonic::Status;
+use tracing::info;
+
+use crate::NodeState;
+
+type Progress = mpsc::Sender<Result<v1::DuplicateProgress, Status>>;
+
+/// What a duplicate copies, and from where.
+struct Target {
+    scheme: QualName,
+    from: Ident,
+    from_addr: String,
+    tables: Vec<QualName>,
+}
+
+/// Runs a duplicate of `scheme` (empty: the one this store receives in) from `from`
+/// (empty: the tables' master), reporting progress on `tx`.
+pub(crate) async fn run(
+    state: Arc<NodeState>,
+    scheme: String,
+    from: String,
+    tx: Progress,
+) -> Result<(), Status> {
+    let target = plan(&state, scheme.trim(), from.trim())?;
+    let store = Ident::unquoted(&state.config.name);
+    info!(scheme = %target.scheme, from = %target.from, tables = target.tables.len(), "duplicate starts");
+    let endpoint = Endpoint::from_shared(format!("http://{}", target.from_addr))
+        .map_err(|e| Status::internal(format!("bad address of {}: {e}", target.from)))?;
+    let channel = endpoint.connect().await.map_err(|e| {
+        Status::unavailable(format!(
+            "cannot reach {} at {}: {e}",
+            target.from, target.from_addr
+        ))
+    })?;
+    let mut client = peer::replication_client::ReplicationClient::new(channel)
+        .max_decoding_message_size(usize::MAX);
+    let request = peer::CopyRequest {
+        protocol_version: hawser_stream::PROTOCOL_VERSION,
+        receiver_store: store.to_string(),
+        receiver_node: state.node_id.0,
+        tables: target.tables.iter().map(|t| t.to_string()).collect(),
+        codec: peer::Codec::Lz4 as i32,
+    };
+    let from = target.from.to_string();
+    let mut inbound = client
+        .copy(request)
+        .await
+        .map_err(|s| Status::new(s.code(), format!("{from}: {}", s.message())))?
+        .into_inner();
+    let mut progress = v1::DuplicateProgress {
+        from: from.clone(),
+        tables: target.tables.iter().map(|t| t.to_string()).collect(),
+        ..Default::default()
+    };
+    let db = &state.db;
+    let mut point = None;
+    let mut current: Option<(QualName, ColumnMap)> = None;
+    let end_marks = loop {
+        let msg = inbound
+            .message()
+            .await
+            .map_err(|s| Status::new(s.code(), format!("{from}: {}", s.message())))?
+            .ok_or_else(|| {
+                Status::unavailable(format!(
+                    "{from} ended the copy before its end; run it again"
+                ))
+            })?;
+        match msg.msg {
+            Some(peer::copy_message::Msg::Start(start)) => {
+                let marks = from_pb(&start.marks);
+                check_marks(&state, &marks)?;
+                progress.copy_lsn = start.lsn;
+                progress.rows_estimate = start.rows_estimate;
+                point = Some(marks);
+                send(&tx, &progress).await?;
+            }
+            Some(peer::copy_message::Msg::Rows(rows)) => {
+                if point.is_none() {
+                    return Err(Status::internal(format!(
+                        "{from} sent rows before the copy's start"
+                    )));
+                }
+                let chunk = decode_rows(&rows)
+                    .map_err(|e| Status::internal(format!("a copy chunk from {from}: {e}")))?;
+                if let Some(def) = chunk.definition {
+                    if current.is_some() {
+                        progress.tables_done += 1;
+                    }
+                    let map = ColumnMap::new(db, &def, &from)?;
+                    progress.rows_deleted += db
+                        .copy_clear(&def.name)
+                        .await
+                        .map_err(|e| Status::internal(format!("clearing {}: {e}", def.name)))?;
+                    progress.table = def.name.to_string();
+                    current = Some((def.name.clone(), map));
+                }
+                let Some((table, map)) = &current else {
+                    return Err(Status::internal(format!("{from} sent rows before a table")));
+                };
+                if chunk.table.as_ref().is_some_and(|t| t != table) {
+                    return Err(Status::internal(format!(
+                        "{from} sent rows of another table than {table}"
+                    )));
+                }
+                let count = chunk.rows.len() as u64;
+                let rows: Vec<Row> = chunk.rows.into_iter().map(|r| map.apply(r)).collect();
+                db.copy_put(table, rows)
+                    .await
+                    .map_err(|e| Status::internal(format!("writing rows of {table}: {e}")))?;
+                progress.rows += count;
+                send(&tx, &progress).await?;
+            }
+            Some(peer::copy_message::Msg::End(end)) => {
+                if current.is_some() {
+                    progress.tables_done += 1;
+                }
+                if end.rows != progress.rows {
+                    return Err(Status::internal(format!(
+                        "{from} says it sent {} rows; {} came",
+                        end.rows, progress.rows
+                    )));
+                }
+                break from_pb(&end.marks);
+            }
+            None => {
+                return Err(Status::internal(format!(
+                    "an empty copy message from {from}"
+                )))
+            }
+        }
+    };
+    let marks = point.unwrap_or_default();
+    db.copy_marks(&marks, &end_marks)
+        .await
+        .map_err(|e| Status::internal(format!("raising the marks: {e}")))?;
+    let names: BTreeMap<NodeId, String> = state
+        .plane
+        .state()
+        .nodes
+        .values()
+        .map(|n| (n.id, n.store.to_string()))
+        .collect();
+    progress.marks = marks
+        .iter()
+        .filter(|(o, _)| **o != state.node_id)
+        .map(|(o, s)| (names.get(o).cloned().unwrap_or_else(|| o.0.to_string()), *s))
+        .collect();
+    crate::cluster::set_receiver_state(
+        &state.plane,
+        &target.scheme.to_string(),
+        store.as_str(),
+        "start",
+    )
+    .await
+    .map_err(|s| {
+        Status::new(
+            s.code(),
+            format!(
+                "the tables are copied, but setting the receiver state to START failed: {}; \
+                 set it with hawser receiver",
+                s.message()
+            ),
+        )
+    })?;
+    progress.table.clear();
+    progress.done = true;
+    info!(rows = progress.rows, "duplicate done; receiver state START");
+    send(&tx, &progress).await
+}
+
+async fn send(tx: &Progress, p: &v1::DuplicateProgress) -> Result<(), Status> {
+    tx.send(Ok(p.clone()))
+        .await
+        .map_err(|_| Status::cancelled("the client went away"))
+}
+
+/// Works out what to copy and checks that a duplicate can do it.
+fn plan(state: &NodeState, scheme: &str, from: &str) -> Result<Target, Status> {
+    let store = Ident::unquoted(&state.config.name);
+    let cluster = state.plane.state();
+    let (topology, _) = crate::dataplane::local_topology(&cluster, &state.db);
+    let mut receives: BTreeMap<QualName, Vec<hawser_scheme::route::Link>> = BTreeMap::new();
+    for (name, s) in &cluster.schemes {
+        let plan = hawser_scheme::plan(&s.scheme, &topology).map_err(|errors| {
+            let first = errors
+                .first()
+                .map(|e| e.message.clone())
+                .unwrap_or_default();
+            Status::failed_precondition(format!("scheme {name}: cannot plan its streams: {first}"))
+        })?;
+        for link in plan.links.iter().filter(|l| l.sender == store) {
+            if let Some(t) = link.tables.iter().find(|t| t.origin != store) {
+                return Err(Status::failed_precondition(format!(
+                    "{store} relays {}'s transactions to {} (scheme {name}): a duplicate \
+                     gives it rows without their log records, which it could not pass on; \
+                     rebuild it from an empty data directory instead",
+                    t.origin, link.receiver
+                )));
+            }
+        }
+        let inbound: Vec<_> = plan
+            .links
+            .iter()
+            .filter(|l| l.receiver == store && l.tables.iter().any(|t| t.origin != store))
+            .cloned()
+            .collect();
+        if !inbound.is_empty() {
+            receives.insert(name.clone(), inbound);
+        }
+    }
+    let scheme = if scheme.is_empty() {
+        match receives.keys().collect::<Vec<_>>().as_slice() {
+            [one] => (*one).clone(),
+            [] => {
+                return Err(Status::failed_precondition(format!(
+                    "{store} receives no tables in any scheme"
+                )))
+            }
+            many => {
+                let names: Vec<String> = many.iter().map(|n| n.to_string()).collect();
+                return Err(Status::invalid_argument(format!(
+                    "{store} receives in several schemes ({}): name one with --scheme",
+                    names.join(", ")
+                )));
+            }
+        }
+    } else {
+        QualName::parse_unquoted(scheme)
+    };
+    let Some(s) = cluster.schemes.get(&scheme) else {
+        return Err(Status::not_found(format!(
+            "replication scheme {scheme} does not exist"
+        )));
+    };
+    let Some(links) = receives.get(&scheme) else {
+        return Err(Status::failed_precondition(format!(
+            "{store} receives no tables in scheme {scheme}"
+        )));
+    };
+    if let Some(other) = receives.keys().find(|n| **n != scheme) {
+        return Err(Status::failed_precondition(format!(
+            "{store} also receives in scheme {other}: a duplicate copies one scheme's tables \
+             and sets marks per origin, which the other scheme's streams share"
+        )));
+    }
+    match s.receiver_state(&store) {
+        ReceiverState::Stop | ReceiverState::Failed => {}
+        st => {
+            let st = format!("{st:?}").to_uppercase();
+            return Err(Status::failed_precondition(format!(
+                "{store}'s receiver state in scheme {scheme} is {st}: set it to stop first \
+                 (hawser receiver --scheme {scheme} --subscriber {store} --state stop), so \
+                 that no stream applies while the tables are copied"
+            )));
+        }
+    }
+    let tables: BTreeSet<QualName> = links
+        .iter()
+        .flat_map(|l| l.tables.iter())
+        .filter(|t| t.origin != store)
+        .map(|t| t.table.clone())
+        .collect();
+    let from = if from.is_empty() {
+        let origins: BTreeSet<&Ident> = links
+            .iter()
+            .flat_map(|l| l.tables.iter())
+            .filter(|t| t.origin != store)
+            .map(|t| &t.origin)
+            .collect();
+        match origins.into_iter().collect::<Vec<_>>().as_slice() {
+            [one] => (*one).clone(),
+            many => {
+                let names: Vec<String> = many.iter().map(|n| n.to_string()).collect();
+                return Err(Status::invalid_argument(format!(
+                    "the tables {store} receives in {scheme} have several masters ({}): name \
+                     the store to copy from with --from",
+                    names.join(", ")
+                )));
+            }
+        }
+    } else {
+        Ident::unquoted(from)
+    };
+    if from == store {
+        return Err(Status::invalid_argument(format!(
+            "{store} cannot copy from itself"
+        )));
+    }
+    let Some(node) = cluster.node_by_store(&from) else {
+        return Err(Status::not_found(format!(
+            "store {from} has no node in the cluster"
+        )));
+    };
+    Ok(Target {
+        scheme,
+        from_addr: node.grpc_addr.clone(),
+        from,
+        tables: tables.into_iter().collect(),
+    })
+}
+
+/// Refuses a copy whose marks are below this node's for some origin: this node holds
+/// commits the source does not have (they were lost there), which a copy cannot take
+/// back out of its log.
+fn check_marks(state: &NodeState, marks: &BTreeMap<NodeId, u64>) -> Result<(), Status> {
+    for (origin, mine) in state
+        .db
+        .high_waters()
+        .map_err(|e| Status::internal(e.to_string()))?
+    {
+        if origin == state.node_id {
+            continue;
+        }
+        let theirs = marks.get(&origin).copied().unwrap_or(0);
+        if mine > theirs {
+            return Err(Status::failed_precondition(format!(
+                "this node holds node {origin}'s commits through seq {mine}, the source only \
+                 through {theirs}: it holds commits the source does not have; rebuild it \
+                 from an empty data directory instead"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// From the source's columns to this node's, by name (TABLE DEFINITION CHECKING
+/// RELAXED's rule; with EXACT the two are the same).
+struct ColumnMap {
+    /// For each of this node's columns, the source column it takes (None: NULL).
+    from: Vec<Option<usize>>,
+}
+
+impl ColumnMap {
+    fn new(db: &hawser_store::Database, source: &TableDef, from: &str) -> Result<Self, Status> {
+        let name = &source.name;
+        let Some(local) = db.table(name) else {
+            return Err(Status::failed_precondition(format!(
+                "this node has no table {name}: create it as {from} has it, then run the \
+                 duplicate again"
+            )));
+        };
+        let mut map = Vec::with_capacity(local.columns.len());
+        for (i, c) in local.columns.iter().enumerate() {
+            let found = source.column_index(&c.name);
+            if found.is_none() && (!c.nullable || local.is_key_column(i)) {
+                return Err(Status::failed_precondition(format!(
+                    "table {name}: {from} has no column {} (NOT NULL or in the key here)",
+                    c.name
+                )));
+            }
+            map.push(found);
+        }
+        let key = |d: &TableDef| -> Vec<String> {
+            d.primary_key
+                .iter()
+                .map(|i| d.columns[*i].name.to_string())
+                .collect()
+        };
+        if key(&local) != key(source) {
+            return Err(Status::failed_precondition(format!(
+                "table {name}: the primary key is ({}) here and ({}) on {from}",
+                key(&local).join(", "),
+                key(source).join(", ")
+            )));
+        }
+        Ok(Self { from: map })
+    }
+
+    fn apply(&self, mut row: Row) -> Row {
+        self.from
+            .iter()
+            .map(|i| match i {
+                Some(i) => std::mem::replace(&mut row[*i], Value::Null),
+                None => Value::Null,
+            })
+            .collect()
+    }
+}
