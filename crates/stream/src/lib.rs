@@ -33,8 +33,16 @@ pub mod pb {
     tonic::include_proto!("hawser.replication.v1");
 }
 
-/// The `Hello.protocol_version` this build speaks.
-pub const PROTOCOL_VERSION: u32 = 1;
+/// The `Hello.protocol_version` (and `CopyRequest.protocol_version`) this build speaks.
+/// A receiver refuses a sender of another version with the reason, so a cluster of
+/// mixed builds shows refused streams rather than streams without the guarantees one
+/// side does not know of.
+///
+/// * 1: Hello / Batch / Ack.
+/// * 2: the two-path fields (`TableSpec.completing`, `Hello.decided`, `Batch.decided`,
+///   `Batch.waiting`, `Ack.decided`, `Ack.connected_senders`: docs/stream.md, "Two
+///   paths from one origin to one receiver") and `Copy` (a duplicate).
+pub const PROTOCOL_VERSION: u32 = 2;
 
 pub use codec::{CodecError, Compression, WireRecord};
 pub use copy::{CopiedRows, CopyHolds};
