@@ -18,8 +18,8 @@ use crate::output::{error_text, Format};
 /// receiver state must be STOP or FAILED; set it with `hawser receiver ... --state stop`
 /// first if it is not. The source keeps committing during the copy: the streams resume
 /// from the point the copy began and re-apply what followed, which converges on the
-/// source's rows. The copy replaces the rows of those tables on the subscriber; the
-/// tables must exist there. A failure leaves the receiver stopped: run it again.
+/// source's rows. The copy makes the subscriber's rows of those tables the source's,
+/// writing only the rows that differ; the tables must exist there. A failure leaves the receiver stopped: run it again.
 #[derive(Args, Debug)]
 #[command(
     after_help = "Example:\n  hawser receiver --host ds1:7420 --scheme repscheme \
@@ -97,11 +97,13 @@ pub async fn run(args: DuplicateArgs) -> anyhow::Result<ExitCode> {
     };
     if args.format == Format::Table {
         println!(
-            "copied {} rows of {} tables from {} (replaced {} rows); streams resume after \
-             its LSN {}",
+            "copied {} rows of {} tables from {}: {} written, {} unchanged, {} deleted; \
+             streams resume after its LSN {}",
             p.rows,
             p.tables.len(),
             p.from,
+            p.rows_written,
+            p.rows_unchanged,
             p.rows_deleted,
             p.copy_lsn
         );
@@ -120,6 +122,8 @@ fn progress_json(p: &v1::DuplicateProgress) -> serde_json::Value {
         "tables_done": p.tables_done,
         "rows": p.rows,
         "rows_estimate": p.rows_estimate,
+        "rows_written": p.rows_written,
+        "rows_unchanged": p.rows_unchanged,
         "rows_deleted": p.rows_deleted,
         "copy_lsn": p.copy_lsn,
         "marks": p.marks,

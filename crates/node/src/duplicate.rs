@@ -18,6 +18,7 @@ use std::sync::Arc;
 use hawser_control::state::ReceiverState;
 use hawser_core::{Ident, NodeId, QualName, Row, TableDef, Value};
 use hawser_proto::v1;
+use hawser_store::CopyCursor;
 use hawser_stream::copy::{decode_rows, from_pb};
 use hawser_stream::pb as peer;
 use tokio::sync::mpsc;
@@ -78,7 +79,7 @@ pub(crate) async fn run(
     };
     let db = &state.db;
     let mut point = None;
-    let mut current: Option<(QualName, ColumnMap)> = None;
+    let mut current: Option<(QualName, ColumnMap, CopyCursor)> = None;
     let end_marks = loop {
         let msg = inbound
             .message()
@@ -107,18 +108,12 @@ pub(crate) async fn run(
                 let chunk = decode_rows(&rows)
                     .map_err(|e| Status::internal(format!("a copy chunk from {from}: {e}")))?;
                 if let Some(def) = chunk.definition {
-                    if current.is_some() {
-                        progress.tables_done += 1;
-                    }
+                    finish_table(db, current.take(), &mut progress).await?;
                     let map = ColumnMap::new(db, &def, &from)?;
-                    progress.rows_deleted += db
-                        .copy_clear(&def.name)
-                        .await
-                        .map_err(|e| Status::internal(format!("clearing {}: {e}", def.name)))?;
                     progress.table = def.name.to_string();
-                    current = Some((def.name.clone(), map));
+                    current = Some((def.name.clone(), map, CopyCursor::default()));
                 }
-                let Some((table, map)) = &current else {
+                let Some((table, map, cursor)) = &mut current else {
                     return Err(Status::internal(format!("{from} sent rows before a table")));
                 };
                 if chunk.table.as_ref().is_some_and(|t| t != table) {
@@ -128,16 +123,18 @@ pub(crate) async fn run(
                 }
                 let count = chunk.rows.len() as u64;
                 let rows: Vec<Row> = chunk.rows.into_iter().map(|r| map.apply(r)).collect();
-                db.copy_put(table, rows)
+                let merged = db
+                    .copy_merge(table, rows, cursor)
                     .await
                     .map_err(|e| Status::internal(format!("writing rows of {table}: {e}")))?;
                 progress.rows += count;
+                progress.rows_written += merged.written;
+                progress.rows_unchanged += merged.unchanged;
+                progress.rows_deleted += merged.deleted;
                 send(&tx, &progress).await?;
             }
             Some(peer::copy_message::Msg::End(end)) => {
-                if current.is_some() {
-                    progress.tables_done += 1;
-                }
+                finish_table(db, current.take(), &mut progress).await?;
                 if end.rows != progress.rows {
                     return Err(Status::internal(format!(
                         "{from} says it sent {} rows; {} came",
@@ -190,6 +187,23 @@ pub(crate) async fn run(
     progress.done = true;
     info!(rows = progress.rows, "duplicate done; receiver state START");
     send(&tx, &progress).await
+}
+
+/// Ends a table's copy: deletes this node's rows past the last key copied.
+async fn finish_table(
+    db: &hawser_store::Database,
+    current: Option<(QualName, ColumnMap, CopyCursor)>,
+    progress: &mut v1::DuplicateProgress,
+) -> Result<(), Status> {
+    let Some((table, _, cursor)) = current else {
+        return Ok(());
+    };
+    progress.rows_deleted += db
+        .copy_trim(&table, &cursor)
+        .await
+        .map_err(|e| Status::internal(format!("deleting rows of {table}: {e}")))?;
+    progress.tables_done += 1;
+    Ok(())
 }
 
 async fn send(tx: &Progress, p: &v1::DuplicateProgress) -> Result<(), Status> {

@@ -2,7 +2,8 @@
 //!
 //! ```text
 //!  source:  copy_point() ─► (last LSN, marks) ─► copy_scan(table) … rows as committed
-//!  target:  copy_clear(table) ─► copy_put(table, rows) … ─► copy_marks(point's marks)
+//!  target:  copy_merge(table, rows, cursor) … ─► copy_trim(table, cursor)
+//!           … ─► copy_marks(point's marks, end marks)
 //! ```
 //!
 //! The source copies without stopping its commits: it reads the point first and the
@@ -15,6 +16,7 @@
 //! node's history, which it must not ship on as its own.
 
 use std::collections::BTreeMap;
+use std::ops::Bound;
 
 use hawser_core::key::encode_key;
 use hawser_core::{Lsn, NodeId, QualName, Row};
@@ -26,6 +28,22 @@ use crate::layout;
 
 /// Rows deleted or written per engine batch.
 const BATCH_ROWS: usize = 1024;
+
+/// How far a table's copy has merged ([`Database::copy_merge`]): the highest key so
+/// far, in this node's encoding. Start with `CopyCursor::default()` for each table.
+#[derive(Debug, Clone, Default)]
+pub struct CopyCursor(Option<Vec<u8>>);
+
+/// What merging a chunk did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MergeCounts {
+    /// Rows put: new here, or different.
+    pub written: u64,
+    /// Rows here already as the source has them.
+    pub unchanged: u64,
+    /// Rows here the source does not have.
+    pub deleted: u64,
+}
 
 /// Where a copy starts: the source's last LSN and its high-water marks (its own last
 /// seq included), read before any row.
@@ -61,53 +79,118 @@ impl Database {
         Ok(rows.map(move |kv| kv.and_then(|(k, v)| decode_stored_row(&def, &k, &v))))
     }
 
-    /// Deletes every row of `table` (a duplicate's target, before the copied rows).
-    /// Returns how many went. Not atomic: a crash leaves some, and the duplicate is run
-    /// again.
-    pub async fn copy_clear(&self, table: &QualName) -> Result<u64, StoreError> {
+    /// Merges a chunk of copied rows into `table` (validated against its definition
+    /// here), without a log record: puts the rows that differ from this node's, and
+    /// deletes this node's rows whose keys lie after `cursor` and up to the chunk's
+    /// highest key but are not in the chunk. Chunks come in the source's key order; the
+    /// cursor (the highest key merged so far, in this node's encoding) makes the
+    /// ranges tile the key space even where this node orders keys otherwise: a row
+    /// deleted here because its key fell in an earlier chunk's range is put again by
+    /// the chunk that has it. [`Database::copy_trim`] deletes what lies past the last
+    /// chunk. A store that already holds most of the rows writes only the difference.
+    pub async fn copy_merge(
+        &self,
+        table: &QualName,
+        rows: Vec<Row>,
+        cursor: &mut CopyCursor,
+    ) -> Result<MergeCounts, StoreError> {
         let t = self.table_ref(table)?;
-        let _serial = self.inner.apply_lock.lock().await;
-        let range = layout::prefix_range(&layout::row_prefix(t.id));
-        let mut deleted = 0u64;
-        loop {
-            let mut batch = WriteBatch::new();
-            for kv in self
-                .inner
-                .engine
-                .scan(range.clone(), false)
-                .take(BATCH_ROWS)
-            {
-                let (k, _) = kv?;
-                batch.delete(k);
-            }
-            if batch.is_empty() {
-                return Ok(deleted);
-            }
-            deleted += batch.len() as u64;
-            self.inner.engine.apply(batch)?;
-        }
-    }
-
-    /// Writes copied rows into `table` (validated against its definition here) without
-    /// a log record.
-    pub async fn copy_put(&self, table: &QualName, rows: Vec<Row>) -> Result<(), StoreError> {
-        let t = self.table_ref(table)?;
-        let mut checked = Vec::with_capacity(rows.len());
+        let mut incoming = BTreeMap::new();
         for row in rows {
             let row = validate_row(&t.def, row)?;
             let key = layout::row_key(t.id, &encode_key(&t.def.key_of(&row)));
-            checked.push((key, crate::codec::encode_row(&row)));
+            incoming.insert(key, crate::codec::encode_row(&row));
         }
+        let mut counts = MergeCounts::default();
+        let Some(high) = incoming.keys().next_back().cloned() else {
+            return Ok(counts);
+        };
+        let high = match &cursor.0 {
+            Some(prev) if *prev > high => prev.clone(),
+            _ => high,
+        };
+        let lower = match &cursor.0 {
+            Some(prev) => Bound::Excluded(prev.clone()),
+            None => Bound::Included(layout::row_prefix(t.id)),
+        };
         let _serial = self.inner.apply_lock.lock().await;
-        for chunk in checked.chunks(BATCH_ROWS) {
-            let mut batch = WriteBatch::new();
-            for (k, v) in chunk {
-                batch.put(k.clone(), v.clone());
+        let mut batch = WriteBatch::new();
+        // This node's rows in the chunk's range: kept when equal, deleted when absent.
+        for kv in self
+            .inner
+            .engine
+            .scan((lower, Bound::Included(high.clone())), false)
+        {
+            let (k, v) = kv?;
+            match incoming.get(&k) {
+                Some(new) if *new == v => {
+                    incoming.remove(&k);
+                    counts.unchanged += 1;
+                }
+                Some(_) => {}
+                None => {
+                    batch.delete(k);
+                    counts.deleted += 1;
+                }
             }
+            if batch.len() >= BATCH_ROWS {
+                self.inner.engine.apply(std::mem::take(&mut batch))?;
+            }
+        }
+        for (k, v) in incoming {
+            batch.put(k, v);
+            counts.written += 1;
+            if batch.len() >= BATCH_ROWS {
+                self.inner.engine.apply(std::mem::take(&mut batch))?;
+            }
+        }
+        if !batch.is_empty() {
             self.inner.engine.apply(batch)?;
         }
-        self.inner.count_rows_written(checked.len() as u64);
-        Ok(())
+        self.inner
+            .count_rows_written(counts.written + counts.deleted);
+        *cursor = CopyCursor(Some(high));
+        Ok(counts)
+    }
+
+    /// Deletes this node's rows of `table` past the cursor: after the last chunk,
+    /// what the source does not have. Returns how many went.
+    pub async fn copy_trim(
+        &self,
+        table: &QualName,
+        cursor: &CopyCursor,
+    ) -> Result<u64, StoreError> {
+        let t = self.table_ref(table)?;
+        let (_, upper) = layout::prefix_range(&layout::row_prefix(t.id));
+        let lower = match &cursor.0 {
+            Some(prev) => Bound::Excluded(prev.clone()),
+            None => Bound::Included(layout::row_prefix(t.id)),
+        };
+        let _serial = self.inner.apply_lock.lock().await;
+        let mut deleted = 0u64;
+        let mut lower = lower;
+        loop {
+            let mut batch = WriteBatch::new();
+            let mut last = None;
+            for kv in self
+                .inner
+                .engine
+                .scan((lower.clone(), upper.clone()), false)
+                .take(BATCH_ROWS)
+            {
+                let (k, _) = kv?;
+                last = Some(k.clone());
+                batch.delete(k);
+            }
+            let Some(last) = last else {
+                return Ok(deleted);
+            };
+            let n = batch.len() as u64;
+            self.inner.engine.apply(batch)?;
+            self.inner.count_rows_written(n);
+            deleted += n;
+            lower = Bound::Excluded(last);
+        }
     }
 
     /// Ends a copy: raises this node's high-water marks of other origins to the copy

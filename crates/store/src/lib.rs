@@ -41,7 +41,7 @@ pub mod txn;
 mod wal;
 
 pub use apply::{ApplyInfo, ReplicatedTxn};
-pub use copy::CopyPoint;
+pub use copy::{CopyCursor, CopyPoint, MergeCounts};
 pub use db::{CommitInfo, Database, DbOptions, KeyRange, RowIter, StoreStats};
 pub use engine::{ByteRange, KvEngine, KvIter, MemEngine, SledEngine, WriteBatch};
 pub use error::StoreError;

@@ -62,6 +62,8 @@ on_both_engines!(
     commits_after_reads_one_origins_newest_commits_back_and_says_when_it_saw_them_all,
     a_replicated_sequence_block_sets_the_sequence_ahead_never_back,
     the_newest_commit_of_each_origin_is_known_before_and_after_reopening,
+    a_copy_merges_chunks_writes_only_differences_and_trims_what_the_source_lacks,
+    a_copys_marks_and_in_order_window_survive_reopen,
 );
 
 const ORIGIN: NodeId = NodeId(100);
@@ -824,4 +826,84 @@ async fn a_replicated_sequence_block_sets_the_sequence_ahead_never_back(mut f: F
         .await
         .unwrap_err();
     assert!(err.to_string().contains("nope"), "{err}");
+}
+
+/// A duplicate's target: chunks in key order merge into what the table holds (equal
+/// rows untouched, different ones put, keys in a chunk's range it lacks deleted), the
+/// trim removes what lies past the last chunk, and no log record is written.
+async fn a_copy_merges_chunks_writes_only_differences_and_trims_what_the_source_lacks(f: Fixture) {
+    let db = setup(&f).await;
+    for k in [1, 3, 5, 7, 9, 11] {
+        local_insert(db, k, k).await;
+    }
+    let logged = records(db).len();
+    let mut cursor = hawser_store::CopyCursor::default();
+    // Keys up to 5: 1 is gone at the source, 2 is new, 3 changed, 5 the same.
+    let m = db
+        .copy_merge(&t(), vec![row(2, 2), row(3, 30), row(5, 5)], &mut cursor)
+        .await
+        .unwrap();
+    assert_eq!((m.written, m.unchanged, m.deleted), (2, 1, 1));
+    // Keys after 5 up to 9: 7 is gone, 8 is new, 9 the same.
+    let m = db
+        .copy_merge(&t(), vec![row(8, 8), row(9, 9)], &mut cursor)
+        .await
+        .unwrap();
+    assert_eq!((m.written, m.unchanged, m.deleted), (1, 1, 1));
+    // An empty chunk moves nothing.
+    let m = db.copy_merge(&t(), vec![], &mut cursor).await.unwrap();
+    assert_eq!((m.written, m.unchanged, m.deleted), (0, 0, 0));
+    // 11 lies past the last chunk.
+    assert_eq!(db.copy_trim(&t(), &cursor).await.unwrap(), 1);
+    assert_eq!(
+        rows(db),
+        vec![row(2, 2), row(3, 30), row(5, 5), row(8, 8), row(9, 9)]
+    );
+    assert_eq!(records(db).len(), logged, "a copy writes no log record");
+    // A row that does not fit the table is refused, naming it.
+    let err = db
+        .copy_merge(&t(), vec![vec![Value::Int(1)]], &mut cursor)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, StoreError::WrongArity { .. }), "{err}");
+    // A table copied from scratch: the trim of a fresh cursor empties it.
+    let fresh = hawser_store::CopyCursor::default();
+    assert_eq!(db.copy_trim(&t(), &fresh).await.unwrap(), 5);
+    assert!(rows(db).is_empty());
+}
+
+/// A copy's marks raise the other origins' high-water (never lower them, never this
+/// node's own) and, with the in-order window, hold across a reopen.
+async fn a_copys_marks_and_in_order_window_survive_reopen(mut f: Fixture) {
+    let db = setup(&f).await;
+    db.apply_replicated(vec![rtxn(ORIGIN, 7, vec![ins(1, 1)])])
+        .await
+        .unwrap();
+    let other = NodeId(200);
+    let own = db.node_id();
+    let own_seq = db.high_water(own).unwrap();
+    let start = BTreeMap::from([(ORIGIN, 5), (other, 40), (own, 999)]);
+    let end = BTreeMap::from([(ORIGIN, 9), (other, 44), (own, 999)]);
+    db.copy_marks(&start, &end).await.unwrap();
+    let check = |db: &Database| {
+        assert_eq!(db.high_water(ORIGIN).unwrap(), 7, "a higher mark stays");
+        assert_eq!(db.high_water(other).unwrap(), 40);
+        assert_eq!(
+            db.high_water(own).unwrap(),
+            own_seq,
+            "the own origin is left alone"
+        );
+        assert_eq!(db.in_order_through(ORIGIN), 9);
+        assert_eq!(db.in_order_through(other), 44);
+        assert_eq!(db.in_order_through(own), 0);
+    };
+    check(db);
+    let db = f.reopen();
+    check(db);
+    // A transaction at or below the copied mark is skipped as held already.
+    let info = db
+        .apply_replicated(vec![rtxn(other, 40, vec![ins(2, 2)])])
+        .await
+        .unwrap();
+    assert_eq!((info.applied, info.skipped), (0, 1));
 }

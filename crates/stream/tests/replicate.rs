@@ -1639,8 +1639,10 @@ async fn copied_under_commits(in_order: bool) -> Result<(Vec<Row>, Vec<Row>)> {
     } else {
         BTreeMap::new()
     };
-    assert_eq!(sub.copy_clear(&tab()).await?, 0);
-    sub.copy_put(&tab(), copied).await?;
+    let mut cursor = hawser_store::CopyCursor::default();
+    let merged = sub.copy_merge(&tab(), copied, &mut cursor).await?;
+    assert_eq!((merged.written, merged.deleted), (11, 0));
+    assert_eq!(sub.copy_trim(&tab(), &cursor).await?, 0);
     sub.copy_marks(&point.marks, &end).await?;
     assert_eq!(sub.high_water(NodeId(1))?, point.marks[&NodeId(1)]);
 
