@@ -500,7 +500,8 @@ fn restart_cleanly_with(mut node: Node, d: &Path, args: &[&str], meanwhile: impl
 }
 
 /// Receiver states with TimesTen's log retention: PAUSE holds the master's log, FAILED
-/// releases it. The master keeps no log beyond what streams hold (`--log-keep-bytes 0`).
+/// releases it, and a duplicate rebuilds the subscriber that lacks it. The master keeps
+/// no log beyond what streams hold (`--log-keep-bytes 0`).
 #[test]
 fn receiver_states_and_failthreshold_stop_the_stream_and_release_commits() {
     let dir = tempfile::tempdir().unwrap();
@@ -613,6 +614,23 @@ fn receiver_states_and_failthreshold_stop_the_stream_and_release_commits() {
         "{reason}"
     );
     assert_eq!(count(&n2, "t"), Some(3), "n2 got part of what it missed");
+
+    // The duplicate rebuilds it: stopped again, it copies t from n1, takes n1's marks
+    // and starts its receiver; the stream resumes and n2 has every row.
+    let out = n1.cli(&["receiver", "--subscriber", "n2", "--state", "stop"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let out = n2.cli(&["duplicate", "--scheme", "r"]);
+    assert!(out.status.success(), "{}\n{}", stderr(&out), n2.log());
+    assert!(stdout(&out).contains("from n1"), "{}", stdout(&out));
+    assert!(receivers(&n1, "r").is_empty());
+    let rows = count(&n1, "t").unwrap();
+    sql_ok(&n1, "insert into t values (100, 'after the duplicate')");
+    wait_for("n2 to have every row", WAIT, || {
+        (count(&n2, "t") == Some(rows + 1)).then_some(())
+    });
+    wait_for("the stream to n2", WAIT, || {
+        outbound_to(&n1, "n2").filter(|o| o["state"] == "streaming")
+    });
 }
 
 /// FAILTHRESHOLD bounds the log every receiver holds, not only a streaming one's: a

@@ -16,6 +16,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use hawser_control::state::ReceiverState;
+use hawser_control::ClusterState;
 use hawser_core::{Ident, NodeId, QualName, Row, TableDef, Value};
 use hawser_proto::v1;
 use hawser_store::CopyCursor;
@@ -28,10 +29,15 @@ use tracing::info;
 
 use crate::NodeState;
 
+/// How long a duplicate waits for this node to see its receiver stopped.
+const STATE_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
 type Progress = mpsc::Sender<Result<v1::DuplicateProgress, Status>>;
 
 /// What a duplicate copies, and from where.
 struct Target {
+    /// The store's receiver state in the scheme: STOP or FAILED to go on.
+    receiver_state: ReceiverState,
     scheme: QualName,
     from: Ident,
     from_addr: String,
@@ -46,8 +52,33 @@ pub(crate) async fn run(
     from: String,
     tx: Progress,
 ) -> Result<(), Status> {
-    let target = plan(&state, scheme.trim(), from.trim())?;
     let store = Ident::unquoted(&state.config.name);
+    // `hawser receiver ... --state stop` returns once the leader applied it; this node
+    // may apply it a moment later.
+    let mut cluster = state.plane.subscribe();
+    let deadline = tokio::time::Instant::now() + STATE_WAIT;
+    let target = loop {
+        let now = cluster.borrow_and_update().clone();
+        let target = plan(&state, &now, scheme.trim(), from.trim())?;
+        if matches!(
+            target.receiver_state,
+            ReceiverState::Stop | ReceiverState::Failed
+        ) {
+            break target;
+        }
+        if !matches!(
+            tokio::time::timeout_at(deadline, cluster.changed()).await,
+            Ok(Ok(()))
+        ) {
+            let (scheme, st) = (&target.scheme, target.receiver_state);
+            let st = format!("{st:?}").to_uppercase();
+            return Err(Status::failed_precondition(format!(
+                "{store}'s receiver state in scheme {scheme} is {st}: set it to stop first \
+                 (hawser receiver --scheme {scheme} --subscriber {store} --state stop), so \
+                 that no stream applies while the tables are copied"
+            )));
+        }
+    };
     info!(scheme = %target.scheme, from = %target.from, tables = target.tables.len(), "duplicate starts");
     let endpoint = Endpoint::from_shared(format!("http://{}", target.from_addr))
         .map_err(|e| Status::internal(format!("bad address of {}: {e}", target.from)))?;
@@ -213,10 +244,14 @@ async fn send(tx: &Progress, p: &v1::DuplicateProgress) -> Result<(), Status> {
 }
 
 /// Works out what to copy and checks that a duplicate can do it.
-fn plan(state: &NodeState, scheme: &str, from: &str) -> Result<Target, Status> {
+fn plan(
+    state: &NodeState,
+    cluster: &ClusterState,
+    scheme: &str,
+    from: &str,
+) -> Result<Target, Status> {
     let store = Ident::unquoted(&state.config.name);
-    let cluster = state.plane.state();
-    let (topology, _) = crate::dataplane::local_topology(&cluster, &state.db);
+    let (topology, _) = crate::dataplane::local_topology(cluster, &state.db);
     let mut receives: BTreeMap<QualName, Vec<hawser_scheme::route::Link>> = BTreeMap::new();
     for (name, s) in &cluster.schemes {
         let plan = hawser_scheme::plan(&s.scheme, &topology).map_err(|errors| {
@@ -281,17 +316,7 @@ fn plan(state: &NodeState, scheme: &str, from: &str) -> Result<Target, Status> {
              and sets marks per origin, which the other scheme's streams share"
         )));
     }
-    match s.receiver_state(&store) {
-        ReceiverState::Stop | ReceiverState::Failed => {}
-        st => {
-            let st = format!("{st:?}").to_uppercase();
-            return Err(Status::failed_precondition(format!(
-                "{store}'s receiver state in scheme {scheme} is {st}: set it to stop first \
-                 (hawser receiver --scheme {scheme} --subscriber {store} --state stop), so \
-                 that no stream applies while the tables are copied"
-            )));
-        }
-    }
+    let receiver_state = s.receiver_state(&store);
     let tables: BTreeSet<QualName> = links
         .iter()
         .flat_map(|l| l.tables.iter())
@@ -330,6 +355,7 @@ fn plan(state: &NodeState, scheme: &str, from: &str) -> Result<Target, Status> {
         )));
     };
     Ok(Target {
+        receiver_state,
         scheme,
         from_addr: node.grpc_addr.clone(),
         from,
