@@ -27,7 +27,7 @@ use tonic::Status;
 
 use crate::codec::{compress, decode_records, decompress, encode_entries, Compression};
 use crate::pb::{self, copy_message};
-use crate::PROTOCOL_VERSION;
+use crate::{codec_from_pb, codec_to_pb, PROTOCOL_VERSION};
 
 /// How long the source keeps its log from a copy's point once the copy ended.
 pub const HOLD_AFTER_COPY: Duration = Duration::from_secs(600);
@@ -79,16 +79,11 @@ pub(crate) fn serve(
             request.protocol_version
         )));
     }
-    let codec = match pb::Codec::try_from(request.codec) {
-        Ok(pb::Codec::None) => Compression::None,
-        Ok(pb::Codec::Lz4) => Compression::Lz4,
-        Ok(pb::Codec::Zstd) => Compression::Zstd,
-        Err(_) => {
-            return Err(Status::invalid_argument(format!(
-                "unknown codec {}",
-                request.codec
-            )))
-        }
+    let Some(codec) = codec_from_pb(request.codec) else {
+        return Err(Status::invalid_argument(format!(
+            "unknown codec {}",
+            request.codec
+        )));
     };
     let defs = db.tables();
     let mut tables = Vec::new();
@@ -227,14 +222,6 @@ fn to_pb(marks: &BTreeMap<NodeId, u64>) -> Vec<pb::OriginMark> {
         .collect()
 }
 
-fn codec_to_pb(c: Compression) -> pb::Codec {
-    match c {
-        Compression::None => pb::Codec::None,
-        Compression::Lz4 => pb::Codec::Lz4,
-        Compression::Zstd => pb::Codec::Zstd,
-    }
-}
-
 /// What one `CopyRows` holds: the table's definition at the source (before its first
 /// rows) and rows of one table.
 #[derive(Debug, Clone, PartialEq)]
@@ -246,11 +233,8 @@ pub struct CopiedRows {
 
 /// Decodes a `CopyRows` (bounded like a batch: the codec refuses hostile sizes).
 pub fn decode_rows(msg: &pb::CopyRows) -> Result<CopiedRows, String> {
-    let codec = match pb::Codec::try_from(msg.codec) {
-        Ok(pb::Codec::None) => Compression::None,
-        Ok(pb::Codec::Lz4) => Compression::Lz4,
-        Ok(pb::Codec::Zstd) => Compression::Zstd,
-        Err(_) => return Err(format!("unknown codec {}", msg.codec)),
+    let Some(codec) = codec_from_pb(msg.codec) else {
+        return Err(format!("unknown codec {}", msg.codec));
     };
     let raw = decompress(codec, &msg.payload, msg.raw_bytes).map_err(|e| e.to_string())?;
     let records = decode_records(&raw).map_err(|e| e.to_string())?;

@@ -33,6 +33,25 @@ pub mod pb {
     tonic::include_proto!("hawser.replication.v1");
 }
 
+/// The wire codec enum for a compression.
+pub(crate) fn codec_to_pb(c: Compression) -> pb::Codec {
+    match c {
+        Compression::None => pb::Codec::None,
+        Compression::Lz4 => pb::Codec::Lz4,
+        Compression::Zstd => pb::Codec::Zstd,
+    }
+}
+
+/// The compression a wire codec value names; `None` for a value this build does not know.
+pub(crate) fn codec_from_pb(value: i32) -> Option<Compression> {
+    match pb::Codec::try_from(value) {
+        Ok(pb::Codec::None) => Some(Compression::None),
+        Ok(pb::Codec::Lz4) => Some(Compression::Lz4),
+        Ok(pb::Codec::Zstd) => Some(Compression::Zstd),
+        Err(_) => None,
+    }
+}
+
 /// The `Hello.protocol_version` (and `CopyRequest.protocol_version`) this build speaks.
 /// A receiver refuses a sender of another version with the reason, so a cluster of
 /// mixed builds shows refused streams rather than streams without the guarantees one

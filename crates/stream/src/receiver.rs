@@ -52,7 +52,7 @@ use tokio_util::task::TaskTracker;
 use tonic::{Request, Response, Status, Streaming};
 use tracing::{debug, info, warn};
 
-use crate::codec::{self, decode_records, decompress, Compression};
+use crate::codec::{self, decode_records, decompress};
 use crate::link::check_table;
 use crate::pb::{self, receiver_message, sender_message, RefuseCode};
 use crate::PROTOCOL_VERSION;
@@ -979,16 +979,11 @@ fn decode_batch(batch: &pb::Batch) -> Result<Vec<codec::WireRecord>, (RefuseCode
             format!("batch through LSN {}: {e}", batch.through_lsn),
         )
     };
-    let codec = match pb::Codec::try_from(batch.codec) {
-        Ok(pb::Codec::None) => Compression::None,
-        Ok(pb::Codec::Lz4) => Compression::Lz4,
-        Ok(pb::Codec::Zstd) => Compression::Zstd,
-        Err(_) => {
-            return Err((
-                RefuseCode::Protocol,
-                format!("unknown codec {}", batch.codec),
-            ))
-        }
+    let Some(codec) = crate::codec_from_pb(batch.codec) else {
+        return Err((
+            RefuseCode::Protocol,
+            format!("unknown codec {}", batch.codec),
+        ));
     };
     let raw = decompress(codec, &batch.payload, batch.raw_bytes).map_err(proto)?;
     decode_records(&raw).map_err(proto)

@@ -42,11 +42,11 @@ use tokio_util::task::TaskTracker;
 use tonic::transport::Endpoint;
 use tracing::{debug, info, instrument, warn};
 
-use crate::codec::{self, compress, encode_entries, Compression};
+use crate::codec::{self, compress, encode_entries};
 use crate::error::StreamError;
 use crate::link::LinkConfig;
 use crate::pb::{self, receiver_message, sender_message};
-use crate::PROTOCOL_VERSION;
+use crate::{codec_to_pb, PROTOCOL_VERSION};
 
 /// Where a sender is.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -1459,14 +1459,6 @@ fn entry_size(entry: &LogEntry) -> usize {
             })
             .sum(),
         LogEntry::Ddl { .. } | LogEntry::SequenceBlock { .. } => 256,
-    }
-}
-
-fn codec_to_pb(c: Compression) -> pb::Codec {
-    match c {
-        Compression::None => pb::Codec::None,
-        Compression::Lz4 => pb::Codec::Lz4,
-        Compression::Zstd => pb::Codec::Zstd,
     }
 }
 
