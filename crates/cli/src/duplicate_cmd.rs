@@ -10,16 +10,7 @@ use serde_json::json;
 
 use crate::output::{error_text, Format};
 
-/// Copy the tables a subscriber receives whole from another store, then start its
-/// receiver again (TimesTen's ttRepAdmin -duplicate, for one scheme).
-///
-/// For a subscriber whose master released log it still needed (`log released` in
-/// `hawser status`: it was in STOP or FAILED state, or fell past FAILTHRESHOLD). Its
-/// receiver state must be STOP or FAILED; set it with `hawser receiver ... --state stop`
-/// first if it is not. The source keeps committing during the copy: the streams resume
-/// from the point the copy began and re-apply what followed, which converges on the
-/// source's rows. The copy makes the subscriber's rows of those tables the source's,
-/// writing only the rows that differ; the tables must exist there. A failure leaves the receiver stopped: run it again.
+/// `hawser duplicate`'s arguments (the help text is on the command in main.rs).
 #[derive(Args, Debug)]
 #[command(
     after_help = "Example:\n  hawser receiver --host ds1:7420 --scheme repscheme \

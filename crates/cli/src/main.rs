@@ -62,6 +62,16 @@ enum Command {
     Rtl(rtl_cmd::RtlArgs),
     /// Rebuild a subscriber from another store: copy the tables it receives, then start
     /// its receiver again (TimesTen's ttRepAdmin -duplicate).
+    ///
+    /// For a subscriber whose master released log it still needed (`log_released` in
+    /// `hawser status`: it was in STOP or FAILED state, or fell past FAILTHRESHOLD). Its
+    /// receiver state must be STOP or FAILED; set it with `hawser receiver ... --state
+    /// stop` first if it is not. The source keeps committing during the copy: the
+    /// streams resume from the point the copy began and re-apply what followed, which
+    /// converges on the source's rows. The subscriber's rows of those tables become the
+    /// source's, and only the rows that differ are written; the tables must exist there.
+    /// One scheme, and a subscriber that relays nothing to others. A failure leaves the
+    /// receiver stopped: run it again.
     Duplicate(duplicate_cmd::DuplicateArgs),
     /// Wait until subscribers have acknowledged everything a master committed so far
     /// (TimesTen's ttRepAdmin -wait); exit 1 if they do not within --timeout.
