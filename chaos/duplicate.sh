@@ -68,33 +68,9 @@ if [[ -z $hawser ]]; then
 fi
 
 work="$(mktemp -d "${TMPDIR:-/tmp}/hawser-duplicate.XXXXXX")"
-declare -A pid grpc http
-cleanup() {
-    for p in "${pid[@]}"; do kill -9 "$p" 2>/dev/null || true; done
-    wait 2>/dev/null || true
-    if [[ $keep == 1 ]]; then echo "data kept in $work" >&2; else rm -rf "$work"; fi
-}
-trap cleanup EXIT
-
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
-for n in ds1 ds2 ds3; do grpc[$n]="127.0.0.1:$(free_port)"; http[$n]="127.0.0.1:$(free_port)"; done
-
-# Starts node $1 (more arguments go to `hawser start`) and waits until it is ready.
-start() {
-    local n=$1
-    shift
-    : >"$work/$n.out"
-    "$hawser" start --name "$n" --listen "${grpc[$n]}" --http "${http[$n]}" --data "$work/$n" \
-        --log warn "$@" >>"$work/$n.out" 2>>"$work/$n.log" &
-    pid[$n]=$!
-    for _ in $(seq 300); do
-        grep -q '^ready ' "$work/$n.out" && return 0
-        kill -0 "${pid[$n]}" 2>/dev/null || die "$n exited; see its log: $(tail -3 "$work/$n.log")"
-        sleep 0.1
-    done
-    die "$n not ready within 30 s"
-}
-sql() { local n=$1; shift; "$hawser" sql --host "${grpc[$n]}" "$@"; }
+# shellcheck source=chaos/nodes.sh
+source "$here/nodes.sh"
+nodes ds1 ds2 ds3
 receiver() { "$hawser" receiver --host "${grpc[ds1]}" --scheme r --subscriber "$1" --state "$2" >/dev/null; }
 now() { date +%s.%N; }
 since() { python3 -c "print(round($(now) - $1, 2))"; }
