@@ -3,8 +3,9 @@
 //!
 //! ```text
 //!  checks: receiver STOP/FAILED, one scheme, relays nothing ─► Copy from the source
-//!   CopyStart(lsn, marks) ─► marks not above ours? ─► per table: clear, put rows
-//!   CopyEnd ─► raise marks to the copy's ─► receiver state START ─► streams resume
+//!   CopyStart(lsn, marks) ─► marks not above ours? ─► per table: merge each chunk,
+//!   trim past the last ─► CopyEnd ─► raise marks to the copy's, in-order window to
+//!   its end marks ─► receiver state START ─► streams resume
 //! ```
 //!
 //! The copy is fuzzy (the source keeps committing); the streams resume from the copy's
@@ -31,6 +32,9 @@ use crate::NodeState;
 
 /// How long a duplicate waits for this node to see its receiver stopped.
 const STATE_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// The largest copy message accepted from the source.
+const MAX_CHUNK_BYTES: usize = 64 * 1024 * 1024;
 
 type Progress = mpsc::Sender<Result<v1::DuplicateProgress, Status>>;
 
@@ -88,8 +92,9 @@ pub(crate) async fn run(
             target.from, target.from_addr
         ))
     })?;
+    // A chunk is about a MiB of rows before compression; a row may be larger.
     let mut client = peer::replication_client::ReplicationClient::new(channel)
-        .max_decoding_message_size(usize::MAX);
+        .max_decoding_message_size(MAX_CHUNK_BYTES);
     let request = peer::CopyRequest {
         protocol_version: hawser_stream::PROTOCOL_VERSION,
         receiver_store: store.to_string(),
