@@ -1382,3 +1382,41 @@ fn a_subscriber_past_the_released_log_is_rebuilt_by_a_duplicate_under_load() {
     let expected = rows(ds1, query).unwrap();
     converge(ds2, query, &expected, "ds2 streaming after the duplicate");
 }
+
+/// A subscriber added to a scheme after its master wrote a table's history, without the
+/// table: its stream is refused until a duplicate creates the table as the master has
+/// it and copies the rows; then it streams.
+#[test]
+fn a_new_subscriber_without_the_table_is_seeded_by_a_duplicate() {
+    let dir = tempfile::tempdir().unwrap();
+    let nodes = cluster(dir.path(), &["ds1", "ds2"]);
+    let (ds1, ds2) = (&nodes[0], &nodes[1]);
+    sql_ok(
+        ds1,
+        "create table t (k int primary key, v varchar(20) not null)",
+    );
+    sql_ok(
+        ds1,
+        "insert into t values (1, 'one'), (2, 'two'), (3, 'three')",
+    );
+    ddl(
+        ds1,
+        "CREATE REPLICATION r ELEMENT e TABLE t MASTER ds1 SUBSCRIBER ds2;",
+    );
+    let out = ds1.cli(&["receiver", "--subscriber", "ds2", "--state", "stop"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let out = ds2.cli(&["duplicate"]);
+    assert!(out.status.success(), "{}\n{}", stderr(&out), ds2.log());
+    let text = stdout(&out);
+    assert!(text.contains("created 1 table as ds1 has them"), "{text}");
+    assert!(text.contains("3 written"), "{text}");
+    sql_ok(ds1, "insert into t values (4, 'four')");
+    let query = "select k, v from t order by k";
+    converge(
+        ds2,
+        query,
+        &rows(ds1, query).unwrap(),
+        "ds2 seeded by a duplicate",
+    );
+    streaming_to(ds1, &["ds2"]);
+}

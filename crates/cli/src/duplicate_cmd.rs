@@ -88,21 +88,36 @@ pub async fn run(args: DuplicateArgs) -> anyhow::Result<ExitCode> {
     };
     if args.format == Format::Table {
         println!(
-            "copied {} rows of {} tables from {}: {} written, {} unchanged, {} deleted; \
+            "copied {} rows of {} from {}: {} written, {} unchanged, {} deleted; \
              streams resume after its LSN {}",
             p.rows,
-            p.tables.len(),
+            tables(p.tables.len()),
             p.from,
             p.rows_written,
             p.rows_unchanged,
             p.rows_deleted,
             p.copy_lsn
         );
+        if p.tables_created > 0 {
+            println!(
+                "created {} as {} has them",
+                tables(p.tables_created as usize),
+                p.from
+            );
+        }
         let marks: Vec<String> = p.marks.iter().map(|(s, q)| format!("{s} {q}")).collect();
         println!("marks: {}", marks.join(", "));
         println!("receiver state START");
     }
     Ok(ExitCode::SUCCESS)
+}
+
+fn tables(n: usize) -> String {
+    if n == 1 {
+        "1 table".into()
+    } else {
+        format!("{n} tables")
+    }
 }
 
 fn progress_json(p: &v1::DuplicateProgress) -> serde_json::Value {
@@ -116,6 +131,7 @@ fn progress_json(p: &v1::DuplicateProgress) -> serde_json::Value {
         "rows_written": p.rows_written,
         "rows_unchanged": p.rows_unchanged,
         "rows_deleted": p.rows_deleted,
+        "tables_created": p.tables_created,
         "copy_lsn": p.copy_lsn,
         "marks": p.marks,
         "done": p.done,

@@ -69,8 +69,8 @@ enum Command {
     /// stop` first if it is not. The source keeps committing during the copy: the
     /// streams resume from the point the copy began and re-apply what followed, which
     /// converges on the source's rows. The subscriber's rows of those tables become the
-    /// source's, and only the rows that differ are written; the tables must exist there.
-    /// One scheme, and a subscriber that relays nothing to others. A failure leaves the
+    /// source's, and only the rows that differ are written; a table it lacks is created
+    /// as the source has it (a new subscriber seeded by its first duplicate). One scheme, and a subscriber that relays nothing to others. A failure leaves the
     /// receiver stopped: run it again.
     Duplicate(duplicate_cmd::DuplicateArgs),
     /// Wait until subscribers have acknowledged everything a master committed so far

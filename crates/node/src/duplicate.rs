@@ -145,6 +145,14 @@ pub(crate) async fn run(
                     .map_err(|e| Status::internal(format!("a copy chunk from {from}: {e}")))?;
                 if let Some(def) = chunk.definition {
                     finish_table(db, current.take(), &mut progress).await?;
+                    if db.table(&def.name).is_none() {
+                        // A subscriber seeded by its first duplicate: the table as the
+                        // source has it.
+                        db.create_table(def.clone()).await.map_err(|e| {
+                            Status::internal(format!("creating {} as {from} has it: {e}", def.name))
+                        })?;
+                        progress.tables_created += 1;
+                    }
                     let map = ColumnMap::new(db, &def, &from)?;
                     progress.table = def.name.to_string();
                     current = Some((def.name.clone(), map, CopyCursor::default()));
@@ -403,9 +411,8 @@ impl ColumnMap {
     fn new(db: &hawser_store::Database, source: &TableDef, from: &str) -> Result<Self, Status> {
         let name = &source.name;
         let Some(local) = db.table(name) else {
-            return Err(Status::failed_precondition(format!(
-                "this node has no table {name}: create it as {from} has it, then run the \
-                 duplicate again"
+            return Err(Status::internal(format!(
+                "table {name} is gone here during the duplicate"
             )));
         };
         let mut map = Vec::with_capacity(local.columns.len());
