@@ -219,13 +219,11 @@ impl Database {
             if origin == own || seq <= self.inner.mark(origin) {
                 continue;
             }
-            let key = layout::high_water_key(origin);
-            let kept = match self.inner.engine.get(&key)? {
-                Some(v) => layout::decode_high_water(&key, &v)?.0,
-                None => 0,
-            };
-            if seq > kept {
-                batch.put(key, layout::high_water_value(seq, 0));
+            if seq > layout::stored_high_water(self.inner.engine.as_ref(), origin)? {
+                batch.put(
+                    layout::high_water_key(origin),
+                    layout::high_water_value(seq, 0),
+                );
             }
             raised.push((origin, seq));
         }

@@ -1505,14 +1505,9 @@ impl Database {
             let Some(last) = last else { break };
             let count = batch.len() as u64;
             for (origin, newest) in released_marks {
-                let key = layout::high_water_key(origin);
-                let kept = match inner.engine.get(&key)? {
-                    Some(v) => layout::decode_high_water(&key, &v)?.0,
-                    None => 0,
-                };
-                if newest.seq > kept {
+                if newest.seq > layout::stored_high_water(inner.engine.as_ref(), origin)? {
                     batch.put(
-                        key,
+                        layout::high_water_key(origin),
                         layout::high_water_value(newest.seq, newest.commit_micros),
                     );
                 }

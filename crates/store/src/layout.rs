@@ -112,6 +112,18 @@ pub(crate) fn high_water_value(seq: u64, commit_micros: i64) -> Vec<u8> {
     v
 }
 
+/// The seq `origin`'s `H` key holds in `engine` (0 without one).
+pub(crate) fn stored_high_water(
+    engine: &dyn crate::engine::KvEngine,
+    origin: NodeId,
+) -> Result<u64, StoreError> {
+    let key = high_water_key(origin);
+    Ok(match engine.get(&key)? {
+        Some(v) => decode_high_water(&key, &v)?.0,
+        None => 0,
+    })
+}
+
 /// A map of origin → seq as pairs of big-endian u64s.
 pub(crate) fn encode_marks(marks: &BTreeMap<NodeId, u64>) -> Vec<u8> {
     let mut v = Vec::with_capacity(marks.len() * 16);
