@@ -59,17 +59,10 @@ while [[ $# -gt 0 ]]; do
 done
 [[ $rows =~ ^[0-9]+$ && $rows -gt 0 ]] || die "--rows must be a positive whole number"
 
-if [[ -z $hawser ]]; then
-    if [[ -x $repo/target/release/hawser ]] || (cd "$repo" && cargo build --release -p hawser-cli >&2); then
-        hawser="$repo/target/release/hawser"
-    else
-        hawser="$(command -v hawser)" || die "no hawser binary: build it or pass --hawser"
-    fi
-fi
-
 work="$(mktemp -d "${TMPDIR:-/tmp}/hawser-duplicate.XXXXXX")"
 # shellcheck source=chaos/nodes.sh
 source "$here/nodes.sh"
+find_hawser
 nodes ds1 ds2 ds3
 receiver() { "$hawser" receiver --host "${grpc[ds1]}" --scheme r --subscriber "$1" --state "$2" >/dev/null; }
 now() { date +%s.%N; }

@@ -1,12 +1,24 @@
 # Local hawser nodes for the drills in chaos/: sourced by a script that has set `hawser`
-# (the binary), `work` (a fresh directory), `keep` (1 keeps it on exit) and `die`.
+# (the binary, or empty), `repo` (the checkout), `work` (a fresh directory), `keep` (1
+# keeps it on exit) and `die`.
 #
+#   find_hawser          an empty `hawser` becomes target/release/hawser of the checkout
+#                        (built if missing), else hawser on PATH
 #   nodes ds1 ds2 ds3    free ports for each (grpc[n], http[n]); every node is killed
 #                        and `work` removed (unless kept) on every exit path
 #   start ds1 [ARGS…]    `hawser start` node ds1 on them and wait until it is ready
 #   sql ds1 ARGS…        `hawser sql` against it
 
 declare -A pid grpc http
+
+find_hawser() {
+    [[ -n $hawser ]] && return 0
+    if [[ -x $repo/target/release/hawser ]] || (cd "$repo" && cargo build --release -p hawser-cli >&2); then
+        hawser="$repo/target/release/hawser"
+    else
+        hawser="$(command -v hawser)" || die "no hawser binary: build it or pass --hawser"
+    fi
+}
 
 cleanup() {
     for p in "${pid[@]}"; do kill -9 "$p" 2>/dev/null || true; done

@@ -68,17 +68,10 @@ done
 case "$scheme" in demo) accounts_to="ds2, ds3" ;; blind) accounts_to="ds3" ;;
 *) die "--scheme must be demo or blind" ;; esac
 
-if [[ -z $hawser ]]; then
-    if [[ -x $repo/target/release/hawser ]] || (cd "$repo" && cargo build --release -p hawser-cli >&2); then
-        hawser="$repo/target/release/hawser"
-    else
-        hawser="$(command -v hawser)" || die "no hawser binary: build it or pass --hawser"
-    fi
-fi
-
 work="$(mktemp -d "${TMPDIR:-/tmp}/hawser-two-paths.XXXXXX")"
 # shellcheck source=chaos/nodes.sh
 source "$here/nodes.sh"
+find_hawser
 nodes ds1 ds2 ds3
 
 echo "starting ds1, ds2, ds3 ($hawser)" >&2
