@@ -235,13 +235,13 @@ impl ReceiverService {
         to_pb(&decided)
     }
 
-    /// Per-sender status, for `hawser status`.
     /// The log positions copies served by this node hold (the data plane releases no
     /// log past the lowest).
     pub fn copy_holds(&self) -> Arc<crate::copy::CopyHolds> {
         self.copy_holds.clone()
     }
 
+    /// Per-sender status, for `hawser status`.
     pub fn status(&self) -> watch::Receiver<BTreeMap<Ident, InboundStatus>> {
         self.status.subscribe()
     }
