@@ -1386,6 +1386,80 @@ fn a_subscriber_past_the_released_log_is_rebuilt_by_a_duplicate_under_load() {
 /// A subscriber added to a scheme after its master wrote a table's history, without the
 /// table: its stream is refused until a duplicate creates the table as the master has
 /// it and copies the rows; then it streams.
+/// TimesTen's way to add a subscriber to a DATASTORE scheme — create it from the
+/// master with a duplicate — on a store that has none of the master's tables or
+/// sequences and whose master's log no longer matters: the master names what the
+/// element covers (its own catalog; EXCLUDE honoured), the store creates it as the
+/// master has it, and the stream goes on from the copy, sequence blocks included.
+#[test]
+fn a_new_datastore_subscriber_is_seeded_by_a_duplicate_with_the_masters_tables_and_sequences() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let mut nodes = cluster(d, &["ds1", "ds2", "ds3"]);
+    // ds3 is down while the master's tables, sequence and the scheme come about: it
+    // misses all of it.
+    let grpc = nodes[2].grpc.clone();
+    nodes[2].kill9();
+    sql_ok(
+        &nodes[0],
+        "create table t (k int primary key, v varchar(20) not null); \
+         create table u (k int primary key); create table x (k int primary key); \
+         create sequence s; \
+         insert into t values (1, 'one'), (2, 'two'); insert into u values (7); \
+         insert into x values (9)",
+    );
+    for _ in 0..25 {
+        sql_ok(&nodes[0], "select s.nextval");
+    }
+    ddl(
+        &nodes[0],
+        "CREATE REPLICATION r ELEMENT e DATASTORE MASTER ds1 SUBSCRIBER ds2, ds3 \
+         EXCLUDE TABLE x;",
+    );
+    let out = nodes[0].cli(&["receiver", "--subscriber", "ds3", "--state", "stop"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    nodes[2] = start("ds3", d, &grpc, Some(&nodes[0].grpc));
+    let (ds1, ds3) = (&nodes[0], &nodes[2]);
+
+    let out = ds3.cli(&["duplicate", "--format", "json"]);
+    assert!(out.status.success(), "{}\n{}", stderr(&out), ds3.log());
+    let last: Value = stdout(&out)
+        .lines()
+        .rev()
+        .find_map(|l| serde_json::from_str(l).ok())
+        .expect("a JSON progress line");
+    assert_eq!(last["done"], true, "{last}");
+    assert_eq!(last["tables"], json!(["t", "u"]), "{last}");
+    assert_eq!(last["tables_created"], 2, "{last}");
+    assert_eq!(last["sequences"], json!(["s"]), "{last}");
+    assert_eq!(last["sequences_created"], 1, "{last}");
+    assert_eq!(last["rows_written"], 3, "{last}");
+    assert!(rows(ds3, "select k from x").is_none(), "x is excluded");
+    // The sequence is past every value the master handed out.
+    let next = rows(ds3, "select s.nextval").expect("ds3 has s")[0][0]
+        .as_i64()
+        .unwrap();
+    assert!(next > 25, "ds3's s hands out {next}");
+
+    // The stream goes on from the copy, sequence blocks of the master included.
+    sql_ok(
+        ds1,
+        "insert into t values (3, 'three'); delete from u where k = 7",
+    );
+    for _ in 0..25 {
+        sql_ok(ds1, "select s.nextval");
+    }
+    sql_ok(ds1, "insert into t values (4, 'four')");
+    for query in [
+        "select k, v from t order by k",
+        "select k from u order by k",
+    ] {
+        let expected = rows(ds1, query).expect("ds1 answers");
+        converge(ds3, query, &expected, "ds3 seeded by a duplicate");
+    }
+    streaming_to(ds1, &["ds2", "ds3"]);
+}
+
 #[test]
 fn a_new_subscriber_without_the_table_is_seeded_by_a_duplicate() {
     let dir = tempfile::tempdir().unwrap();

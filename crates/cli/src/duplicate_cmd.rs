@@ -98,12 +98,23 @@ pub async fn run(args: DuplicateArgs) -> anyhow::Result<ExitCode> {
             p.rows_deleted,
             p.copy_lsn
         );
-        if p.tables_created > 0 {
+        if !p.sequences.is_empty() {
             println!(
-                "created {} as {} has them",
-                tables(p.tables_created as usize),
+                "set {} at least as far ahead as {}'s",
+                count(p.sequences.len(), "sequence"),
                 p.from
             );
+        }
+        let created: Vec<String> = [
+            (p.tables_created, "table"),
+            (p.sequences_created, "sequence"),
+        ]
+        .into_iter()
+        .filter(|(n, _)| *n > 0)
+        .map(|(n, what)| count(n as usize, what))
+        .collect();
+        if !created.is_empty() {
+            println!("created {} as {} has them", created.join(" and "), p.from);
         }
         let marks: Vec<String> = p.marks.iter().map(|(s, q)| format!("{s} {q}")).collect();
         println!("marks: {}", marks.join(", "));
@@ -113,10 +124,15 @@ pub async fn run(args: DuplicateArgs) -> anyhow::Result<ExitCode> {
 }
 
 fn tables(n: usize) -> String {
+    count(n, "table")
+}
+
+/// `1 table`, `2 tables`.
+fn count(n: usize, what: &str) -> String {
     if n == 1 {
-        "1 table".into()
+        format!("1 {what}")
     } else {
-        format!("{n} tables")
+        format!("{n} {what}s")
     }
 }
 
@@ -132,6 +148,8 @@ fn progress_json(p: &v1::DuplicateProgress) -> serde_json::Value {
         "rows_unchanged": p.rows_unchanged,
         "rows_deleted": p.rows_deleted,
         "tables_created": p.tables_created,
+        "sequences": p.sequences,
+        "sequences_created": p.sequences_created,
         "copy_lsn": p.copy_lsn,
         "marks": p.marks,
         "done": p.done,

@@ -60,17 +60,21 @@ enum Command {
     Scheme(scheme_cmd::SchemeArgs),
     /// Sybase RTL net-row compilation of DML runs, offline.
     Rtl(rtl_cmd::RtlArgs),
-    /// Rebuild a subscriber from another store: copy the tables it receives, then start
-    /// its receiver again (TimesTen's ttRepAdmin -duplicate).
+    /// Rebuild or seed a subscriber from another store: copy the tables and sequences it
+    /// receives, then start its receiver again (TimesTen's ttRepAdmin -duplicate).
     ///
     /// For a subscriber whose master released log it still needed (`log_released` in
-    /// `hawser status`: it was in STOP or FAILED state, or fell past FAILTHRESHOLD). Its
-    /// receiver state must be STOP or FAILED; set it with `hawser receiver ... --state
-    /// stop` first if it is not. The source keeps committing during the copy: the
-    /// streams resume from the point the copy began and re-apply what followed, which
-    /// converges on the source's rows. The subscriber's rows of those tables become the
-    /// source's, and only the rows that differ are written; a table it lacks is created
-    /// as the source has it (a new subscriber seeded by its first duplicate). One scheme, and a subscriber that relays nothing to others. A failure leaves the
+    /// `hawser status`: it was in STOP or FAILED state, or fell past FAILTHRESHOLD), or
+    /// a new one to seed. Its receiver state must be STOP or FAILED; set it with `hawser
+    /// receiver ... --state stop` first if it is not. The source decides what is copied:
+    /// what the scheme routes to the subscriber as the source plans it (a DATASTORE
+    /// element's tables and sequences as the source has them, INCLUDE / EXCLUDE
+    /// honoured). The source keeps committing during the copy: the streams resume from
+    /// the point the copy began and re-apply what followed, which converges on the
+    /// source's rows. The subscriber's rows of those tables become the source's, and only
+    /// the rows that differ are written; a table or sequence it lacks is created as the
+    /// source has it, and sequences move at least as far ahead as the source's. One
+    /// scheme, and a subscriber that relays nothing to others. A failure leaves the
     /// receiver stopped: run it again.
     Duplicate(duplicate_cmd::DuplicateArgs),
     /// Wait until subscribers have acknowledged everything a master committed so far

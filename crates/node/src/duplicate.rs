@@ -20,6 +20,7 @@ use hawser_control::state::ReceiverState;
 use hawser_control::ClusterState;
 use hawser_core::{Ident, NodeId, QualName, Row, TableDef, Value};
 use hawser_proto::v1;
+use hawser_scheme::ast::{OwnerRole, StoreName};
 use hawser_store::CopyCursor;
 use hawser_stream::copy::{decode_rows, from_pb};
 use hawser_stream::pb as peer;
@@ -61,19 +62,23 @@ pub(crate) async fn run(
     // may apply it a moment later.
     let mut cluster = state.plane.subscribe();
     let deadline = tokio::time::Instant::now() + STATE_WAIT;
+    // So may a node that just started (or restarted) apply the scheme itself.
     let target = loop {
         let now = cluster.borrow_and_update().clone();
-        let target = plan(&state, &now, scheme.trim(), from.trim())?;
-        if matches!(
-            target.receiver_state,
-            ReceiverState::Stop | ReceiverState::Failed
-        ) {
-            break target;
+        let planned = plan(&state, &now, scheme.trim(), from.trim());
+        if let Ok(target) = &planned {
+            if matches!(
+                target.receiver_state,
+                ReceiverState::Stop | ReceiverState::Failed
+            ) {
+                break planned?;
+            }
         }
         if !matches!(
             tokio::time::timeout_at(deadline, cluster.changed()).await,
             Ok(Ok(()))
         ) {
+            let target = planned?;
             let (scheme, st) = (&target.scheme, target.receiver_state);
             let st = format!("{st:?}").to_uppercase();
             return Err(Status::failed_precondition(format!(
@@ -101,6 +106,7 @@ pub(crate) async fn run(
         receiver_node: state.node_id.0,
         tables: target.tables.iter().map(|t| t.to_string()).collect(),
         codec: peer::Codec::Lz4 as i32,
+        scheme: target.scheme.to_string(),
     };
     let from = target.from.to_string();
     let mut inbound = client
@@ -130,6 +136,19 @@ pub(crate) async fn run(
             Some(peer::copy_message::Msg::Start(start)) => {
                 let marks = from_pb(&start.marks);
                 check_marks(&state, &marks)?;
+                if !start.tables.is_empty() || !start.sequences.is_empty() {
+                    progress.tables = start.tables.clone();
+                    progress.sequences = start.sequences.clone();
+                } else if target.tables.is_empty() {
+                    // A source that predates CopyRequest.scheme copies what was
+                    // named: nothing.
+                    return Err(Status::failed_precondition(format!(
+                        "{from} does not name the tables it copies (an older build), and \
+                         {store} has none of the tables scheme {} routes to it: create them \
+                         here and run the duplicate again",
+                        target.scheme
+                    )));
+                }
                 progress.copy_lsn = start.lsn;
                 progress.rows_estimate = start.rows_estimate;
                 point = Some(marks);
@@ -143,6 +162,17 @@ pub(crate) async fn run(
                 }
                 let chunk = decode_rows(&rows)
                     .map_err(|e| Status::internal(format!("a copy chunk from {from}: {e}")))?;
+                if let Some((def, restart_at)) = chunk.sequence {
+                    finish_table(db, current.take(), &mut progress).await?;
+                    let name = def.name.clone();
+                    let created = db.copy_sequence(def, restart_at).await.map_err(|e| {
+                        Status::internal(format!("setting sequence {name} as {from} has it: {e}"))
+                    })?;
+                    progress.sequences_created += u32::from(created);
+                    progress.table.clear();
+                    send(&tx, &progress).await?;
+                    continue;
+                }
                 if let Some(def) = chunk.definition {
                     finish_table(db, current.take(), &mut progress).await?;
                     if db.table(&def.name).is_none() {
@@ -257,6 +287,12 @@ async fn send(tx: &Progress, p: &v1::DuplicateProgress) -> Result<(), Status> {
 }
 
 /// Works out what to copy and checks that a duplicate can do it.
+///
+/// The schemes this store receives in come from the elements as written: a DATASTORE
+/// element's tables are planned from its master's catalog, which this node stands in
+/// for with its own (as its data plane does), and a store being seeded lacks them. The
+/// source then names the tables (`CopyRequest.scheme`); the ones planned here are what
+/// a source that predates that copies.
 fn plan(
     state: &NodeState,
     cluster: &ClusterState,
@@ -264,33 +300,56 @@ fn plan(
     from: &str,
 ) -> Result<Target, Status> {
     let store = Ident::unquoted(&state.config.name);
+    let me = StoreName::Named(store.clone());
     let (topology, _) = crate::dataplane::local_topology(cluster, &state.db);
+    // Per scheme this store subscribes to in: the links into it as planned here (none
+    // when the scheme cannot be planned from this node's catalog).
     let mut receives: BTreeMap<QualName, Vec<hawser_scheme::route::Link>> = BTreeMap::new();
     for (name, s) in &cluster.schemes {
-        let plan = hawser_scheme::plan(&s.scheme, &topology).map_err(|errors| {
-            let first = errors
-                .first()
-                .map(|e| e.message.clone())
-                .unwrap_or_default();
-            Status::failed_precondition(format!("scheme {name}: cannot plan its streams: {first}"))
-        })?;
-        for link in plan.links.iter().filter(|l| l.sender == store) {
-            if let Some(t) = link.tables.iter().find(|t| t.origin != store) {
-                return Err(Status::failed_precondition(format!(
-                    "{store} relays {}'s transactions to {} (scheme {name}): a duplicate \
-                     gives it rows without their log records, which it could not pass on; \
-                     rebuild it from an empty data directory instead",
-                    t.origin, link.receiver
-                )));
-            }
+        let planned = hawser_scheme::plan(&s.scheme, &topology);
+        let relayed = match &planned {
+            Ok(plan) => plan
+                .links
+                .iter()
+                .filter(|l| l.sender == store)
+                .find_map(|l| {
+                    l.tables
+                        .iter()
+                        .find(|t| t.origin != store)
+                        .map(|t| (t.origin.to_string(), l.receiver.to_string()))
+                }),
+            Err(_) => s
+                .scheme
+                .elements
+                .iter()
+                .find(|e| e.owner.name == me && e.owner_role == OwnerRole::Propagator)
+                .map(|e| {
+                    let to: Vec<String> =
+                        e.subscriber_stores().map(|r| r.name.to_string()).collect();
+                    ("other stores".to_string(), to.join(", "))
+                }),
+        };
+        if let Some((origin, receiver)) = relayed {
+            return Err(Status::failed_precondition(format!(
+                "{store} relays {origin}'s transactions to {receiver} (scheme {name}): a \
+                 duplicate gives it rows without their log records, which it could not pass \
+                 on; rebuild it from an empty data directory instead"
+            )));
         }
-        let inbound: Vec<_> = plan
-            .links
+        let subscribes = s
+            .scheme
+            .elements
             .iter()
-            .filter(|l| l.receiver == store && l.tables.iter().any(|t| t.origin != store))
-            .cloned()
-            .collect();
-        if !inbound.is_empty() {
+            .any(|e| e.subscriber_stores().any(|r| r.name == me));
+        if subscribes {
+            let inbound = planned
+                .map(|plan| {
+                    plan.links
+                        .into_iter()
+                        .filter(|l| l.receiver == store)
+                        .collect()
+                })
+                .unwrap_or_default();
             receives.insert(name.clone(), inbound);
         }
     }
@@ -299,13 +358,13 @@ fn plan(
             [one] => (*one).clone(),
             [] => {
                 return Err(Status::failed_precondition(format!(
-                    "{store} receives no tables in any scheme"
+                    "{store} subscribes to no element of any scheme"
                 )))
             }
             many => {
                 let names: Vec<String> = many.iter().map(|n| n.to_string()).collect();
                 return Err(Status::invalid_argument(format!(
-                    "{store} receives in several schemes ({}): name one with --scheme",
+                    "{store} subscribes in several schemes ({}): name one with --scheme",
                     names.join(", ")
                 )));
             }
@@ -320,7 +379,7 @@ fn plan(
     };
     let Some(links) = receives.get(&scheme) else {
         return Err(Status::failed_precondition(format!(
-            "{store} receives no tables in scheme {scheme}"
+            "{store} subscribes to no element of scheme {scheme}"
         )));
     };
     if let Some(other) = receives.keys().find(|n| **n != scheme) {
@@ -330,21 +389,31 @@ fn plan(
         )));
     }
     let receiver_state = s.receiver_state(&store);
-    let tables: BTreeSet<QualName> = links
-        .iter()
-        .flat_map(|l| l.tables.iter())
-        .filter(|t| t.origin != store)
-        .map(|t| t.table.clone())
-        .collect();
-    let from = if from.is_empty() {
-        let origins: BTreeSet<&Ident> = links
+    let routed = || {
+        links
             .iter()
             .flat_map(|l| l.tables.iter())
             .filter(|t| t.origin != store)
-            .map(|t| &t.origin)
-            .collect();
-        match origins.into_iter().collect::<Vec<_>>().as_slice() {
-            [one] => (*one).clone(),
+    };
+    let tables: BTreeSet<QualName> = routed().map(|t| t.table.clone()).collect();
+    let from = if from.is_empty() {
+        // The tables' origins; where none is planned here, the stores that send this
+        // store its elements.
+        let mut sources: BTreeSet<Ident> = routed().map(|t| t.origin.clone()).collect();
+        if sources.is_empty() {
+            sources = s
+                .scheme
+                .elements
+                .iter()
+                .filter(|e| e.subscriber_stores().any(|r| r.name == me))
+                .filter_map(|e| match &e.owner.name {
+                    StoreName::Named(n) => Some(n.clone()),
+                    StoreName::Local => None,
+                })
+                .collect();
+        }
+        match sources.into_iter().collect::<Vec<_>>().as_slice() {
+            [one] => one.clone(),
             many => {
                 let names: Vec<String> = many.iter().map(|n| n.to_string()).collect();
                 return Err(Status::invalid_argument(format!(
@@ -373,6 +442,56 @@ fn plan(
         from_addr: node.grpc_addr.clone(),
         from,
         tables: tables.into_iter().collect(),
+    })
+}
+
+/// What a copy this node serves for a scheme carries to a store (`CopyRequest.scheme`):
+/// the tables and sequences the scheme routes to it, from other origins, as this node
+/// plans the scheme — its own catalog standing in for every store's, as its data plane
+/// plans, so a DATASTORE element's are the ones this node has.
+pub(crate) fn copy_plan(
+    plane: hawser_control::ControlPlane,
+    db: hawser_store::Database,
+    node_store: Ident,
+) -> hawser_stream::CopyPlan {
+    Arc::new(move |scheme: &str, receiver: &Ident| {
+        let cluster = plane.state();
+        let name = QualName::parse_unquoted(scheme);
+        let Some(s) = cluster.schemes.get(&name) else {
+            return Err(Status::not_found(format!(
+                "replication scheme {name} does not exist on {node_store}"
+            )));
+        };
+        let (topology, _) = crate::dataplane::local_topology(&cluster, &db);
+        let plan = hawser_scheme::plan(&s.scheme, &topology).map_err(|errors| {
+            let first = errors
+                .first()
+                .map(|e| e.message.clone())
+                .unwrap_or_default();
+            Status::failed_precondition(format!(
+                "scheme {name}: {node_store} cannot plan its streams: {first}"
+            ))
+        })?;
+        let into = || plan.links.iter().filter(|l| l.receiver == *receiver);
+        let tables: BTreeSet<QualName> = into()
+            .flat_map(|l| l.tables.iter())
+            .filter(|t| t.origin != *receiver)
+            .map(|t| t.table.clone())
+            .collect();
+        let sequences: BTreeSet<QualName> = into()
+            .flat_map(|l| l.sequences.iter())
+            .filter(|s| s.origin != *receiver)
+            .map(|s| s.sequence.clone())
+            .collect();
+        if tables.is_empty() && sequences.is_empty() {
+            return Err(Status::failed_precondition(format!(
+                "scheme {name} routes nothing to {receiver} as {node_store} plans it"
+            )));
+        }
+        Ok(hawser_stream::CopyObjects {
+            tables: tables.into_iter().collect(),
+            sequences: sequences.into_iter().collect(),
+        })
     })
 }
 

@@ -307,7 +307,12 @@ pub async fn run(
         epochs_rx,
         tasks.clone(),
         node_shutdown.clone(),
-    );
+    )
+    .with_copy_plan(duplicate::copy_plan(
+        plane.clone(),
+        db.clone(),
+        store.clone(),
+    ));
     let senders: dataplane::Senders = Default::default();
     {
         let senders = senders.clone();

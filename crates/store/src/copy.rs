@@ -4,6 +4,7 @@
 //!  source:  copy_point() ─► (last LSN, marks) ─► copy_scan(table) … rows as committed
 //!  target:  copy_merge(table, rows, cursor) … ─► copy_trim(table, cursor)
 //!           … ─► copy_marks(point's marks, end marks)
+//!  sequences: copy_sequence_point(name) ─► copy_sequence(def, restart point)
 //! ```
 //!
 //! The source copies without stopping its commits: it reads the point first and the
@@ -21,10 +22,11 @@ use std::ops::Bound;
 use hawser_core::key::encode_key;
 use hawser_core::{Lsn, NodeId, QualName, Row};
 
-use crate::db::{decode_stored_row, validate_row, Database};
+use crate::db::{decode_stored_row, validate_row, Database, Origin};
 use crate::engine::WriteBatch;
 use crate::error::StoreError;
 use crate::layout;
+use crate::sequence::SequenceDef;
 
 /// Rows deleted or written per engine batch.
 const BATCH_ROWS: usize = 1024;
@@ -206,6 +208,36 @@ impl Database {
     /// semantics and the one divergence"). Past `end` the rows are exactly the
     /// source's, and compiling is safe again. A mark already higher stays (the stream
     /// re-sends what it carries from the point on, and the receiver skips what it has).
+    /// Where a sequence stands for a copy: its definition and its restart point — no
+    /// value this store handed out lies at or past it, nor will one before it records
+    /// another block (`None`: exhausted). `None` when there is no such sequence.
+    pub fn copy_sequence_point(&self, name: &QualName) -> Option<(SequenceDef, Option<i64>)> {
+        let seq = self.inner.sequences.read().get(name).cloned()?;
+        let state = seq.lock();
+        Some((state.def.clone(), state.restart_at))
+    }
+
+    /// A sequence copied from a source: created as the source has it when this store
+    /// lacks it, then set at least as far ahead as the source's restart point (never
+    /// back), as a replicated block would set it. Returns whether it was created. Both
+    /// are local commits here (a CREATE SEQUENCE and a block record of this node).
+    pub async fn copy_sequence(
+        &self,
+        def: SequenceDef,
+        restart_at: Option<i64>,
+    ) -> Result<bool, StoreError> {
+        let name = def.name.clone();
+        let created = if self.sequence(&name).is_none() {
+            self.create_sequence(def).await?;
+            true
+        } else {
+            false
+        };
+        self.advance_sequence_as(&name, restart_at, Origin::Local)
+            .await?;
+        Ok(created)
+    }
+
     pub async fn copy_marks(
         &self,
         start: &BTreeMap<NodeId, u64>,

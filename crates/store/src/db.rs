@@ -255,7 +255,7 @@ pub(crate) struct Inner {
     pub(crate) engine: Arc<dyn KvEngine>,
     pub(crate) opts: DbOptions,
     pub(crate) catalog: RwLock<Catalog>,
-    sequences: RwLock<BTreeMap<QualName, Arc<Mutex<SequenceState>>>>,
+    pub(crate) sequences: RwLock<BTreeMap<QualName, Arc<Mutex<SequenceState>>>>,
     commit: Mutex<CommitState>,
     /// Highest LSN whose batch has been applied to the engine.
     applied_lsn: AtomicU64,

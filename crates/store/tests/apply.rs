@@ -64,6 +64,7 @@ on_both_engines!(
     the_newest_commit_of_each_origin_is_known_before_and_after_reopening,
     a_copy_merges_chunks_writes_only_differences_and_trims_what_the_source_lacks,
     a_copys_marks_and_in_order_window_survive_reopen,
+    a_copied_sequence_is_created_and_set_ahead_never_back,
 );
 
 const ORIGIN: NodeId = NodeId(100);
@@ -906,4 +907,37 @@ async fn a_copys_marks_and_in_order_window_survive_reopen(mut f: Fixture) {
         .await
         .unwrap();
     assert_eq!((info.applied, info.skipped), (0, 1));
+}
+
+/// A duplicate's sequences: the source's restart point is read with its definition; the
+/// target creates a sequence it lacks as the source has it and sets it ahead to that
+/// point (never back), durably.
+async fn a_copied_sequence_is_created_and_set_ahead_never_back(mut f: Fixture) {
+    let name = QualName::bare("s");
+    let def = hawser_store::SequenceDef::with_defaults(name.clone(), None, None, None, None, false);
+    // The source handed out 1..=25: its second block of 20 ends before 41.
+    let source =
+        hawser_store::Database::open_memory(hawser_store::DbOptions::new(NodeId(7))).unwrap();
+    source.create_sequence(def.clone()).await.unwrap();
+    for _ in 0..25 {
+        source.next_val(&name).unwrap();
+    }
+    let (copied, restart_at) = source.copy_sequence_point(&name).unwrap();
+    assert_eq!((&copied, restart_at), (&def, Some(41)));
+    assert!(source
+        .copy_sequence_point(&QualName::bare("nope"))
+        .is_none());
+
+    let db = f.db();
+    assert!(
+        db.copy_sequence(copied.clone(), restart_at).await.unwrap(),
+        "created"
+    );
+    assert_eq!(db.sequence(&name), Some(def.clone()));
+    assert_eq!(db.next_val(&name).unwrap(), 41);
+    // Copied again from a point behind it: it stays, and nothing is created.
+    assert!(!db.copy_sequence(copied, Some(21)).await.unwrap());
+    assert_eq!(db.next_val(&name).unwrap(), 42);
+    let db = f.reopen();
+    assert!(db.next_val(&name).unwrap() > 42, "durable across a reopen");
 }

@@ -2,8 +2,10 @@
 //!
 //! ```text
 //!  target (hawser duplicate)                 source
-//!  CopyRequest(tables) ──── Copy ────►  copy_point: last LSN + marks, log held from it
-//!          ◄──────────── CopyStart(lsn, marks, rows_estimate)
+//!  CopyRequest(scheme | tables) ─ Copy ─►  the tables the scheme routes to the target
+//!                                          as this node plans it (or those named);
+//!                                          copy_point: last LSN + marks, log held
+//!          ◄──────────── CopyStart(lsn, marks, rows_estimate, tables)
 //!          ◄──────────── CopyRows … (stream codec: CREATE TABLE before a table's
 //!                                    first rows, then the rows as one txn of inserts)
 //!          ◄──────────── CopyEnd(rows, lsn)
@@ -19,8 +21,10 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use hawser_core::{ChangeOp, Epoch, Gtid, Lsn, NodeId, RowChange, TableDef, Transaction};
-use hawser_store::{Database, DdlOp, LogEntry};
+use hawser_core::{
+    ChangeOp, Epoch, Gtid, Ident, Lsn, NodeId, QualName, RowChange, TableDef, Transaction,
+};
+use hawser_store::{Database, DdlOp, LogEntry, SequenceDef};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::Status;
@@ -67,10 +71,25 @@ impl CopyHolds {
     }
 }
 
+/// What a copy carries.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CopyObjects {
+    pub tables: Vec<QualName>,
+    pub sequences: Vec<QualName>,
+}
+
+/// What a scheme routes to a store as this node plans it (its own catalog for every
+/// store's, as its data plane plans): what a copy for that scheme carries. Given to
+/// the receiver service by the node, which knows the schemes
+/// ([`crate::ReceiverService::with_copy_plan`]).
+pub type CopyPlan =
+    std::sync::Arc<dyn Fn(&str, &Ident) -> Result<CopyObjects, Status> + Send + Sync>;
+
 /// Serves a `Copy` request: checks it, then streams the tables from a blocking thread.
 pub(crate) fn serve(
     db: Database,
     holds: std::sync::Arc<CopyHolds>,
+    plan: Option<&CopyPlan>,
     request: pb::CopyRequest,
 ) -> Result<ReceiverStream<Result<pb::CopyMessage, Status>>, Status> {
     if request.protocol_version != PROTOCOL_VERSION {
@@ -85,10 +104,23 @@ pub(crate) fn serve(
             request.codec
         )));
     };
+    let objects = match plan {
+        Some(plan) if !request.scheme.is_empty() => {
+            plan(&request.scheme, &Ident::unquoted(&request.receiver_store))?
+        }
+        _ => CopyObjects {
+            tables: request
+                .tables
+                .iter()
+                .map(|t| QualName::parse_unquoted(t))
+                .collect(),
+            sequences: Vec::new(),
+        },
+    };
     let defs = db.tables();
     let mut tables = Vec::new();
-    for name in &request.tables {
-        match defs.iter().find(|t| t.name.to_string() == *name) {
+    for name in &objects.tables {
+        match defs.iter().find(|t| t.name == *name) {
             Some(t) => tables.push((**t).clone()),
             None => {
                 return Err(Status::not_found(format!(
@@ -97,6 +129,14 @@ pub(crate) fn serve(
             }
         }
     }
+    for name in &objects.sequences {
+        if db.sequence(name).is_none() {
+            return Err(Status::not_found(format!(
+                "this node has no sequence {name} to copy"
+            )));
+        }
+    }
+    let sequences = objects.sequences;
     let (tx, rx) = mpsc::channel(4);
     tokio::task::spawn_blocking(move || {
         let point = match db.copy_point() {
@@ -109,7 +149,7 @@ pub(crate) fn serve(
             }
         };
         let id = holds.hold(point.lsn);
-        if let Err(status) = send_copy(&db, &tables, codec, &point, &tx) {
+        if let Err(status) = send_copy(&db, &tables, &sequences, codec, &point, &tx) {
             let _ = tx.blocking_send(Err(status));
         }
         holds.end(id, HOLD_AFTER_COPY);
@@ -120,6 +160,7 @@ pub(crate) fn serve(
 fn send_copy(
     db: &Database,
     tables: &[TableDef],
+    sequences: &[QualName],
     codec: Compression,
     point: &hawser_store::CopyPoint,
     tx: &mpsc::Sender<Result<pb::CopyMessage, Status>>,
@@ -134,6 +175,8 @@ fn send_copy(
         lsn: point.lsn.0,
         marks: to_pb(&point.marks),
         rows_estimate: estimate,
+        tables: tables.iter().map(|t| t.name.to_string()).collect(),
+        sequences: sequences.iter().map(|s| s.to_string()).collect(),
     });
     tx.blocking_send(Ok(pb::CopyMessage { msg: Some(start) }))
         .map_err(|_| gone())?;
@@ -176,19 +219,34 @@ fn send_copy(
                     changes,
                 }));
             }
-            let refs: Vec<(Epoch, &LogEntry)> = entries.iter().map(|e| (Epoch(0), e)).collect();
-            let raw = encode_entries(&refs);
-            let raw_bytes = raw.len() as u64;
-            let payload = compress(codec, raw);
-            let msg = copy_message::Msg::Rows(pb::CopyRows {
-                codec: codec_to_pb(codec) as i32,
-                raw_bytes,
-                payload,
-                rows: count,
-            });
-            tx.blocking_send(Ok(pb::CopyMessage { msg: Some(msg) }))
+            tx.blocking_send(Ok(rows_message(&entries, codec, count)))
                 .map_err(|_| gone())?;
         }
+    }
+    for name in sequences {
+        // Read after the copy's point: a block reserved since is past it, and its
+        // record after the point comes by the stream too.
+        let Some((def, restart_at)) = db.copy_sequence_point(name) else {
+            return Err(Status::aborted(format!(
+                "sequence {name} was dropped during the copy; run it again"
+            )));
+        };
+        let gtid = Gtid::new(db.node_id(), 0);
+        let entries = [
+            LogEntry::Ddl {
+                gtid,
+                commit_micros: 0,
+                op: DdlOp::CreateSequence(def),
+            },
+            LogEntry::SequenceBlock {
+                gtid,
+                commit_micros: 0,
+                name: name.clone(),
+                restart_at,
+            },
+        ];
+        tx.blocking_send(Ok(rows_message(&entries, codec, 0)))
+            .map_err(|_| gone())?;
     }
     let lsn = db.last_lsn();
     let marks = db
@@ -201,6 +259,22 @@ fn send_copy(
     });
     tx.blocking_send(Ok(pb::CopyMessage { msg: Some(end) }))
         .map_err(|_| gone())
+}
+
+/// One `CopyRows`: `entries` encoded and compressed.
+fn rows_message(entries: &[LogEntry], codec: Compression, rows: u32) -> pb::CopyMessage {
+    let refs: Vec<(Epoch, &LogEntry)> = entries.iter().map(|e| (Epoch(0), e)).collect();
+    let raw = encode_entries(&refs);
+    let raw_bytes = raw.len() as u64;
+    let payload = compress(codec, raw);
+    pb::CopyMessage {
+        msg: Some(copy_message::Msg::Rows(pb::CopyRows {
+            codec: codec_to_pb(codec) as i32,
+            raw_bytes,
+            payload,
+            rows,
+        })),
+    }
 }
 
 fn value_bytes(v: &hawser_core::Value) -> usize {
@@ -223,12 +297,13 @@ fn to_pb(marks: &BTreeMap<NodeId, u64>) -> Vec<pb::OriginMark> {
 }
 
 /// What one `CopyRows` holds: the table's definition at the source (before its first
-/// rows) and rows of one table.
+/// rows) and rows of one table; or a sequence, with its restart point at the source.
 #[derive(Debug, Clone, PartialEq)]
 pub struct CopiedRows {
     pub definition: Option<TableDef>,
     pub table: Option<hawser_core::QualName>,
     pub rows: Vec<hawser_core::Row>,
+    pub sequence: Option<(SequenceDef, Option<i64>)>,
 }
 
 /// Decodes a `CopyRows` (bounded like a batch: the codec refuses hostile sizes).
@@ -242,7 +317,30 @@ pub fn decode_rows(msg: &pb::CopyRows) -> Result<CopiedRows, String> {
         definition: None,
         table: None,
         rows: Vec::new(),
+        sequence: None,
     };
+    // A sequence: its definition and its block, alone in the chunk.
+    if let [first, second] = records.as_slice() {
+        if let (
+            LogEntry::Ddl {
+                op: DdlOp::CreateSequence(def),
+                ..
+            },
+            LogEntry::SequenceBlock {
+                name, restart_at, ..
+            },
+        ) = (&first.entry, &second.entry)
+        {
+            if def.name != *name {
+                return Err(format!(
+                    "a copied sequence {} with the block of {name}",
+                    def.name
+                ));
+            }
+            out.sequence = Some((def.clone(), *restart_at));
+            return Ok(out);
+        }
+    }
     for r in records {
         match r.entry {
             LogEntry::Ddl {
@@ -271,7 +369,12 @@ pub fn decode_rows(msg: &pb::CopyRows) -> Result<CopiedRows, String> {
                     }
                 }
             }
-            _ => return Err("a copy chunk holds something other than a table and rows".into()),
+            _ => {
+                return Err(
+                    "a copy chunk holds something other than a table and rows, or a sequence"
+                        .into(),
+                )
+            }
         }
     }
     Ok(out)

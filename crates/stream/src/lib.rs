@@ -64,7 +64,7 @@ pub(crate) fn codec_from_pb(value: i32) -> Option<Compression> {
 pub const PROTOCOL_VERSION: u32 = 2;
 
 pub use codec::{CodecError, Compression, WireRecord};
-pub use copy::{CopiedRows, CopyHolds};
+pub use copy::{CopiedRows, CopyHolds, CopyObjects, CopyPlan};
 pub use error::StreamError;
 pub use link::{check_table, DatastoreRule, LinkConfig, LinkError, SenderTuning, TableMismatch};
 pub use receiver::{CompilePolicy, InboundStatus, ReceiverConfig, ReceiverService};

@@ -175,6 +175,9 @@ pub struct ReceiverService {
     applied: Arc<watch::Sender<u64>>,
     /// Log positions held for copies this node serves (`Copy`, a duplicate).
     copy_holds: Arc<crate::copy::CopyHolds>,
+    /// What a copy for a scheme carries (set by the node; without it a copy carries the
+    /// tables its request names).
+    copy_plan: Option<crate::copy::CopyPlan>,
     /// Streams accepted and not ended, per sender node (acks list the nodes).
     connected: Arc<parking_lot::Mutex<BTreeMap<NodeId, usize>>>,
     tracker: TaskTracker,
@@ -199,6 +202,7 @@ impl ReceiverService {
             decided: Arc::default(),
             applied: Arc::new(watch::Sender::new(0)),
             copy_holds: Arc::default(),
+            copy_plan: None,
             connected: Arc::default(),
             tracker,
             shutdown,
@@ -237,6 +241,12 @@ impl ReceiverService {
 
     /// The log positions copies served by this node hold (the data plane releases no
     /// log past the lowest).
+    /// Lets copies for a scheme (`CopyRequest.scheme`) find what they carry with `plan`.
+    pub fn with_copy_plan(mut self, plan: crate::copy::CopyPlan) -> Self {
+        self.copy_plan = Some(plan);
+        self
+    }
+
     pub fn copy_holds(&self) -> Arc<crate::copy::CopyHolds> {
         self.copy_holds.clone()
     }
@@ -1200,10 +1210,17 @@ impl pb::replication_server::Replication for ReceiverService {
         let request = request.into_inner();
         tracing::info!(
             receiver = %request.receiver_store,
+            scheme = %request.scheme,
             tables = request.tables.len(),
             "copying tables for a duplicate"
         );
-        crate::copy::serve(self.db.clone(), self.copy_holds.clone(), request).map(Response::new)
+        crate::copy::serve(
+            self.db.clone(),
+            self.copy_holds.clone(),
+            self.copy_plan.as_ref(),
+            request,
+        )
+        .map(Response::new)
     }
 
     async fn replicate(
