@@ -1458,6 +1458,20 @@ fn a_new_datastore_subscriber_is_seeded_by_a_duplicate_with_the_masters_tables_a
         converge(ds3, query, &expected, "ds3 seeded by a duplicate");
     }
     streaming_to(ds1, &["ds2", "ds3"]);
+
+    // ds3 plans ds1's element from the catalog ds1 reported to the cluster, x included
+    // (which ds3 lacks): it refuses client writes to the tables it receives, naming ds1,
+    // and has no problem planning. (Planned from ds3's own catalog, the EXCLUDE of a
+    // table it lacks did not plan, nothing was refused and the write went in.)
+    let refused = wait_for("ds3 to refuse client writes to t", WAIT, || {
+        let (ok, _, err) = sql(ds3, "insert into t values (100, 'here')");
+        (!ok).then_some(err)
+    });
+    assert!(
+        refused.contains("25006") && refused.contains("ds1"),
+        "{refused}"
+    );
+    assert_eq!(replication(ds3)["problems"], json!([]));
 }
 
 #[test]

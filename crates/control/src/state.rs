@@ -30,6 +30,7 @@ use hawser_scheme::ast::{
     AlterOp, AlterReplication, Element, ElementAction, ElementTarget, OwnerRole, Scheme, StoreName,
     StoreRef,
 };
+use hawser_scheme::route::StoreCatalog;
 use hawser_scheme::{SchemeError, Span};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
@@ -177,6 +178,11 @@ pub struct ClusterState {
     /// Grows by one with every command applied (rejected ones too), so watchers can tell
     /// states apart cheaply.
     pub version: u64,
+    /// The catalog each store last reported ([`Command::ReportCatalog`]): what a node
+    /// plans another store's DATASTORE elements from. Absent for a store that has not
+    /// reported (and in states written before reports existed).
+    #[serde(default, with = "pairs")]
+    pub catalogs: BTreeMap<Ident, StoreCatalog>,
 }
 
 impl ClusterState {
@@ -254,6 +260,9 @@ pub enum Command {
         store: Ident,
         state: ReturnServiceState,
     },
+    /// The tables and sequences `store` holds now, reported by its node whenever they
+    /// change. Refused for a store no registered node holds.
+    ReportCatalog { store: Ident, catalog: StoreCatalog },
 }
 
 impl Command {
@@ -286,6 +295,7 @@ impl Command {
             Command::SetMaster { .. } => "set_master",
             Command::SetReceiverState { .. } => "set_receiver_state",
             Command::SetReturnServiceState { .. } => "set_return_service_state",
+            Command::ReportCatalog { .. } => "report_catalog",
         }
     }
 }
@@ -323,6 +333,8 @@ pub enum ControlError {
         scheme: QualName,
         element: Ident,
     },
+    #[error("no registered node holds store {0}")]
+    UnknownStore(Ident),
     #[error("replication scheme {0} already exists")]
     SchemeExists(QualName),
     #[error("replication scheme {0} does not exist")]
@@ -388,6 +400,7 @@ enum Change {
     RemoveNode(NodeId),
     PutScheme(SchemeState),
     DropScheme(QualName),
+    PutCatalog(Ident, StoreCatalog),
 }
 
 impl Change {
@@ -397,7 +410,12 @@ impl Change {
                 state.nodes.insert(n.id, n);
             }
             Change::RemoveNode(id) => {
-                state.nodes.remove(&id);
+                if let Some(node) = state.nodes.remove(&id) {
+                    state.catalogs.remove(&node.store);
+                }
+            }
+            Change::PutCatalog(store, catalog) => {
+                state.catalogs.insert(store, catalog);
             }
             Change::PutScheme(s) => {
                 state.schemes.insert(s.scheme.name.clone(), s);
@@ -453,6 +471,12 @@ fn plan(state: &ClusterState, cmd: &Command) -> Result<Change, ControlError> {
             }
             s.version += 1;
             Ok(Change::PutScheme(s))
+        }
+        Command::ReportCatalog { store, catalog } => {
+            if state.node_by_store(store).is_none() {
+                return Err(ControlError::UnknownStore(store.clone()));
+            }
+            Ok(Change::PutCatalog(store.clone(), catalog.clone()))
         }
     }
 }
@@ -988,6 +1012,38 @@ mod tests {
         assert_eq!(st.nodes[&NodeId(1)].grpc_addr, "10.0.9.9:7000");
         assert!(st.nodes[&NodeId(1)].voter);
         assert!(!st.nodes[&NodeId(2)].voter);
+    }
+
+    #[test]
+    fn a_store_reports_its_catalog_and_it_goes_with_its_node() {
+        let mut st = cluster();
+        let catalog = StoreCatalog {
+            tables: Vec::new(),
+            sequences: vec![hawser_scheme::route::SequenceInfo {
+                name: QualName::bare("s"),
+                cycle: false,
+            }],
+        };
+        let report = |store: &str| Command::ReportCatalog {
+            store: Ident::unquoted(store),
+            catalog: catalog.clone(),
+        };
+        assert_eq!(
+            validate(&st, &report("nobody")),
+            Err(ControlError::UnknownStore(Ident::unquoted("nobody")))
+        );
+        must_apply(&mut st, report("subscriber1"));
+        assert_eq!(st.catalogs[&Ident::unquoted("subscriber1")], catalog);
+        // Written before reports existed: no catalogs, still readable.
+        let mut json = serde_json::to_value(&st).unwrap();
+        json.as_object_mut().unwrap().remove("catalogs");
+        let old: ClusterState = serde_json::from_value(json).unwrap();
+        assert!(old.catalogs.is_empty());
+        must_apply(&mut st, Command::RemoveNode { node: NodeId(2) });
+        assert!(
+            st.catalogs.is_empty(),
+            "a removed node's catalog goes with it"
+        );
     }
 
     #[test]

@@ -6,16 +6,17 @@
 //!       ─► validate (cluster state) ─► route::plan (this node's catalog) ─► propose
 //!       ─► wait_for_version (this node has applied it) ─► "CREATE REPLICATION"
 //!  raft metrics watch ─► hawser_raft_* gauges / counters, fatal stop on Shutdown
+//!  catalog watch ─► ReportCatalog when this store's tables / sequences differ from the
+//!       cluster's record of them
 //!  --join loop ─► ControlPlane::join with backoff while the error is retryable
 //! ```
 //!
 //! What DDL validation checks here: the scheme language's restrictions (syntax,
 //! TimesTen's TT8xxx rules, hawser's HW codes) against the cluster's current schemes, and
-//! the routing plan against the catalogs this node can see — its own catalog for its own
-//! store (DATASTORE INCLUDE / EXCLUDE when this node masters the element) and the
-//! registry for which store is which node. Other stores' catalogs are not known here
-//! (nodes do not report catalogs to the cluster yet), so a DATASTORE element mastered by
-//! another store is checked when that store's node plans its streams.
+//! the routing plan against the catalogs this node can see ([`topology`]) — its own for
+//! its own store, and for the others what they reported to the cluster
+//! ([`report_catalog`]) plus this node's tables they lack — and the registry for which
+//! store is which node.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -115,30 +116,120 @@ impl RaftDdl {
     }
 
     fn topology(&self, state: &ClusterState) -> Topology {
-        let catalog = StoreCatalog {
-            tables: self.db.tables().iter().map(|t| (**t).clone()).collect(),
-            sequences: self
-                .db
-                .sequences()
-                .into_iter()
-                .map(|s| SequenceInfo {
-                    name: s.name,
-                    cycle: s.cycle,
-                })
-                .collect(),
-        };
-        // Nodes do not report their catalogs to the cluster yet: this node's stands in
-        // for every store's (as in the data plane), so a DATASTORE element mastered
-        // elsewhere is checked against the tables this node has.
-        let nodes: BTreeMap<Ident, hawser_core::NodeId> = state
-            .nodes
-            .values()
-            .map(|n| (n.store.clone(), n.id))
-            .collect();
-        let mut catalogs: BTreeMap<Ident, StoreCatalog> =
-            nodes.keys().map(|s| (s.clone(), catalog.clone())).collect();
-        catalogs.insert(self.store.clone(), catalog);
-        Topology { catalogs, nodes }
+        topology(state, &self.db, &self.store)
+    }
+}
+
+/// The tables and sequences `db` holds, as the routing plan and catalog reports see them.
+pub(crate) fn local_catalog(db: &Database) -> StoreCatalog {
+    StoreCatalog {
+        tables: db.tables().iter().map(|t| (**t).clone()).collect(),
+        sequences: db
+            .sequences()
+            .into_iter()
+            .map(|s| SequenceInfo {
+                name: s.name,
+                cycle: s.cycle,
+            })
+            .collect(),
+    }
+}
+
+/// The cluster as this node plans it: its own catalog for its own store (`store`); for
+/// every other registered store, the catalog that store reported to the cluster together
+/// with this node's own tables and sequences it lacks. A report lags the store (a table
+/// created on a master reaches a subscriber through its stream before the master's
+/// report does), and this node's own catalog standing in errs on the side of planning a
+/// table as received — refused to client writes — rather than missing it. A store that
+/// has not reported gets this node's catalog alone, as before reports existed.
+pub(crate) fn topology(state: &ClusterState, db: &Database, store: &Ident) -> Topology {
+    let local = local_catalog(db);
+    let nodes: BTreeMap<Ident, hawser_core::NodeId> = state
+        .nodes
+        .values()
+        .map(|n| (n.store.clone(), n.id))
+        .collect();
+    let mut catalogs: BTreeMap<Ident, StoreCatalog> = nodes
+        .keys()
+        .filter(|s| *s != store)
+        .map(|s| (s.clone(), with_local(state.catalogs.get(s), &local)))
+        .collect();
+    catalogs.insert(store.clone(), local);
+    Topology { catalogs, nodes }
+}
+
+/// `reported` and whatever of `local` it lacks, by name.
+fn with_local(reported: Option<&StoreCatalog>, local: &StoreCatalog) -> StoreCatalog {
+    let Some(reported) = reported else {
+        return local.clone();
+    };
+    let mut out = reported.clone();
+    for t in &local.tables {
+        if !out.tables.iter().any(|r| r.name == t.name) {
+            out.tables.push(t.clone());
+        }
+    }
+    for q in &local.sequences {
+        if !out.sequences.iter().any(|r| r.name == q.name) {
+            out.sequences.push(q.clone());
+        }
+    }
+    out
+}
+
+/// Keeps this store's catalog in the cluster state current: whenever what the cluster
+/// holds for it differs from the store's tables and sequences (DDL here, a replicated
+/// CREATE TABLE, a first start), proposes [`Command::ReportCatalog`]. Looks on every
+/// cluster change and once a second (DDL here changes no Raft state), skipping the look
+/// when neither the catalog nor the cluster state moved since the last one that found
+/// the report current. A failed proposal (no leader yet, this node not registered yet)
+/// is tried again at the next look.
+pub(crate) async fn report_catalog(
+    plane: ControlPlane,
+    db: Database,
+    store: Ident,
+    shutdown: CancellationToken,
+) {
+    let mut cluster = plane.subscribe();
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // (catalog generation, state version) of the last look that found the report
+    // current.
+    let mut current: Option<(u64, u64)> = None;
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            changed = cluster.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+            }
+            _ = tick.tick() => {}
+        }
+        let generation = db.catalog_generation();
+        let state = plane.state();
+        if current == Some((generation, state.version)) {
+            continue;
+        }
+        if state.node_by_store(&store).is_none() {
+            continue;
+        }
+        let catalog = local_catalog(&db);
+        if state.catalogs.get(&store) == Some(&catalog) {
+            current = Some((generation, state.version));
+            continue;
+        }
+        let tables = catalog.tables.len();
+        match plane
+            .propose(Command::ReportCatalog {
+                store: store.clone(),
+                catalog,
+            })
+            .await
+        {
+            Ok(version) => info!(tables, version, "catalog reported to the cluster"),
+            Err(e) => tracing::debug!(error = %e, "catalog report not committed; trying again"),
+        }
     }
 }
 

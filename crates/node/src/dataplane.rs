@@ -13,11 +13,13 @@
 //! epoch, a moved node — is stopped and a new one started; the new one resumes from the
 //! receiver's high-water marks, so nothing is sent twice to the store.
 //!
-//! Simplification: nodes do not report their catalogs to the cluster yet, so the
-//! routing plan is computed with this node's catalog standing in for every store's.
-//! That is exact for what this node sends (the tables of TABLE elements and the
-//! INCLUDE / EXCLUDE of DATASTORE elements it masters are read from its own catalog)
-//! and only an approximation for links other nodes send, which this node ignores.
+//! Catalogs: every node reports its tables and sequences to the cluster when they change
+//! ([`crate::cluster::report_catalog`]); the routing plan reads this node's own catalog
+//! for its store and, for the others, what they reported plus this node's tables they
+//! lack ([`crate::cluster::topology`]). What this node sends is planned from its own
+//! catalog (the tables of TABLE elements and the INCLUDE / EXCLUDE of DATASTORE
+//! elements it masters); what it receives — the tables it refuses to client writes —
+//! from its masters' reports.
 //!
 //! Log retention: every link this store sends to a receiver in START or PAUSE state
 //! holds the log after its *position* — the last LSN its receiver acknowledged
@@ -41,7 +43,7 @@ use hawser_control::state::ReceiverState;
 use hawser_control::{ClusterState, ControlPlane};
 use hawser_core::{Epoch, Ident, Lsn, NodeId, QualName};
 use hawser_scheme::ast::ReturnService;
-use hawser_scheme::route::{Link, SequenceInfo, StoreCatalog};
+use hawser_scheme::route::Link;
 use hawser_scheme::Topology;
 use hawser_sql::{BoxFuture, ReplicationError};
 use hawser_store::Database;
@@ -446,33 +448,15 @@ fn subscribed(state: &ClusterState, store: &Ident) -> BTreeMap<Ident, Epoch> {
     out
 }
 
-/// What the routing plans are made from: every store with a node, each taken to have
-/// this node's catalog (catalogs are not reported to the cluster yet); and the stores'
-/// node ids.
+/// What the routing plans are made from ([`crate::cluster::topology`]: this node's
+/// catalog for `store`, the reported ones for the others); and the stores' node ids.
 pub(crate) fn local_topology(
     state: &ClusterState,
     db: &Database,
+    store: &Ident,
 ) -> (Topology, BTreeMap<Ident, NodeId>) {
-    let catalog = StoreCatalog {
-        tables: db.tables().iter().map(|t| (**t).clone()).collect(),
-        sequences: db
-            .sequences()
-            .into_iter()
-            .map(|s| SequenceInfo {
-                name: s.name,
-                cycle: s.cycle,
-            })
-            .collect(),
-    };
-    let nodes: BTreeMap<Ident, NodeId> = state
-        .nodes
-        .values()
-        .map(|n| (n.store.clone(), n.id))
-        .collect();
-    let topology = Topology {
-        catalogs: nodes.keys().map(|s| (s.clone(), catalog.clone())).collect(),
-        nodes: nodes.clone(),
-    };
+    let topology = crate::cluster::topology(state, db, store);
+    let nodes = topology.nodes.clone();
     (topology, nodes)
 }
 
@@ -494,7 +478,7 @@ fn wanted_links(
     // Before the catalog is read: tables replicated DDL creates from here on stay
     // refused until a later plan has seen them (`Database::set_write_refusals`).
     let seen = db.catalog_generation();
-    let (topology, nodes) = local_topology(state, db);
+    let (topology, nodes) = local_topology(state, db, store);
     db.set_store_names(
         nodes
             .iter()

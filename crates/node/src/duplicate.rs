@@ -301,7 +301,7 @@ fn plan(
 ) -> Result<Target, Status> {
     let store = Ident::unquoted(&state.config.name);
     let me = StoreName::Named(store.clone());
-    let (topology, _) = crate::dataplane::local_topology(cluster, &state.db);
+    let (topology, _) = crate::dataplane::local_topology(cluster, &state.db, &store);
     // Per scheme this store subscribes to in: the links into it as planned here (none
     // when the scheme cannot be planned from this node's catalog).
     let mut receives: BTreeMap<QualName, Vec<hawser_scheme::route::Link>> = BTreeMap::new();
@@ -462,7 +462,7 @@ pub(crate) fn copy_plan(
                 "replication scheme {name} does not exist on {node_store}"
             )));
         };
-        let (topology, _) = crate::dataplane::local_topology(&cluster, &db);
+        let (topology, _) = crate::dataplane::local_topology(&cluster, &db, &node_store);
         let plan = hawser_scheme::plan(&s.scheme, &topology).map_err(|errors| {
             let first = errors
                 .first()

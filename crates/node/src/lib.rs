@@ -401,6 +401,15 @@ pub async fn run(
         drop(fatal_tx);
     }
 
+    // This store's tables and sequences, reported to the cluster as they change: what
+    // the other nodes plan its DATASTORE elements from.
+    state.tasks.spawn(cluster::report_catalog(
+        state.plane.clone(),
+        state.db.clone(),
+        store.clone(),
+        state.shutdown.clone(),
+    ));
+
     // The data plane: senders for the links this store sends, epochs for its receiver.
     let timer = state.returns.clone();
     let timer_shutdown = state.shutdown.clone();
