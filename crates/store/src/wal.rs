@@ -50,6 +50,13 @@ pub(crate) const SEGMENT_BYTES: u64 = 64 << 20;
 /// space already zero-filled and synced needs none (PostgreSQL preallocates its WAL
 /// segments for the same reason).
 const ZERO_FILL_BYTES: u64 = 2 << 20;
+/// Released segments kept for reuse as new ones (PostgreSQL recycles its WAL segments
+/// the same way): a reused file is written to its full size and synced already, so the
+/// segment that takes it needs no zero-fill — the one write of a few MiB and its sync
+/// that a commit would otherwise pay every [`ZERO_FILL_BYTES`] (measured ~4 ms for the
+/// write and ~2 ms for the sync on a 2-core VM). Its old frames stay behind the new
+/// ones; readers stop at them, since their numbers are below the next one expected.
+const RECYCLE_KEEP: usize = 2;
 /// Length, checksum and frame number.
 const HEADER_BYTES: usize = 16;
 /// Tags of the operations in a payload.
@@ -118,6 +125,11 @@ fn checksum(frame: u64, payload: &[u8]) -> u32 {
 
 fn segment_name(first_frame: u64) -> String {
     format!("wal-{first_frame:020}.log")
+}
+
+/// A released segment waiting for reuse (not a segment: [`segments`] skips it).
+fn recycle_name(first_frame: u64) -> String {
+    format!("recycle-{first_frame:020}.wal")
 }
 
 /// The segments in `dir`, oldest first, as `(first frame, path)`.
@@ -281,7 +293,8 @@ struct Open {
     first: u64,
     /// Where the next frame goes.
     len: u64,
-    /// The file is zero-filled (and that synced) up to here.
+    /// The file is written and synced up to here — zero-filled, or a reused segment's
+    /// old frames — so a write below it changes no file size.
     zeroed: u64,
     /// A cleared buffer handed back to `pending` after a write, to keep its capacity.
     spare: Vec<u8>,
@@ -315,6 +328,8 @@ pub(crate) struct Wal {
     /// what reached the disk is no longer known (the node needs a restart, which
     /// recovers from the log and sled).
     failed: Mutex<Option<String>>,
+    /// Released segments waiting to be reused ([`RECYCLE_KEEP`] at most).
+    recycled: Mutex<Vec<PathBuf>>,
 }
 
 impl Wal {
@@ -351,8 +366,10 @@ impl Wal {
                 },
             );
         }
+        let recycled = recycled_in(dir)?;
         Ok(Self {
             dir: dir.to_path_buf(),
+            recycled: Mutex::new(recycled),
             pending: Mutex::new(Pending {
                 buf: Vec::new(),
                 first: next_frame,
@@ -483,13 +500,23 @@ impl Wal {
                 }
             }
             let path = self.dir.join(segment_name(first));
-            let file = OpenOptions::new()
-                .create(true)
-                .truncate(true)
-                .read(true)
-                .write(true)
-                .open(&path)
-                .map_err(|e| StoreError::io(format!("creating {}", path.display()), e))?;
+            let recycled = self.recycled.lock().pop();
+            let (file, zeroed) = match recycled.map(|old| reuse(&old, &path)) {
+                Some(Ok(reused)) => reused,
+                failed => {
+                    if let Some(Err(e)) = failed {
+                        tracing::warn!(error = %e, "could not reuse a released log segment; creating one");
+                    }
+                    let file = OpenOptions::new()
+                        .create(true)
+                        .truncate(true)
+                        .read(true)
+                        .write(true)
+                        .open(&path)
+                        .map_err(|e| StoreError::io(format!("creating {}", path.display()), e))?;
+                    (file, 0)
+                }
+            };
             // The new name must survive a crash before frames in it count as durable.
             sync_dir(&self.dir)?;
             let file = Arc::new(file);
@@ -506,7 +533,7 @@ impl Wal {
                 file,
                 first,
                 len: 0,
-                zeroed: 0,
+                zeroed,
                 spare,
             });
         }
@@ -609,13 +636,55 @@ impl Wal {
             }
             gone.push(first);
         }
+        let mut recycled = self.recycled.lock();
         for first in gone {
             let seg = segments.remove(&first).expect("listed");
-            fs::remove_file(&seg.path)
-                .map_err(|e| StoreError::io(format!("removing {}", seg.path.display()), e))?;
+            if recycled.len() < RECYCLE_KEEP {
+                let to = self.dir.join(recycle_name(first));
+                fs::rename(&seg.path, &to).map_err(|e| {
+                    StoreError::io(format!("renaming {} for reuse", seg.path.display()), e)
+                })?;
+                recycled.push(to);
+            } else {
+                fs::remove_file(&seg.path)
+                    .map_err(|e| StoreError::io(format!("removing {}", seg.path.display()), e))?;
+            }
         }
         Ok(())
     }
+}
+
+/// A released segment `old` renamed to `path` and opened as a new segment, with its
+/// length: written and synced up to there when it was a segment.
+fn reuse(old: &Path, path: &Path) -> std::io::Result<(File, u64)> {
+    fs::rename(old, path)?;
+    let file = OpenOptions::new().read(true).write(true).open(path)?;
+    let len = file.metadata()?.len();
+    Ok((file, len))
+}
+
+/// The released segments a previous run left in `dir` for reuse, [`RECYCLE_KEEP`] at
+/// most; the others are removed.
+fn recycled_in(dir: &Path) -> Result<Vec<PathBuf>, StoreError> {
+    let mut found = Vec::new();
+    let entries =
+        fs::read_dir(dir).map_err(|e| StoreError::io(format!("listing {}", dir.display()), e))?;
+    for entry in entries {
+        let entry = entry.map_err(|e| StoreError::io(format!("listing {}", dir.display()), e))?;
+        let name = entry.file_name();
+        let is_recycled = name
+            .to_str()
+            .is_some_and(|n| n.starts_with("recycle-") && n.ends_with(".wal"));
+        if is_recycled {
+            found.push(entry.path());
+        }
+    }
+    found.sort();
+    for extra in found.split_off(found.len().min(RECYCLE_KEEP)) {
+        fs::remove_file(&extra)
+            .map_err(|e| StoreError::io(format!("removing {}", extra.display()), e))?;
+    }
+    Ok(found)
 }
 
 /// Makes the directory's entries (a created segment's name) durable.
@@ -760,6 +829,74 @@ mod tests {
         // The open segment is never removed.
         wal.release_through(3).unwrap();
         assert_eq!(segments(dir.path()).unwrap().len(), 1);
+    }
+
+    /// Released segments become the next ones: the file is renamed, not zero-filled
+    /// again, and its old frames behind the new ones never read as log.
+    #[test]
+    fn released_segments_are_reused_without_a_fill_and_their_old_frames_never_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let recycled = |d: &Path| {
+            fs::read_dir(d)
+                .unwrap()
+                .filter(|e| {
+                    let name = e.as_ref().unwrap().file_name();
+                    name.to_str().unwrap().starts_with("recycle-")
+                })
+                .count()
+        };
+        // Frames of one size, so a reused segment's old frames lie exactly where the
+        // next new ones would.
+        let mut b = WriteBatch::new();
+        b.put(b"mid".to_vec(), vec![3u8; 1 << 20]);
+        let payload = encode_batch(&b);
+        let wal = Wal::new(dir.path(), 1).unwrap();
+        let mut frame = 0;
+        let mut write_until = |segments_wanted: usize, wal: &Wal| {
+            while segments(dir.path()).unwrap().len() < segments_wanted {
+                frame += 1;
+                wal.append(frame, &payload);
+                wal.sync().unwrap();
+            }
+            frame
+        };
+        let third = write_until(3, &wal);
+        wal.release_through(third - 1).unwrap();
+        assert_eq!(segments(dir.path()).unwrap().len(), 1);
+        assert_eq!(recycled(dir.path()), RECYCLE_KEEP);
+        let reused_len = wal
+            .recycled
+            .lock()
+            .last()
+            .map(|p| fs::metadata(p).unwrap().len())
+            .unwrap();
+        assert!(reused_len >= SEGMENT_BYTES - (1 << 21));
+
+        // The open segment fills; the next starts in a reused file, two frames long.
+        let first = write_until(2, &wal);
+        wal.append(first + 1, &payload);
+        wal.sync().unwrap();
+        assert_eq!(recycled(dir.path()), RECYCLE_KEEP - 1);
+        {
+            let open = wal.open.lock();
+            let o = open.as_ref().unwrap();
+            assert_eq!(o.first, first);
+            assert_eq!(
+                o.zeroed, reused_len,
+                "no fill: the file was written already"
+            );
+        }
+        // What a restart reads ends at the new frames: the old ones behind them have
+        // lower numbers.
+        let got = read_all(dir.path(), third - 1).unwrap();
+        let frames: Vec<u64> = got.iter().map(|(f, _)| *f).collect();
+        assert_eq!(frames, (third..=first + 1).collect::<Vec<_>>());
+        let again = Wal::open(dir.path(), first + 2, Vec::new()).unwrap();
+        assert_eq!(
+            again.recycled.lock().len(),
+            RECYCLE_KEEP - 1,
+            "kept across a restart"
+        );
     }
 
     #[test]
