@@ -127,9 +127,18 @@ fn segment_name(first_frame: u64) -> String {
     format!("wal-{first_frame:020}.log")
 }
 
-/// A released segment waiting for reuse (not a segment: [`segments`] skips it).
-fn recycle_name(first_frame: u64) -> String {
-    format!("recycle-{first_frame:020}.wal")
+/// The name a released segment waits for reuse under (not a segment's: [`segments`]
+/// skips it): `wal-<first>.log` becomes `recycle-<first>.wal`.
+fn recycle_name_of(segment: &Path) -> String {
+    let name = segment
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or_default();
+    let first = name
+        .strip_prefix("wal-")
+        .and_then(|n| n.strip_suffix(".log"))
+        .unwrap_or(name);
+    format!("recycle-{first}.wal")
 }
 
 /// The segments in `dir`, oldest first, as `(first frame, path)`.
@@ -618,39 +627,54 @@ impl Wal {
     }
 
     /// Removes the segments, other than the one being written, whose frames are all at
-    /// or below `frame` (nothing needs them any more).
+    /// or below `frame` (nothing needs them any more): up to [`RECYCLE_KEEP`] are kept
+    /// for reuse under another name. The directory is synced after: a removal a crash
+    /// undid would bring an old segment back before a gap in the frames, which the
+    /// next open would take for the end of the log.
     pub(crate) fn release_through(&self, frame: u64) -> Result<(), StoreError> {
-        let open = self.open.lock();
-        let current = open.as_ref().map(|o| o.first);
-        let mut segments = self.segments.write();
-        let mut gone = Vec::new();
-        let mut iter = segments.iter().peekable();
-        while let Some((&first, seg)) = iter.next() {
-            // A segment ends where the next one begins, the last one at its last frame.
-            let last = match iter.peek() {
-                Some((&next_first, _)) => next_first - 1,
-                None => first + seg.offsets.len() as u64 - 1,
-            };
-            if last > frame || Some(first) == current {
-                break;
+        let gone: Vec<Segment> = {
+            // The writer's lock only to know the open segment: the files are renamed,
+            // removed and the directory synced without holding up commits.
+            let open = self.open.lock();
+            let current = open.as_ref().map(|o| o.first);
+            let mut segments = self.segments.write();
+            let mut gone = Vec::new();
+            let mut iter = segments.iter().peekable();
+            while let Some((&first, seg)) = iter.next() {
+                // A segment ends where the next one begins, the last one at its last
+                // frame.
+                let last = match iter.peek() {
+                    Some((&next_first, _)) => next_first - 1,
+                    None => first + seg.offsets.len() as u64 - 1,
+                };
+                if last > frame || Some(first) == current {
+                    break;
+                }
+                gone.push(first);
             }
-            gone.push(first);
+            gone.into_iter()
+                .map(|first| segments.remove(&first).expect("listed"))
+                .collect()
+        };
+        if gone.is_empty() {
+            return Ok(());
         }
-        let mut recycled = self.recycled.lock();
-        for first in gone {
-            let seg = segments.remove(&first).expect("listed");
-            if recycled.len() < RECYCLE_KEEP {
-                let to = self.dir.join(recycle_name(first));
-                fs::rename(&seg.path, &to).map_err(|e| {
-                    StoreError::io(format!("renaming {} for reuse", seg.path.display()), e)
+        // Oldest first: were the directory's changes to reach the disk in part, the
+        // segments left would still continue one another.
+        for Segment { path, .. } in gone {
+            let keep = self.recycled.lock().len() < RECYCLE_KEEP;
+            if keep {
+                let to = self.dir.join(recycle_name_of(&path));
+                fs::rename(&path, &to).map_err(|e| {
+                    StoreError::io(format!("renaming {} for reuse", path.display()), e)
                 })?;
-                recycled.push(to);
+                self.recycled.lock().push(to);
             } else {
-                fs::remove_file(&seg.path)
-                    .map_err(|e| StoreError::io(format!("removing {}", seg.path.display()), e))?;
+                fs::remove_file(&path)
+                    .map_err(|e| StoreError::io(format!("removing {}", path.display()), e))?;
             }
         }
-        Ok(())
+        sync_dir(&self.dir)
     }
 }
 
