@@ -301,9 +301,12 @@ fn a_disk_filled_without_a_floor_stops_the_node_and_a_restart_loses_nothing_ackn
     });
     assert!(acknowledged > 0, "{failure}");
     assert!(failure.contains("No space left on device"), "{failure}");
-    let status = n1
-        .wait_exit(WAIT)
-        .expect("the node stops on the failed write");
+    let status = n1.wait_exit(WAIT).unwrap_or_else(|| {
+        panic!(
+            "the node stops on the failed write ({failure}); log:\n{}",
+            n1.log()
+        )
+    });
     assert!(!status.success(), "{status:?}");
     let log = n1.log();
     assert!(log.contains("storage failed"), "{log}");

@@ -162,6 +162,11 @@ struct Shared {
     /// Set when an insert failed halfway through a batch: sled holds part of it, so
     /// nothing more is applied until a restart re-applies its frame.
     broken: Mutex<Option<String>>,
+    /// sled's first I/O error, met by a read, a scan or the checkpoint's flush: sled
+    /// keeps it and fails every later operation (reads included), and what it holds
+    /// durably is no longer known, so the store is failed ([`KvEngine::failure`]) and
+    /// a restart recovers from the log.
+    sled_failed: Mutex<Option<String>>,
     stop: Mutex<bool>,
     wake: Condvar,
 }
@@ -290,6 +295,7 @@ impl SledEngine {
             applied: AtomicU64::new(last),
             checkpoint: AtomicU64::new(last),
             broken: Mutex::new(None),
+            sled_failed: Mutex::new(None),
             stop: Mutex::new(false),
             wake: Condvar::new(),
         });
@@ -615,9 +621,10 @@ impl Shared {
     fn disk_scan(self: &Arc<Self>, range: ByteRange, reverse: bool) -> KvIter {
         let sled_part = |r: ByteRange| -> KvIter {
             let iter = self.db.range(r);
-            let map = |r: sled::Result<(sled::IVec, sled::IVec)>| {
+            let shared = self.clone();
+            let map = move |r: sled::Result<(sled::IVec, sled::IVec)>| {
                 r.map(|(k, v)| (k.to_vec(), v.to_vec()))
-                    .map_err(|e| StoreError::io("scan", e))
+                    .map_err(|e| shared.sled_error("scan", e))
             };
             if reverse {
                 Box::new(iter.rev().map(map))
@@ -655,14 +662,27 @@ impl Shared {
         Box::new(parts.into_iter().flatten())
     }
 
+    /// A sled error met by `what`: recorded as the store's failure (see
+    /// `sled_failed`), and returned.
+    fn sled_error(&self, what: &'static str, e: sled::Error) -> StoreError {
+        self.sled_failed
+            .lock()
+            .get_or_insert_with(|| format!("sled failed during {what}: {e}"));
+        StoreError::io(what, e)
+    }
+
     fn checkpoint(&self) -> Result<(), StoreError> {
         // Everything written before the load is in sled; after the flush, durably.
         let frame = self.applied.load(Ordering::Acquire);
         if frame > self.checkpoint.load(Ordering::Acquire) {
             self.db
                 .flush()
-                .map_err(|e| StoreError::io("checkpoint flush", e))?;
-            set_checkpoint(&self.db, &self.redo, frame)?;
+                .map_err(|e| self.sled_error("checkpoint flush", e))?;
+            set_checkpoint(&self.db, &self.redo, frame).inspect_err(|e| {
+                self.sled_failed
+                    .lock()
+                    .get_or_insert_with(|| format!("sled failed during the checkpoint: {e}"));
+            })?;
             self.checkpoint.store(frame, Ordering::Release);
         }
         // Segments go once sled has their frames and no log key is read from them.
@@ -730,7 +750,7 @@ impl KvEngine for SledEngine {
             .db
             .get(key)
             .map(|v| v.map(|v| v.to_vec()))
-            .map_err(|e| StoreError::io("read", e))
+            .map_err(|e| self.shared.sled_error("read", e))
     }
 
     fn scan(&self, range: ByteRange, reverse: bool) -> KvIter {
@@ -804,12 +824,15 @@ impl KvEngine for SledEngine {
 
     fn failure(&self) -> Option<String> {
         let s = &*self.shared;
-        s.wal.failure().or_else(|| {
-            s.broken
-                .lock()
-                .as_ref()
-                .map(|r| format!("a durable batch was moved into sled only in part: {r}"))
-        })
+        s.wal
+            .failure()
+            .or_else(|| {
+                s.broken
+                    .lock()
+                    .as_ref()
+                    .map(|r| format!("a durable batch was moved into sled only in part: {r}"))
+            })
+            .or_else(|| s.sled_failed.lock().clone())
     }
 
     fn settle(&self) -> Result<(), StoreError> {
