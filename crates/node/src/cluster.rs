@@ -18,7 +18,7 @@
 //! ([`report_catalog`]) plus this node's tables they lack — and the registry for which
 //! store is which node.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use hawser_control::state::ReceiverState;
@@ -164,26 +164,32 @@ fn with_local(reported: Option<&StoreCatalog>, local: &StoreCatalog) -> StoreCat
         return local.clone();
     };
     let mut out = reported.clone();
-    for t in &local.tables {
-        if !out.tables.iter().any(|r| r.name == t.name) {
-            out.tables.push(t.clone());
-        }
-    }
-    for q in &local.sequences {
-        if !out.sequences.iter().any(|r| r.name == q.name) {
-            out.sequences.push(q.clone());
-        }
-    }
+    let tables: BTreeSet<&QualName> = reported.tables.iter().map(|t| &t.name).collect();
+    out.tables.extend(
+        local
+            .tables
+            .iter()
+            .filter(|t| !tables.contains(&t.name))
+            .cloned(),
+    );
+    let sequences: BTreeSet<&QualName> = reported.sequences.iter().map(|q| &q.name).collect();
+    out.sequences.extend(
+        local
+            .sequences
+            .iter()
+            .filter(|q| !sequences.contains(&q.name))
+            .cloned(),
+    );
     out
 }
 
 /// Keeps this store's catalog in the cluster state current: whenever what the cluster
 /// holds for it differs from the store's tables and sequences (DDL here, a replicated
 /// CREATE TABLE, a first start), proposes [`Command::ReportCatalog`]. Looks on every
-/// cluster change and once a second (DDL here changes no Raft state), skipping the look
-/// when neither the catalog nor the cluster state moved since the last one that found
-/// the report current. A failed proposal (no leader yet, this node not registered yet)
-/// is tried again at the next look.
+/// cluster change and once a second (DDL here changes no Raft state): a look compares
+/// the catalog with the record, which costs a copy of the table definitions. A failed
+/// proposal (no leader yet, this node not registered yet) is tried again at the next
+/// look.
 pub(crate) async fn report_catalog(
     plane: ControlPlane,
     db: Database,
@@ -193,9 +199,6 @@ pub(crate) async fn report_catalog(
     let mut cluster = plane.subscribe();
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    // (catalog generation, state version) of the last look that found the report
-    // current.
-    let mut current: Option<(u64, u64)> = None;
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => return,
@@ -206,17 +209,12 @@ pub(crate) async fn report_catalog(
             }
             _ = tick.tick() => {}
         }
-        let generation = db.catalog_generation();
         let state = plane.state();
-        if current == Some((generation, state.version)) {
-            continue;
-        }
         if state.node_by_store(&store).is_none() {
             continue;
         }
         let catalog = local_catalog(&db);
         if state.catalogs.get(&store) == Some(&catalog) {
-            current = Some((generation, state.version));
             continue;
         }
         let tables = catalog.tables.len();
