@@ -1472,6 +1472,17 @@ fn a_new_datastore_subscriber_is_seeded_by_a_duplicate_with_the_masters_tables_a
         "{refused}"
     );
     assert_eq!(replication(ds3)["problems"], json!([]));
+
+    // A table ds1 creates now reaches the cluster's record of ds1's catalog, which every
+    // node shows (a local CREATE TABLE moves no Raft state by itself).
+    sql_ok(ds1, "create table w (k int primary key)");
+    wait_for("ds3 to show ds1's reported catalog with w", WAIT, || {
+        let status = ds3.status();
+        let nodes = status["cluster"]["nodes"].as_array()?.clone();
+        let ds1_node = nodes.iter().find(|n| n["store"] == "ds1")?;
+        let tables = ds1_node["catalog"]["tables"].as_array()?;
+        tables.contains(&json!("w")).then_some(())
+    });
 }
 
 #[test]

@@ -381,6 +381,7 @@ pub(crate) fn cluster_status(plane: &ControlPlane) -> v1::ClusterStatus {
             } else {
                 None
             };
+            let catalog = state.catalogs.get(&n.store);
             let health = if n.id == me || (Some(n.id) == m.leader && !is_leader) {
                 "ok"
             } else if is_leader {
@@ -406,6 +407,13 @@ pub(crate) fn cluster_status(plane: &ControlPlane) -> v1::ClusterStatus {
                     (true, Some(i)) => last_log.saturating_sub(i) as i64,
                     _ => -1,
                 },
+                catalog_reported: catalog.is_some(),
+                tables: catalog
+                    .map(|c| c.tables.iter().map(|t| t.name.to_string()).collect())
+                    .unwrap_or_default(),
+                sequences: catalog
+                    .map(|c| c.sequences.iter().map(|q| q.name.to_string()).collect())
+                    .unwrap_or_default(),
             }
         })
         .collect();

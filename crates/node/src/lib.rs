@@ -218,6 +218,10 @@ fn cluster_json(c: &v1::ClusterStatus) -> serde_json::Value {
             "health": n.health,
             "matched_index": opt(n.matched_index),
             "lag_entries": opt(n.lag_entries),
+            "catalog": n.catalog_reported.then(|| serde_json::json!({
+                "tables": n.tables,
+                "sequences": n.sequences,
+            })),
         })).collect::<Vec<_>>(),
         "schemes": c.schemes.iter().map(|s| serde_json::json!({
             "name": s.name,
