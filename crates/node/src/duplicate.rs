@@ -289,8 +289,8 @@ async fn send(tx: &Progress, p: &v1::DuplicateProgress) -> Result<(), Status> {
 /// Works out what to copy and checks that a duplicate can do it.
 ///
 /// The schemes this store receives in come from the elements as written: a DATASTORE
-/// element's tables are planned from its master's catalog, which this node stands in
-/// for with its own (as its data plane does), and a store being seeded lacks them. The
+/// element's tables are planned from its master's catalog as the master last reported it
+/// plus this node's own tables (`cluster::topology`), which may lag the master. The
 /// source then names the tables (`CopyRequest.scheme`); the ones planned here are what
 /// a source that predates that copies.
 fn plan(
@@ -447,8 +447,8 @@ fn plan(
 
 /// What a copy this node serves for a scheme carries to a store (`CopyRequest.scheme`):
 /// the tables and sequences the scheme routes to it, from other origins, as this node
-/// plans the scheme — its own catalog standing in for every store's, as its data plane
-/// plans, so a DATASTORE element's are the ones this node has.
+/// plans the scheme (`cluster::topology`: its own catalog for its own store), so the
+/// DATASTORE elements it masters cover the tables and sequences it has.
 pub(crate) fn copy_plan(
     plane: hawser_control::ControlPlane,
     db: hawser_store::Database,
