@@ -164,23 +164,15 @@ fn with_local(reported: Option<&StoreCatalog>, local: &StoreCatalog) -> StoreCat
         return local.clone();
     };
     let mut out = reported.clone();
-    let tables: BTreeSet<&QualName> = reported.tables.iter().map(|t| &t.name).collect();
-    out.tables.extend(
-        local
-            .tables
-            .iter()
-            .filter(|t| !tables.contains(&t.name))
-            .cloned(),
-    );
-    let sequences: BTreeSet<&QualName> = reported.sequences.iter().map(|q| &q.name).collect();
-    out.sequences.extend(
-        local
-            .sequences
-            .iter()
-            .filter(|q| !sequences.contains(&q.name))
-            .cloned(),
-    );
+    add_missing(&mut out.tables, &local.tables, |t| &t.name);
+    add_missing(&mut out.sequences, &local.sequences, |q| &q.name);
     out
+}
+
+/// Appends the items of `from` whose name `into` lacks.
+fn add_missing<T: Clone>(into: &mut Vec<T>, from: &[T], name: impl Fn(&T) -> &QualName) {
+    let have: BTreeSet<QualName> = into.iter().map(|t| name(t).clone()).collect();
+    into.extend(from.iter().filter(|t| !have.contains(name(t))).cloned());
 }
 
 /// Keeps this store's catalog in the cluster state current: whenever what the cluster
@@ -686,6 +678,34 @@ pub(crate) async fn set_receiver_state(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_report_is_planned_with_what_this_node_has_and_it_lacks() {
+        let seq = |n: &str| SequenceInfo {
+            name: QualName::bare(n),
+            cycle: false,
+        };
+        let reported = StoreCatalog {
+            tables: Vec::new(),
+            sequences: vec![seq("a")],
+        };
+        let local = StoreCatalog {
+            tables: Vec::new(),
+            sequences: vec![seq("a"), seq("b")],
+        };
+        let merged = with_local(Some(&reported), &local);
+        let names: Vec<String> = merged
+            .sequences
+            .iter()
+            .map(|q| q.name.to_string())
+            .collect();
+        assert_eq!(names, ["a", "b"], "a once, then the one the report lacks");
+        assert_eq!(
+            with_local(None, &local),
+            local,
+            "no report: this node's catalog"
+        );
+    }
 
     #[test]
     fn self_is_replaced_by_the_store_name_only_as_a_word() {
