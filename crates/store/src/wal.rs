@@ -679,9 +679,9 @@ impl Wal {
 }
 
 /// Zeros to fill segments with, from a static block rather than a fresh buffer: a
-/// zeroed allocation of a fill's size is new memory every time (the allocator hands
-/// large blocks back to the kernel), and faulting it in, often as a huge page the
-/// kernel clears, cost the commit that crossed the filled space more than the write.
+/// zeroed allocation of a fill's size was new memory every time (the allocator hands
+/// large blocks back to the kernel), faulted in, often as a huge page the kernel
+/// cleared, on the commit that crossed the filled space.
 static ZEROS: [u8; 64 << 10] = [0; 64 << 10];
 
 /// Writes zeros to `file` from offset `from` up to `to`.
@@ -842,11 +842,9 @@ mod tests {
         // Frames of 100 KiB: the sixth passes the space the first one filled.
         let payload = |i: u64| vec![i as u8 + 1; 100 << 10];
         let frame_bytes = (HEADER_BYTES + (100 << 10)) as u64;
-        let (_, path) = {
-            wal.append(1, &payload(1));
-            wal.sync().unwrap();
-            segments(dir.path()).unwrap().pop().unwrap()
-        };
+        wal.append(1, &payload(1));
+        wal.sync().unwrap();
+        let (_, path) = segments(dir.path()).unwrap().pop().unwrap();
         let len = || fs::metadata(&path).unwrap().len();
         // Filled up to the step after the one the frames end in, only when they
         // pass the filled space.
