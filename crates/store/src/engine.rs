@@ -389,7 +389,7 @@ fn recover(db: &sled::Db, redo: &sled::Tree, wal_dir: &Path) -> Result<Recovered
     // other changes of the frames sled may not have at all.
     let in_sled = last;
     let mut replayed: Option<u64> = None;
-    let scanned = crate::wal::scan(wal_dir, |frame, payload| {
+    let scanned = crate::wal::scan(wal_dir, in_sled, |frame, payload| {
         let batch = crate::wal::decode_batch(payload).map_err(|reason| {
             StoreError::corrupt(&frame.to_be_bytes(), format!("frame {frame}: {reason}"))
         })?;
@@ -1360,6 +1360,10 @@ mod tests {
             // sled has the row and no log key; the log keeps the segments of both.
             assert!(e.shared.db.get(b"row").unwrap().is_some());
             assert_eq!(e.shared.db.range(log_key_range()).count(), 0);
+            eprintln!(
+                "{:?}",
+                crate::wal::segments(&dir.path().join("wal")).unwrap()
+            );
             assert_eq!(segment_count(dir.path()), 3);
             assert_eq!(e.get(&log_key(1)).unwrap(), Some(big(1)));
             let mut gone = WriteBatch::new();
@@ -1387,6 +1391,52 @@ mod tests {
         let e = SledEngine::open(dir.path()).unwrap();
         assert_eq!(e.scan(log_key_range(), false).count(), 0);
         assert_eq!(e.get(b"row").unwrap(), Some(big(3)));
+    }
+
+    /// A crash can undo the removal of one released segment and not of the next: the
+    /// one that came back is cut off from the log by a gap, and the log after the gap
+    /// is what the store needs.
+    #[test]
+    fn a_released_segment_a_crash_brought_back_before_a_gap_is_dropped_not_the_log() {
+        let dir = tempfile::tempdir().unwrap();
+        let big = |n: u8| vec![n; (crate::wal::SEGMENT_BYTES / 2) as usize + 1];
+        let first_segment;
+        {
+            let e = SledEngine::open(dir.path()).unwrap();
+            e.apply(put(&log_key(1), &big(1))).unwrap();
+            e.flush().unwrap();
+            // Key 1's segment as it will stay: the next frame starts another.
+            let (_, path) = crate::wal::segments(&dir.path().join("wal"))
+                .unwrap()
+                .remove(0);
+            first_segment = (path.clone(), std::fs::read(&path).unwrap());
+            let mut gone = WriteBatch::new();
+            gone.delete(log_key(1));
+            gone.put(b"row".to_vec(), big(2));
+            e.apply(gone).unwrap();
+            e.flush().unwrap();
+            e.apply(put(&log_key(3), &big(3))).unwrap();
+            e.flush().unwrap();
+            e.checkpoint().unwrap();
+            // Key 1's segment and the next one went; key 3's stays.
+            assert_eq!(segment_count(dir.path()), 1);
+        }
+        // The first one's removal undone, the second's not.
+        std::fs::write(&first_segment.0, &first_segment.1).unwrap();
+        assert_eq!(segment_count(dir.path()), 2);
+        for _ in 0..2 {
+            let e = SledEngine::open(dir.path()).unwrap();
+            let keys: Vec<_> = e
+                .scan(log_key_range(), false)
+                .map(|r| r.unwrap().0)
+                .collect();
+            assert_eq!(keys, vec![log_key(3)], "key 3 kept, key 1 not back");
+            assert!(e.get(&log_key(3)).unwrap() == Some(big(3)));
+            assert!(e.get(b"row").unwrap() == Some(big(2)));
+            assert!(!first_segment.0.exists(), "the one brought back is gone");
+            e.apply(put(b"after", b"1")).unwrap();
+            e.flush().unwrap();
+        }
     }
 
     #[test]

@@ -184,67 +184,103 @@ impl ScannedSegment {
     }
 }
 
-/// What [`scan`] found: the segments that continue one another from the oldest on,
-/// and those after a break (frames that can never have been durable: a new segment
-/// is created only after the previous one's frames synced).
+/// What [`scan`] found: the segments of the log, which continue one another, and the
+/// stale ones around them. Stale after the log: segments after a break, whose frames
+/// can never have been durable (a new segment is created only after the previous one's
+/// frames synced). Stale before it: released segments a crash brought back (their
+/// removal had not reached the disk), cut off from the log by a gap where a segment
+/// that was removed with them stayed removed.
 pub(crate) struct Scanned {
     pub(crate) segments: Vec<ScannedSegment>,
     pub(crate) stale: Vec<PathBuf>,
 }
 
 /// Reads the log in `dir` and hands every frame to `visit`, in order, from the oldest
-/// segment on. Reading stops at the end of the log: the first torn or corrupt frame,
-/// or a frame that is not the next number.
+/// segment of the log on. The store holds the frames up to `in_store`: the log is the
+/// run of segments that continue one another through the one frame `in_store + 1` falls
+/// in (the segments before a gap below it were released). Reading stops at the end of
+/// the log: the first torn or corrupt frame, or a frame that is not the next number.
 pub(crate) fn scan(
     dir: &Path,
+    in_store: u64,
     mut visit: impl FnMut(u64, &[u8]) -> Result<(), StoreError>,
 ) -> Result<Scanned, StoreError> {
-    let mut expected: Option<u64> = None;
-    let mut found = Scanned {
-        segments: Vec::new(),
-        stale: Vec::new(),
-    };
+    // Every segment's whole frames first: which segments make up the log is known only
+    // once each one's last frame is.
+    let mut all = Vec::new();
     for (first, path) in segments(dir)? {
-        if expected.is_some_and(|e| e != first) {
-            found.stale.push(path);
-            continue;
-        }
-        let mut bytes = Vec::new();
-        File::open(&path)
-            .and_then(|mut f| f.read_to_end(&mut bytes))
-            .map_err(|e| StoreError::io(format!("reading {}", path.display()), e))?;
-        let mut at = 0usize;
-        let mut next = first;
-        let mut offsets = Vec::new();
-        while bytes.len() - at >= HEADER_BYTES {
-            let h = &bytes[at..at + HEADER_BYTES];
-            let len = u32::from_le_bytes([h[0], h[1], h[2], h[3]]) as usize;
-            let crc = u32::from_le_bytes([h[4], h[5], h[6], h[7]]);
-            let frame = u64::from_le_bytes(h[8..16].try_into().expect("8 bytes"));
-            let end = at + HEADER_BYTES + len;
-            if len == 0 || end > bytes.len() || frame != next {
-                break;
-            }
-            let payload = &bytes[at + HEADER_BYTES..end];
-            if checksum(frame, payload) != crc {
-                break;
-            }
-            visit(frame, payload)?;
-            offsets.push(at as u64);
-            next = frame + 1;
-            at = end;
-        }
-        // The segment ends at zeros (space filled ahead of writes), or at a frame torn
-        // by a crash; either way only a segment starting at the next number continues
-        // the log.
-        expected = Some(next);
-        found.segments.push(ScannedSegment {
+        let bytes = read_segment(&path)?;
+        let offsets = frames_in(first, &bytes).map(|(at, _)| at).collect();
+        all.push(ScannedSegment {
             first,
             path,
             offsets,
         });
     }
-    Ok(found)
+    let continues = |a: &ScannedSegment, b: &ScannedSegment| a.last() + 1 == b.first;
+    let anchor = all
+        .iter()
+        .rposition(|s| s.first <= in_store.saturating_add(1))
+        .unwrap_or(0);
+    let mut start = anchor;
+    while start > 0 && continues(&all[start - 1], &all[start]) {
+        start -= 1;
+    }
+    let mut end = anchor.min(all.len());
+    while end < all.len() && (end == anchor || continues(&all[end - 1], &all[end])) {
+        end += 1;
+    }
+    let after: Vec<ScannedSegment> = all.split_off(end);
+    let log: Vec<ScannedSegment> = all.split_off(start);
+    let stale = all.into_iter().chain(after).map(|s| s.path).collect();
+    for segment in &log {
+        let bytes = read_segment(&segment.path)?;
+        for (_, (frame, payload)) in frames_in(segment.first, &bytes) {
+            visit(frame, payload)?;
+        }
+    }
+    Ok(Scanned {
+        segments: log,
+        stale,
+    })
+}
+
+fn read_segment(path: &Path) -> Result<Vec<u8>, StoreError> {
+    let mut bytes = Vec::new();
+    File::open(path)
+        .and_then(|mut f| f.read_to_end(&mut bytes))
+        .map_err(|e| StoreError::io(format!("reading {}", path.display()), e))?;
+    Ok(bytes)
+}
+
+/// The whole frames at the start of a segment's `bytes`, numbered on from `first`, as
+/// (offset, (frame number, payload)). They end at zeros (space filled ahead of
+/// writes), at a frame torn by a crash or failing its checksum, or at a frame that is
+/// not the next number (what a reused segment held before).
+fn frames_in(first: u64, bytes: &[u8]) -> impl Iterator<Item = (u64, (u64, &[u8]))> {
+    let mut at = 0usize;
+    let mut next = first;
+    std::iter::from_fn(move || {
+        if bytes.len() - at < HEADER_BYTES {
+            return None;
+        }
+        let h = &bytes[at..at + HEADER_BYTES];
+        let len = u32::from_le_bytes([h[0], h[1], h[2], h[3]]) as usize;
+        let crc = u32::from_le_bytes([h[4], h[5], h[6], h[7]]);
+        let frame = u64::from_le_bytes(h[8..16].try_into().expect("8 bytes"));
+        let end = at + HEADER_BYTES + len;
+        if len == 0 || end > bytes.len() || frame != next {
+            return None;
+        }
+        let payload = &bytes[at + HEADER_BYTES..end];
+        if checksum(frame, payload) != crc {
+            return None;
+        }
+        let found = (at as u64, (frame, payload));
+        next = frame + 1;
+        at = end;
+        Some(found)
+    })
 }
 
 /// Hands every frame of the log in `dir` numbered above `after` to `apply`, in order
@@ -259,7 +295,7 @@ pub(crate) fn replay(
     mut apply: impl FnMut(u64, &[u8]) -> Result<(), StoreError>,
 ) -> Result<Option<u64>, StoreError> {
     let mut last = None;
-    scan(dir, |frame, payload| {
+    scan(dir, after, |frame, payload| {
         if frame <= after {
             return Ok(());
         }
