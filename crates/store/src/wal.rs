@@ -185,11 +185,10 @@ impl ScannedSegment {
 }
 
 /// What [`scan`] found: the segments of the log, which continue one another, and the
-/// stale ones around them. Stale after the log: segments after a break, whose frames
-/// can never have been durable (a new segment is created only after the previous one's
-/// frames synced). Stale before it: released segments a crash brought back (their
-/// removal had not reached the disk), cut off from the log by a gap where a segment
-/// that was removed with them stayed removed.
+/// stale ones around them. Stale before it: released segments a crash brought back
+/// (their removal had not reached the disk), cut off from the log by a gap where a
+/// segment removed with them stayed removed. Stale after it: segments that hold no
+/// frame (created, or a released one renamed for reuse, just before a crash).
 pub(crate) struct Scanned {
     pub(crate) segments: Vec<ScannedSegment>,
     pub(crate) stale: Vec<PathBuf>,
@@ -200,6 +199,13 @@ pub(crate) struct Scanned {
 /// run of segments that continue one another through the one frame `in_store + 1` falls
 /// in (the segments before a gap below it were released). Reading stops at the end of
 /// the log: the first torn or corrupt frame, or a frame that is not the next number.
+///
+/// A segment after that end that holds frames is refused, naming both segments: a new
+/// segment is created only once the frames of the one before are durable, so the log
+/// cannot have ended early in a segment that has a successor unless the segment was
+/// damaged, and the frames after the damage are commits that were acknowledged as
+/// durable. Nothing is removed then; the operator restores the directory or rebuilds
+/// the node from a peer.
 pub(crate) fn scan(
     dir: &Path,
     in_store: u64,
@@ -208,14 +214,21 @@ pub(crate) fn scan(
     // Every segment's whole frames first: which segments make up the log is known only
     // once each one's last frame is.
     let mut all = Vec::new();
+    let mut ends = Vec::new();
     for (first, path) in segments(dir)? {
         let bytes = read_segment(&path)?;
-        let offsets = frames_in(first, &bytes).map(|(at, _)| at).collect();
+        let mut offsets = Vec::new();
+        let mut end = 0;
+        for (at, (_, payload)) in frames_in(first, &bytes) {
+            offsets.push(at);
+            end = at + (HEADER_BYTES + payload.len()) as u64;
+        }
         all.push(ScannedSegment {
             first,
             path,
             offsets,
         });
+        ends.push(end);
     }
     let continues = |a: &ScannedSegment, b: &ScannedSegment| a.last() + 1 == b.first;
     let anchor = all
@@ -230,6 +243,43 @@ pub(crate) fn scan(
     while end < all.len() && (end == anchor || continues(&all[end - 1], &all[end])) {
         end += 1;
     }
+    if let Some(next) = all[end..].iter().find(|s| !s.offsets.is_empty()) {
+        let last = &all[end - 1];
+        return Err(StoreError::IncompatibleFormat(format!(
+            "the write-ahead log in {} is damaged: {} ends at frame {} (offset {}: the \
+             next frame there is torn, fails its check or has the wrong number), but {} \
+             after it holds frames {} to {}; frames in between are missing. Nothing was \
+             changed: restore the directory, or rebuild this node from a peer",
+            dir.display(),
+            file_name(&last.path),
+            last.last(),
+            ends[end - 1],
+            file_name(&next.path),
+            next.first,
+            next.last(),
+        )));
+    }
+    if start > 0 {
+        // The store has their frames; what goes with them is the commit-log records
+        // they held, which a receiver behind them now finds released.
+        let before: Vec<String> = all[..start]
+            .iter()
+            .map(|s| {
+                format!(
+                    "{} (frames {} to {})",
+                    file_name(&s.path),
+                    s.first,
+                    s.last()
+                )
+            })
+            .collect();
+        tracing::warn!(
+            segments = %before.join(", "),
+            log_starts = all[start].first,
+            "removing log segments cut off before the log by a gap: released segments a \
+             crash brought back (or damaged ones); the store holds their frames"
+        );
+    }
     let after: Vec<ScannedSegment> = all.split_off(end);
     let log: Vec<ScannedSegment> = all.split_off(start);
     let stale = all.into_iter().chain(after).map(|s| s.path).collect();
@@ -243,6 +293,12 @@ pub(crate) fn scan(
         segments: log,
         stale,
     })
+}
+
+fn file_name(path: &Path) -> std::borrow::Cow<'_, str> {
+    path.file_name()
+        .unwrap_or(path.as_os_str())
+        .to_string_lossy()
 }
 
 fn read_segment(path: &Path) -> Result<Vec<u8>, StoreError> {
@@ -951,6 +1007,49 @@ mod tests {
         // The open segment is never removed.
         wal.release_through(3).unwrap();
         assert_eq!(segments(dir.path()).unwrap().len(), 1);
+    }
+
+    /// A segment that ends early although another follows it was damaged: the frames
+    /// after it were acknowledged as durable, so the scan refuses rather than take the
+    /// damage for the end of the log and remove them.
+    #[test]
+    fn a_damaged_segment_before_another_is_refused_and_nothing_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        let wal = Wal::new(dir.path(), 1).unwrap();
+        let payload = half_a_segment();
+        for f in 1..=3 {
+            wal.append(f, &payload);
+            wal.sync().unwrap();
+        }
+        drop(wal);
+        let all = segments(dir.path()).unwrap();
+        assert_eq!(all.len(), 3);
+        let mut bytes = fs::read(&all[1].1).unwrap();
+        bytes[HEADER_BYTES + 100] ^= 0xff;
+        fs::write(&all[1].1, &bytes).unwrap();
+        let err = read_all(dir.path(), 0).unwrap_err().to_string();
+        for part in [
+            "damaged",
+            "wal-00000000000000000002.log ends at frame 1 (offset 0",
+            "wal-00000000000000000003.log after it holds frames 3 to 3",
+        ] {
+            assert!(err.contains(part), "{part}: {err}");
+        }
+        assert_eq!(segments(dir.path()).unwrap().len(), 3, "nothing removed");
+        // Once the store has frames 1 and 2, segments 1 and 2 lie wholly below the log
+        // and before a gap: they read as released segments a crash brought back (a reused
+        // segment's end cannot tell damage from old bytes), stale.
+        let found = scan(dir.path(), 2, |_, _| Ok(())).unwrap();
+        assert_eq!(found.segments.len(), 1);
+        assert_eq!(found.stale, [all[0].1.clone(), all[1].1.clone()]);
+        // Segments that hold no frame (created just before a crash) are no damage: the
+        // log ends in the first, and the one after the end is stale.
+        for (_, path) in &all[1..] {
+            fs::write(path, vec![0u8; 4096]).unwrap();
+        }
+        let found = scan(dir.path(), 0, |_, _| Ok(())).unwrap();
+        assert_eq!(found.segments.len(), 2);
+        assert_eq!(found.stale, [all[2].1.clone()]);
     }
 
     /// Released segments become the next ones: the file is renamed, not zero-filled
