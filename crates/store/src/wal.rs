@@ -301,6 +301,15 @@ fn file_name(path: &Path) -> std::borrow::Cow<'_, str> {
         .to_string_lossy()
 }
 
+/// Appends frame `frame` with `payload` to `buf`, as segments hold it.
+fn encode_frame(buf: &mut Vec<u8>, frame: u64, payload: &[u8]) {
+    buf.reserve(HEADER_BYTES + payload.len());
+    buf.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+    buf.extend_from_slice(&checksum(frame, payload).to_le_bytes());
+    buf.extend_from_slice(&frame.to_le_bytes());
+    buf.extend_from_slice(payload);
+}
+
 fn read_segment(path: &Path) -> Result<Vec<u8>, StoreError> {
     let mut bytes = Vec::new();
     File::open(path)
@@ -494,13 +503,7 @@ impl Wal {
         if p.buf.is_empty() {
             p.first = frame;
         }
-        p.buf.reserve(HEADER_BYTES + payload.len());
-        p.buf
-            .extend_from_slice(&(payload.len() as u32).to_le_bytes());
-        p.buf
-            .extend_from_slice(&checksum(frame, payload).to_le_bytes());
-        p.buf.extend_from_slice(&frame.to_le_bytes());
-        p.buf.extend_from_slice(payload);
+        encode_frame(&mut p.buf, frame, payload);
         p.last = frame;
     }
 
@@ -1050,6 +1053,88 @@ mod tests {
         let found = scan(dir.path(), 0, |_, _| Ok(())).unwrap();
         assert_eq!(found.segments.len(), 2);
         assert_eq!(found.stale, [all[2].1.clone()]);
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(128))]
+
+        /// A log of frames 1..=n cut into segments, of which sled has frames up to
+        /// `in_store` and those wholly at or below a release point went; a crash brought
+        /// back any of the released ones, and may have left one or two segments created
+        /// for the next frames without any. The log read is the live segments and the
+        /// released ones that continue them, every frame after `in_store` is read, once,
+        /// in order, and only the others are stale.
+        #[test]
+        fn the_log_read_is_the_run_through_what_the_store_lacks(
+            cuts in proptest::collection::btree_set(2u64..40, 0..8),
+            n in 1u64..40,
+            in_store_pick in 0u64..=40,
+            release_pick in 0u64..=40,
+            back in proptest::collection::vec(proptest::bool::ANY, 8),
+            empty_after in 0usize..3,
+            reused_tail in proptest::bool::ANY,
+        ) {
+            let dir = tempfile::tempdir().unwrap();
+            // Segment firsts: 1 and the cuts inside the log.
+            let mut firsts: Vec<u64> = std::iter::once(1).chain(cuts.into_iter().filter(|&c| c <= n)).collect();
+            firsts.dedup();
+            let lasts: Vec<u64> = firsts.iter().skip(1).map(|f| f - 1).chain([n]).collect();
+            let in_store = in_store_pick % (n + 1);
+            // Released: segments wholly at or below a point no later than the store's, but
+            // never the last one (it is being written).
+            let release = release_pick % (in_store + 1);
+            let released = lasts.iter().filter(|&&l| l <= release).count().min(firsts.len() - 1);
+            let mut present = Vec::new();
+            for (i, (&first, &last)) in firsts.iter().zip(&lasts).enumerate() {
+                if i < released && !back[i % back.len()] {
+                    continue;
+                }
+                let mut bytes = Vec::new();
+                for f in first..=last {
+                    encode_frame(&mut bytes, f, &[f as u8; 40]);
+                }
+                if reused_tail {
+                    // What a reused segment holds behind its frames: an older frame.
+                    encode_frame(&mut bytes, 0, &[9; 40]);
+                }
+                bytes.extend_from_slice(&[0u8; 64]);
+                fs::write(dir.path().join(segment_name(first)), &bytes).unwrap();
+                present.push(i);
+            }
+            for k in 0..empty_after as u64 {
+                fs::write(dir.path().join(segment_name(n + 1 + k)), [0u8; 64]).unwrap();
+            }
+            // Expected: the live segments, and the released ones that came back right
+            // before them with no gap.
+            let mut from = released;
+            while from > 0 && present.contains(&(from - 1)) {
+                from -= 1;
+            }
+            let mut seen = Vec::new();
+            let found = scan(dir.path(), in_store, |f, p| {
+                assert_eq!(p, &[f as u8; 40][..]);
+                seen.push(f);
+                Ok(())
+            })
+            .unwrap();
+            let expected: Vec<u64> = (firsts[from]..=n).collect();
+            proptest::prop_assert_eq!(&seen, &expected);
+            let log: Vec<u64> = found.segments.iter().map(|s| s.first).collect();
+            let mut expected_log: Vec<u64> = firsts[from..].to_vec();
+            if empty_after > 0 {
+                expected_log.push(n + 1);
+            }
+            proptest::prop_assert_eq!(log, expected_log);
+            let mut expected_stale: Vec<PathBuf> = present
+                .iter()
+                .filter(|&&i| i < from)
+                .map(|&i| dir.path().join(segment_name(firsts[i])))
+                .collect();
+            if empty_after > 1 {
+                expected_stale.push(dir.path().join(segment_name(n + 2)));
+            }
+            proptest::prop_assert_eq!(found.stale, expected_stale);
+        }
     }
 
     /// Released segments become the next ones: the file is renamed, not zero-filled
