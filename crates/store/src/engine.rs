@@ -389,7 +389,19 @@ fn recover(db: &sled::Db, redo: &sled::Tree, wal_dir: &Path) -> Result<Recovered
     // other changes of the frames sled may not have at all.
     let in_sled = last;
     let mut replayed: Option<u64> = None;
-    let scanned = crate::wal::scan(wal_dir, in_sled, |frame, payload| {
+    let scanned = crate::wal::scan(wal_dir, in_sled, |seen| {
+        let (frame, payload) = match seen {
+            crate::wal::Visit::Frame(frame, payload) => (frame, payload),
+            crate::wal::Visit::Forget => {
+                // Only log keys were taken from those frames (sled has the rest).
+                debug_assert!(replayed.is_none(), "frames sled lacks come after the cut");
+                log = LogIndex {
+                    legacy: log.legacy,
+                    ..LogIndex::default()
+                };
+                return Ok(());
+            }
+        };
         let batch = crate::wal::decode_batch(payload).map_err(|reason| {
             StoreError::corrupt(&frame.to_be_bytes(), format!("frame {frame}: {reason}"))
         })?;
@@ -1431,6 +1443,11 @@ mod tests {
                 .map(|r| r.unwrap().0)
                 .collect();
             assert_eq!(keys, vec![log_key(3)], "key 3 kept, key 1 not back");
+            assert_eq!(
+                e.shared.log.read().first_held(),
+                Some(3),
+                "nothing indexed from the segment cut off"
+            );
             assert!(e.get(&log_key(3)).unwrap() == Some(big(3)));
             assert!(e.get(b"row").unwrap() == Some(big(2)));
             assert!(!first_segment.0.exists(), "the one brought back is gone");

@@ -194,105 +194,111 @@ pub(crate) struct Scanned {
     pub(crate) stale: Vec<PathBuf>,
 }
 
-/// Reads the log in `dir` and hands every frame to `visit`, in order, from the oldest
-/// segment of the log on. The store holds the frames up to `in_store`: the log is the
-/// run of segments that continue one another through the one frame `in_store + 1` falls
-/// in (the segments before a gap below it were released). Reading stops at the end of
-/// the log: the first torn or corrupt frame, or a frame that is not the next number.
+/// What [`scan`] hands its visitor.
+pub(crate) enum Visit<'a> {
+    /// The next frame of the log, in order.
+    Frame(u64, &'a [u8]),
+    /// The frames handed over so far are not part of the log after all: they were in
+    /// segments cut off before it by a gap (see [`Scanned`]), all of them frames the
+    /// store already has. Forget what was learned from them; frames from the log's
+    /// start follow.
+    Forget,
+}
+
+/// Reads the log in `dir` once, from its oldest segment on, and hands every frame of
+/// the log to `visit`, in order. The store holds the frames up to `in_store`: the log is
+/// the run of segments that continue one another through the one frame `in_store + 1`
+/// falls in. A gap before that segment cuts off the segments before it (released ones a
+/// crash brought back; [`Visit::Forget`] then drops what they told). Reading stops at the
+/// end of the log: the first torn or corrupt frame, or a frame that is not the next
+/// number.
 ///
 /// A segment after that end that holds frames is refused, naming both segments: a new
 /// segment is created only once the frames of the one before are durable, so the log
 /// cannot have ended early in a segment that has a successor unless the segment was
 /// damaged, and the frames after the damage are commits that were acknowledged as
-/// durable. Nothing is removed then; the operator restores the directory or rebuilds
+/// durable. No file is removed then; the operator restores the directory or rebuilds
 /// the node from a peer.
 pub(crate) fn scan(
     dir: &Path,
     in_store: u64,
-    mut visit: impl FnMut(u64, &[u8]) -> Result<(), StoreError>,
+    mut visit: impl FnMut(Visit<'_>) -> Result<(), StoreError>,
 ) -> Result<Scanned, StoreError> {
-    // Every segment's whole frames first: which segments make up the log is known only
-    // once each one's last frame is.
-    let mut all = Vec::new();
-    let mut ends = Vec::new();
-    for (first, path) in segments(dir)? {
+    let all = segments(dir)?;
+    // The segment the store's next frame falls in: which segments lie before the log
+    // is known from their names, and the frames of those that do are in the store.
+    let anchor = all
+        .iter()
+        .rposition(|(first, _)| *first <= in_store.saturating_add(1))
+        .unwrap_or(0);
+    let mut found = Scanned {
+        segments: Vec::new(),
+        stale: Vec::new(),
+    };
+    // Whether the log has ended, and the offset after the last whole frame of its last
+    // segment.
+    let mut ended = false;
+    let mut end_offset = 0u64;
+    for (i, (first, path)) in all.into_iter().enumerate() {
         let bytes = read_segment(&path)?;
-        let mut offsets = Vec::new();
-        let mut end = 0;
-        for (at, (_, payload)) in frames_in(first, &bytes) {
-            offsets.push(at);
-            end = at + (HEADER_BYTES + payload.len()) as u64;
+        let continues = !ended && found.segments.last().is_none_or(|s| s.last() + 1 == first);
+        if !continues && !ended && i <= anchor {
+            // A gap before the log: what came before it is cut off.
+            let cut: Vec<String> = found
+                .segments
+                .iter()
+                .map(|s| {
+                    format!(
+                        "{} (frames {} to {})",
+                        file_name(&s.path),
+                        s.first,
+                        s.last()
+                    )
+                })
+                .collect();
+            tracing::warn!(
+                segments = %cut.join(", "),
+                log_starts = first,
+                "removing log segments cut off before the log by a gap: released segments \
+                 a crash brought back (or damaged ones); the store holds their frames, the \
+                 commit-log records in them are gone"
+            );
+            found.stale.extend(found.segments.drain(..).map(|s| s.path));
+            visit(Visit::Forget)?;
+        } else if !continues {
+            // The log ended in its last segment; nothing after it may hold frames.
+            ended = true;
+            if let Some((_, (held, _))) = frames_in(first, &bytes).last() {
+                let last = found.segments.last().expect("the log's last segment");
+                return Err(StoreError::IncompatibleFormat(format!(
+                    "the write-ahead log in {} is damaged: {} ends at frame {} (offset \
+                     {end_offset}: the next frame there is torn, fails its check or has the \
+                     wrong number), but {} after it holds frames {first} to {held}; frames \
+                     in between are missing. No file was removed: restore the directory, \
+                     or rebuild this node from a peer",
+                    dir.display(),
+                    file_name(&last.path),
+                    last.last(),
+                    file_name(&path),
+                )));
+            }
+            found.stale.push(path);
+            continue;
         }
-        all.push(ScannedSegment {
+        let mut offsets = Vec::new();
+        end_offset = 0;
+        for (at, (frame, payload)) in frames_in(first, &bytes) {
+            visit(Visit::Frame(frame, payload))?;
+            offsets.push(at);
+            end_offset = at + (HEADER_BYTES + payload.len()) as u64;
+        }
+        found.segments.push(ScannedSegment {
             first,
             path,
             offsets,
         });
-        ends.push(end);
     }
-    let continues = |a: &ScannedSegment, b: &ScannedSegment| a.last() + 1 == b.first;
-    let anchor = all
-        .iter()
-        .rposition(|s| s.first <= in_store.saturating_add(1))
-        .unwrap_or(0);
-    let mut start = anchor;
-    while start > 0 && continues(&all[start - 1], &all[start]) {
-        start -= 1;
-    }
-    let mut end = anchor.min(all.len());
-    while end < all.len() && (end == anchor || continues(&all[end - 1], &all[end])) {
-        end += 1;
-    }
-    if let Some(next) = all[end..].iter().find(|s| !s.offsets.is_empty()) {
-        let last = &all[end - 1];
-        return Err(StoreError::IncompatibleFormat(format!(
-            "the write-ahead log in {} is damaged: {} ends at frame {} (offset {}: the \
-             next frame there is torn, fails its check or has the wrong number), but {} \
-             after it holds frames {} to {}; frames in between are missing. Nothing was \
-             changed: restore the directory, or rebuild this node from a peer",
-            dir.display(),
-            file_name(&last.path),
-            last.last(),
-            ends[end - 1],
-            file_name(&next.path),
-            next.first,
-            next.last(),
-        )));
-    }
-    if start > 0 {
-        // The store has their frames; what goes with them is the commit-log records
-        // they held, which a receiver behind them now finds released.
-        let before: Vec<String> = all[..start]
-            .iter()
-            .map(|s| {
-                format!(
-                    "{} (frames {} to {})",
-                    file_name(&s.path),
-                    s.first,
-                    s.last()
-                )
-            })
-            .collect();
-        tracing::warn!(
-            segments = %before.join(", "),
-            log_starts = all[start].first,
-            "removing log segments cut off before the log by a gap: released segments a \
-             crash brought back (or damaged ones); the store holds their frames"
-        );
-    }
-    let after: Vec<ScannedSegment> = all.split_off(end);
-    let log: Vec<ScannedSegment> = all.split_off(start);
-    let stale = all.into_iter().chain(after).map(|s| s.path).collect();
-    for segment in &log {
-        let bytes = read_segment(&segment.path)?;
-        for (_, (frame, payload)) in frames_in(segment.first, &bytes) {
-            visit(frame, payload)?;
-        }
-    }
-    Ok(Scanned {
-        segments: log,
-        stale,
-    })
+    Ok(found)
 }
 
 fn file_name(path: &Path) -> std::borrow::Cow<'_, str> {
@@ -360,7 +366,10 @@ pub(crate) fn replay(
     mut apply: impl FnMut(u64, &[u8]) -> Result<(), StoreError>,
 ) -> Result<Option<u64>, StoreError> {
     let mut last = None;
-    scan(dir, after, |frame, payload| {
+    scan(dir, after, |seen| {
+        let Visit::Frame(frame, payload) = seen else {
+            return Ok(());
+        };
         if frame <= after {
             return Ok(());
         }
@@ -1042,7 +1051,7 @@ mod tests {
         // Once the store has frames 1 and 2, segments 1 and 2 lie wholly below the log
         // and before a gap: they read as released segments a crash brought back (a reused
         // segment's end cannot tell damage from old bytes), stale.
-        let found = scan(dir.path(), 2, |_, _| Ok(())).unwrap();
+        let found = scan(dir.path(), 2, |_| Ok(())).unwrap();
         assert_eq!(found.segments.len(), 1);
         assert_eq!(found.stale, [all[0].1.clone(), all[1].1.clone()]);
         // Segments that hold no frame (created just before a crash) are no damage: the
@@ -1050,7 +1059,7 @@ mod tests {
         for (_, path) in &all[1..] {
             fs::write(path, vec![0u8; 4096]).unwrap();
         }
-        let found = scan(dir.path(), 0, |_, _| Ok(())).unwrap();
+        let found = scan(dir.path(), 0, |_| Ok(())).unwrap();
         assert_eq!(found.segments.len(), 2);
         assert_eq!(found.stale, [all[2].1.clone()]);
     }
@@ -1111,9 +1120,14 @@ mod tests {
                 from -= 1;
             }
             let mut seen = Vec::new();
-            let found = scan(dir.path(), in_store, |f, p| {
-                assert_eq!(p, &[f as u8; 40][..]);
-                seen.push(f);
+            let found = scan(dir.path(), in_store, |v| {
+                match v {
+                    Visit::Frame(f, p) => {
+                        assert_eq!(p, &[f as u8; 40][..]);
+                        seen.push(f);
+                    }
+                    Visit::Forget => seen.clear(),
+                }
                 Ok(())
             })
             .unwrap();
