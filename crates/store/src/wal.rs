@@ -274,8 +274,9 @@ pub(crate) fn scan(
                     "the write-ahead log in {} is damaged: {} ends at frame {} (offset \
                      {end_offset}: the next frame there is torn, fails its check or has the \
                      wrong number), but {} after it holds frames {first} to {held}; frames \
-                     in between are missing. No file was removed: restore the directory, \
-                     or rebuild this node from a peer",
+                     in between are missing. No file was removed: restore the directory \
+                     from a backup, or move it aside and rebuild this node from a peer (start \
+                     it on an empty data directory, then `hawser duplicate`)",
                     dir.display(),
                     file_name(&last.path),
                     last.last(),
