@@ -1003,15 +1003,21 @@ mod tests {
         encode_batch(&b)
     }
 
-    #[test]
-    fn released_segments_are_removed_and_the_rest_still_reads() {
-        let dir = tempfile::tempdir().unwrap();
-        let wal = Wal::new(dir.path(), 1).unwrap();
+    /// A log in `dir` of frames 1 to 3, each in a segment of its own.
+    fn three_segments(dir: &Path) -> Wal {
+        let wal = Wal::new(dir, 1).unwrap();
         let payload = half_a_segment();
         for f in 1..=3 {
             wal.append(f, &payload);
             wal.sync().unwrap();
         }
+        wal
+    }
+
+    #[test]
+    fn released_segments_are_removed_and_the_rest_still_reads() {
+        let dir = tempfile::tempdir().unwrap();
+        let wal = three_segments(dir.path());
         assert_eq!(segments(dir.path()).unwrap().len(), 3);
         wal.release_through(1).unwrap();
         assert_eq!(segments(dir.path()).unwrap().len(), 2);
@@ -1028,13 +1034,7 @@ mod tests {
     #[test]
     fn a_damaged_segment_before_another_is_refused_and_nothing_removed() {
         let dir = tempfile::tempdir().unwrap();
-        let wal = Wal::new(dir.path(), 1).unwrap();
-        let payload = half_a_segment();
-        for f in 1..=3 {
-            wal.append(f, &payload);
-            wal.sync().unwrap();
-        }
-        drop(wal);
+        drop(three_segments(dir.path()));
         let all = segments(dir.path()).unwrap();
         assert_eq!(all.len(), 3);
         let mut bytes = fs::read(&all[1].1).unwrap();
