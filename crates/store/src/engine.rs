@@ -1372,10 +1372,6 @@ mod tests {
             // sled has the row and no log key; the log keeps the segments of both.
             assert!(e.shared.db.get(b"row").unwrap().is_some());
             assert_eq!(e.shared.db.range(log_key_range()).count(), 0);
-            eprintln!(
-                "{:?}",
-                crate::wal::segments(&dir.path().join("wal")).unwrap()
-            );
             assert_eq!(segment_count(dir.path()), 3);
             assert_eq!(e.get(&log_key(1)).unwrap(), Some(big(1)));
             let mut gone = WriteBatch::new();
@@ -1421,7 +1417,8 @@ mod tests {
             let (_, path) = crate::wal::segments(&dir.path().join("wal"))
                 .unwrap()
                 .remove(0);
-            first_segment = (path.clone(), std::fs::read(&path).unwrap());
+            let bytes = std::fs::read(&path).unwrap();
+            first_segment = (path, bytes);
             let mut gone = WriteBatch::new();
             gone.delete(log_key(1));
             gone.put(b"row".to_vec(), big(2));
