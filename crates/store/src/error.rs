@@ -104,6 +104,10 @@ pub enum StoreError {
     /// A data directory this build must not touch (newer or unknown format).
     #[error("incompatible data directory: {0}")]
     IncompatibleFormat(String),
+    /// A write-ahead log that lacks frames between two it holds: damage, which the
+    /// store does not guess its way past.
+    #[error("damaged write-ahead log: {0}")]
+    DamagedLog(String),
 }
 
 impl StoreError {
@@ -130,7 +134,9 @@ impl StoreError {
             StoreError::Replicated { source, .. } => source.code(),
             StoreError::InvalidBatch(_) => "08P01",
             StoreError::Io { .. } => "58030",
-            StoreError::Corrupt { .. } | StoreError::IncompatibleFormat(_) => "XX001",
+            StoreError::Corrupt { .. }
+            | StoreError::IncompatibleFormat(_)
+            | StoreError::DamagedLog(_) => "XX001",
         }
     }
 

@@ -270,8 +270,8 @@ pub(crate) fn scan(
             ended = true;
             if let Some((_, (held, _))) = frames_in(first, &bytes).last() {
                 let last = found.segments.last().expect("the log's last segment");
-                return Err(StoreError::IncompatibleFormat(format!(
-                    "the write-ahead log in {} is damaged: {} ends at frame {} (offset \
+                return Err(StoreError::DamagedLog(format!(
+                    "the log in {} stops short: {} ends at frame {} (offset \
                      {end_offset}: the next frame there is torn, fails its check or has the \
                      wrong number), but {} after it holds frames {first} to {held}; frames \
                      in between are missing. No file was removed: restore the directory \
@@ -391,7 +391,7 @@ pub(crate) fn check_continues(
     frame: u64,
 ) -> Result<(), StoreError> {
     if last.is_none() && frame != after + 1 {
-        return Err(StoreError::IncompatibleFormat(format!(
+        return Err(StoreError::DamagedLog(format!(
             "the write-ahead log in {} continues at frame {frame} but the store \
              holds frames only up to {after}: frames in between are missing",
             dir.display()
@@ -1042,7 +1042,7 @@ mod tests {
         fs::write(&all[1].1, &bytes).unwrap();
         let err = read_all(dir.path(), 0).unwrap_err().to_string();
         for part in [
-            "damaged",
+            "damaged write-ahead log: the log in",
             "wal-00000000000000000002.log ends at frame 1 (offset 0",
             "wal-00000000000000000003.log after it holds frames 3 to 3",
         ] {
