@@ -285,6 +285,8 @@ pub(crate) struct Inner {
     tail: Mutex<VecDeque<Arc<LogRecord>>>,
     /// Held by the one commit that is flushing for everybody.
     flush_lock: tokio::sync::Mutex<()>,
+    /// Wakes every commit waiting for a flush when the flush lock is let go.
+    flush_done: tokio::sync::Notify,
     /// Client commits waiting for a flush (leading one or queued behind it), and
     /// those past their flush still holding (waiting for a return service): whether a
     /// single-threaded node's commit may flush inline ([`flush_mode`]).
@@ -553,6 +555,7 @@ impl Database {
             marks: RwLock::new(marks),
             tail: Mutex::new(VecDeque::with_capacity(TAIL_RECORDS)),
             flush_lock: tokio::sync::Mutex::new(()),
+            flush_done: tokio::sync::Notify::new(),
             committing: AtomicUsize::new(0),
             holding: AtomicUsize::new(0),
             locks: LockManager::default(),
@@ -1899,11 +1902,17 @@ impl Inner {
     /// Group commit: returns once everything up to `lsn` is flushed.
     ///
     /// The first committer to get here leads: it notes how far the engine has been
-    /// applied, flushes, and advances `flushed_lsn` to that point. Committers that
-    /// queued behind it on the flush lock re-check and usually find themselves
-    /// covered; the rest lead the next flush, which covers everything applied
-    /// meanwhile. So one flush serves as many commits as applied during the previous
-    /// one.
+    /// applied, flushes, and advances `flushed_lsn` to that point. The others wait for
+    /// the flush to end, and all of them wake at once when it does: those it covered
+    /// return, the first of the rest to run leads the next flush, which covers
+    /// everything applied meanwhile. So one flush serves as many commits as applied
+    /// during the previous one.
+    ///
+    /// The waiters do not queue on the flush lock itself: a fair lock hands itself to
+    /// one waiter at a time, each hand-off a trip through the scheduler's queue, so the
+    /// last covered commit learned of its flush — and the next flush started — only
+    /// after every covered commit ahead of it had run (on a one-thread node with 16
+    /// clients, ~8 trips behind the tasks already queued, with the disk idle meanwhile).
     ///
     /// `settle`: the flush also does its housekeeping before it returns (see
     /// [`KvEngine::flush_unsettled`]); `false` leaves it for [`Database::settle`].
@@ -1917,11 +1926,23 @@ impl Inner {
             return Ok(());
         }
         let _counted = (who == Flusher::Commit).then(|| Counted::enter(&self.committing));
-        let _leader = self.flush_lock.lock().await;
-        if self.flushed_lsn.load(Ordering::Acquire) >= lsn.0 {
-            // A flush that finished while we queued covered us.
-            return Ok(());
-        }
+        let _leader = loop {
+            // Registered before the checks, so a flush that ends after them wakes us.
+            let flushed = self.flush_done.notified();
+            tokio::pin!(flushed);
+            flushed.as_mut().enable();
+            if self.flushed_lsn.load(Ordering::Acquire) >= lsn.0 {
+                // A flush that finished while we waited covered us.
+                return Ok(());
+            }
+            if let Ok(lock) = self.flush_lock.try_lock() {
+                break FlushLeader {
+                    lock: Some(lock),
+                    done: &self.flush_done,
+                };
+            }
+            flushed.await;
+        };
         // Every batch up to `upto` was applied before this load, so the flush below
         // covers it (and `lsn` ≤ `upto`, since our own batch is applied).
         let mut upto = self.applied_lsn.load(Ordering::Acquire);
@@ -2477,6 +2498,22 @@ fn flush_mode(who: Flusher) -> FlushMode {
             Flusher::Commit => FlushMode::InlineIfAlone,
         },
         _ => FlushMode::Pool,
+    }
+}
+
+/// The flush lock, held by the commit that flushes for everybody. Letting it go —
+/// after the flush, or when the flush failed or its commit was dropped — wakes every
+/// commit waiting: the covered ones return, another leads the next flush.
+struct FlushLeader<'a> {
+    lock: Option<tokio::sync::MutexGuard<'a, ()>>,
+    done: &'a tokio::sync::Notify,
+}
+
+impl Drop for FlushLeader<'_> {
+    fn drop(&mut self) {
+        // Unlocked first, so that a woken waiter can take the lock.
+        drop(self.lock.take());
+        self.done.notify_waiters();
     }
 }
 

@@ -231,3 +231,36 @@ fn a_single_threaded_node_flushes_a_lone_commit_inline_but_not_while_another_hol
         assert_eq!(last_flush_thread(), runtime_thread, "a lone commit's flush");
     });
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+async fn commits_waiting_on_a_flush_whose_commit_was_dropped_flush_for_themselves() {
+    // One worker: every flush goes to the blocking pool, so the leading commit can be
+    // dropped while its sync runs (a client gone, a cancelled request).
+    let engine = Arc::new(GatedEngine::default());
+    let db = Database::open(engine.clone() as Arc<dyn KvEngine>, opts()).unwrap();
+    db.create_table(counters()).await.unwrap();
+    let base_lsn = db.last_lsn();
+
+    let (entered, release) = engine.arm();
+    let leader = increment(&db, 0);
+    entered.await.unwrap();
+    let waiters: Vec<_> = (1..4).map(|k| increment(&db, k)).collect();
+    wait_until("three more commits applied", || {
+        db.last_lsn() == Lsn(base_lsn.0 + 4)
+    })
+    .await;
+    leader.abort();
+    assert!(leader.await.unwrap_err().is_cancelled());
+
+    // The held sync is still running; the waiters must not wait on it, nor for
+    // anything else to wake them: one of them leads a flush of its own.
+    for h in waiters {
+        let info = tokio::time::timeout(Duration::from_secs(20), h)
+            .await
+            .expect("a commit waiting on the dropped commit's flush was never woken")
+            .unwrap();
+        assert!(info.durable);
+    }
+    assert_eq!(db.flushed_lsn(), Lsn(base_lsn.0 + 4));
+    release.send(()).unwrap();
+}
