@@ -20,7 +20,8 @@ use std::path::Path;
 use std::time::Duration;
 
 use common::{
-    ddl, http_get, sql_json as sql, start_member, stderr, stdout, voters, wait_for, Node, FAST_RAFT,
+    ddl, http_get, poll_until, sql_json as sql, start_member, stderr, stdout, voters, wait_for,
+    Node, FAST_RAFT,
 };
 use serde_json::Value;
 
@@ -1002,11 +1003,19 @@ fn a_subscriber_holding_commits_its_master_lost_is_never_streamed_to_again() {
     }
     assert_eq!(count(&n2, "t"), Some(3));
     let n1 = restart_cleanly_with(n1, d, &boot("boot-b"), || put_back(&saved, &store));
-    let reason = wait_for(
-        "n1 to name the subscriber holding its lost commits",
-        WAIT,
-        || paused(&n1).filter(|r| r.contains("subscriber n2 holds this node's commits")),
-    );
+    let mut last = None;
+    let reason = poll_until(WAIT, || {
+        last = paused(&n1);
+        last.clone()
+            .filter(|r| r.contains("subscriber n2 holds this node's commits"))
+    })
+    .unwrap_or_else(|| {
+        panic!(
+            "timed out after {WAIT:?} waiting for n1 to name the subscriber holding its lost \
+             commits; writes paused: {last:?}; stream to n2: {:?}",
+            outbound_to(&n1, "n2")
+        )
+    });
     assert!(reason.contains("this node only through"), "{reason}");
     let (ok, _, err) = sql(&n1, "insert into t values (4, 'refused')");
     assert!(!ok && err.contains("57P03") && err.contains("n2"), "{err}");
