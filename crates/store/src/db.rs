@@ -26,7 +26,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::ops::Bound;
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -283,9 +283,9 @@ pub(crate) struct Inner {
     /// appended under the commit mutex once their batch is applied, at most
     /// [`TAIL_RECORDS`] of them.
     tail: Mutex<VecDeque<Arc<LogRecord>>>,
-    /// Held by the one commit that is flushing for everybody.
-    flush_lock: tokio::sync::Mutex<()>,
-    /// Wakes every commit waiting for a flush when the flush lock is let go.
+    /// Set by the one commit that is flushing for everybody ([`FlushLeader`]).
+    flushing: AtomicBool,
+    /// Wakes every commit waiting for a flush when the flushing commit lets go.
     flush_done: tokio::sync::Notify,
     /// Client commits waiting for a flush (leading one or queued behind it), and
     /// those past their flush still holding (waiting for a return service): whether a
@@ -554,7 +554,7 @@ impl Database {
             release_lock: Mutex::new(()),
             marks: RwLock::new(marks),
             tail: Mutex::new(VecDeque::with_capacity(TAIL_RECORDS)),
-            flush_lock: tokio::sync::Mutex::new(()),
+            flushing: AtomicBool::new(false),
             flush_done: tokio::sync::Notify::new(),
             committing: AtomicUsize::new(0),
             holding: AtomicUsize::new(0),
@@ -1908,8 +1908,8 @@ impl Inner {
     /// everything applied meanwhile. So one flush serves as many commits as applied
     /// during the previous one.
     ///
-    /// The waiters do not queue on the flush lock itself: a fair lock hands itself to
-    /// one waiter at a time, each hand-off a trip through the scheduler's queue, so the
+    /// The waiters do not queue on a lock: a fair lock hands itself to one waiter at a
+    /// time, each hand-off a trip through the scheduler's queue, so (when they did) the
     /// last covered commit learned of its flush — and the next flush started — only
     /// after every covered commit ahead of it had run (on a one-thread node with 16
     /// clients, ~8 trips behind the tasks already queued, with the disk idle meanwhile).
@@ -1935,9 +1935,13 @@ impl Inner {
                 // A flush that finished while we waited covered us.
                 return Ok(());
             }
-            if let Ok(lock) = self.flush_lock.try_lock() {
+            if self
+                .flushing
+                .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+            {
                 break FlushLeader {
-                    lock: Some(lock),
+                    flushing: &self.flushing,
                     done: &self.flush_done,
                 };
             }
@@ -1949,7 +1953,7 @@ impl Inner {
         let started = Instant::now();
         // Flush: a blocking fsync. With two or more async workers it runs right here,
         // blocking this worker for the sync as a PostgreSQL backend does: only the one
-        // leader of the flush lock blocks, the other workers go on applying commits,
+        // leading commit blocks, the other workers go on applying commits,
         // and it saves the hand-off to tokio's blocking pool and back — two thread
         // wake-ups per flush, which cost more CPU than the sync itself with few
         // clients (1 client, no replication: 3.2-3.4k -> 4.7-5.4k commits/s on the
@@ -2501,18 +2505,18 @@ fn flush_mode(who: Flusher) -> FlushMode {
     }
 }
 
-/// The flush lock, held by the commit that flushes for everybody. Letting it go —
+/// The commit that flushes for everybody ([`Inner::flushing`] set). Letting go —
 /// after the flush, or when the flush failed or its commit was dropped — wakes every
 /// commit waiting: the covered ones return, another leads the next flush.
 struct FlushLeader<'a> {
-    lock: Option<tokio::sync::MutexGuard<'a, ()>>,
+    flushing: &'a AtomicBool,
     done: &'a tokio::sync::Notify,
 }
 
 impl Drop for FlushLeader<'_> {
     fn drop(&mut self) {
-        // Unlocked first, so that a woken waiter can take the lock.
-        drop(self.lock.take());
+        // Cleared first, so that a woken waiter can lead.
+        self.flushing.store(false, Ordering::Release);
         self.done.notify_waiters();
     }
 }
