@@ -81,6 +81,14 @@ async fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
     }
 }
 
+/// A database on a fresh [`GatedEngine`], with the `counters` table.
+async fn open_gated() -> (Arc<GatedEngine>, Database) {
+    let engine = Arc::new(GatedEngine::default());
+    let db = Database::open(engine.clone() as Arc<dyn KvEngine>, opts()).unwrap();
+    db.create_table(counters()).await.unwrap();
+    (engine, db)
+}
+
 fn increment(db: &Database, key: i64) -> tokio::task::JoinHandle<hawser_store::CommitInfo> {
     let db = db.clone();
     tokio::spawn(async move {
@@ -95,9 +103,7 @@ fn increment(db: &Database, key: i64) -> tokio::task::JoinHandle<hawser_store::C
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn commits_that_apply_during_a_flush_share_the_next_one() {
-    let engine = Arc::new(GatedEngine::default());
-    let db = Database::open(engine.clone() as Arc<dyn KvEngine>, opts()).unwrap();
-    db.create_table(counters()).await.unwrap();
+    let (engine, db) = open_gated().await;
     let base_flushes = engine.flushes.load(Ordering::SeqCst);
     let base_lsn = db.last_lsn();
 
@@ -151,9 +157,7 @@ async fn non_durable_commits_do_not_wait_for_a_flush() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_commit_that_settles_later_leaves_the_flush_housekeeping_to_settle() {
-    let engine = Arc::new(GatedEngine::default());
-    let db = Database::open(engine.clone() as Arc<dyn KvEngine>, opts()).unwrap();
-    db.create_table(counters()).await.unwrap();
+    let (engine, db) = open_gated().await;
     // An ordinary commit's flush does everything.
     assert!(increment(&db, 1).await.unwrap().durable);
     assert_eq!(engine.unsettled.load(Ordering::SeqCst), 0);
@@ -182,9 +186,7 @@ fn a_single_threaded_node_flushes_a_lone_commit_inline_but_not_while_another_hol
         .unwrap();
     let runtime_thread = std::thread::current().id();
     rt.block_on(async {
-        let engine = Arc::new(GatedEngine::default());
-        let db = Database::open(engine.clone() as Arc<dyn KvEngine>, opts()).unwrap();
-        db.create_table(counters()).await.unwrap();
+        let (engine, db) = open_gated().await;
         let t = QualName::bare("counters");
         let last_flush_thread = || *engine.flush_threads.lock().last().unwrap();
 
@@ -236,9 +238,7 @@ fn a_single_threaded_node_flushes_a_lone_commit_inline_but_not_while_another_hol
 async fn commits_waiting_on_a_flush_whose_commit_was_dropped_flush_for_themselves() {
     // One worker: every flush goes to the blocking pool, so the leading commit can be
     // dropped while its sync runs (a client gone, a cancelled request).
-    let engine = Arc::new(GatedEngine::default());
-    let db = Database::open(engine.clone() as Arc<dyn KvEngine>, opts()).unwrap();
-    db.create_table(counters()).await.unwrap();
+    let (engine, db) = open_gated().await;
     let base_lsn = db.last_lsn();
 
     let (entered, release) = engine.arm();
