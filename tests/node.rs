@@ -237,6 +237,20 @@ fn client_library_typed_rows_status_and_http_endpoints() {
     let (code, metrics) = http_get(&node.http, "/metrics");
     assert_eq!(code, 200);
     assert!(metrics.contains("hawser_store_commits_total"), "{metrics}");
+    // Latencies are histograms with fixed buckets (they add up across nodes), not
+    // summaries: the commits above are counted in the +Inf bucket, and a millisecond
+    // bucket is there too.
+    let inf = metrics
+        .lines()
+        .find(|l| l.starts_with("hawser_store_commit_seconds_bucket{le=\"+Inf\"}"))
+        .unwrap_or_else(|| panic!("no +Inf bucket of the commit time: {metrics}"));
+    let counted: u64 = inf.rsplit(' ').next().unwrap().parse().unwrap();
+    assert!(counted > 0, "{inf}");
+    assert!(
+        metrics.contains("hawser_store_commit_seconds_bucket{le=\"0.001\"}"),
+        "{metrics}"
+    );
+    assert!(!metrics.contains("hawser_store_commit_seconds{quantile="), "{metrics}");
     let (code, body) = http_get(&node.http, "/status");
     assert_eq!(code, 200);
     assert!(body.contains("\"name\":\"ds2\""), "{body}");
