@@ -250,7 +250,10 @@ fn client_library_typed_rows_status_and_http_endpoints() {
         metrics.contains("hawser_store_commit_seconds_bucket{le=\"0.001\"}"),
         "{metrics}"
     );
-    assert!(!metrics.contains("hawser_store_commit_seconds{quantile="), "{metrics}");
+    assert!(
+        !metrics.contains("hawser_store_commit_seconds{quantile="),
+        "{metrics}"
+    );
     let (code, body) = http_get(&node.http, "/status");
     assert_eq!(code, 200);
     assert!(body.contains("\"name\":\"ds2\""), "{body}");

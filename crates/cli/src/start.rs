@@ -141,12 +141,12 @@ pub struct StartArgs {
 struct CompileArgs {
     /// A receiver that is behind compiles its backlog (the batch it read plus those
     /// queued behind it) into RTL net row operations, written as one batch, once the
-    /// backlog holds this many transactions; smaller ones are applied in log order
-    /// [default: 64].
+    /// backlog holds this many transactions (one full sender batch: a receiver that is
+    /// current gets smaller ones, which log order applies with less CPU) [default: 512].
     #[arg(long, env = "HAWSER_COMPILE_THRESHOLD_TXNS", value_name = "N")]
     compile_threshold_txns: Option<u64>,
     /// A receiver's backlog of this many bytes (uncompressed) is compiled too, however
-    /// few transactions it holds [default: 262144].
+    /// few transactions it holds [default: 1048576, one full sender batch].
     #[arg(long, env = "HAWSER_COMPILE_THRESHOLD_BYTES", value_name = "BYTES")]
     compile_threshold_bytes: Option<u64>,
     /// Never compile: this node's receiver applies every batch in log order, however

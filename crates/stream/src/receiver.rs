@@ -75,11 +75,20 @@ pub struct CompilePolicy {
 }
 
 impl CompilePolicy {
-    /// Default transaction threshold: a current receiver's batches rarely hold more, a
-    /// catching-up one's (up to 512 records each) always do.
-    pub const DEFAULT_MIN_TRANSACTIONS: u64 = 64;
-    /// Default byte threshold: a quarter of a full sender batch.
-    pub const DEFAULT_MIN_BYTES: u64 = 256 * 1024;
+    /// Default transaction threshold: one full sender batch
+    /// ([`crate::SenderTuning::max_batch_records`]). A catching-up receiver's backlog is
+    /// full batches back to back; a current one's is what a linger gathered (at most
+    /// [`crate::SenderTuning::linger_records`], 128, a batch), perhaps two or three of
+    /// them. Compiling a current receiver's backlog gains nothing — the store's
+    /// log-order apply of the same backlog writes each key once too, since it simulates
+    /// the run for the log records anyway — and costs the compiler's pass and the net
+    /// writes: with the earlier threshold of 64, an asynchronous subscriber under
+    /// `hawser bench --clients 16` compiled nearly every ~80-transaction backlog and
+    /// spent ~12 % more CPU per transaction (`docs/rtl.md`).
+    pub const DEFAULT_MIN_TRANSACTIONS: u64 = 512;
+    /// Default byte threshold: one full sender batch
+    /// ([`crate::SenderTuning::max_batch_bytes`]), for the same reason.
+    pub const DEFAULT_MIN_BYTES: u64 = 1024 * 1024;
 
     /// Whether a backlog of `transactions` in `bytes` is compiled.
     pub fn compiles(&self, transactions: u64, bytes: u64) -> bool {
@@ -1343,7 +1352,14 @@ mod tests {
             ..p
         };
         assert!(!off.compiles(1_000_000, 1 << 30));
-        assert_eq!(CompilePolicy::default().min_transactions, 64);
+        // By default: one full sender batch, so that a current receiver's backlog — a
+        // few lingered batches — is applied in log order, and a catching-up one's full
+        // batches are compiled.
+        let (d, t) = (CompilePolicy::default(), crate::SenderTuning::default());
+        assert_eq!(d.min_transactions, t.max_batch_records as u64);
+        assert_eq!(d.min_bytes, t.max_batch_bytes as u64);
+        assert!(!d.compiles(3 * t.linger_records as u64, 3 * 128 * 200));
+        assert!(d.compiles(t.max_batch_records as u64, 0));
     }
 
     /// A queue holding `msgs`, its sender kept open (so "nothing more yet" is Empty).

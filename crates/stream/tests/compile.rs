@@ -24,7 +24,8 @@ use tonic::transport::Server;
 
 const DEADLINE: Duration = Duration::from_secs(20);
 const KEYS: i64 = 5;
-const UPDATES: i64 = 100;
+/// Exactly the default transaction threshold: the updates' batch is compiled.
+const UPDATES: i64 = CompilePolicy::DEFAULT_MIN_TRANSACTIONS as i64;
 
 fn tab() -> QualName {
     QualName::parse_unquoted("repl.tab")
@@ -174,7 +175,8 @@ async fn a_backlog_at_the_transaction_threshold_is_compiled_a_small_one_is_not()
     let sub = open(2).await?;
     let s = replicate(&sub, CompilePolicy::default(), batches).await?;
     assert_eq!(rows(&sub)?, rows(&master)?);
-    // Five inserts (under 64) in log order; a hundred updates compiled to five rows.
+    // Five inserts (under the threshold) in log order; the threshold's worth of updates
+    // compiled to five rows.
     assert_eq!((s.runs_in_order, s.runs_compiled), (1, 1), "{s:?}");
     assert_eq!(s.batches, 2);
     assert_eq!(s.transactions, (KEYS + UPDATES) as u64);
