@@ -521,10 +521,11 @@ fn prepare<'r>(
                 )))
                 }
             };
-            lock_keys.insert((table, enc.clone()));
-            if let Some((_, _, row_enc)) = &after {
+            if let Some((_, _, row_enc)) = after.as_ref().filter(|(_, _, e)| *e != enc) {
+                // An update that moves the row locks its new key too.
                 lock_keys.insert((table, row_enc.clone()));
             }
+            lock_keys.insert((table, enc.clone()));
             changes.push(PreparedChange {
                 table,
                 op: c.op,
@@ -612,21 +613,22 @@ struct Outcome {
 }
 
 /// Rows as the apply sees them: the committed row the first time a key is read
-/// (remembered in `before`), then the apply's own writes.
+/// (remembered in `before`), then the apply's own writes. Per table index
+/// ([`Prepared::tables`]), keyed by encoded key, so a lookup borrows the key.
 struct Overlay<'a> {
     inner: &'a Inner,
     /// The committed version of every key read, as it was before this apply.
-    before: RowVersions,
+    before: Vec<BTreeMap<Vec<u8>, Option<Row>>>,
     /// The version after the changes simulated so far, for every key written.
-    after: RowVersions,
+    after: Vec<BTreeMap<Vec<u8>, Option<Row>>>,
 }
 
 impl<'a> Overlay<'a> {
-    fn new(inner: &'a Inner) -> Self {
+    fn new(inner: &'a Inner, tables: usize) -> Self {
         Self {
             inner,
-            before: BTreeMap::new(),
-            after: BTreeMap::new(),
+            before: vec![BTreeMap::new(); tables],
+            after: vec![BTreeMap::new(); tables],
         }
     }
 
@@ -636,12 +638,11 @@ impl<'a> Overlay<'a> {
         table: usize,
         enc: &[u8],
     ) -> Result<Option<Row>, StoreError> {
-        let slot = (table, enc.to_vec());
-        if let Some(row) = self.before.get(&slot) {
+        if let Some(row) = self.before[table].get(enc) {
             return Ok(row.clone());
         }
         let row = self.inner.get_row(&tables[table], enc)?;
-        self.before.insert(slot, row.clone());
+        self.before[table].insert(enc.to_vec(), row.clone());
         Ok(row)
     }
 
@@ -651,14 +652,19 @@ impl<'a> Overlay<'a> {
         table: usize,
         enc: &[u8],
     ) -> Result<Option<Row>, StoreError> {
-        match self.after.get(&(table, enc.to_vec())) {
+        match self.after[table].get(enc) {
             Some(row) => Ok(row.clone()),
             None => self.committed(tables, table, enc),
         }
     }
 
     fn set(&mut self, table: usize, enc: &[u8], row: Option<Row>) {
-        self.after.insert((table, enc.to_vec()), row);
+        match self.after[table].get_mut(enc) {
+            Some(version) => *version = row,
+            None => {
+                self.after[table].insert(enc.to_vec(), row);
+            }
+        }
     }
 }
 
@@ -749,7 +755,7 @@ fn write(
         inner.check_table_current(t)?;
     }
     let mut marks: BTreeMap<NodeId, u64> = BTreeMap::new();
-    let mut ov = Overlay::new(inner);
+    let mut ov = Overlay::new(inner, p.tables.len());
     let mut records = Vec::with_capacity(p.txns.len());
     let mut row_changes = 0;
     for pt in &p.txns {
@@ -783,25 +789,36 @@ fn write(
     // Net operations describe the whole run: if a transaction of this node's own
     // origin turned out to be here already, write in log order after all.
     let net = p.net.as_ref().filter(|_| applied == p.txns.len() as u64);
-    let writes = match net {
-        Some(net) => net_writes(&mut ov, &p.tables, net)?,
-        None => ov
-            .after
-            .iter()
-            .filter(|(slot, row)| {
-                row.is_some() || ov.before.get(*slot).is_some_and(Option::is_some)
-            })
-            .map(|(slot, row)| (slot.clone(), row.clone()))
-            .collect(),
-    };
     let mut batch = WriteBatch::new();
-    for ((table, enc), row) in &writes {
-        let key = layout::row_key(p.tables[*table].id, enc);
+    let mut put = |table: usize, enc: &[u8], row: &Option<Row>| {
+        let key = layout::row_key(p.tables[table].id, enc);
         match row {
             Some(row) => batch.put(key, codec::encode_row(row)),
             None => batch.delete(key),
         }
-    }
+    };
+    let rows_written = match net {
+        Some(net) => {
+            let writes = net_writes(&mut ov, &p.tables, net)?;
+            for ((table, enc), row) in &writes {
+                put(*table, enc, row);
+            }
+            writes.len()
+        }
+        None => {
+            let mut written = 0;
+            for (table, rows) in ov.after.iter().enumerate() {
+                for (enc, row) in rows {
+                    // Deleting a row that was not here writes nothing.
+                    if row.is_some() || ov.before[table].get(enc).is_some_and(Option::is_some) {
+                        put(table, enc, row);
+                        written += 1;
+                    }
+                }
+            }
+            written
+        }
+    };
     Ok((
         ForeignAppend {
             batch,
@@ -811,7 +828,7 @@ fn write(
         Outcome {
             applied,
             row_changes,
-            rows_written: writes.len() as u64,
+            rows_written: rows_written as u64,
             compiled: net.is_some(),
         },
     ))
