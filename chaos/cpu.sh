@@ -1,0 +1,198 @@
+#!/usr/bin/env bash
+# CPU per commit of each node of a three-node hawser cluster under `hawser bench`, for one
+# binary or two compared in alternating runs. See --help.
+
+set -euo pipefail
+
+usage() {
+    cat <<'EOF'
+Usage: cpu.sh [OPTIONS]
+
+Starts three hawser nodes on loopback as chaos/pg/versus.sh does (ds1 the master, ds2 the
+subscriber the return service waits for, ds3 an asynchronous subscriber; one async worker
+each), runs `hawser bench --mode MODE` against ds1, and prints per run commits/s, the
+bench's p50 / p99 and each node's CPU per commit in microseconds: user + system time from
+/proc/PID/stat over the whole bench (its warm-up and the subscribers' catch-up included),
+divided by the commits the master counted over the same span (the bench's
+`server_commits`). A fresh
+cluster per run. With two --hawser binaries the runs alternate A B, B A, ... by round and a
+last line gives each binary's means, so a change's CPU cost or saving can be read against
+the host's drift.
+
+Options:
+  --hawser BIN       the binary to measure; twice to compare two (default: target/release/
+                     hawser of this checkout, built if missing)
+  --mode M           async | receipt | twosafe (default async)
+  --clients N        bench clients (default 16)
+  --duration SECS    measured seconds per run (default 8)
+  --rounds N         runs per binary (default 3)
+  --sub-args "ARGS"  extra `hawser start` flags for ds2 and ds3 (e.g. "--no-compile")
+  --json             one JSON object per run (and one for the means) instead of text
+  -h, --help         show this help
+
+Every node is stopped and every directory removed on every exit path. Linux only (reads
+/proc). The figures move with the host: compare binaries in the same invocation.
+EOF
+}
+
+mode=async
+clients=16
+duration=8
+rounds=3
+sub_args=""
+json=0
+binaries=()
+
+die() { echo "cpu.sh: $*" >&2; exit 1; }
+need_value() { [[ $# -ge 2 ]] || die "$1 needs a value (see --help)"; }
+
+while [[ $# -gt 0 ]]; do
+    case "$1" in
+    --hawser) need_value "$@"; binaries+=("$2"); shift 2 ;;
+    --mode) need_value "$@"; mode="$2"; shift 2 ;;
+    --clients) need_value "$@"; clients="$2"; shift 2 ;;
+    --duration) need_value "$@"; duration="$2"; shift 2 ;;
+    --rounds) need_value "$@"; rounds="$2"; shift 2 ;;
+    --sub-args) need_value "$@"; sub_args="$2"; shift 2 ;;
+    --json) json=1; shift ;;
+    -h | --help) usage; exit 0 ;;
+    *) die "unknown argument '$1' (see --help)" ;;
+    esac
+done
+case "$mode" in async | receipt | twosafe) ;; *) die "--mode must be async, receipt or twosafe" ;; esac
+[[ $clients =~ ^[1-9][0-9]*$ ]] || die "--clients must be a positive whole number"
+[[ $duration =~ ^[1-9][0-9]*$ ]] || die "--duration must be a positive whole number of seconds"
+[[ $rounds =~ ^[1-9][0-9]*$ ]] || die "--rounds must be a positive whole number"
+((${#binaries[@]} <= 2)) || die "--hawser at most twice"
+[[ -r /proc/self/stat ]] || die "needs Linux's /proc"
+command -v python3 >/dev/null || die "python3 is needed (it reads the JSON results)"
+
+repo="$(cd "$(dirname "$0")/.." && pwd)"
+if ((${#binaries[@]} == 0)); then
+    if [[ ! -x $repo/target/release/hawser ]]; then
+        echo "cpu.sh: building hawser (cargo build --release)" >&2
+        (cd "$repo" && cargo build --release --quiet -p hawser-cli) || die "cargo build --release failed"
+    fi
+    binaries=("$repo/target/release/hawser")
+fi
+for b in "${binaries[@]}"; do [[ -x $b ]] || die "$b is not an executable"; done
+
+work="$(mktemp -d "${TMPDIR:-/tmp}/hawser-cpu.XXXXXX")"
+pids=()
+cleanup() {
+    local pid
+    for pid in "${pids[@]}"; do kill -KILL "$pid" 2>/dev/null || true; done
+    wait 2>/dev/null || true
+    rm -rf "$work"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+# Starts node $1 of binary $hawser on free ports with extra flags; sets grpc_$1 and pid_$1.
+start_node() {
+    local name="$1" line=""
+    shift
+    "$hawser" start --name "$name" --listen 127.0.0.1:0 --http 127.0.0.1:0 \
+        --data "$cell/$name" --log warn "$@" >"$cell/$name.out" 2>"$cell/$name.log" &
+    local pid=$!
+    pids+=("$pid")
+    for _ in $(seq 300); do
+        line="$(grep -m1 '^ready ' "$cell/$name.out" 2>/dev/null || true)"
+        [[ -n $line ]] && break
+        kill -0 "$pid" 2>/dev/null || { tail -n 20 "$cell/$name.log" >&2; die "node $name exited at start"; }
+        sleep 0.1
+    done
+    [[ -n $line ]] || die "node $name did not get ready in 30 s"
+    local grpc="${line##* grpc=}"
+    printf -v "grpc_$name" '%s' "${grpc%% *}"
+    printf -v "pid_$name" '%s' "$pid"
+}
+
+# User + system clock ticks of process $1 so far.
+ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
+
+# One run of binary $1 in round $2: leaves its JSON line in $work/last.json. Runs in
+# this shell, not in a $(...) subshell, so that die stops every node through the trap.
+run() {
+    local hawser="$1" round="$2" n v
+    cell="$work/run$round-$(basename "$hawser")-$RANDOM"
+    mkdir -p "$cell"
+    start_node ds1 --threads 1
+    "$hawser" init --host "$grpc_ds1" >"$cell/init.out" 2>&1 || { cat "$cell/init.out" >&2; die "hawser init failed"; }
+    # shellcheck disable=SC2086 # $sub_args is a list of flags
+    start_node ds2 --join "$grpc_ds1" --threads 1 $sub_args
+    # shellcheck disable=SC2086
+    start_node ds3 --join "$grpc_ds1" --threads 1 $sub_args
+    local deadline=$((SECONDS + 60))
+    until [[ $("$hawser" status --host "$grpc_ds1" --format json 2>/dev/null |
+        python3 -c 'import json, sys; print(sum(1 for n in json.load(sys.stdin)["cluster"]["nodes"] if n["membership"] == "voter"))' 2>/dev/null) == 3 ]]; do
+        ((SECONDS < deadline)) || die "the three nodes did not become voters within 60 s"
+        sleep 0.2
+    done
+    local before=() after=()
+    for n in ds1 ds2 ds3; do v="pid_$n"; before+=("$(ticks "${!v}")"); done
+    "$hawser" bench --host "$grpc_ds1" --mode "$mode" --subscriber ds2 --async-subscriber ds3 \
+        --clients "$clients" --connections 1 --duration "$duration" --warmup 1 --format json \
+        >"$cell/bench.json" 2>"$cell/bench.log" || { tail -n 20 "$cell/bench.log" >&2; die "hawser bench failed"; }
+    for n in ds1 ds2 ds3; do v="pid_$n"; after+=("$(ticks "${!v}")"); done
+    for pid in "${pids[@]}"; do kill -KILL "$pid" 2>/dev/null || true; done
+    wait 2>/dev/null || true
+    pids=()
+    python3 - "$cell/bench.json" "$hawser" "$round" "$(getconf CLK_TCK)" "${before[@]}" "${after[@]}" >"$work/last.json" <<'PY'
+import json, sys
+bench, binary, rnd, hz = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+before, after = sys.argv[5:8], sys.argv[8:11]
+d = json.load(open(bench))
+commits = d.get("server_commits") or d["commits"]
+cpu = {n: round((int(a) - int(b)) / hz * 1e6 / commits, 1) for n, b, a in zip(("ds1", "ds2", "ds3"), before, after)}
+print(json.dumps({"round": rnd, "hawser": binary, "server_commits": commits, "commits_per_s": round(d["commits_per_sec"], 1),
+                  "p50_us": d["latency_us"]["p50"], "p99_us": d["latency_us"]["p99"],
+                  "steal_pct": d.get("host_steal_pct"), "cpu_us_per_commit": cpu}))
+PY
+    rm -rf "$cell"
+}
+
+show() {
+    if [[ $json -eq 1 ]]; then
+        echo "$1"
+    else
+        python3 -c '
+import json, sys
+r = json.loads(sys.argv[1]); c = r["cpu_us_per_commit"]; s = r["steal_pct"]
+print("round %d  %-28s %9.1f commits/s  p50 %5d us  p99 %6d us  cpu us/commit ds1 %5.1f ds2 %5.1f ds3 %5.1f  steal %s" % (
+    r["round"], r["hawser"][-28:], r["commits_per_s"], r["p50_us"], r["p99_us"], c["ds1"], c["ds2"], c["ds3"],
+    "%.1f %%" % s if s is not None else "?"))' "$1"
+    fi
+}
+
+results="$work/results.jsonl"
+: >"$results"
+echo "cpu.sh: $mode, $clients clients, ${duration}s, $rounds round(s) of ${#binaries[@]} binary(ies)" >&2
+for round in $(seq "$rounds"); do
+    order=("${binaries[@]}")
+    if ((${#binaries[@]} == 2 && round % 2 == 0)); then order=("${binaries[1]}" "${binaries[0]}"); fi
+    for b in "${order[@]}"; do
+        run "$b" "$round"
+        line="$(cat "$work/last.json")"
+        echo "$line" >>"$results"
+        show "$line"
+    done
+done
+python3 - "$results" "$json" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+out = []
+for b in dict.fromkeys(r["hawser"] for r in rows):
+    rs = [r for r in rows if r["hawser"] == b]
+    mean = lambda f: round(sum(f(r) for r in rs) / len(rs), 1)
+    out.append({"hawser": b, "runs": len(rs), "commits_per_s": mean(lambda r: r["commits_per_s"]),
+                "p99_us": mean(lambda r: r["p99_us"]),
+                "cpu_us_per_commit": {n: mean(lambda r, n=n: r["cpu_us_per_commit"][n]) for n in ("ds1", "ds2", "ds3")}})
+for m in out:
+    if sys.argv[2] == "1":
+        print(json.dumps({"means": m}))
+    else:
+        c = m["cpu_us_per_commit"]
+        print("means    %-28s %9.1f commits/s  p99 %6.0f us  cpu us/commit ds1 %5.1f ds2 %5.1f ds3 %5.1f  (%d runs)" % (
+            m["hawser"][-28:], m["commits_per_s"], m["p99_us"], c["ds1"], c["ds2"], c["ds3"], m["runs"]))
+PY
