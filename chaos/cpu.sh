@@ -77,68 +77,50 @@ if ((${#binaries[@]} == 0)); then
 fi
 for b in "${binaries[@]}"; do [[ -x $b ]] || die "$b is not an executable"; done
 
-work="$(mktemp -d "${TMPDIR:-/tmp}/hawser-cpu.XXXXXX")"
-pids=()
-cleanup() {
-    local pid
-    for pid in "${pids[@]}"; do kill -KILL "$pid" 2>/dev/null || true; done
-    wait 2>/dev/null || true
-    rm -rf "$work"
-}
-trap cleanup EXIT
+root="$(mktemp -d "${TMPDIR:-/tmp}/hawser-cpu.XXXXXX")"
+here="$(dirname "$0")"
+keep=0
+hawser=""
+work="$root/none"
+# shellcheck source=chaos/nodes.sh
+source "$here/nodes.sh"
+trap 'cleanup; rm -rf "$root"' EXIT
 trap 'exit 130' INT TERM
-
-# Starts node $1 of binary $hawser on free ports with extra flags; sets grpc_$1 and pid_$1.
-start_node() {
-    local name="$1" line=""
-    shift
-    "$hawser" start --name "$name" --listen 127.0.0.1:0 --http 127.0.0.1:0 \
-        --data "$cell/$name" --log warn "$@" >"$cell/$name.out" 2>"$cell/$name.log" &
-    local pid=$!
-    pids+=("$pid")
-    for _ in $(seq 300); do
-        line="$(grep -m1 '^ready ' "$cell/$name.out" 2>/dev/null || true)"
-        [[ -n $line ]] && break
-        kill -0 "$pid" 2>/dev/null || { tail -n 20 "$cell/$name.log" >&2; die "node $name exited at start"; }
-        sleep 0.1
-    done
-    [[ -n $line ]] || die "node $name did not get ready in 30 s"
-    local grpc="${line##* grpc=}"
-    printf -v "grpc_$name" '%s' "${grpc%% *}"
-    printf -v "pid_$name" '%s' "$pid"
-}
 
 # User + system clock ticks of process $1 so far.
 ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
 
-# One run of binary $1 in round $2: leaves its JSON line in $work/last.json. Runs in
+# One run of binary $1 in round $2: leaves its JSON line in $root/last.json. Runs in
 # this shell, not in a $(...) subshell, so that die stops every node through the trap.
 run() {
-    local hawser="$1" round="$2" n v
-    cell="$work/run$round-$(basename "$hawser")-$RANDOM"
-    mkdir -p "$cell"
-    start_node ds1 --threads 1
-    "$hawser" init --host "$grpc_ds1" >"$cell/init.out" 2>&1 || { cat "$cell/init.out" >&2; die "hawser init failed"; }
+    hawser="$1"
+    local round="$2" n
+    work="$root/run$round-$RANDOM"
+    mkdir -p "$work"
+    nodes ds1 ds2 ds3
+    trap 'cleanup; rm -rf "$root"' EXIT
+    start ds1 --threads 1
+    "$hawser" init --host "${grpc[ds1]}" >"$work/init.out" 2>&1 || { cat "$work/init.out" >&2; die "hawser init failed"; }
     # shellcheck disable=SC2086 # $sub_args is a list of flags
-    start_node ds2 --join "$grpc_ds1" --threads 1 $sub_args
+    start ds2 --join "${grpc[ds1]}" --threads 1 $sub_args
     # shellcheck disable=SC2086
-    start_node ds3 --join "$grpc_ds1" --threads 1 $sub_args
+    start ds3 --join "${grpc[ds1]}" --threads 1 $sub_args
     local deadline=$((SECONDS + 60))
-    until [[ $("$hawser" status --host "$grpc_ds1" --format json 2>/dev/null |
+    until [[ $("$hawser" status --host "${grpc[ds1]}" --format json 2>/dev/null |
         python3 -c 'import json, sys; print(sum(1 for n in json.load(sys.stdin)["cluster"]["nodes"] if n["membership"] == "voter"))' 2>/dev/null) == 3 ]]; do
         ((SECONDS < deadline)) || die "the three nodes did not become voters within 60 s"
         sleep 0.2
     done
     local before=() after=()
-    for n in ds1 ds2 ds3; do v="pid_$n"; before+=("$(ticks "${!v}")"); done
-    "$hawser" bench --host "$grpc_ds1" --mode "$mode" --subscriber ds2 --async-subscriber ds3 \
+    for n in ds1 ds2 ds3; do before+=("$(ticks "${pid[$n]}")"); done
+    "$hawser" bench --host "${grpc[ds1]}" --mode "$mode" --subscriber ds2 --async-subscriber ds3 \
         --clients "$clients" --connections 1 --duration "$duration" --warmup 1 --format json \
-        >"$cell/bench.json" 2>"$cell/bench.log" || { tail -n 20 "$cell/bench.log" >&2; die "hawser bench failed"; }
-    for n in ds1 ds2 ds3; do v="pid_$n"; after+=("$(ticks "${!v}")"); done
-    for pid in "${pids[@]}"; do kill -KILL "$pid" 2>/dev/null || true; done
+        >"$work/bench.json" 2>"$work/bench.log" || { tail -n 20 "$work/bench.log" >&2; die "hawser bench failed"; }
+    for n in ds1 ds2 ds3; do after+=("$(ticks "${pid[$n]}")"); done
+    for n in ds1 ds2 ds3; do kill -KILL "${pid[$n]}" 2>/dev/null || true; done
     wait 2>/dev/null || true
-    pids=()
-    python3 - "$cell/bench.json" "$hawser" "$round" "$(getconf CLK_TCK)" "${before[@]}" "${after[@]}" >"$work/last.json" <<'PY'
+    pid=()
+    python3 - "$work/bench.json" "$hawser" "$round" "$(getconf CLK_TCK)" "${before[@]}" "${after[@]}" >"$root/last.json" <<'PY'
 import json, sys
 bench, binary, rnd, hz = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 before, after = sys.argv[5:8], sys.argv[8:11]
@@ -149,7 +131,7 @@ print(json.dumps({"round": rnd, "hawser": binary, "server_commits": commits, "co
                   "p50_us": d["latency_us"]["p50"], "p99_us": d["latency_us"]["p99"],
                   "steal_pct": d.get("host_steal_pct"), "cpu_us_per_commit": cpu}))
 PY
-    rm -rf "$cell"
+    rm -rf "$work"
 }
 
 show() {
@@ -165,7 +147,7 @@ print("round %d  %-28s %9.1f commits/s  p50 %5d us  p99 %6d us  cpu us/commit ds
     fi
 }
 
-results="$work/results.jsonl"
+results="$root/results.jsonl"
 : >"$results"
 echo "cpu.sh: $mode, $clients clients, ${duration}s, $rounds round(s) of ${#binaries[@]} binary(ies)" >&2
 for round in $(seq "$rounds"); do
@@ -173,7 +155,7 @@ for round in $(seq "$rounds"); do
     if ((${#binaries[@]} == 2 && round % 2 == 0)); then order=("${binaries[1]}" "${binaries[0]}"); fi
     for b in "${order[@]}"; do
         run "$b" "$round"
-        line="$(cat "$work/last.json")"
+        line="$(cat "$root/last.json")"
         echo "$line" >>"$results"
         show "$line"
     done
