@@ -43,8 +43,9 @@ sub_args=""
 json=0
 binaries=()
 
-die() { echo "cpu.sh: $*" >&2; exit 1; }
-need_value() { [[ $# -ge 2 ]] || die "$1 needs a value (see --help)"; }
+prog=cpu.sh
+# shellcheck source=chaos/pg/args.sh
+source "$(dirname "$0")/pg/args.sh"
 
 while [[ $# -gt 0 ]]; do
     case "$1" in
@@ -70,7 +71,7 @@ command -v python3 >/dev/null || die "python3 is needed (it reads the JSON resul
 repo="$(cd "$(dirname "$0")/.." && pwd)"
 if ((${#binaries[@]} == 0)); then
     if [[ ! -x $repo/target/release/hawser ]]; then
-        echo "cpu.sh: building hawser (cargo build --release)" >&2
+        log "building hawser (cargo build --release)"
         (cd "$repo" && cargo build --release --quiet -p hawser-cli) || die "cargo build --release failed"
     fi
     binaries=("$repo/target/release/hawser")
@@ -149,7 +150,7 @@ print("round %d  %-28s %9.1f commits/s  p50 %5d us  p99 %6d us  cpu us/commit ds
 
 results="$root/results.jsonl"
 : >"$results"
-echo "cpu.sh: $mode, $clients clients, ${duration}s, $rounds round(s) of ${#binaries[@]} binary(ies)" >&2
+log "$mode, $clients clients, ${duration}s, $rounds round(s) of ${#binaries[@]} binary(ies)"
 for round in $(seq "$rounds"); do
     order=("${binaries[@]}")
     if ((${#binaries[@]} == 2 && round % 2 == 0)); then order=("${binaries[1]}" "${binaries[0]}"); fi

@@ -1,5 +1,6 @@
-# Helpers shared by compare.sh and versus.sh (sourced, not run): messages, option values,
-# and the checks of the options both take. The sourcing script sets $prog first.
+# Helpers shared by compare.sh and versus.sh, and chaos/cpu.sh (sourced, not run): messages,
+# option values, and the checks of the options the first two take. The sourcing script sets
+# $prog first.
 
 die() {
     echo "$prog: $*" >&2
