@@ -17,6 +17,11 @@ with one synchronous standby on loopback, once per synchronous_commit mode and c
 count, and prints one line per run:
 
   postgres mode=remote_apply clients=16 commits_per_s=... p50_us=... p99_us=... steal_pct=...
+      primary_cpu_us=... standby_cpu_us=...
+
+(on one line). The last two are each server's CPU time (user + system, every process of
+it, from /proc) over the measured run divided by its commits: what a commit costs the
+primary and the standby, to set beside chaos/cpu.sh's figures for hawser's nodes.
 
 Options:
   --duration SECS    measured seconds per run (default 10)
@@ -229,6 +234,28 @@ VALUES (:k, substr(md5(random()::text) || md5(random()::text) || md5(random()::t
 ON CONFLICT (k) DO UPDATE SET v = excluded.v;
 EOF
 
+# CPU time (user + system, in clock ticks) the server in $1 has used: its postmaster,
+# the postmaster's children alive now (walsender, walreceiver, startup, backends, ...),
+# and the children it has reaped (the postmaster's cutime and cstime: a backend exits
+# when its pgbench client disconnects). Every server process is a child of the
+# postmaster. Fields are counted after the ")" that ends the command name.
+server_ticks() {
+    local pm
+    pm="$(head -n 1 "$1/postmaster.pid" 2>/dev/null || true)"
+    [[ $pm =~ ^[0-9]+$ ]] || { echo 0; return; }
+    { cat /proc/[0-9]*/stat 2>/dev/null || true; } | awk -v pm="$pm" '
+        { pid = $1; rest = $0; sub(/^.*\) /, "", rest); split(rest, f, " ")
+          if (pid == pm) t += f[12] + f[13] + f[14] + f[15]
+          else if (f[2] == pm) t += f[12] + f[13] }
+        END { print t + 0 }'
+}
+clk_tck="$(getconf CLK_TCK 2>/dev/null || echo 100)"
+
+# Microseconds of CPU per commit from ticks $1 -> $2 over $3 commits.
+cpu_per_commit() {
+    awk -v a="$1" -v b="$2" -v n="$3" -v hz="$clk_tck" 'BEGIN { printf "%.1f", (b - a) * 1e6 / hz / n }'
+}
+
 # Runs pgbench in the background so that INT/TERM reach the trap at once; extra arguments
 # go to pgbench. Output lands in $bench_dir/$1.out.
 run_pgbench() {
@@ -258,8 +285,12 @@ for mode in $modes; do
             run_pgbench "$name-warmup" "$mode" "$clients" "$warmup"
         fi
         before="$(cpu_sample)"
+        primary_before="$(server_ticks "$primary")"
+        standby_before="$(server_ticks "$standby")"
         run_pgbench "$name" "$mode" "$clients" "$duration" --log --log-prefix="$bench_dir/$name"
         steal="$(steal_since "$before")"
+        primary_after="$(server_ticks "$primary")"
+        standby_after="$(server_ticks "$standby")"
 
         tps="$(awk '/^tps = / { print $3; exit }' "$bench_dir/$name.out")"
         [[ -n $tps ]] || { cat "$bench_dir/$name.out" >&2; die "no tps in pgbench's output ($name)"; }
@@ -278,12 +309,14 @@ for mode in $modes; do
             NR == r99 { p99 = $1 }
             END { print p50, p99 }' "$bench_dir/$name.lat")
         rate="$(awk -v t="$tps" 'BEGIN { printf "%.1f", t }')"
+        primary_cpu="$(cpu_per_commit "$primary_before" "$primary_after" "$commits")"
+        standby_cpu="$(cpu_per_commit "$standby_before" "$standby_after" "$commits")"
         if [[ $json -eq 1 ]]; then
-            printf '{"system":"postgres","mode":"%s","clients":%d,"duration_s":%d,"commits":%d,"commits_per_s":%s,"p50_us":%d,"p99_us":%d,"steal_pct":%s}\n' \
-                "$mode" "$clients" "$duration" "$commits" "$rate" "$p50" "$p99" "$steal"
+            printf '{"system":"postgres","mode":"%s","clients":%d,"duration_s":%d,"commits":%d,"commits_per_s":%s,"p50_us":%d,"p99_us":%d,"steal_pct":%s,"primary_cpu_us_per_commit":%s,"standby_cpu_us_per_commit":%s}\n' \
+                "$mode" "$clients" "$duration" "$commits" "$rate" "$p50" "$p99" "$steal" "$primary_cpu" "$standby_cpu"
         else
-            printf 'postgres mode=%s clients=%d commits_per_s=%s p50_us=%d p99_us=%d steal_pct=%s\n' \
-                "$mode" "$clients" "$rate" "$p50" "$p99" "$steal"
+            printf 'postgres mode=%s clients=%d commits_per_s=%s p50_us=%d p99_us=%d steal_pct=%s primary_cpu_us=%s standby_cpu_us=%s\n' \
+                "$mode" "$clients" "$rate" "$p50" "$p99" "$steal" "$primary_cpu" "$standby_cpu"
         fi
         [[ $keep -eq 1 ]] || rm -f "$bench_dir/$name".[0-9]*
     done
