@@ -88,9 +88,6 @@ source "$here/nodes.sh"
 trap 'cleanup; rm -rf "$root"' EXIT
 trap 'exit 130' INT TERM
 
-# User + system clock ticks of process $1 so far.
-ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
-
 # One run of binary $1 in round $2: leaves its JSON line in $root/last.json. Runs in
 # this shell, not in a $(...) subshell, so that die stops every node through the trap.
 run() {
@@ -113,11 +110,11 @@ run() {
         sleep 0.2
     done
     local before=() after=()
-    for n in ds1 ds2 ds3; do before+=("$(ticks "${pid[$n]}")"); done
+    for n in ds1 ds2 ds3; do before+=("$(proc_ticks "${pid[$n]}")"); done
     "$hawser" bench --host "${grpc[ds1]}" --mode "$mode" --subscriber ds2 --async-subscriber ds3 \
         --clients "$clients" --connections 1 --duration "$duration" --warmup 1 --format json \
         >"$work/bench.json" 2>"$work/bench.log" || { tail -n 20 "$work/bench.log" >&2; die "hawser bench failed"; }
-    for n in ds1 ds2 ds3; do after+=("$(ticks "${pid[$n]}")"); done
+    for n in ds1 ds2 ds3; do after+=("$(proc_ticks "${pid[$n]}")"); done
     for n in ds1 ds2 ds3; do kill -KILL "${pid[$n]}" 2>/dev/null || true; done
     wait 2>/dev/null || true
     pid=()

@@ -45,6 +45,12 @@ trap_cleanup() {
     trap 'exit 143' TERM
 }
 
+# User + system clock ticks process $1 has used so far: fields 14 and 15 of /proc/PID/stat,
+# counted after the ")" that ends the command name (which may hold spaces).
+proc_ticks() {
+    awk '{ sub(/^.*\) /, ""); print $12 + $13 }' "/proc/$1/stat"
+}
+
 # CPU time the hypervisor gave to other guests while this one wanted it ("steal", the
 # eighth figure of /proc/stat's cpu line), in percent of all CPU time between two
 # samples. On a shared virtual machine it swings from 0 to over 30 % within minutes and

@@ -16,10 +16,11 @@ Usage: versus.sh [OPTIONS]
 
 Pairs each hawser return service with the PostgreSQL synchronous_commit setting that
 promises the same (async ~ local, receipt ~ on, twosafe ~ remote_apply) and measures
-both, cell by cell, for several rounds. Output: one line per run, then a table of
-medians with hawser / PostgreSQL ratios and, since the two run back to back within a
-round, each round's own ratio and how many rounds hawser was ahead in (or, with --json,
-one JSON object per run and one per cell).
+both, cell by cell, for several rounds. Output: one line per run (commits/s, p50, p99,
+host steal, and the servers' CPU per commit: hawser's three nodes, PostgreSQL's primary
+and standby, each and together), then a table of medians with hawser / PostgreSQL ratios
+and, since the two run back to back within a round, each round's own ratio and how many
+rounds hawser was ahead in (or, with --json, one JSON object per run and one per cell).
 
 Options:
   --rounds N         rounds of every cell (default 3)
@@ -208,35 +209,62 @@ run_pg() {
         --duration "$duration" --warmup "$warmup" 2>"$work/pg.log")" ||
         { tail -n 20 "$work/pg.log" >&2; die "compare.sh failed (mode $mode, $clients clients)"; }
     # compare.sh's steal covers the measured pgbench run only; this run's, the set-up too.
-    figures="$(python3 -c 'import json, sys; d = json.loads(sys.argv[1]); print(d["commits_per_s"], d["p50_us"], d["p99_us"], d.get("steal_pct", sys.argv[2]))' "$out" "$(steal_since "$before")")"
+    figures="$(python3 -c '
+import json, sys
+d = json.loads(sys.argv[1])
+split = [d["primary_cpu_us_per_commit"], d["standby_cpu_us_per_commit"]]
+print(d["commits_per_s"], d["p50_us"], d["p99_us"], d.get("steal_pct", sys.argv[2]),
+      round(sum(split), 1), "/".join("%.0f" % c for c in split))' "$out" "$(steal_since "$before")")"
 }
 
 run_hawser() {
-    local mode="$1" clients="$2" out before
+    local mode="$1" clients="$2" out before p
     start_cluster
     before="$(cpu_sample)"
+    # CPU of ds1, ds2 and ds3 (the order start_cluster started them in) over the bench,
+    # its warm-up included, as chaos/cpu.sh counts it.
+    local ticks_before=() ticks_after=()
+    for p in "${pids[@]}"; do ticks_before+=("$(proc_ticks "$p")"); done
     out="$("$hawser" bench --host "$grpc_ds1" --mode "$mode" --subscriber ds2 --async-subscriber ds3 \
         --clients "$clients" --connections "$connections" --duration "$duration" --warmup "$warmup" --format json 2>"$work/bench.log")" ||
         { tail -n 20 "$work/bench.log" >&2; die "hawser bench failed (mode $mode, $clients clients)"; }
+    for p in "${pids[@]}"; do ticks_after+=("$(proc_ticks "$p")"); done
     local steal
     steal="$(steal_since "$before")"
     stop_cluster
     [[ $keep -eq 1 ]] || rm -rf "$cell"
-    # The bench's own steal covers its measured seconds only (null off Linux).
-    figures="$(python3 -c 'import json, sys; d = json.loads(sys.argv[1]); l = d["latency_us"]; s = d.get("host_steal_pct"); print(round(d["commits_per_sec"], 1), l["p50"], l["p99"], round(s, 1) if s is not None else sys.argv[2])' "$out" "$steal")"
+    # The bench's own steal covers its measured seconds only (null off Linux). CPU per
+    # commit divides by the commits the master counted over the bench, warm-up included.
+    figures="$(python3 -c '
+import json, sys
+d = json.loads(sys.argv[1]); l = d["latency_us"]; s = d.get("host_steal_pct")
+hz = int(sys.argv[3]); ticks = sys.argv[4:]; half = len(ticks) // 2
+commits = d.get("server_commits") or d["commits"]
+split = [(int(a) - int(b)) * 1e6 / hz / commits for b, a in zip(ticks[:half], ticks[half:])]
+print(round(d["commits_per_sec"], 1), l["p50"], l["p99"], round(s, 1) if s is not None else sys.argv[2],
+      round(sum(split), 1), "/".join("%.0f" % c for c in split))' \
+        "$out" "$steal" "$(getconf CLK_TCK)" "${ticks_before[@]}" "${ticks_after[@]}")"
 }
 
-# One line per run: round system mode clients commits/s p50 p99 steal%.
+# One line per run: round system mode clients commits/s p50 p99 steal% cpu split, where
+# cpu is the servers' CPU per commit in µs (hawser's three nodes, PostgreSQL's primary and
+# standby) and split the same per server ("43/24/24", "108/27").
 record() {
     local round="$1" system="$2" mode="$3" clients="$4" figures="$5"
     printf '%s\t%s\t%s\t%s\t%s\n' "$round" "$system" "$mode" "$clients" "${figures// /$'\t'}" >>"$results"
     if [[ $json -eq 1 ]]; then
-        python3 -c 'import json, sys; r, s, m, c, f = sys.argv[1:]; t, p50, p99, st = f.split(); print(json.dumps({"round": int(r), "system": s, "mode": m, "clients": int(c), "commits_per_s": float(t), "p50_us": int(float(p50)), "p99_us": int(float(p99)), "steal_pct": float(st)}))' \
+        python3 -c '
+import json, sys
+r, s, m, c, f = sys.argv[1:]
+t, p50, p99, st, cpu, split = f.split()
+print(json.dumps({"round": int(r), "system": s, "mode": m, "clients": int(c), "commits_per_s": float(t),
+                  "p50_us": int(float(p50)), "p99_us": int(float(p99)), "steal_pct": float(st),
+                  "cpu_us_per_commit": float(cpu), "cpu_us_per_commit_by_server": [float(x) for x in split.split("/")]}))' \
             "$round" "$system" "$mode" "$clients" "$figures"
     else
-        read -r tps p50 p99 steal <<<"$figures"
-        printf 'round %s  %-8s %-12s clients %-3s %9s commits/s  p50 %6s us  p99 %6s us  steal %5s %%\n' \
-            "$round" "$system" "$mode" "$clients" "$tps" "$p50" "$p99" "$steal"
+        read -r tps p50 p99 steal cpu split <<<"$figures"
+        printf 'round %s  %-8s %-12s clients %-3s %9s commits/s  p50 %6s us  p99 %6s us  steal %5s %%  cpu %6s us/commit (%s)\n' \
+            "$round" "$system" "$mode" "$clients" "$tps" "$p50" "$p99" "$steal" "$cpu" "$split"
     fi
 }
 
@@ -272,8 +300,8 @@ pair = {"async": "local", "receipt": "on", "twosafe": "remote_apply"}
 cells = {}
 by_round = {}
 steal = {}
-for rnd, system, mode, clients, tps, p50, p99, st in rows:
-    cells.setdefault((system, mode, int(clients)), []).append((float(tps), float(p50), float(p99)))
+for rnd, system, mode, clients, tps, p50, p99, st, cpu, _split in rows:
+    cells.setdefault((system, mode, int(clients)), []).append((float(tps), float(p50), float(p99), float(cpu)))
     by_round[(int(rnd), system, mode, int(clients))] = float(tps)
     steal[(int(rnd), system, mode, int(clients))] = float(st)
 
@@ -287,8 +315,9 @@ def med(runs, i):
 if not as_json:
     print()
     print("medians of %d rounds" % max(int(r[0]) for r in rows))
-    print("%-8s %-13s %7s  %10s %10s %6s  %8s %8s  %s" % (
+    print("%-8s %-13s %7s  %10s %10s %6s  %8s %8s  %8s %8s  %6s %6s  %s" % (
         "hawser", "postgres", "clients", "hawser c/s", "pg c/s", "ratio", "p50 hw", "p50 pg",
+        "p99 hw", "p99 pg", "cpu hw", "cpu pg",
         "rounds ahead (per-round ratios; * = steal >= %g %%)  quiet rounds" % NOISY_STEAL_PCT))
 for (system, mode, clients), runs in sorted(cells.items(), key=lambda kv: (kv[0][2], kv[0][1])):
     if system != "hawser":
@@ -320,14 +349,17 @@ for (system, mode, clients), runs in sorted(cells.items(), key=lambda kv: (kv[0]
             "cell": True, "mode": mode, "postgres_mode": pair[mode], "clients": clients,
             "rounds": len(runs), "hawser_commits_per_s": hw, "postgres_commits_per_s": pg,
             "ratio": round(ratio, 3), "hawser_p50_us": med(runs, 1), "postgres_p50_us": med(pg_runs, 1),
+            "hawser_p99_us": med(runs, 2), "postgres_p99_us": med(pg_runs, 2),
+            "hawser_cpu_us_per_commit": med(runs, 3), "postgres_cpu_us_per_commit": med(pg_runs, 3),
             "hawser_runs": [r[0] for r in runs], "postgres_runs": [r[0] for r in pg_runs],
             "round_ratios": [round(q, 3) for q in round_ratios], "rounds_ahead": ahead,
             "round_steal_pct": [{"hawser": h, "postgres": g} for h, g in round_steal],
             "quiet_round_ratios": [round(q, 3) for q in quiet],
         }))
     else:
-        print("%-8s %-13s %7d  %10.0f %10.0f %5.2fx  %8.0f %8.0f  %d/%d (%s)  %s" % (
+        print("%-8s %-13s %7d  %10.0f %10.0f %5.2fx  %8.0f %8.0f  %8.0f %8.0f  %6.0f %6.0f  %d/%d (%s)  %s" % (
             mode, pair[mode], clients, hw, pg, ratio, med(runs, 1), med(pg_runs, 1),
+            med(runs, 2), med(pg_runs, 2), med(runs, 3), med(pg_runs, 3),
             ahead, len(round_ratios), " ".join("%.2f%s" % (q, m) for q, m in zip(round_ratios, marks)),
             "%d ahead of %d" % (sum(1 for q in quiet if q > 1), len(quiet)) if quiet else "none"))
 EOF
