@@ -161,6 +161,102 @@ fn rows_written_on_the_master_reach_subscribers_and_a_killed_subscriber_catches_
     }
 }
 
+/// The outbound stream of `node` to `receiver` from its `/replication`, once it has
+/// `txns` transactions acknowledged.
+fn outbound_acked(node: &Node, receiver: &str, txns: u64) -> Value {
+    let id = node.node_id.to_string();
+    wait_for("the stream acknowledged", WAIT, || {
+        let (code, body) = http_get(&node.http, "/replication");
+        assert_eq!(code, 200, "{body}");
+        let v: Value = serde_json::from_str(&body).expect("JSON");
+        v["outbound"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|s| s["receiver"] == receiver && s["acked_applied"][&id].as_u64() >= Some(txns))
+            .cloned()
+    })
+}
+
+#[test]
+fn compressed_traffic_goes_out_in_the_codec_each_sender_is_set_to() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    // n1 compresses with zstd, n2 with the default, lz4: each sender picks the codec,
+    // and each batch names it for the receiver.
+    let n1 = start_member("n1", d, "127.0.0.1:0", None, &["--compress-codec", "zstd"]);
+    let out = n1.cli(&["init"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let n2 = start("n2", d, "127.0.0.1:0", Some(&n1.grpc));
+    for n in [&n1, &n2] {
+        wait_for("two voters", WAIT, || (voters(n) == 2).then_some(()));
+        sql(n, "create table t (k int primary key, v varchar(400))");
+        sql(n, "create table u (k int primary key, v varchar(400))");
+    }
+    ddl(
+        &n1,
+        "CREATE REPLICATION r \
+         ELEMENT e1 TABLE t MASTER n1 SUBSCRIBER n2 \
+         ELEMENT e2 TABLE u MASTER n2 SUBSCRIBER n1 \
+         STORE n1 COMPRESS TRAFFIC ON STORE n2 COMPRESS TRAFFIC ON",
+    );
+    // The same compressible rows on each side, in one transaction each.
+    let values: Vec<String> = (0..200)
+        .map(|k| {
+            format!(
+                "({k}, '{}')",
+                format!("row {k:03} of many alike; ").repeat(12)
+            )
+        })
+        .collect();
+    sql(&n1, &format!("insert into t values {}", values.join(", ")));
+    sql(&n2, &format!("insert into u values {}", values.join(", ")));
+
+    let zstd = outbound_acked(&n1, "n2", 1);
+    let lz4 = outbound_acked(&n2, "n1", 1);
+    assert_eq!(zstd["compression"], "zstd", "{zstd}");
+    assert_eq!(lz4["compression"], "lz4", "{lz4}");
+    let bytes = |s: &Value, k: &str| s[k].as_u64().unwrap_or(0);
+    for s in [&zstd, &lz4] {
+        assert!(
+            bytes(s, "wire_bytes") * 2 < bytes(s, "raw_bytes"),
+            "compressible rows should at least halve on the wire: {s}"
+        );
+    }
+    assert!(
+        bytes(&zstd, "wire_bytes") < bytes(&lz4, "wire_bytes"),
+        "zstd should send fewer bytes than lz4 for the same rows: {zstd} against {lz4}"
+    );
+    // Both receivers read what they got, and count the same bytes the senders did.
+    for (node, table, other) in [(&n2, "t", &n1), (&n1, "u", &n2)] {
+        let count = format!("select count(*) from {table}");
+        let want = serde_json::json!([[200]]);
+        let got = wait_for("the rows applied", WAIT, || {
+            let out = node.cli(&["sql", "--format", "json", "-e", &count]);
+            let v: Value = serde_json::from_slice(&out.stdout).ok()?;
+            (v["rows"] == want).then_some(v)
+        });
+        assert_eq!(got["rows"], want);
+        let (_, body) = http_get(&node.http, "/replication");
+        let v: Value = serde_json::from_str(&body).expect("JSON");
+        let inbound = &v["inbound"][0];
+        let sent = outbound_acked(other, &node.name, 1);
+        assert_eq!(
+            inbound["wire_bytes"], sent["wire_bytes"],
+            "{inbound} / {sent}"
+        );
+    }
+    // `hawser status` names the codec of each outbound stream.
+    let out = n1.cli(&["status"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.lines()
+            .any(|l| l.contains(" n2 ") && l.contains("zstd")),
+        "{text}"
+    );
+}
+
 /// The first value of `select s.nextval` on `node`.
 fn nextval(node: &Node) -> Option<i64> {
     let out = node.cli(&["sql", "--format", "json", "-e", "select s.nextval"]);

@@ -160,10 +160,11 @@ fn print_replication(r: &serde_json::Value) {
     if !outbound.is_empty() {
         println!();
         println!(
-            "{:<20} {:<12} {:<10} {:>8} {:>9} {:>9} {:>8} {:>12} {:>12}  REASON",
+            "{:<20} {:<12} {:<10} {:<8} {:>8} {:>9} {:>9} {:>8} {:>12} {:>12}  REASON",
             "OUTBOUND SCHEME",
             "TO",
             "STATE",
+            "COMPRESS",
             "TXNS",
             "LAG RECS",
             "LAG MS",
@@ -180,10 +181,11 @@ fn print_replication(r: &serde_json::Value) {
             .filter(|&us| us > 0)
             .map(|us| format!("{:.2}", us as f64 / 1000.0));
         println!(
-            "{:<20} {:<12} {:<10} {:>8} {:>9} {:>9} {:>8} {:>12} {:>12}  {}",
+            "{:<20} {:<12} {:<10} {:<8} {:>8} {:>9} {:>9} {:>8} {:>12} {:>12}  {}",
             field(&o["scheme"]),
             field(&o["receiver"]),
             field(&o["state"]),
+            field(&o["compression"]),
             field(&o["transactions"]),
             field(&o["lag_records"]),
             lag_ms.unwrap_or_else(|| "-".into()),

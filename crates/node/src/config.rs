@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use hawser_core::Ident;
-use hawser_stream::{CompilePolicy, ReceiverConfig};
+use hawser_stream::{CompilePolicy, Compression, ReceiverConfig};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
@@ -73,6 +73,9 @@ pub struct NodeConfig {
     /// so a filling disk stops writes cleanly instead of failing one half way
     /// (docs/storage.md, "A full disk"); 0 never refuses.
     pub min_free_bytes: u64,
+    /// How this node compresses what it sends where a scheme says COMPRESS TRAFFIC ON
+    /// for its store (TimesTen names no algorithm): lz4, fast, or zstd, smaller.
+    pub compress_codec: CompressCodec,
     /// Async worker threads: 0 runs one per CPU core; 1 runs the whole node on one
     /// thread, where a receiver's flush blocks it as a PostgreSQL walreceiver's does
     /// (several nodes sharing a small machine spend less CPU per replicated commit
@@ -108,8 +111,46 @@ impl Default for NodeConfig {
             log_file_size: 64 * 1024 * 1024,
             log_keep_bytes: 64 * 1024 * 1024,
             min_free_bytes: 64 * 1024 * 1024,
+            compress_codec: CompressCodec::Lz4,
             threads: 0,
             boot_id: None,
+        }
+    }
+}
+
+/// The algorithm of COMPRESS TRAFFIC ON, chosen per sending node (`compress_codec`).
+/// Each batch names its codec, so a receiver reads either whatever it is set to.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CompressCodec {
+    /// lz4 (block format): cheap on CPU.
+    #[default]
+    Lz4,
+    /// zstd at level 3: fewer bytes than lz4 for more CPU, for links where bandwidth
+    /// costs more than the sender's and receiver's cores.
+    Zstd,
+}
+
+impl CompressCodec {
+    /// The batch compression it stands for.
+    pub fn compression(self) -> Compression {
+        match self {
+            CompressCodec::Lz4 => Compression::Lz4,
+            CompressCodec::Zstd => Compression::Zstd,
+        }
+    }
+}
+
+impl std::str::FromStr for CompressCodec {
+    type Err = ConfigError;
+
+    fn from_str(s: &str) -> Result<Self, ConfigError> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "lz4" => Ok(CompressCodec::Lz4),
+            "zstd" => Ok(CompressCodec::Zstd),
+            other => Err(ConfigError(format!(
+                "compress_codec {other:?} is not a codec hawser has: lz4 or zstd"
+            ))),
         }
     }
 }
@@ -311,6 +352,22 @@ mod tests {
         assert!(c.validate().unwrap_err().0.contains("threads 1025"));
         c = NodeConfig::from_toml("threads = 1\n").unwrap();
         assert_eq!((c.threads, c.validate()), (1, Ok(())));
+    }
+
+    #[test]
+    fn the_compression_codec_reads_from_toml_and_text_and_defaults_to_lz4() {
+        assert_eq!(NodeConfig::default().compress_codec, CompressCodec::Lz4);
+        let c = NodeConfig::from_toml("compress_codec = \"zstd\"\n").unwrap();
+        assert_eq!(c.compress_codec.compression(), Compression::Zstd);
+        let err = NodeConfig::from_toml("compress_codec = \"gzip\"\n").unwrap_err();
+        assert!(err.0.contains("gzip"), "{err}");
+        assert_eq!("ZSTD".parse::<CompressCodec>(), Ok(CompressCodec::Zstd));
+        assert_eq!(" lz4".parse::<CompressCodec>(), Ok(CompressCodec::Lz4));
+        let err = "snappy".parse::<CompressCodec>().unwrap_err();
+        assert!(
+            err.0.contains("\"snappy\"") && err.0.contains("lz4 or zstd"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -51,8 +51,8 @@ use hawser_stream::returns::{
     ReplicationState, ReturnLevel, ReturnRoutes, ReturnSettings, ReturnWait,
 };
 use hawser_stream::{
-    DatastoreRule, LinkConfig, ReceiverService, SenderHandle, SenderStart, SenderState,
-    StreamSender,
+    Compression, DatastoreRule, LinkConfig, ReceiverService, SenderHandle, SenderStart,
+    SenderState, StreamSender,
 };
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -265,6 +265,8 @@ pub(crate) struct DataPlaneTask {
     pub(crate) log_keep_bytes: u64,
     /// Log held for copies this node serves (a duplicate of a receiver).
     pub(crate) copy_holds: Arc<hawser_stream::CopyHolds>,
+    /// How this node's senders compress where the scheme says COMPRESS TRAFFIC ON.
+    pub(crate) compression: Compression,
 }
 
 /// Keeps this node's senders and its receiver's epochs in line with the cluster state
@@ -292,7 +294,7 @@ pub(crate) async fn run(task: DataPlaneTask) {
         task.epochs.send_if_modified(|current| {
             replace_if_changed(current, subscribed(&state, &task.store))
         });
-        let (wanted, now) = wanted_links(
+        let (mut wanted, now) = wanted_links(
             &state,
             &task.db,
             &task.store,
@@ -300,6 +302,12 @@ pub(crate) async fn run(task: DataPlaneTask) {
             &mut thresholds,
             &mut known,
         );
+        // The plan says whether to compress (COMPRESS TRAFFIC); the node, with what.
+        for (config, _) in wanted.values_mut() {
+            if config.compression != Compression::None {
+                config.compression = task.compression;
+            }
+        }
         // Each problem is logged once, when it appears, not at every re-plan.
         for p in now.difference(&problems) {
             warn!("{p}");
@@ -1161,6 +1169,7 @@ pub(crate) fn streams_json(senders: &Senders, receiver: &ReceiverService) -> ser
                 "ack_micros_mean": s.ack_micros_mean,
                 "transactions": s.transactions_sent,
                 "batches": s.batches_sent,
+                "compression": handle.compression().name(),
                 "raw_bytes": s.raw_bytes,
                 "wire_bytes": s.wire_bytes,
                 "sessions": s.sessions,

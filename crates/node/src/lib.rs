@@ -45,7 +45,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{error, info, instrument, warn};
 
-pub use config::{ConfigError, NodeConfig};
+pub use config::{CompressCodec, ConfigError, NodeConfig};
 pub use grpc::MAX_SCAN_ROWS;
 
 /// Why a node could not start or stopped on its own.
@@ -425,6 +425,7 @@ pub async fn run(
         log_file_size: state.config.log_file_size,
         log_keep_bytes: state.config.log_keep_bytes,
         copy_holds: state.receiver.copy_holds(),
+        compression: state.config.compress_codec.compression(),
         plane: state.plane.clone(),
         db: state.db.clone(),
         store,

@@ -46,6 +46,23 @@ pub enum Compression {
     Zstd,
 }
 
+impl Compression {
+    /// The name status and configuration use: `off`, `lz4` or `zstd`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Compression::None => "off",
+            Compression::Lz4 => "lz4",
+            Compression::Zstd => "zstd",
+        }
+    }
+}
+
+impl std::fmt::Display for Compression {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
 /// Bytes that do not decode.
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum CodecError {

@@ -42,7 +42,7 @@ use tokio_util::task::TaskTracker;
 use tonic::transport::Endpoint;
 use tracing::{debug, info, instrument, warn};
 
-use crate::codec::{self, compress, encode_entries};
+use crate::codec::{self, compress, encode_entries, Compression};
 use crate::error::StreamError;
 use crate::link::LinkConfig;
 use crate::pb::{self, receiver_message, sender_message};
@@ -172,6 +172,8 @@ pub struct SenderHandle {
     /// Whether it ships this node's commits once written, before their sync (see
     /// [`SenderHandle::ships_written`]).
     ships_written: bool,
+    /// How its batches are compressed (the link's [`LinkConfig::compression`]).
+    compression: Compression,
 }
 
 impl std::fmt::Debug for SenderHandle {
@@ -212,6 +214,11 @@ impl SenderHandle {
     /// ([`Database::set_written_hook`]).
     pub fn ships_written(&self) -> bool {
         self.ships_written
+    }
+
+    /// How this sender compresses its batches.
+    pub fn compression(&self) -> Compression {
+        self.compression
     }
 }
 
@@ -271,6 +278,7 @@ impl StreamSender {
         let wake_at = Arc::new(AtomicU64::new(0));
         let handle_db = db.clone();
         let ships_written = ships_written(&link, &db);
+        let compression = link.compression;
         let task = Sender {
             link,
             db,
@@ -295,6 +303,7 @@ impl StreamSender {
             wake_at,
             db: handle_db,
             ships_written,
+            compression,
         }
     }
 }

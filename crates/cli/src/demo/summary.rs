@@ -86,6 +86,8 @@ pub(crate) struct StreamReport {
     pub(crate) reason: Option<String>,
     /// The sender's COMPRESS TRAFFIC.
     pub(crate) compressed: bool,
+    /// How the sender compresses: `off`, `lz4` or `zstd` (its node's `compress_codec`).
+    pub(crate) compression: String,
     pub(crate) lag_records: u64,
     pub(crate) lag_micros: u64,
     /// The smoothed round trip of the stream's acks (0 before the first).
@@ -358,7 +360,7 @@ impl Summary {
                         Some(r) => format!("{} ({r})", s.state),
                         None => s.state.clone(),
                     },
-                    if s.compressed { "lz4" } else { "off" }.to_string(),
+                    s.compression.clone(),
                     s.lag_records.to_string(),
                     format!("{:.1}", s.lag_micros as f64 / 1000.0),
                     match s.ack_micros_mean {
@@ -505,11 +507,18 @@ fn stream_report(
         })
         .collect();
     let (raw_bytes, wire_bytes) = (num("raw_bytes"), num("wire_bytes"));
+    // A node that does not report it compresses as the scheme says, with lz4.
+    let compression = match s["compression"].as_str() {
+        Some(c) => c.to_string(),
+        None if scheme::compressed(&demo.scheme, sender) => "lz4".to_string(),
+        None => "off".to_string(),
+    };
     StreamReport {
         sender: sender.to_string(),
         state: s["state"].as_str().unwrap_or("?").to_string(),
         reason: s["reason"].as_str().map(str::to_string),
-        compressed: scheme::compressed(&demo.scheme, sender),
+        compressed: compression != "off",
+        compression,
         lag_records: num("lag_records"),
         lag_micros: num("lag_micros"),
         ack_micros_mean: num("ack_micros_mean"),
