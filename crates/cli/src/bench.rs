@@ -701,6 +701,12 @@ struct StreamSample {
     lag_records_max: u64,
     /// `ack_micros_mean` at the last sample (0: no ack yet).
     ack_us: u64,
+    /// The stream's counters (raw bytes, wire bytes, transactions) at the first and the
+    /// last sample under load: what it sent while the load was measured.
+    first: Option<[u64; 3]>,
+    last: [u64; 3],
+    /// The codec the sender reports (`off`, `lz4`, `zstd`).
+    compression: String,
 }
 
 impl StreamSamples {
@@ -723,6 +729,17 @@ impl StreamSamples {
                 sample.lag_us.push(o["lag_micros"].as_u64().unwrap_or(0));
                 let records = o["lag_records"].as_u64().unwrap_or(0);
                 sample.lag_records_max = sample.lag_records_max.max(records);
+                let counter = |k: &str| o[k].as_u64().unwrap_or(0);
+                let counters = [
+                    counter("raw_bytes"),
+                    counter("wire_bytes"),
+                    counter("transactions"),
+                ];
+                sample.first.get_or_insert(counters);
+                sample.last = counters;
+                if let Some(c) = o["compression"].as_str() {
+                    sample.compression = c.to_string();
+                }
             }
             sample.ack_us = o["ack_micros_mean"].as_u64().unwrap_or(0);
         }
@@ -736,6 +753,9 @@ impl StreamSamples {
             .map(|(receiver, s)| {
                 let samples = s.lag_us.len();
                 let max = s.lag_us.iter().copied().max().unwrap_or(0);
+                let first = s.first.unwrap_or(s.last);
+                let [raw, wire, txns] = [0, 1, 2].map(|i| s.last[i].saturating_sub(first[i]));
+                let per_txn = |bytes: u64| (txns > 0).then(|| bytes as f64 / txns as f64);
                 StreamSummary {
                     receiver: receiver.clone(),
                     samples,
@@ -743,6 +763,9 @@ impl StreamSamples {
                     lag_ms_max: max as f64 / 1000.0,
                     lag_records_max: s.lag_records_max,
                     ack_ms: s.ack_us as f64 / 1000.0,
+                    compression: s.compression.clone(),
+                    raw_per_txn: per_txn(raw),
+                    wire_per_txn: per_txn(wire),
                 }
             })
             .collect()
@@ -757,6 +780,35 @@ struct StreamSummary {
     lag_ms_max: f64,
     lag_records_max: u64,
     ack_ms: f64,
+    compression: String,
+    /// Bytes per transaction the stream encoded and sent between the first and the
+    /// last sample (none when it sent no transaction meanwhile).
+    raw_per_txn: Option<f64>,
+    wire_per_txn: Option<f64>,
+}
+
+impl StreamSummary {
+    /// `, lz4: 262 B per transaction encoded, 175 sent (33 % saved)`, or nothing when
+    /// the stream sent no transaction between samples.
+    fn bytes_text(&self) -> String {
+        let (Some(raw), Some(wire)) = (self.raw_per_txn, self.wire_per_txn) else {
+            return String::new();
+        };
+        let codec = if self.compression.is_empty() {
+            "?"
+        } else {
+            &self.compression
+        };
+        let saved = if raw > 0.0 {
+            100.0 * (1.0 - wire / raw)
+        } else {
+            0.0
+        };
+        format!(
+            "; compression {codec}: {raw:.0} B per transaction encoded, {wire:.0} sent \
+             ({saved:.0} % saved)"
+        )
+    }
 }
 
 impl Report {
@@ -852,6 +904,9 @@ impl Report {
                 "lag_ms_max": s.lag_ms_max,
                 "lag_records_max": s.lag_records_max,
                 "ack_round_trip_ms": s.ack_ms,
+                "compression": s.compression,
+                "raw_bytes_per_txn": s.raw_per_txn,
+                "wire_bytes_per_txn": s.wire_per_txn,
             })).collect::<Vec<_>>(),
         })
     }
@@ -883,8 +938,14 @@ impl Report {
             for s in self.streams.summary() {
                 out.push_str(&format!(
                     "stream {:<8} lag mean {:.1} ms, max {:.1} ms, at most {} log records \
-                     behind ({} samples); ack round trip {:.2} ms\n",
-                    s.receiver, s.lag_ms_mean, s.lag_ms_max, s.lag_records_max, s.samples, s.ack_ms
+                     behind ({} samples); ack round trip {:.2} ms{}\n",
+                    s.receiver,
+                    s.lag_ms_mean,
+                    s.lag_ms_max,
+                    s.lag_records_max,
+                    s.samples,
+                    s.ack_ms,
+                    s.bytes_text()
                 ));
             }
             if let Some(d) = self.catch_up {
@@ -1080,6 +1141,47 @@ mod tests {
         assert!(report
             .text("bench", 100, 10)
             .contains("commits/s      500.0\n"));
+    }
+
+    #[test]
+    fn stream_samples_give_the_bytes_per_transaction_sent_while_measured() {
+        let sample = |raw: u64, wire: u64, txns: u64| {
+            json!({"outbound": [{
+                "scheme": "bench_repl", "receiver": "ds2", "lag_micros": 900,
+                "lag_records": 3, "ack_micros_mean": 400, "compression": "lz4",
+                "raw_bytes": raw, "wire_bytes": wire, "transactions": txns,
+            }, {
+                "scheme": "other", "receiver": "ds9", "lag_micros": 1, "lag_records": 1,
+                "raw_bytes": 1, "wire_bytes": 1, "transactions": 1,
+            }]})
+            .to_string()
+        };
+        let mut samples = StreamSamples::default();
+        samples.add(&sample(1_000, 1_000, 4), "BENCH_REPL", true);
+        samples.add(&sample(27_000, 14_000, 104), "bench_repl", true);
+        // After the load: not counted.
+        samples.add(&sample(99_000, 99_000, 200), "bench_repl", false);
+        let summary = samples.summary();
+        assert_eq!(summary.len(), 1);
+        let s = &summary[0];
+        assert_eq!(
+            (s.receiver.as_str(), s.compression.as_str()),
+            ("ds2", "lz4")
+        );
+        assert_eq!((s.raw_per_txn, s.wire_per_txn), (Some(260.0), Some(130.0)));
+        assert!(
+            s.bytes_text()
+                .contains("lz4: 260 B per transaction encoded, 130 sent (50 % saved)"),
+            "{}",
+            s.bytes_text()
+        );
+
+        // A stream that sent nothing between its samples has no per-transaction figure.
+        let mut idle = StreamSamples::default();
+        idle.add(&sample(5, 5, 1), "bench_repl", true);
+        idle.add(&sample(5, 5, 1), "bench_repl", true);
+        let s = &idle.summary()[0];
+        assert_eq!((s.raw_per_txn, s.bytes_text()), (None, String::new()));
     }
 
     #[test]
