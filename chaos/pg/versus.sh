@@ -28,6 +28,9 @@ Options:
   --warmup SECS      unmeasured load before each run (default 1)
   --clients "N ..."  client counts (default "1 16")
   --modes "M ..."    hawser modes: async receipt twosafe (default all three)
+  --receipt-vs MODE  the synchronous_commit RECEIPT is measured against: on (default:
+                     the standby flushed the WAL, RECEIPT's promise) or remote_write
+                     (the standby wrote it to its OS, a weaker promise)
   --hawser BIN       the hawser binary (default: target/release/hawser of this
                      checkout, built if missing; else hawser on PATH)
   --pg-bin DIR       PostgreSQL server binaries (passed to compare.sh)
@@ -55,6 +58,7 @@ duration=10
 warmup=1
 clients_list="1 16"
 modes="async receipt twosafe"
+receipt_vs=on
 hawser=""
 pg_args=()
 sub_threads=1
@@ -74,6 +78,7 @@ while [[ $# -gt 0 ]]; do
     --warmup) need_value "$@"; warmup="$2"; shift 2 ;;
     --clients) need_value "$@"; clients_list="$2"; shift 2 ;;
     --modes) need_value "$@"; modes="$2"; shift 2 ;;
+    --receipt-vs) need_value "$@"; receipt_vs="$2"; shift 2 ;;
     --hawser) need_value "$@"; hawser="$2"; shift 2 ;;
     --pg-bin) need_value "$@"; pg_args=(--pg-bin "$2"); shift 2 ;;
     --sub-threads) need_value "$@"; sub_threads="$2"; shift 2 ;;
@@ -92,10 +97,11 @@ check_run_args
 [[ $master_threads =~ ^[0-9]+$ ]] || die "--master-threads must be a whole number"
 [[ $connections =~ ^[0-9]+$ ]] || die "--connections must be a whole number"
 [[ -n ${modes// /} ]] || die "--modes is empty"
+case "$receipt_vs" in on | remote_write) ;; *) die "--receipt-vs must be on or remote_write" ;; esac
 pg_mode() {
     case "$1" in
     async) echo local ;;
-    receipt) echo on ;;
+    receipt) echo "$receipt_vs" ;;
     twosafe) echo remote_apply ;;
     *) return 1 ;;
     esac
@@ -289,14 +295,14 @@ for round in $(seq "$rounds"); do
 done
 
 # Medians per cell, and the ratio of hawser's to PostgreSQL's.
-python3 - "$results" "$json" <<'EOF'
+python3 - "$results" "$json" "$receipt_vs" <<'EOF'
 import json
 import statistics
 import sys
 
 rows = [line.rstrip("\n").split("\t") for line in open(sys.argv[1]) if line.strip()]
 as_json = sys.argv[2] == "1"
-pair = {"async": "local", "receipt": "on", "twosafe": "remote_apply"}
+pair = {"async": "local", "receipt": sys.argv[3], "twosafe": "remote_apply"}
 cells = {}
 by_round = {}
 steal = {}
