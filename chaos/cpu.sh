@@ -26,7 +26,14 @@ Options:
   --clients N        bench clients (default 16)
   --duration SECS    measured seconds per run (default 8)
   --rounds N         runs per binary (default 3)
-  --sub-args "ARGS"  extra `hawser start` flags for ds2 and ds3 (e.g. "--no-compile")
+  --sub-args "ARGS"  extra `hawser start` flags for ds2 and ds3 (e.g. "--no-compile";
+                     "--threads N" replaces the default of one thread)
+  --master-args "ARGS"
+                     extra `hawser start` flags for ds1 (e.g. "--threads 4" or
+                     "--compress-codec zstd")
+  --bench-args "ARGS"
+                     extra `hawser bench` flags (e.g. "--compress", "--connections 0"
+                     instead of the default of one shared connection)
   --json             one JSON object per run (and one for the means) instead of text
   -h, --help         show this help
 
@@ -40,6 +47,8 @@ clients=16
 duration=8
 rounds=3
 sub_args=""
+master_args=""
+bench_args=""
 json=0
 binaries=()
 
@@ -55,6 +64,8 @@ while [[ $# -gt 0 ]]; do
     --duration) need_value "$@"; duration="$2"; shift 2 ;;
     --rounds) need_value "$@"; rounds="$2"; shift 2 ;;
     --sub-args) need_value "$@"; sub_args="$2"; shift 2 ;;
+    --master-args) need_value "$@"; master_args="$2"; shift 2 ;;
+    --bench-args) need_value "$@"; bench_args="$2"; shift 2 ;;
     --json) json=1; shift ;;
     -h | --help) usage; exit 0 ;;
     *) die "unknown argument '$1' (see --help)" ;;
@@ -88,6 +99,13 @@ source "$here/nodes.sh"
 trap 'cleanup; rm -rf "$root"' EXIT
 trap 'exit 130' INT TERM
 
+# The flags $1 (a list of flags) with "$2 $3" in front unless they name $2 themselves:
+# the default a caller's own flags replace (clap refuses a flag given twice).
+with_default() {
+    local flags="$1" flag="$2" value="$3"
+    if [[ " $flags " == *" $flag "* ]]; then echo "$flags"; else echo "$flag $value $flags"; fi
+}
+
 # One run of binary $1 in round $2: leaves its JSON line in $root/last.json. Runs in
 # this shell, not in a $(...) subshell, so that die stops every node through the trap.
 run() {
@@ -97,12 +115,13 @@ run() {
     mkdir -p "$work"
     nodes ds1 ds2 ds3
     trap 'cleanup; rm -rf "$root"' EXIT
-    start ds1 --threads 1
+    # shellcheck disable=SC2046 # lists of flags
+    start ds1 $(with_default "$master_args" --threads 1)
     "$hawser" init --host "${grpc[ds1]}" >"$work/init.out" 2>&1 || { cat "$work/init.out" >&2; die "hawser init failed"; }
-    # shellcheck disable=SC2086 # $sub_args is a list of flags
-    start ds2 --join "${grpc[ds1]}" --threads 1 $sub_args
-    # shellcheck disable=SC2086
-    start ds3 --join "${grpc[ds1]}" --threads 1 $sub_args
+    # shellcheck disable=SC2046
+    start ds2 --join "${grpc[ds1]}" $(with_default "$sub_args" --threads 1)
+    # shellcheck disable=SC2046
+    start ds3 --join "${grpc[ds1]}" $(with_default "$sub_args" --threads 1)
     local deadline=$((SECONDS + 60))
     until [[ $("$hawser" status --host "${grpc[ds1]}" --format json 2>/dev/null |
         python3 -c 'import json, sys; print(sum(1 for n in json.load(sys.stdin)["cluster"]["nodes"] if n["membership"] == "voter"))' 2>/dev/null) == 3 ]]; do
@@ -111,9 +130,10 @@ run() {
     done
     local before=() after=()
     for n in ds1 ds2 ds3; do before+=("$(proc_ticks "${pid[$n]}")"); done
+    # shellcheck disable=SC2046
     "$hawser" bench --host "${grpc[ds1]}" --mode "$mode" --subscriber ds2 --async-subscriber ds3 \
-        --clients "$clients" --connections 1 --duration "$duration" --warmup 1 --format json \
-        >"$work/bench.json" 2>"$work/bench.log" || { tail -n 20 "$work/bench.log" >&2; die "hawser bench failed"; }
+        --clients "$clients" --duration "$duration" --warmup 1 --format json \
+        $(with_default "$bench_args" --connections 1) >"$work/bench.json" 2>"$work/bench.log" || { tail -n 20 "$work/bench.log" >&2; die "hawser bench failed"; }
     for n in ds1 ds2 ds3; do after+=("$(proc_ticks "${pid[$n]}")"); done
     for n in ds1 ds2 ds3; do kill -KILL "${pid[$n]}" 2>/dev/null || true; done
     wait 2>/dev/null || true
