@@ -360,6 +360,19 @@ fn bench_mode_replicates_its_table_and_wait_sees_subscribers_caught_up() {
             .is_some_and(|ms| ms > 0.0),
         "{twosafe}"
     );
+    // Compressed (--compress) with the master's default codec, and the bytes counted.
+    assert_eq!(twosafe["compression"], "lz4", "{twosafe}");
+    assert!(
+        twosafe["raw_bytes_per_txn"]
+            .as_f64()
+            .is_some_and(|b| b > 0.0),
+        "{twosafe}"
+    );
+    // Each node's CPU per commit, read from the three nodes' status.
+    let cpu = &report["server_cpu_us_per_commit"];
+    for n in ["n1", "n2", "n3"] {
+        assert!(cpu[n].as_f64().is_some_and(|us| us > 0.0), "{n}: {report}");
+    }
 
     // `hawser wait` agrees, and both subscribers have the master's rows.
     for sub in ["n2", "n3"] {

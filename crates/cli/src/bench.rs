@@ -245,6 +245,14 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
         None => None,
     };
     let before = admin.status().await.context("status before the run")?;
+    // The subscribers of the bench scheme, for their CPU time: the master's cluster
+    // status knows their addresses.
+    let mut nodes = vec![NodeCpu::new(before.name.clone(), None, before.cpu_micros)];
+    if args.mode.is_some() {
+        for store in args.subscribers.iter().chain(&args.async_subscribers) {
+            nodes.push(NodeCpu::connect(store, &before).await);
+        }
+    }
     // Connections are opened before the clock starts, so their setup is not measured.
     let connections = match args.connections {
         0 => args.clients,
@@ -359,6 +367,14 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
         let commits = after.commits.saturating_sub(before.commits);
         let flushes = after.flushes.saturating_sub(before.flushes);
         report.server = Some((commits, flushes));
+        nodes[0].after = Some(after.cpu_micros);
+        for node in &mut nodes[1..] {
+            node.read_after().await;
+        }
+        report.server_cpu = nodes
+            .iter()
+            .filter_map(|n| Some((n.store.clone(), n.micros_per(commits)?)))
+            .collect();
     }
 
     let mut out = std::io::stdout();
@@ -632,6 +648,9 @@ struct Report {
     steal_pct: Option<f64>,
     /// Commits and flushes the server counted over the whole run (warm-up included).
     server: Option<(u64, u64)>,
+    /// Per node (the master, then the subscribers), µs of CPU per commit over the same
+    /// span as `server` (and the subscribers' catch-up).
+    server_cpu: Vec<(String, f64)>,
     returns: ReturnCounts,
     /// The replication mode, with --mode.
     mode: Option<&'static str>,
@@ -639,6 +658,64 @@ struct Report {
     catch_up: Option<Duration>,
     /// The master's streams of the bench scheme, sampled under load, with --mode.
     streams: StreamSamples,
+}
+
+/// One node's CPU time (`StatusResponse.cpu_micros`) before and after the run.
+struct NodeCpu {
+    store: String,
+    /// A connection to it (none for the master, read through the bench's own).
+    client: Option<Client>,
+    before: Option<u64>,
+    after: Option<u64>,
+}
+
+impl NodeCpu {
+    fn new(store: String, client: Option<Client>, before: u64) -> Self {
+        // 0: a server that predates the field.
+        let before = (before > 0).then_some(before);
+        NodeCpu {
+            store,
+            client,
+            before,
+            after: None,
+        }
+    }
+
+    /// Reads the CPU time of the node whose store is `store`, found in the master's
+    /// cluster status; a node it cannot reach is left out of the report, with a warning.
+    async fn connect(store: &str, master: &v1::StatusResponse) -> Self {
+        let addr = master.cluster.as_ref().and_then(|c| {
+            c.nodes
+                .iter()
+                .find(|n| n.store.eq_ignore_ascii_case(store))
+                .map(|n| n.grpc_addr.clone())
+        });
+        let Some(addr) = addr else {
+            eprintln!("warning: {store} is not in the cluster's status: its CPU is not reported");
+            return NodeCpu::new(store.to_string(), None, 0);
+        };
+        let mut client = match Client::connect(&addr).await {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("warning: cannot reach {store} at {addr} for its CPU time: {e}");
+                return NodeCpu::new(store.to_string(), None, 0);
+            }
+        };
+        let before = client.status().await.map_or(0, |s| s.cpu_micros);
+        NodeCpu::new(store.to_string(), Some(client), before)
+    }
+
+    async fn read_after(&mut self) {
+        if let (Some(client), Some(_)) = (&mut self.client, self.before) {
+            self.after = client.status().await.ok().map(|s| s.cpu_micros);
+        }
+    }
+
+    /// µs of CPU per commit of the master's `commits` between the two readings.
+    fn micros_per(&self, commits: u64) -> Option<f64> {
+        let used = self.after?.checked_sub(self.before?)?;
+        (commits > 0).then(|| used as f64 / commits as f64)
+    }
 }
 
 /// How often the master's streams are sampled under load.
@@ -794,6 +871,9 @@ impl StreamSummary {
         let (Some(raw), Some(wire)) = (self.raw_per_txn, self.wire_per_txn) else {
             return String::new();
         };
+        if self.compression == "off" {
+            return format!("; {raw:.0} B per transaction, uncompressed");
+        }
         let codec = if self.compression.is_empty() {
             "?"
         } else {
@@ -825,6 +905,7 @@ impl Report {
             fsyncs_per_sec: None,
             steal_pct: None,
             server: None,
+            server_cpu: Vec::new(),
             returns: ReturnCounts::default(),
             mode: None,
             catch_up: None,
@@ -889,6 +970,11 @@ impl Report {
             "server_commits": self.server.map(|s| s.0),
             "server_flushes": self.server.map(|s| s.1),
             "commits_per_flush": self.commits_per_flush(),
+            "server_cpu_us_per_commit": self
+                .server_cpu
+                .iter()
+                .map(|(store, us)| (store.clone(), json!((us * 10.0).round() / 10.0)))
+                .collect::<serde_json::Map<_, _>>(),
             "mode": self.mode,
             "returns": {
                 "acknowledged": self.returns.acknowledged,
@@ -926,6 +1012,17 @@ impl Report {
                 .map_or("-".into(), |f| format!("{f:.1}"));
             out.push_str(&format!(
                 "server         {commits} commits in {flushes} flushes ({factor} commits per flush)\n"
+            ));
+        }
+        if !self.server_cpu.is_empty() {
+            let per: Vec<String> = self
+                .server_cpu
+                .iter()
+                .map(|(store, us)| format!("{store} {us:.1}"))
+                .collect();
+            out.push_str(&format!(
+                "server cpu     {} µs per commit (user + system, warm-up and catch-up included)\n",
+                per.join(", ")
             ));
         }
         if let Some(mode) = self.mode {
@@ -1182,6 +1279,20 @@ mod tests {
         idle.add(&sample(5, 5, 1), "bench_repl", true);
         let s = &idle.summary()[0];
         assert_eq!((s.raw_per_txn, s.bytes_text()), (None, String::new()));
+
+        // An uncompressed stream says so rather than "0 % saved".
+        let plain = StreamSummary {
+            receiver: "ds3".into(),
+            samples: 2,
+            lag_ms_mean: 0.0,
+            lag_ms_max: 0.0,
+            lag_records_max: 0,
+            ack_ms: 0.0,
+            compression: "off".into(),
+            raw_per_txn: Some(249.4),
+            wire_per_txn: Some(249.4),
+        };
+        assert_eq!(plain.bytes_text(), "; 249 B per transaction, uncompressed");
     }
 
     #[test]

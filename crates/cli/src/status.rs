@@ -46,6 +46,10 @@ pub async fn run(args: StatusArgs) -> anyhow::Result<ExitCode> {
                 humantime::format_duration(std::time::Duration::from_secs(s.uptime_ms / 1000))
             );
             println!(
+                "cpu         {:.1} s (user + system, since start)",
+                s.cpu_micros as f64 / 1e6
+            );
+            println!(
                 "durable     {}",
                 if s.durable_commits {
                     "yes (commits wait for flush)"

@@ -131,6 +131,7 @@ impl NodeState {
             http: self.http_addr.to_string(),
             data_dir: self.config.data_dir.display().to_string(),
             uptime_ms: self.started.elapsed().as_millis() as u64,
+            cpu_micros: process_cpu_micros(),
             last_lsn: self.db.last_lsn().0,
             commits: stats.commits,
             flushes: stats.flushes,
@@ -170,6 +171,12 @@ impl NodeState {
     }
 }
 
+/// CPU time (user + system) this process has used so far, in microseconds.
+fn process_cpu_micros() -> u64 {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::ProcessCPUTime);
+    u64::try_from(t.tv_sec).unwrap_or(0) * 1_000_000 + u64::try_from(t.tv_nsec).unwrap_or(0) / 1000
+}
+
 /// The status as the JSON object `/status` and `hawser status --format json` print.
 pub fn status_json(s: &v1::StatusResponse) -> serde_json::Value {
     serde_json::json!({
@@ -180,6 +187,7 @@ pub fn status_json(s: &v1::StatusResponse) -> serde_json::Value {
         "http": s.http,
         "data_dir": s.data_dir,
         "uptime_ms": s.uptime_ms,
+        "cpu_micros": s.cpu_micros,
         "last_lsn": s.last_lsn,
         "commits": s.commits,
         "flushes": s.flushes,
