@@ -237,6 +237,18 @@ fn client_library_typed_rows_status_and_http_endpoints() {
     let (code, metrics) = http_get(&node.http, "/metrics");
     assert_eq!(code, 200);
     assert!(metrics.contains("hawser_store_commits_total"), "{metrics}");
+    // The process's own, as Prometheus clients name them.
+    for name in [
+        "process_cpu_seconds_total",
+        "process_resident_memory_bytes",
+        "process_threads",
+        "process_open_fds",
+    ] {
+        assert!(
+            metrics.lines().any(|l| l.starts_with(name)),
+            "no {name}: {metrics}"
+        );
+    }
     // Latencies are histograms with fixed buckets (they add up across nodes), not
     // summaries: the commits above are counted in the +Inf bucket, and a millisecond
     // bucket is there too.

@@ -4,12 +4,12 @@
 //! |------------|------------------------------------------------------------|
 //! | `/healthz` | 200 while the process serves at all (liveness)             |
 //! | `/readyz`  | 200 once the database is open and gRPC is serving, else 503 |
-//! | `/metrics` | Prometheus text format                                     |
+//! | `/metrics` | Prometheus text format (with `process_*`: CPU, memory, threads, fds) |
 //! | `/status`  | the same status `hawser status --format json` prints       |
 //! | `/replication` | this node's data-plane streams, outbound and inbound    |
 
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use axum::extract::State;
 use axum::http::{header, StatusCode};
@@ -37,12 +37,24 @@ async fn readyz(State(state): State<Arc<NodeState>>) -> Response {
     }
 }
 
+/// The process's CPU time, memory, threads and file descriptors under the names
+/// Prometheus client libraries give them (`process_cpu_seconds_total`,
+/// `process_resident_memory_bytes`, ...), read at every scrape.
+fn process_metrics() -> &'static metrics_process::Collector {
+    static COLLECTOR: OnceLock<metrics_process::Collector> = OnceLock::new();
+    COLLECTOR.get_or_init(|| {
+        let collector = metrics_process::Collector::default();
+        collector.describe();
+        collector
+    })
+}
+
 async fn metrics(State(state): State<Arc<NodeState>>) -> Response {
     match &state.metrics {
-        Some(handle) => (
-            [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-            handle.render(),
-        )
+        Some(handle) => ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], {
+            process_metrics().collect();
+            handle.render()
+        })
             .into_response(),
         None => (
             StatusCode::NOT_FOUND,
