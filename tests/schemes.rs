@@ -1493,6 +1493,120 @@ fn a_new_datastore_subscriber_is_seeded_by_a_duplicate_with_the_masters_tables_a
     });
 }
 
+/// A duplicate of one scheme into a store that also receives in another: allowed when
+/// the other brings none of its origins or tables — that scheme's stream goes on during
+/// the copy and only the copied scheme's origin's marks move — and refused, naming what
+/// is shared, when it does.
+#[test]
+fn a_duplicate_of_one_scheme_leaves_another_scheme_into_the_same_store_streaming() {
+    let dir = tempfile::tempdir().unwrap();
+    let nodes = cluster(dir.path(), &["ds1", "ds2", "ds3"]);
+    let (ds1, ds2, ds3) = (&nodes[0], &nodes[1], &nodes[2]);
+    sql_ok(ds1, "create table t (k int primary key, v int)");
+    sql_ok(ds2, "create table u (k int primary key, v int)");
+    sql_ok(ds3, "create table t (k int primary key, v int)");
+    sql_ok(ds3, "create table u (k int primary key, v int)");
+    ddl(
+        ds1,
+        "CREATE REPLICATION a ELEMENT e TABLE t MASTER ds1 SUBSCRIBER ds3;",
+    );
+    ddl(
+        ds1,
+        "CREATE REPLICATION b ELEMENT f TABLE u MASTER ds2 SUBSCRIBER ds3;",
+    );
+    streaming_to(ds1, &["ds3"]);
+    streaming_to(ds2, &["ds3"]);
+    let insert = |n: &Node, table: &str, from: i64, to: i64| {
+        let values: Vec<String> = (from..to).map(|k| format!("({k}, {k})")).collect();
+        sql_ok(
+            n,
+            &format!("insert into {table} values {}", values.join(", ")),
+        );
+    };
+    insert(ds1, "t", 0, 50);
+    insert(ds2, "u", 0, 50);
+    let t = "select k, v from t order by k";
+    let u = "select k, v from u order by k";
+    converge(ds3, t, &rows(ds1, t).unwrap(), "t before the stop");
+    converge(ds3, u, &rows(ds2, u).unwrap(), "u before the stop");
+
+    let out = ds1.cli(&[
+        "receiver",
+        "--scheme",
+        "a",
+        "--subscriber",
+        "ds3",
+        "--state",
+        "stop",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    wait_for("ds1 to stop sending", WAIT, || {
+        outbound(ds1).is_empty().then_some(())
+    });
+    insert(ds1, "t", 50, 120);
+    sql_ok(ds1, "update t set v = v + 1000 where k < 10");
+    insert(ds2, "u", 50, 80);
+    // Scheme b streams on while a's receiver is stopped.
+    converge(ds3, u, &rows(ds2, u).unwrap(), "u while a is stopped");
+
+    // Two schemes into ds3: the duplicate needs to be told which.
+    let out = ds3.cli(&["duplicate"]);
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("--scheme"), "{}", stderr(&out));
+    let out = ds3.cli(&["duplicate", "--scheme", "a", "--format", "json"]);
+    assert!(out.status.success(), "{}\n{}", stderr(&out), ds3.log());
+    let text = stdout(&out);
+    let done: Value = serde_json::from_str(text.lines().last().unwrap()).unwrap();
+    assert_eq!(done["done"], true, "{text}");
+    assert_eq!(done["from"], "ds1", "{text}");
+    assert_eq!(done["tables"], json!(["t"]), "{text}");
+    // Only ds1's mark is set from the copy; ds2's stays ds3's own.
+    let marks = done["marks"].as_object().expect("marks");
+    assert_eq!(marks.keys().collect::<Vec<_>>(), ["ds1"], "{text}");
+    converge(ds3, t, &rows(ds1, t).unwrap(), "t after the duplicate");
+    streaming_to(ds1, &["ds3"]);
+    insert(ds1, "t", 200, 210);
+    insert(ds2, "u", 200, 210);
+    converge(
+        ds3,
+        t,
+        &rows(ds1, t).unwrap(),
+        "t streaming after the duplicate",
+    );
+    converge(
+        ds3,
+        u,
+        &rows(ds2, u).unwrap(),
+        "u streaming after the duplicate",
+    );
+
+    // A third scheme bringing ds3 more of ds1's transactions shares ds1's mark with a:
+    // refused.
+    sql_ok(ds1, "create table w (k int primary key)");
+    sql_ok(ds3, "create table w (k int primary key)");
+    ddl(
+        ds1,
+        "CREATE REPLICATION c ELEMENT g TABLE w MASTER ds1 SUBSCRIBER ds3;",
+    );
+    let out = ds1.cli(&[
+        "receiver",
+        "--scheme",
+        "a",
+        "--subscriber",
+        "ds3",
+        "--state",
+        "stop",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let out = ds3.cli(&["duplicate", "--scheme", "a"]);
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(
+        err.contains("scheme c") && err.contains("ds1's transactions"),
+        "{err}"
+    );
+}
+
 #[test]
 fn a_new_subscriber_without_the_table_is_seeded_by_a_duplicate() {
     let dir = tempfile::tempdir().unwrap();

@@ -21,6 +21,8 @@ pub struct DuplicateArgs {
     #[arg(long, env = "HAWSER_HOST", default_value = "127.0.0.1:7420")]
     host: String,
     /// The replication scheme [default: the one scheme the subscriber receives in].
+    /// Other schemes into the subscriber stream on during the copy if they bring it
+    /// other origins' transactions and other tables; otherwise the duplicate is refused.
     #[arg(long, value_name = "NAME")]
     scheme: Option<String>,
     /// The store to copy from [default: the master of the tables it receives].

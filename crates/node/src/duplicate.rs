@@ -2,7 +2,8 @@
 //! (`hawser duplicate`, TimesTen's `ttRepAdmin -duplicate`; docs/stream.md, "Duplicate").
 //!
 //! ```text
-//!  checks: receiver STOP/FAILED, one scheme, relays nothing ─► Copy from the source
+//!  checks: receiver STOP/FAILED, no origin or table shared with another scheme into
+//!  this store, relays nothing ─► Copy from the source
 //!   CopyStart(lsn, marks) ─► marks not above ours? ─► per table: merge each chunk,
 //!   trim past the last ─► CopyEnd ─► raise marks to the copy's, in-order window to
 //!   its end marks ─► receiver state START ─► streams resume
@@ -47,6 +48,24 @@ struct Target {
     from: Ident,
     from_addr: String,
     tables: Vec<QualName>,
+    /// The origins whose transactions the scheme brings this store: only their marks
+    /// are checked and raised (another scheme may bring others). `None` when the plan
+    /// here names none (a DATASTORE element this node lacks the tables of): every mark
+    /// the source sends then counts, and no other scheme may bring this store anything.
+    origins: Option<BTreeSet<NodeId>>,
+}
+
+impl Target {
+    /// `marks` kept to the scheme's origins.
+    fn own(&self, marks: BTreeMap<NodeId, u64>) -> BTreeMap<NodeId, u64> {
+        match &self.origins {
+            Some(origins) => marks
+                .into_iter()
+                .filter(|(o, _)| origins.contains(o))
+                .collect(),
+            None => marks,
+        }
+    }
 }
 
 /// Runs a duplicate of `scheme` (empty: the one this store receives in) from `from`
@@ -134,8 +153,8 @@ pub(crate) async fn run(
             })?;
         match msg.msg {
             Some(peer::copy_message::Msg::Start(start)) => {
-                let marks = from_pb(&start.marks);
-                check_marks(&state, &marks)?;
+                let marks = target.own(from_pb(&start.marks));
+                check_marks(&state, &marks, target.origins.as_ref())?;
                 if !start.tables.is_empty() || !start.sequences.is_empty() {
                     progress.tables = start.tables.clone();
                     progress.sequences = start.sequences.clone();
@@ -215,7 +234,7 @@ pub(crate) async fn run(
                         end.rows, progress.rows
                     )));
                 }
-                break from_pb(&end.marks);
+                break target.own(from_pb(&end.marks));
             }
             None => {
                 return Err(Status::internal(format!(
@@ -382,12 +401,64 @@ fn plan(
             "{store} subscribes to no element of scheme {scheme}"
         )));
     };
-    if let Some(other) = receives.keys().find(|n| **n != scheme) {
-        return Err(Status::failed_precondition(format!(
-            "{store} also receives in scheme {other}: a duplicate copies one scheme's tables \
-             and sets marks per origin, which the other scheme's streams share"
-        )));
+    // What each scheme brings this store: tables and the origins of their (and its
+    // sequences') transactions.
+    let brings = |links: &[hawser_scheme::route::Link]| {
+        let tables: BTreeSet<QualName> = links
+            .iter()
+            .flat_map(|l| l.tables.iter())
+            .filter(|t| t.origin != store)
+            .map(|t| t.table.clone())
+            .collect();
+        let origins: BTreeSet<Ident> = links
+            .iter()
+            .flat_map(|l| {
+                let tables = l.tables.iter().map(|t| &t.origin);
+                tables.chain(l.sequences.iter().map(|s| &s.origin))
+            })
+            .filter(|o| **o != store)
+            .cloned()
+            .collect();
+        (tables, origins)
+    };
+    let (our_tables, our_origins) = brings(links);
+    for (other, other_links) in receives.iter().filter(|(n, _)| **n != scheme) {
+        // Marks are per origin, shared by every scheme's streams into this store, and a
+        // copy rewrites whole tables: another scheme may go on beside the copy only if
+        // it brings none of this one's origins or tables.
+        let (tables, origins) = brings(other_links);
+        let shared = if our_origins.is_empty() || other_links.is_empty() {
+            Some("what it brings cannot be planned here".to_string())
+        } else if let Some(o) = origins.intersection(&our_origins).next() {
+            Some(format!("{o}'s transactions"))
+        } else {
+            tables
+                .intersection(&our_tables)
+                .next()
+                .map(|t| format!("table {t}"))
+        };
+        if let Some(shared) = shared {
+            return Err(Status::failed_precondition(format!(
+                "{store} also receives in scheme {other}, which shares {shared} with scheme \
+                 {scheme}: a duplicate copies one scheme's tables and sets the marks of its \
+                 origins, which the other scheme's streams share"
+            )));
+        }
     }
+    let origins = if our_origins.is_empty() {
+        None
+    } else {
+        let mut ids = BTreeSet::new();
+        for o in &our_origins {
+            let Some(node) = cluster.node_by_store(o) else {
+                return Err(Status::not_found(format!(
+                    "store {o} has no node in the cluster"
+                )));
+            };
+            ids.insert(node.id);
+        }
+        Some(ids)
+    };
     let receiver_state = s.receiver_state(&store);
     let routed = || {
         links
@@ -442,6 +513,7 @@ fn plan(
         from_addr: node.grpc_addr.clone(),
         from,
         tables: tables.into_iter().collect(),
+        origins,
     })
 }
 
@@ -495,16 +567,20 @@ pub(crate) fn copy_plan(
     })
 }
 
-/// Refuses a copy whose marks are below this node's for some origin: this node holds
-/// commits the source does not have (they were lost there), which a copy cannot take
-/// back out of its log.
-fn check_marks(state: &NodeState, marks: &BTreeMap<NodeId, u64>) -> Result<(), Status> {
+/// Refuses a copy whose marks are below this node's for some origin (of `origins`,
+/// the scheme's, when known): this node holds commits the source does not have (they
+/// were lost there), which a copy cannot take back out of its log.
+fn check_marks(
+    state: &NodeState,
+    marks: &BTreeMap<NodeId, u64>,
+    origins: Option<&BTreeSet<NodeId>>,
+) -> Result<(), Status> {
     for (origin, mine) in state
         .db
         .high_waters()
         .map_err(|e| Status::internal(e.to_string()))?
     {
-        if origin == state.node_id {
+        if origin == state.node_id || origins.is_some_and(|o| !o.contains(&origin)) {
             continue;
         }
         let theirs = marks.get(&origin).copied().unwrap_or(0);
