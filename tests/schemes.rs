@@ -1530,16 +1530,20 @@ fn a_duplicate_of_one_scheme_leaves_another_scheme_into_the_same_store_streaming
     converge(ds3, t, &rows(ds1, t).unwrap(), "t before the stop");
     converge(ds3, u, &rows(ds2, u).unwrap(), "u before the stop");
 
-    let out = ds1.cli(&[
-        "receiver",
-        "--scheme",
-        "a",
-        "--subscriber",
-        "ds3",
-        "--state",
-        "stop",
-    ]);
-    assert!(out.status.success(), "{}", stderr(&out));
+    // ds3's receiver in scheme a, stopped through ds1.
+    let stop_a = || {
+        let out = ds1.cli(&[
+            "receiver",
+            "--scheme",
+            "a",
+            "--subscriber",
+            "ds3",
+            "--state",
+            "stop",
+        ]);
+        assert!(out.status.success(), "{}", stderr(&out));
+    };
+    stop_a();
     wait_for("ds1 to stop sending", WAIT, || {
         outbound(ds1).is_empty().then_some(())
     });
@@ -1588,16 +1592,7 @@ fn a_duplicate_of_one_scheme_leaves_another_scheme_into_the_same_store_streaming
         ds1,
         "CREATE REPLICATION c ELEMENT g TABLE w MASTER ds1 SUBSCRIBER ds3;",
     );
-    let out = ds1.cli(&[
-        "receiver",
-        "--scheme",
-        "a",
-        "--subscriber",
-        "ds3",
-        "--state",
-        "stop",
-    ]);
-    assert!(out.status.success(), "{}", stderr(&out));
+    stop_a();
     let out = ds3.cli(&["duplicate", "--scheme", "a"]);
     assert!(!out.status.success());
     let err = stderr(&out);
