@@ -865,8 +865,9 @@ struct StreamSummary {
 }
 
 impl StreamSummary {
-    /// `, lz4: 262 B per transaction encoded, 175 sent (33 % saved)`, or nothing when
-    /// the stream sent no transaction between samples.
+    /// `; compression lz4: 262 B per transaction encoded, 175 sent (33 % saved)` (or
+    /// `; 262 B per transaction, uncompressed`), or nothing when the stream sent no
+    /// transaction between samples.
     fn bytes_text(&self) -> String {
         let (Some(raw), Some(wire)) = (self.raw_per_txn, self.wire_per_txn) else {
             return String::new();
