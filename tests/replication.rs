@@ -182,9 +182,15 @@ fn outbound_acked(node: &Node, receiver: &str, txns: u64) -> Value {
 fn compressed_traffic_goes_out_in_the_codec_each_sender_is_set_to() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    // n1 compresses with zstd, n2 with the default, lz4: each sender picks the codec,
-    // and each batch names it for the receiver.
-    let n1 = start_member("n1", d, "127.0.0.1:0", None, &["--compress-codec", "zstd"]);
+    // n1 compresses with zstd at level 19, n2 with the default, lz4: each sender picks
+    // the codec, and each batch names it for the receiver.
+    let n1 = start_member(
+        "n1",
+        d,
+        "127.0.0.1:0",
+        None,
+        &["--compress-codec", "zstd:19"],
+    );
     let out = n1.cli(&["init"]);
     assert!(out.status.success(), "{}", stderr(&out));
     let n2 = start("n2", d, "127.0.0.1:0", Some(&n1.grpc));
@@ -214,7 +220,7 @@ fn compressed_traffic_goes_out_in_the_codec_each_sender_is_set_to() {
 
     let zstd = outbound_acked(&n1, "n2", 1);
     let lz4 = outbound_acked(&n2, "n1", 1);
-    assert_eq!(zstd["compression"], "zstd", "{zstd}");
+    assert_eq!(zstd["compression"], "zstd:19", "{zstd}");
     assert_eq!(lz4["compression"], "lz4", "{lz4}");
     let bytes = |s: &Value, k: &str| s[k].as_u64().unwrap_or(0);
     for s in [&zstd, &lz4] {
@@ -252,7 +258,7 @@ fn compressed_traffic_goes_out_in_the_codec_each_sender_is_set_to() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
         text.lines()
-            .any(|l| l.contains(" n2 ") && l.contains("zstd")),
+            .any(|l| l.contains(" n2 ") && l.contains("zstd:19")),
         "{text}"
     );
 }

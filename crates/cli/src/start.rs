@@ -110,10 +110,11 @@ pub struct StartArgs {
     #[arg(long, env = "HAWSER_MIN_FREE_BYTES", value_name = "BYTES")]
     min_free_bytes: Option<u64>,
     /// How this node compresses what it sends where a replication scheme says STORE
-    /// <this store> COMPRESS TRAFFIC ON: lz4 (fast) or zstd (level 3: on hawser bench's
-    /// rows a third fewer bytes than lz4, for a few µs more of this node's CPU per
-    /// commit; for links where bandwidth is dear). Receivers read either [default: lz4].
-    #[arg(long, env = "HAWSER_COMPRESS_CODEC", value_name = "lz4|zstd", value_parser = parse_codec)]
+    /// <this store> COMPRESS TRAFFIC ON: lz4 (fast) or zstd (at level 3, or zstd:LEVEL
+    /// from 1 to 19; on hawser bench's rows a third fewer bytes than lz4, for a few µs
+    /// more of this node's CPU per commit; for links where bandwidth is dear). Receivers
+    /// read either [default: lz4].
+    #[arg(long, env = "HAWSER_COMPRESS_CODEC", value_name = "lz4|zstd[:LEVEL]", value_parser = parse_codec)]
     compress_codec: Option<CompressCodec>,
     /// Async worker threads: 0 runs one per CPU core; 1 runs the node on a single
     /// thread, which flushes a receiver's applies inline (fewer thread wake-ups per

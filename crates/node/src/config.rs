@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use hawser_core::Ident;
+use hawser_stream::codec::{ZSTD_DEFAULT_LEVEL, ZSTD_LEVELS};
 use hawser_stream::{CompilePolicy, Compression, ReceiverConfig};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
@@ -118,17 +119,19 @@ impl Default for NodeConfig {
     }
 }
 
-/// The algorithm of COMPRESS TRAFFIC ON, chosen per sending node (`compress_codec`).
-/// Each batch names its codec, so a receiver reads either whatever it is set to.
+/// The algorithm of COMPRESS TRAFFIC ON, chosen per sending node (`compress_codec`:
+/// `lz4`, `zstd` or `zstd:LEVEL`). Each batch names its codec, so a receiver reads
+/// either whatever it is set to.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
+#[serde(try_from = "String", into = "String")]
 pub enum CompressCodec {
     /// lz4 (block format): cheap on CPU.
     #[default]
     Lz4,
-    /// zstd at level 3: fewer bytes than lz4 for more CPU, for links where bandwidth
-    /// costs more than the sender's and receiver's cores.
-    Zstd,
+    /// zstd at a level of [`hawser_stream::codec::ZSTD_LEVELS`] (3 unless named): fewer
+    /// bytes than lz4 for more CPU, for links where bandwidth costs more than the
+    /// sender's cores.
+    Zstd { level: i32 },
 }
 
 impl CompressCodec {
@@ -136,7 +139,15 @@ impl CompressCodec {
     pub fn compression(self) -> Compression {
         match self {
             CompressCodec::Lz4 => Compression::Lz4,
-            CompressCodec::Zstd => Compression::Zstd,
+            CompressCodec::Zstd { .. } => Compression::Zstd,
+        }
+    }
+
+    /// The zstd level its streams use (zstd's default for lz4, where it means nothing).
+    pub fn zstd_level(self) -> i32 {
+        match self {
+            CompressCodec::Lz4 => ZSTD_DEFAULT_LEVEL,
+            CompressCodec::Zstd { level } => level,
         }
     }
 }
@@ -145,13 +156,54 @@ impl std::str::FromStr for CompressCodec {
     type Err = ConfigError;
 
     fn from_str(s: &str) -> Result<Self, ConfigError> {
-        match s.trim().to_ascii_lowercase().as_str() {
-            "lz4" => Ok(CompressCodec::Lz4),
-            "zstd" => Ok(CompressCodec::Zstd),
-            other => Err(ConfigError(format!(
-                "compress_codec {other:?} is not a codec hawser has: lz4 or zstd"
+        let text = s.trim().to_ascii_lowercase();
+        let (name, level) = match text.split_once(':') {
+            Some((name, level)) => (name, Some(level)),
+            None => (text.as_str(), None),
+        };
+        match (name, level) {
+            ("lz4", None) => Ok(CompressCodec::Lz4),
+            ("zstd", None) => Ok(CompressCodec::Zstd {
+                level: ZSTD_DEFAULT_LEVEL,
+            }),
+            ("zstd", Some(level)) => match level.parse::<i32>() {
+                Ok(level) if ZSTD_LEVELS.contains(&level) => Ok(CompressCodec::Zstd { level }),
+                _ => Err(ConfigError(format!(
+                    "compress_codec {s:?}: the zstd level must be a whole number from {} to {}",
+                    ZSTD_LEVELS.start(),
+                    ZSTD_LEVELS.end()
+                ))),
+            },
+            ("lz4", Some(_)) => Err(ConfigError(format!(
+                "compress_codec {s:?}: lz4 has no level (lz4, or zstd:LEVEL)"
+            ))),
+            _ => Err(ConfigError(format!(
+                "compress_codec {s:?} is not a codec hawser has: lz4, zstd or zstd:LEVEL"
             ))),
         }
+    }
+}
+
+impl TryFrom<String> for CompressCodec {
+    type Error = ConfigError;
+
+    fn try_from(s: String) -> Result<Self, ConfigError> {
+        s.parse()
+    }
+}
+
+impl std::fmt::Display for CompressCodec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CompressCodec::Lz4 => f.write_str("lz4"),
+            CompressCodec::Zstd { level } => write!(f, "zstd:{level}"),
+        }
+    }
+}
+
+impl From<CompressCodec> for String {
+    fn from(c: CompressCodec) -> String {
+        c.to_string()
     }
 }
 
@@ -359,15 +411,42 @@ mod tests {
         assert_eq!(NodeConfig::default().compress_codec, CompressCodec::Lz4);
         let c = NodeConfig::from_toml("compress_codec = \"zstd\"\n").unwrap();
         assert_eq!(c.compress_codec.compression(), Compression::Zstd);
+        assert_eq!(c.compress_codec.zstd_level(), 3);
+        let c = NodeConfig::from_toml("compress_codec = \"zstd:9\"\n").unwrap();
+        assert_eq!(c.compress_codec, CompressCodec::Zstd { level: 9 });
         let err = NodeConfig::from_toml("compress_codec = \"gzip\"\n").unwrap_err();
         assert!(err.0.contains("gzip"), "{err}");
-        assert_eq!("ZSTD".parse::<CompressCodec>(), Ok(CompressCodec::Zstd));
+        assert_eq!(
+            "ZSTD".parse::<CompressCodec>(),
+            Ok(CompressCodec::Zstd { level: 3 })
+        );
         assert_eq!(" lz4".parse::<CompressCodec>(), Ok(CompressCodec::Lz4));
+        assert_eq!(
+            "zstd:19".parse::<CompressCodec>(),
+            Ok(CompressCodec::Zstd { level: 19 })
+        );
         let err = "snappy".parse::<CompressCodec>().unwrap_err();
         assert!(
-            err.0.contains("\"snappy\"") && err.0.contains("lz4 or zstd"),
+            err.0.contains("\"snappy\"") && err.0.contains("lz4, zstd or zstd:LEVEL"),
             "{err}"
         );
+        for bad in ["zstd:0", "zstd:20", "zstd:x", "zstd:"] {
+            let err = bad.parse::<CompressCodec>().unwrap_err();
+            assert!(err.0.contains("from 1 to 19"), "{bad}: {err}");
+        }
+        assert!("lz4:1"
+            .parse::<CompressCodec>()
+            .unwrap_err()
+            .0
+            .contains("no level"));
+        // Written back as read.
+        let c = NodeConfig {
+            compress_codec: CompressCodec::Zstd { level: 7 },
+            ..NodeConfig::default()
+        };
+        let text = toml::to_string(&c).unwrap();
+        assert!(text.contains("compress_codec = \"zstd:7\""), "{text}");
+        assert_eq!(NodeConfig::from_toml(&text).unwrap(), c);
     }
 
     #[test]

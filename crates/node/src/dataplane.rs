@@ -266,7 +266,7 @@ pub(crate) struct DataPlaneTask {
     /// Log held for copies this node serves (a duplicate of a receiver).
     pub(crate) copy_holds: Arc<hawser_stream::CopyHolds>,
     /// How this node's senders compress where the scheme says COMPRESS TRAFFIC ON.
-    pub(crate) compression: Compression,
+    pub(crate) codec: crate::CompressCodec,
 }
 
 /// Keeps this node's senders and its receiver's epochs in line with the cluster state
@@ -305,7 +305,8 @@ pub(crate) async fn run(task: DataPlaneTask) {
         // The plan says whether to compress (COMPRESS TRAFFIC); the node, with what.
         for (config, _) in wanted.values_mut() {
             if config.compression != Compression::None {
-                config.compression = task.compression;
+                config.compression = task.codec.compression();
+                config.tuning.zstd_level = task.codec.zstd_level();
             }
         }
         // Each problem is logged once, when it appears, not at every re-plan.
@@ -1169,7 +1170,7 @@ pub(crate) fn streams_json(senders: &Senders, receiver: &ReceiverService) -> ser
                 "ack_micros_mean": s.ack_micros_mean,
                 "transactions": s.transactions_sent,
                 "batches": s.batches_sent,
-                "compression": handle.compression().name(),
+                "compression": handle.codec_name(),
                 "raw_bytes": s.raw_bytes,
                 "wire_bytes": s.wire_bytes,
                 "sessions": s.sessions,

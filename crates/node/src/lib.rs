@@ -433,7 +433,7 @@ pub async fn run(
         log_file_size: state.config.log_file_size,
         log_keep_bytes: state.config.log_keep_bytes,
         copy_holds: state.receiver.copy_holds(),
-        compression: state.config.compress_codec.compression(),
+        codec: state.config.compress_codec,
         plane: state.plane.clone(),
         db: state.db.clone(),
         store,

@@ -601,15 +601,27 @@ pub fn decode_table_def(bytes: &[u8]) -> Result<TableDef, CodecError> {
     from_table(decode_versioned(bytes)?)
 }
 
-/// Compresses a whole batch. Without compression the bytes are the payload as they
-/// are (no copy).
+/// zstd's own default level: a good ratio at a few hundred MB/s.
+pub const ZSTD_DEFAULT_LEVEL: i32 = 3;
+
+/// The zstd levels a sender may be set to: 1 (fastest) to 19 (smallest; 20–22, zstd's
+/// "ultra" levels, need far more memory on both ends).
+pub const ZSTD_LEVELS: std::ops::RangeInclusive<i32> = 1..=19;
+
+/// Compresses a whole batch, zstd at its default level. Without compression the bytes
+/// are the payload as they are (no copy).
 pub fn compress(codec: Compression, raw: Vec<u8>) -> Vec<u8> {
+    compress_at(codec, ZSTD_DEFAULT_LEVEL, raw)
+}
+
+/// [`compress`] with zstd at `zstd_level` (the other codecs have no level).
+pub fn compress_at(codec: Compression, zstd_level: i32, raw: Vec<u8>) -> Vec<u8> {
     match codec {
         Compression::None => raw,
         Compression::Lz4 => lz4_flex::block::compress(&raw),
-        // Level 3 is zstd's default: a good ratio at a few hundred MB/s. Compressing
-        // from memory into memory fails only on allocation failure, which aborts anyway.
-        Compression::Zstd => zstd::bulk::compress(&raw, 3)
+        // Compressing from memory into memory fails only on allocation failure (which
+        // aborts anyway) or an invalid level, which the sender's settings exclude.
+        Compression::Zstd => zstd::bulk::compress(&raw, zstd_level)
             .unwrap_or_else(|e| unreachable!("zstd compression into memory failed: {e}")),
     }
 }
@@ -840,6 +852,32 @@ mod tests {
             Err(CodecError::UnsupportedVersion(FORMAT_VERSION + 1))
         );
         assert_eq!(decode_records(&[]), Err(CodecError::Empty));
+    }
+
+    #[test]
+    fn a_higher_zstd_level_sends_fewer_bytes_and_any_level_reads_back() {
+        let raw: Vec<u8> = (0..2000)
+            .flat_map(|k| {
+                format!("row {k:05} of many alike; value {};", k * 7919 % 10007).into_bytes()
+            })
+            .collect();
+        let fast = compress_at(Compression::Zstd, 1, raw.clone());
+        let small = compress_at(Compression::Zstd, 19, raw.clone());
+        assert!(
+            small.len() < fast.len(),
+            "{} !< {}",
+            small.len(),
+            fast.len()
+        );
+        for wire in [&fast, &small] {
+            let back = decompress(Compression::Zstd, wire, raw.len() as u64).unwrap();
+            assert_eq!(back.as_ref(), raw.as_slice());
+        }
+        // The default is zstd's own level 3.
+        assert_eq!(
+            compress(Compression::Zstd, raw.clone()),
+            compress_at(Compression::Zstd, ZSTD_DEFAULT_LEVEL, raw)
+        );
     }
 
     #[test]

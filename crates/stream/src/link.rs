@@ -61,6 +61,8 @@ pub struct SenderTuning {
     /// node's own stream takes over the node's transactions the sibling would relay
     /// there ([`LinkConfig::takes_over`]).
     pub takeover_after: Duration,
+    /// The zstd level of a stream compressed with zstd ([`crate::codec::ZSTD_LEVELS`]).
+    pub zstd_level: i32,
 }
 
 impl Default for SenderTuning {
@@ -80,6 +82,7 @@ impl Default for SenderTuning {
             linger: Duration::from_millis(5),
             linger_records: 128,
             takeover_after: Duration::from_secs(2),
+            zstd_level: crate::codec::ZSTD_DEFAULT_LEVEL,
         }
     }
 }

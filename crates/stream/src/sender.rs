@@ -42,7 +42,7 @@ use tokio_util::task::TaskTracker;
 use tonic::transport::Endpoint;
 use tracing::{debug, info, instrument, warn};
 
-use crate::codec::{self, compress, encode_entries, Compression};
+use crate::codec::{self, compress_at, encode_entries, Compression};
 use crate::error::StreamError;
 use crate::link::LinkConfig;
 use crate::pb::{self, receiver_message, sender_message};
@@ -172,8 +172,10 @@ pub struct SenderHandle {
     /// Whether it ships this node's commits once written, before their sync (see
     /// [`SenderHandle::ships_written`]).
     ships_written: bool,
-    /// How its batches are compressed (the link's [`LinkConfig::compression`]).
+    /// How its batches are compressed (the link's [`LinkConfig::compression`], and
+    /// its zstd level).
     compression: Compression,
+    zstd_level: i32,
 }
 
 impl std::fmt::Debug for SenderHandle {
@@ -219,6 +221,15 @@ impl SenderHandle {
     /// How this sender compresses its batches.
     pub fn compression(&self) -> Compression {
         self.compression
+    }
+
+    /// The codec as status shows it and `hawser start --compress-codec` takes it:
+    /// `off`, `lz4`, or `zstd:LEVEL`.
+    pub fn codec_name(&self) -> String {
+        match self.compression {
+            Compression::Zstd => format!("zstd:{}", self.zstd_level),
+            other => other.name().to_string(),
+        }
     }
 }
 
@@ -278,7 +289,7 @@ impl StreamSender {
         let wake_at = Arc::new(AtomicU64::new(0));
         let handle_db = db.clone();
         let ships_written = ships_written(&link, &db);
-        let compression = link.compression;
+        let (compression, zstd_level) = (link.compression, link.tuning.zstd_level);
         let task = Sender {
             link,
             db,
@@ -304,6 +315,7 @@ impl StreamSender {
             db: handle_db,
             ships_written,
             compression,
+            zstd_level,
         }
     }
 }
@@ -1408,7 +1420,7 @@ impl Sender {
         let count = wire.len() as u64;
         drop(wire);
         let raw_bytes = raw.len() as u64;
-        let payload = compress(self.link.compression, raw);
+        let payload = compress_at(self.link.compression, self.link.tuning.zstd_level, raw);
         let batch = pb::Batch {
             through_lsn: through.0,
             count: u32::try_from(count).unwrap_or(u32::MAX),
