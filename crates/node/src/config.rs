@@ -75,7 +75,7 @@ pub struct NodeConfig {
     /// (docs/storage.md, "A full disk"); 0 never refuses.
     pub min_free_bytes: u64,
     /// How this node compresses what it sends where a scheme says COMPRESS TRAFFIC ON
-    /// for its store (TimesTen names no algorithm): lz4, fast, or zstd, smaller.
+    /// for its store (TimesTen names no algorithm): lz4, fast, or zstd[:LEVEL], smaller.
     pub compress_codec: CompressCodec,
     /// Async worker threads: 0 runs one per CPU core; 1 runs the whole node on one
     /// thread, where a receiver's flush blocks it as a PostgreSQL walreceiver's does

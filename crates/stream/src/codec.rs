@@ -57,12 +57,6 @@ impl Compression {
     }
 }
 
-impl std::fmt::Display for Compression {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
 /// Bytes that do not decode.
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum CodecError {

@@ -86,7 +86,8 @@ pub(crate) struct StreamReport {
     pub(crate) reason: Option<String>,
     /// The sender's COMPRESS TRAFFIC.
     pub(crate) compressed: bool,
-    /// How the sender compresses: `off`, `lz4` or `zstd` (its node's `compress_codec`).
+    /// How the sender compresses: `off`, `lz4` or `zstd:LEVEL` (its node's
+    /// `compress_codec`).
     pub(crate) compression: String,
     pub(crate) lag_records: u64,
     pub(crate) lag_micros: u64,
