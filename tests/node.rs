@@ -442,3 +442,61 @@ fn a_node_started_with_exit_with_parent_stops_when_its_parent_is_killed() {
     let log = std::fs::read_to_string(dir.path().join("node.out.log")).unwrap_or_default();
     assert!(log.contains("the parent process is gone"), "{log}");
 }
+
+#[test]
+fn bench_rate_holds_the_clients_to_a_schedule_and_reports_how_late_they_sent() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start("ds1", &dir.path().join("ds1"));
+    let bench = |extra: &[&str]| {
+        let mut args = vec![
+            "bench",
+            "--clients",
+            "2",
+            "--duration",
+            "1s",
+            "--warmup",
+            "0s",
+            "--keys",
+            "100",
+            "--format",
+            "json",
+        ];
+        args.extend_from_slice(extra);
+        let out = node.cli(&args);
+        assert!(out.status.success(), "{}", stderr(&out));
+        let report: serde_json::Value =
+            serde_json::from_str(stdout(&out).trim()).expect("one JSON object");
+        report
+    };
+
+    // 100 commits a second scheduled over one second: a Poisson count with mean 100, far
+    // below what the node commits unthrottled (thousands a second with two clients).
+    let report = bench(&["--rate", "100"]);
+    assert_eq!(report["rate"], 100.0, "{report}");
+    let commits = report["commits"].as_u64().unwrap();
+    assert!(commits > 0, "{report}");
+    assert!(
+        commits <= 200,
+        "{commits} commits in one second at 100 a second: the schedule did not hold them"
+    );
+    let lag = &report["schedule_lag_us"];
+    assert!(lag["mean"].as_f64().is_some_and(|m| m >= 0.0), "{report}");
+    assert!(lag["max"].as_u64().is_some(), "{report}");
+    assert!(
+        report["latency_us"]["p50"].as_u64().unwrap() > 0,
+        "{report}"
+    );
+
+    // Without --rate: no schedule, nothing reported of one.
+    let report = bench(&[]);
+    assert!(report["rate"].is_null(), "{report}");
+    assert!(report["schedule_lag_us"].is_null(), "{report}");
+
+    // A rate that is not one is refused before anything runs.
+    for bad in ["0", "-5", "fast"] {
+        let rate = format!("--rate={bad}");
+        let out = node.cli(&["bench", &rate, "--duration", "1s"]);
+        assert!(!out.status.success(), "--rate {bad} was taken");
+        assert!(stderr(&out).contains("--rate"), "{}", stderr(&out));
+    }
+}

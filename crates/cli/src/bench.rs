@@ -13,7 +13,18 @@
 //! ```
 //!
 //! A commit counts in the measurement when it was sent after `measure_from`; writes still
-//! in flight at `end` are abandoned, so the run never outlasts its duration. An error that
+//! in flight at `end` are abandoned, so the run never outlasts its duration.
+//!
+//! By default every client sends its next commit as soon as the last one returns (a closed
+//! loop: the load is whatever the server sustains). With `--rate` the clients follow a
+//! schedule instead, as pgbench's `--rate` does: each draws the gaps between its commits
+//! from an exponential distribution (a Poisson process of `rate / clients` per second),
+//! waits for each scheduled time (`crate::schedule`: a timerfd, not tokio's millisecond
+//! timer), and counts a commit's latency from that time, not from when it was sent — a
+//! commit held back because the one before it was slow is late by the whole wait (no
+//! coordinated omission). The time between schedule and send is the schedule lag,
+//! reported apart. Two systems measured at the same rate have the same load, so their
+//! latencies compare directly. An error that
 //! carries no SQLSTATE may mean the server is gone: the client then tries a fresh
 //! connection, and if that fails too the whole run stops and exits with status 1.
 //!
@@ -116,6 +127,12 @@ pub struct BenchArgs {
     /// threads, which costs the CPU being measured
     #[arg(long, value_name = "N", default_value_t = 0)]
     pub threads: usize,
+    /// Commits per second, all clients together, on a schedule (Poisson arrivals, as
+    /// pgbench --rate): latency counts from each commit's scheduled time, so two systems
+    /// run at the same rate compare at the same load. Without it every client commits
+    /// again as soon as its last commit returns.
+    #[arg(long, value_name = "PER_SEC", value_parser = parse_rate)]
+    pub rate: Option<f64>,
     /// Connections the clients share, HTTP/2 carrying one stream per client on each
     /// (as an application sharing one gRPC channel does): fewer sockets and system
     /// calls on both sides. 0 (the default) gives each client its own, as a
@@ -152,6 +169,24 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
         return Duration::try_from_secs_f64(secs).map_err(|e| format!("{s:?}: {e}"));
     }
     humantime::parse_duration(s).map_err(|e| format!("{s:?}: {e}"))
+}
+
+/// A `--rate`: a finite number of commits per second above zero.
+fn parse_rate(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(r) if r.is_finite() && r > 0.0 => Ok(r),
+        Ok(_) => Err(format!(
+            "{s:?} is not a rate: it must be above 0 commits per second"
+        )),
+        Err(_) => Err(format!("{s:?} is not a number of commits per second")),
+    }
+}
+
+/// A gap of a Poisson schedule whose mean gap is `mean`: exponentially distributed.
+fn poisson_gap(rng: &mut impl Rng, mean: Duration) -> Duration {
+    // 1 - u is in (0, 1]: the logarithm is finite and at most 0.
+    let u: f64 = rng.gen();
+    mean.mul_f64(-(1.0 - u).ln())
 }
 
 /// How many commit errors each client remembers to report.
@@ -275,8 +310,13 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
         table: args.table.clone(),
         keys: args.keys,
         value_size,
+        start,
         measure_from: start + args.warmup,
         end: start + args.warmup + args.duration,
+        // Each client's share of the rate: the mean gap between its commits.
+        mean_gap: args
+            .rate
+            .map(|rate| Duration::from_secs_f64(f64::from(args.clients) / rate)),
     });
     let progress = Arc::new(Progress::default());
     let cancel = CancellationToken::new();
@@ -346,6 +386,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
     let measured = finished.saturating_duration_since(workload.measure_from);
     let mut report = Report::merge(args.clients, measured, &runs)?;
     report.connections = connections;
+    report.rate = args.rate;
     report.steal_pct = steal_at_start
         .flatten()
         .zip(CpuTicks::read())
@@ -477,8 +518,11 @@ struct Workload {
     table: String,
     keys: i64,
     value_size: usize,
+    start: Instant,
     measure_from: Instant,
     end: Instant,
+    /// With `--rate`: the mean gap between one client's scheduled commits.
+    mean_gap: Option<Duration>,
 }
 
 /// Live totals over all clients and phases, for the progress line.
@@ -491,6 +535,8 @@ struct Progress {
 /// What one client measured.
 struct ClientRun {
     latency_us: Histogram<u64>,
+    /// With `--rate`: how late each measured commit was sent after its scheduled time.
+    schedule_lag_us: Histogram<u64>,
     commits: u64,
     errors: u64,
     not_durable: u64,
@@ -545,6 +591,7 @@ async fn client_loop(
     let mut writer: Option<Writer> = None;
     let mut run = ClientRun {
         latency_us: new_histogram(),
+        schedule_lag_us: new_histogram(),
         commits: 0,
         errors: 0,
         not_durable: 0,
@@ -552,6 +599,9 @@ async fn client_loop(
         first_errors: Vec::new(),
         fatal: None,
     };
+    // With --rate: when this client's next commit is due, and what waits for it.
+    let mut scheduled = work.start;
+    let mut sleeper = work.mean_gap.map(|_| crate::schedule::Sleeper::new());
     loop {
         let key = rng.gen_range(0..work.keys);
         let value: String = (&mut rng)
@@ -563,7 +613,33 @@ async fn client_loop(
             table: work.table.clone(),
             row: vec![Value::Int(key), Value::Text(value)],
         };
-        let sent = Instant::now();
+        // The time a commit's latency counts from: when it is sent, or its place in the
+        // schedule. Whether it is measured goes by when it is sent: a server that cannot
+        // keep up leaves the schedule behind the clock, and its late commits count.
+        let (since, sent) = match (work.mean_gap, &mut sleeper) {
+            (Some(mean), Some(sleeper)) => {
+                scheduled += poisson_gap(&mut rng, mean);
+                if scheduled >= work.end {
+                    break;
+                }
+                tokio::select! {
+                    biased;
+                    _ = cancel.cancelled() => break,
+                    () = sleeper.until(scheduled) => {}
+                }
+                let sent = Instant::now();
+                if sent >= work.measure_from {
+                    let late = sent.saturating_duration_since(scheduled).as_micros();
+                    run.schedule_lag_us
+                        .saturating_record(u64::try_from(late).unwrap_or(u64::MAX));
+                }
+                (scheduled, sent)
+            }
+            _ => {
+                let now = Instant::now();
+                (now, now)
+            }
+        };
         // Each client commits over one write stream (what a continuously writing
         // application uses), opened again after an error closed it.
         let commit = async {
@@ -589,7 +665,7 @@ async fn client_loop(
             Ok(outcome) => {
                 progress.commits.fetch_add(1, Ordering::Relaxed);
                 if measured {
-                    let us = u64::try_from(sent.elapsed().as_micros()).unwrap_or(u64::MAX);
+                    let us = u64::try_from(since.elapsed().as_micros()).unwrap_or(u64::MAX);
                     run.latency_us.saturating_record(us.max(1));
                     run.commits += 1;
                     run.not_durable += u64::from(!outcome.durable);
@@ -640,6 +716,9 @@ struct Report {
     errors: u64,
     not_durable: u64,
     latency_us: Histogram<u64>,
+    /// The `--rate` the clients were held to, and how late they sent on its schedule.
+    rate: Option<f64>,
+    schedule_lag_us: Histogram<u64>,
     first_errors: Vec<String>,
     /// The disk's write+fdatasync rate, when probed.
     fsyncs_per_sec: Option<f64>,
@@ -720,6 +799,10 @@ impl NodeCpu {
 
 /// How often the master's streams are sampled under load.
 const STREAM_SAMPLE_EVERY: Duration = Duration::from_millis(250);
+
+/// The share of `--rate` below which the report says the rate was not reached (a
+/// Poisson schedule's count varies a little by chance).
+const RATE_REACHED: f64 = 0.95;
 
 /// Steal at or above which the text report warns that the host, not the system under
 /// test, shaped the figures.
@@ -902,6 +985,8 @@ impl Report {
             errors: 0,
             not_durable: 0,
             latency_us: new_histogram(),
+            rate: None,
+            schedule_lag_us: new_histogram(),
             first_errors: Vec::new(),
             fsyncs_per_sec: None,
             steal_pct: None,
@@ -921,6 +1006,10 @@ impl Report {
                 .latency_us
                 .add(&run.latency_us)
                 .context("merge latency histograms")?;
+            report
+                .schedule_lag_us
+                .add(&run.schedule_lag_us)
+                .context("merge schedule lag histograms")?;
             for e in &run.first_errors {
                 if report.first_errors.len() < ERRORS_REPORTED {
                     report.first_errors.push(e.clone());
@@ -965,6 +1054,16 @@ impl Report {
             "commits_per_sec": self.commits_per_sec(),
             "durable": self.commits > 0 && self.not_durable == 0,
             "latency_us": {"p50": p50, "p99": p99, "p999": p999, "max": max, "mean": mean},
+            "rate": self.rate,
+            "schedule_lag_us": self.rate.map(|_| {
+                let h = &self.schedule_lag_us;
+                let (mean, p99, max) = if h.is_empty() {
+                    (0.0, 0, 0)
+                } else {
+                    (h.mean(), h.value_at_quantile(0.99), h.max())
+                };
+                json!({"mean": mean, "p99": p99, "max": max})
+            }),
             "fsyncs_per_sec": self.fsyncs_per_sec,
             "host_steal_pct": self.steal_pct,
             "commits_per_fsync_limit": self.fsyncs_per_sec.map(|f| self.commits_per_sec() / f),
@@ -1007,6 +1106,23 @@ impl Report {
 
     fn extra_text(&self) -> String {
         let mut out = String::new();
+        if let Some(rate) = self.rate {
+            let h = &self.schedule_lag_us;
+            let (mean, max) = if h.is_empty() {
+                (0.0, 0)
+            } else {
+                (h.mean(), h.max())
+            };
+            let short = if self.commits_per_sec() < RATE_REACHED * rate {
+                " — the rate was not reached: the server (or this machine) could not keep up"
+            } else {
+                ""
+            };
+            out.push_str(&format!(
+                "rate           {rate:.0} commits/s scheduled (Poisson); latency counts from each \
+                 commit's scheduled time; sent late by {mean:.0} µs mean, {max} µs max{short}\n"
+            ));
+        }
         if let Some((commits, flushes)) = self.server {
             let factor = self
                 .commits_per_flush()
@@ -1205,6 +1321,7 @@ mod tests {
         }
         ClientRun {
             latency_us,
+            schedule_lag_us: new_histogram(),
             commits: latencies.len() as u64,
             errors,
             not_durable,
@@ -1212,6 +1329,38 @@ mod tests {
             first_errors: (0..errors).map(|i| format!("e{i}")).collect(),
             fatal: None,
         }
+    }
+
+    #[test]
+    fn a_rate_is_a_number_of_commits_per_second_above_zero() {
+        assert_eq!(parse_rate("5000"), Ok(5000.0));
+        assert_eq!(parse_rate("2.5"), Ok(2.5));
+        for bad in ["0", "-1", "inf", "NaN", "fast", ""] {
+            assert!(parse_rate(bad).is_err(), "{bad:?} was taken");
+        }
+    }
+
+    #[test]
+    fn poisson_gaps_average_their_mean_and_vary_as_exponential_ones_do() {
+        let mut rng = StdRng::seed_from_u64(7);
+        let mean = Duration::from_micros(400);
+        let gaps: Vec<f64> = (0..100_000)
+            .map(|_| poisson_gap(&mut rng, mean).as_secs_f64() * 1e6)
+            .collect();
+        let avg = gaps.iter().sum::<f64>() / gaps.len() as f64;
+        assert!((avg - 400.0).abs() < 8.0, "mean gap {avg} µs");
+        // An exponential distribution's median is ln 2 of its mean, and its standard
+        // deviation equals the mean.
+        let mut sorted = gaps.clone();
+        sorted.sort_by(f64::total_cmp);
+        let median = sorted[sorted.len() / 2];
+        assert!(
+            (median - 400.0 * 2f64.ln()).abs() < 10.0,
+            "median {median} µs"
+        );
+        let sd = (gaps.iter().map(|g| (g - avg).powi(2)).sum::<f64>() / gaps.len() as f64).sqrt();
+        assert!((sd - 400.0).abs() < 12.0, "standard deviation {sd} µs");
+        assert!(gaps.iter().all(|g| g.is_finite() && *g >= 0.0));
     }
 
     #[test]

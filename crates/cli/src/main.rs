@@ -9,6 +9,7 @@ mod demo;
 mod duplicate_cmd;
 mod output;
 mod rtl_cmd;
+mod schedule;
 mod scheme_cmd;
 mod sql_cmd;
 mod start;
