@@ -27,6 +27,14 @@ check_run_args() {
     done
 }
 
+# --rate, if given ($rate): transactions per second above zero, as pgbench --rate and
+# hawser bench --rate take it.
+check_rate() {
+    [[ -z $rate ]] && return
+    [[ $rate =~ ^[0-9]+([.][0-9]+)?$ ]] && awk -v r="$rate" 'BEGIN { exit !(r > 0) }' ||
+        die "--rate must be a number of transactions per second above 0"
+}
+
 # The end of each script's EXIT cleanup: keeps $work (--keep) or removes it, and exits
 # with $1, the status the script was leaving with.
 leave_work() {

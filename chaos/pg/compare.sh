@@ -29,6 +29,10 @@ Options:
   --clients "N ..."  client counts to run (default "1 16")
   --modes "M ..."    synchronous_commit modes to run
                      (default "local remote_write remote_apply"; also off, on)
+  --rate PER_SEC     hold the clients to this many transactions per second together
+                     (pgbench --rate: Poisson arrivals, latency counted from each
+                     transaction's scheduled time, as hawser bench --rate counts it);
+                     default: each client starts its next transaction at once
   --pg-bin DIR       directory with initdb, pg_ctl, pg_basebackup, psql, pgbench
                      (default $PG_BIN, else /usr/lib/postgresql/15/bin, else PATH)
   --json             print one JSON object per run instead of a text line
@@ -47,6 +51,7 @@ modes="local remote_write remote_apply"
 pg_bin="${PG_BIN:-}"
 json=0
 keep=0
+rate=""
 
 prog=compare.sh
 # shellcheck source=chaos/pg/args.sh
@@ -59,6 +64,7 @@ while [[ $# -gt 0 ]]; do
     --clients) need_value "$@"; clients_list="$2"; shift 2 ;;
     --modes) need_value "$@"; modes="$2"; shift 2 ;;
     --pg-bin) need_value "$@"; pg_bin="$2"; shift 2 ;;
+    --rate) need_value "$@"; rate="$2"; shift 2 ;;
     --json) json=1; shift ;;
     --keep) keep=1; shift ;;
     -h | --help) usage; exit 0 ;;
@@ -67,6 +73,9 @@ while [[ $# -gt 0 ]]; do
 done
 
 check_run_args
+check_rate
+rate_args=()
+[[ -z $rate ]] || rate_args=(--rate="$rate")
 [[ -n ${modes// /} ]] || die "--modes is empty"
 for m in $modes; do
     case "$m" in
@@ -282,19 +291,20 @@ for mode in $modes; do
         name="$mode-c$clients"
         log "run: mode=$mode clients=$clients warm-up ${warmup}s, measure ${duration}s"
         if [[ $warmup -gt 0 ]]; then
-            run_pgbench "$name-warmup" "$mode" "$clients" "$warmup"
+            run_pgbench "$name-warmup" "$mode" "$clients" "$warmup" "${rate_args[@]}"
         fi
         before="$(cpu_sample)"
         primary_before="$(server_ticks "$primary")"
         standby_before="$(server_ticks "$standby")"
-        run_pgbench "$name" "$mode" "$clients" "$duration" --log --log-prefix="$bench_dir/$name"
+        run_pgbench "$name" "$mode" "$clients" "$duration" "${rate_args[@]}" --log --log-prefix="$bench_dir/$name"
         steal="$(steal_since "$before")"
         primary_after="$(server_ticks "$primary")"
         standby_after="$(server_ticks "$standby")"
 
         tps="$(awk '/^tps = / { print $3; exit }' "$bench_dir/$name.out")"
         [[ -n $tps ]] || { cat "$bench_dir/$name.out" >&2; die "no tps in pgbench's output ($name)"; }
-        # Per-transaction log lines: client_id transaction_no time_us script_no epoch epoch_us.
+        # Per-transaction log lines: client_id transaction_no time_us script_no epoch epoch_us
+        # (and schedule_lag_us with --rate, time_us then counting from the scheduled start).
         # The time field reads "failed" or "skipped" for transactions that did not commit.
         cat "$bench_dir/$name".[0-9]* | awk '$3 ~ /^[0-9]+$/ { print $3 }' | sort -n >"$bench_dir/$name.lat"
         failed="$(cat "$bench_dir/$name".[0-9]* | awk '$3 !~ /^[0-9]+$/' | wc -l)"
@@ -308,15 +318,15 @@ for mode in $modes; do
             NR == r50 { p50 = $1 }
             NR == r99 { p99 = $1 }
             END { print p50, p99 }' "$bench_dir/$name.lat")
-        rate="$(awk -v t="$tps" 'BEGIN { printf "%.1f", t }')"
+        tps_1="$(awk -v t="$tps" 'BEGIN { printf "%.1f", t }')"
         primary_cpu="$(cpu_per_commit "$primary_before" "$primary_after" "$commits")"
         standby_cpu="$(cpu_per_commit "$standby_before" "$standby_after" "$commits")"
         if [[ $json -eq 1 ]]; then
-            printf '{"system":"postgres","mode":"%s","clients":%d,"duration_s":%d,"commits":%d,"commits_per_s":%s,"p50_us":%d,"p99_us":%d,"steal_pct":%s,"primary_cpu_us_per_commit":%s,"standby_cpu_us_per_commit":%s}\n' \
-                "$mode" "$clients" "$duration" "$commits" "$rate" "$p50" "$p99" "$steal" "$primary_cpu" "$standby_cpu"
+            printf '{"system":"postgres","mode":"%s","clients":%d,"duration_s":%d,"commits":%d,"commits_per_s":%s,"p50_us":%d,"p99_us":%d,"steal_pct":%s,"primary_cpu_us_per_commit":%s,"standby_cpu_us_per_commit":%s,"rate":%s}\n' \
+                "$mode" "$clients" "$duration" "$commits" "$tps_1" "$p50" "$p99" "$steal" "$primary_cpu" "$standby_cpu" "${rate:-null}"
         else
             printf 'postgres mode=%s clients=%d commits_per_s=%s p50_us=%d p99_us=%d steal_pct=%s primary_cpu_us=%s standby_cpu_us=%s\n' \
-                "$mode" "$clients" "$rate" "$p50" "$p99" "$steal" "$primary_cpu" "$standby_cpu"
+                "$mode" "$clients" "$tps_1" "$p50" "$p99" "$steal" "$primary_cpu" "$standby_cpu"
         fi
         [[ $keep -eq 1 ]] || rm -f "$bench_dir/$name".[0-9]*
     done

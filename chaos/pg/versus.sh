@@ -4,7 +4,9 @@
 # For every round, client count and mode runs the same single-row upsert load against
 # PostgreSQL (compare.sh: a fresh primary and synchronous standby per cell) and against a
 # fresh three-node hawser cluster on loopback (ds1 master, ds2 the subscriber with the
-# return service, ds3 an asynchronous subscriber; `hawser bench --mode`), back to back, the order alternating by round so that the host's drift falls on both sides.
+# return service, ds3 an asynchronous subscriber; `hawser bench --mode`; or two nodes
+# with --hawser-nodes 2), back to back, the order alternating by round so that the
+# host's drift falls on both sides.
 # Prints every run, then the median of each cell and hawser's ratio to PostgreSQL.
 # See README.md beside this script.
 
@@ -17,7 +19,7 @@ Usage: versus.sh [OPTIONS]
 Pairs each hawser return service with the PostgreSQL synchronous_commit setting that
 promises the same (async ~ local, receipt ~ on, twosafe ~ remote_apply) and measures
 both, cell by cell, for several rounds. Output: one line per run (commits/s, p50, p99,
-host steal, and the servers' CPU per commit: hawser's three nodes, PostgreSQL's primary
+host steal, and the servers' CPU per commit: hawser's nodes, PostgreSQL's primary
 and standby, each and together), then a table of medians with hawser / PostgreSQL ratios
 and, since the two run back to back within a round, each round's own ratio and how many
 rounds hawser was ahead in (or, with --json, one JSON object per run and one per cell).
@@ -39,6 +41,16 @@ Options:
                      less CPU per replicated commit; see `hawser start --help`)
   --master-threads N async worker threads of the master ds1 (default 1, for the same
                      reason; 0 = one per core, a node's default)
+  --rate PER_SEC     hold both systems to this many commits per second (all clients
+                     together; pgbench --rate and hawser bench --rate: Poisson
+                     arrivals, latency counted from each commit's scheduled time), so
+                     that their latencies compare at the same load; pick one both
+                     sustain at every --clients count (e.g. --clients 16 --rate 5000).
+                     Default: every client commits again as soon as it can
+  --hawser-nodes N   3 (default): ds1, ds2 with the return service and ds3 an
+                     asynchronous subscriber, the shape issue 5's figures ask for; 2:
+                     ds1 and ds2 only, the shape of PostgreSQL's primary and one
+                     standby (two servers on the machine on either side)
   --connections N    connections hawser bench's clients share (default 1: the clients
                      of a gRPC application share one channel, HTTP/2 carrying one
                      stream per client; 0 = one per client, as pgbench's have)
@@ -63,6 +75,8 @@ hawser=""
 pg_args=()
 sub_threads=1
 master_threads=1
+hawser_nodes=3
+rate=""
 connections=1
 json=0
 keep=0
@@ -84,6 +98,8 @@ while [[ $# -gt 0 ]]; do
     --sub-threads) need_value "$@"; sub_threads="$2"; shift 2 ;;
     --master-threads) need_value "$@"; master_threads="$2"; shift 2 ;;
     --connections) need_value "$@"; connections="$2"; shift 2 ;;
+    --hawser-nodes) need_value "$@"; hawser_nodes="$2"; shift 2 ;;
+    --rate) need_value "$@"; rate="$2"; shift 2 ;;
     --json) json=1; shift ;;
     --keep) keep=1; shift ;;
     -h | --help) usage; exit 0 ;;
@@ -96,6 +112,10 @@ check_run_args
 [[ $sub_threads =~ ^[0-9]+$ ]] || die "--sub-threads must be a whole number"
 [[ $master_threads =~ ^[0-9]+$ ]] || die "--master-threads must be a whole number"
 [[ $connections =~ ^[0-9]+$ ]] || die "--connections must be a whole number"
+[[ $hawser_nodes == 2 || $hawser_nodes == 3 ]] || die "--hawser-nodes must be 2 or 3"
+check_rate
+rate_args=()
+[[ -z $rate ]] || rate_args=(--rate "$rate")
 [[ -n ${modes// /} ]] || die "--modes is empty"
 case "$receipt_vs" in on | remote_write) ;; *) die "--receipt-vs must be on or remote_write" ;; esac
 pg_mode() {
@@ -180,8 +200,9 @@ voters() {
             2>/dev/null || echo 0
 }
 
-# A fresh three-node cluster in a new directory, as compare.sh makes a fresh PostgreSQL
-# pair for every cell: both systems start each cell with an empty table and log.
+# A fresh cluster (three nodes, or two with --hawser-nodes 2) in a new directory, as
+# compare.sh makes a fresh PostgreSQL pair for every cell: both systems start each cell
+# with an empty table and log.
 cells=0
 start_cluster() {
     cells=$((cells + 1))
@@ -190,15 +211,15 @@ start_cluster() {
     start_node ds1 --threads "$master_threads"
     "$hawser" init --host "$grpc_ds1" >"$cell/init.out" 2>&1 || { cat "$cell/init.out" >&2; die "hawser init failed"; }
     start_node ds2 --join "$grpc_ds1" --threads "$sub_threads"
-    start_node ds3 --join "$grpc_ds1" --threads "$sub_threads"
+    [[ $hawser_nodes == 2 ]] || start_node ds3 --join "$grpc_ds1" --threads "$sub_threads"
     local deadline=$((SECONDS + 60))
-    until [[ $(voters) == 3 ]]; do
-        ((SECONDS < deadline)) || die "the three nodes did not become voters within 60 s"
+    until [[ $(voters) == "$hawser_nodes" ]]; do
+        ((SECONDS < deadline)) || die "the $hawser_nodes nodes did not become voters within 60 s"
         sleep 0.2
     done
 }
 
-log "$("$hawser" --version); nodes under $work"
+log "$("$hawser" --version); $hawser_nodes nodes per cell${rate:+, $rate commits/s scheduled}, under $work"
 
 results="$work/results.tsv"
 : >"$results"
@@ -211,7 +232,7 @@ figures=""
 run_pg() {
     local mode="$1" clients="$2" out before
     before="$(cpu_sample)"
-    out="$(bash "$here/compare.sh" "${pg_args[@]}" --json --modes "$mode" --clients "$clients" \
+    out="$(bash "$here/compare.sh" "${pg_args[@]}" "${rate_args[@]}" --json --modes "$mode" --clients "$clients" \
         --duration "$duration" --warmup "$warmup" 2>"$work/pg.log")" ||
         { tail -n 20 "$work/pg.log" >&2; die "compare.sh failed (mode $mode, $clients clients)"; }
     # compare.sh's steal covers the measured pgbench run only; this run's, the set-up too.
@@ -229,10 +250,11 @@ run_hawser() {
     before="$(cpu_sample)"
     # CPU of ds1, ds2 and ds3 (the order start_cluster started them in) over the bench,
     # its warm-up included, as chaos/cpu.sh counts it.
-    local ticks_before=() ticks_after=()
+    local ticks_before=() ticks_after=() subscribers=(--subscriber ds2 --async-subscriber ds3)
+    [[ $hawser_nodes == 3 ]] || subscribers=(--subscriber ds2)
     for p in "${pids[@]}"; do ticks_before+=("$(proc_ticks "$p")"); done
-    out="$("$hawser" bench --host "$grpc_ds1" --mode "$mode" --subscriber ds2 --async-subscriber ds3 \
-        --clients "$clients" --connections "$connections" --duration "$duration" --warmup "$warmup" --format json 2>"$work/bench.log")" ||
+    out="$("$hawser" bench --host "$grpc_ds1" --mode "$mode" "${subscribers[@]}" \
+        --clients "$clients" --connections "$connections" "${rate_args[@]}" --duration "$duration" --warmup "$warmup" --format json 2>"$work/bench.log")" ||
         { tail -n 20 "$work/bench.log" >&2; die "hawser bench failed (mode $mode, $clients clients)"; }
     for p in "${pids[@]}"; do ticks_after+=("$(proc_ticks "$p")"); done
     local steal
@@ -295,7 +317,7 @@ for round in $(seq "$rounds"); do
 done
 
 # Medians per cell, and the ratio of hawser's to PostgreSQL's.
-python3 - "$results" "$json" "$receipt_vs" <<'EOF'
+python3 - "$results" "$json" "$receipt_vs" "$rate" <<'EOF'
 import json
 import statistics
 import sys
@@ -320,7 +342,8 @@ def med(runs, i):
 
 if not as_json:
     print()
-    print("medians of %d rounds" % max(int(r[0]) for r in rows))
+    print("medians of %d rounds%s" % (max(int(r[0]) for r in rows),
+                                      ", both held to %s commits/s" % sys.argv[4] if sys.argv[4] else ""))
     print("%-8s %-13s %7s  %10s %10s %6s  %8s %8s  %8s %8s  %6s %6s  %s" % (
         "hawser", "postgres", "clients", "hawser c/s", "pg c/s", "ratio", "p50 hw", "p50 pg",
         "p99 hw", "p99 pg", "cpu hw", "cpu pg",
@@ -353,6 +376,7 @@ for (system, mode, clients), runs in sorted(cells.items(), key=lambda kv: (kv[0]
     if as_json:
         print(json.dumps({
             "cell": True, "mode": mode, "postgres_mode": pair[mode], "clients": clients,
+            "rate": float(sys.argv[4]) if sys.argv[4] else None,
             "rounds": len(runs), "hawser_commits_per_s": hw, "postgres_commits_per_s": pg,
             "ratio": round(ratio, 3), "hawser_p50_us": med(runs, 1), "postgres_p50_us": med(pg_runs, 1),
             "hawser_p99_us": med(runs, 2), "postgres_p99_us": med(pg_runs, 2),
