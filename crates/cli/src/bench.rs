@@ -24,9 +24,10 @@
 //! commit held back because the one before it was slow is late by the whole wait (no
 //! coordinated omission). The time between schedule and send is the schedule lag,
 //! reported apart. Two systems measured at the same rate have the same load, so their
-//! latencies compare directly. An error that
-//! carries no SQLSTATE may mean the server is gone: the client then tries a fresh
-//! connection, and if that fails too the whole run stops and exits with status 1.
+//! latencies compare directly.
+//!
+//! An error that carries no SQLSTATE may mean the server is gone: the client then tries a
+//! fresh connection, and if that fails too the whole run stops and exits with status 1.
 //!
 //! With `--mode`, the master's `/replication` view of the scheme's streams (through the
 //! admin `Status` call) is sampled every 250 ms while measuring: replication lag at
