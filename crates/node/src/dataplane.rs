@@ -126,11 +126,16 @@ pub(crate) enum Fence {
 }
 
 /// Checks the receivers this node ships commits to before their sync (`senders`:
-/// each with its status) against `ours`, this node's last own seq.
+/// each with its status) against `ours`, this node's last own seq. `pending` says
+/// which receivers' senders have not yet admitted them after the restart
+/// ([`hawser_store::Database::restart_check_pending`]): one of those is waited for even
+/// if it was heard, since its acknowledged marks are only published once the check
+/// passes (until then they read as empty: holding nothing).
 pub(crate) fn fence_check(
     own: NodeId,
     ours: u64,
     senders: &[(Ident, hawser_stream::SenderStatus)],
+    pending: impl Fn(&Ident) -> bool,
 ) -> Fence {
     let mut waiting = Vec::new();
     for (receiver, status) in senders {
@@ -143,7 +148,7 @@ pub(crate) fn fence_check(
                 ours,
             };
         }
-        if status.last_contact.is_none() {
+        if status.last_contact.is_none() || pending(receiver) {
             waiting.push(receiver.clone());
             continue;
         }
@@ -190,7 +195,8 @@ fn check_restart_fence(
             return;
         }
     };
-    match fence_check(own, ours, &statuses) {
+    let pending = |receiver: &Ident| task.db.restart_check_pending(receiver.as_str());
+    match fence_check(own, ours, &statuses, pending) {
         Fence::Lift => {
             info!(
                 receivers = statuses.len(),
@@ -1297,7 +1303,8 @@ mod tests {
         let ds2 = Ident::unquoted("ds2");
         let ds3 = Ident::unquoted("ds3");
         // Nobody to ask: nothing of this node's can be elsewhere.
-        assert_eq!(fence_check(me, 10, &[]), Fence::Lift);
+        let none_pending = |_: &Ident| false;
+        assert_eq!(fence_check(me, 10, &[], none_pending), Fence::Lift);
         // One has not answered since the start.
         assert_eq!(
             fence_check(
@@ -1306,7 +1313,19 @@ mod tests {
                 &[
                     (ds2.clone(), heard(Some(10))),
                     (ds3.clone(), SenderStatus::default())
-                ]
+                ],
+                none_pending
+            ),
+            Fence::Wait(vec![ds3.clone()])
+        );
+        // Heard, but its sender has not admitted it yet: its marks are not published,
+        // so holding nothing proves nothing (the check may yet find it diverged).
+        assert_eq!(
+            fence_check(
+                me,
+                10,
+                &[(ds2.clone(), heard(Some(9))), (ds3.clone(), heard(None))],
+                |r: &Ident| *r == ds3
             ),
             Fence::Wait(vec![ds3.clone()])
         );
@@ -1315,7 +1334,8 @@ mod tests {
             fence_check(
                 me,
                 10,
-                &[(ds2.clone(), heard(Some(9))), (ds3.clone(), heard(None))]
+                &[(ds2.clone(), heard(Some(9))), (ds3.clone(), heard(None))],
+                none_pending
             ),
             Fence::Lift
         );
@@ -1327,7 +1347,8 @@ mod tests {
                 &[
                     (ds2.clone(), SenderStatus::default()),
                     (ds3.clone(), heard(Some(12)))
-                ]
+                ],
+                none_pending
             ),
             Fence::Diverged {
                 receiver: ds3.clone(),
@@ -1348,7 +1369,8 @@ mod tests {
             fence_check(
                 me,
                 2,
-                &[(ds2.clone(), heard(Some(2))), (ds3.clone(), refused)]
+                &[(ds2.clone(), heard(Some(2))), (ds3.clone(), refused)],
+                none_pending
             ),
             Fence::Diverged {
                 receiver: ds3,

@@ -722,16 +722,19 @@ impl Sender {
 
         let mut last_contact = Instant::now();
         let mut last_sent = Instant::now();
-        self.status
-            .send_modify(|s| s.last_contact = Some(last_contact));
         // Before its marks count: a receiver holding commits this node lost would
         // seem to acknowledge the new commits that reuse their seqs.
         self.check_after_restart(&high_water, held_after).await?;
         self.check_ahead(&high_water).await?;
         self.check_log(&high_water)?;
         // What the receiver already has is durable and committed there: return
-        // services waiting on it are answered by the Hello exchange alone.
+        // services waiting on it are answered by the Hello exchange alone. Contact is
+        // published with the marks, once the receiver is admitted: the restart fence
+        // reads a receiver heard from with no marks as holding nothing of this node's,
+        // which must not happen while the checks above may still find it holding lost
+        // commits.
         self.status.send_modify(|s| {
+            s.last_contact = Some(last_contact);
             s.state = SenderState::Streaming;
             for (origin, seq) in &high_water {
                 for marks in [&mut s.acked_durable, &mut s.acked_applied] {
