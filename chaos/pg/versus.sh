@@ -330,12 +330,20 @@ by_round = {}
 steal = {}
 for rnd, system, mode, clients, tps, p50, p99, st, cpu, _split in rows:
     cells.setdefault((system, mode, int(clients)), []).append((float(tps), float(p50), float(p99), float(cpu)))
-    by_round[(int(rnd), system, mode, int(clients))] = float(tps)
+    by_round[(int(rnd), system, mode, int(clients))] = (float(tps), float(p99))
     steal[(int(rnd), system, mode, int(clients))] = float(st)
 
 # A round in which either run lost this much of the CPU to other guests is marked: its
 # ratio says more about the host than about the two systems.
 NOISY_STEAL_PCT = 5.0
+
+# Held to one rate (--rate), both systems commit about as many per second: a round is
+# then won by the shorter tail, and its ratio is PostgreSQL's p99 over hawser's (above 1:
+# hawser's p99 is lower). Otherwise hawser's commits/s over PostgreSQL's.
+rated = bool(sys.argv[4])
+
+def round_ratio(hw, pg):
+    return pg[1] / hw[1] if rated else hw[0] / pg[0]
 
 def med(runs, i):
     return statistics.median(r[i] for r in runs)
@@ -347,7 +355,8 @@ if not as_json:
     print("%-8s %-13s %7s  %10s %10s %6s  %8s %8s  %8s %8s  %6s %6s  %s" % (
         "hawser", "postgres", "clients", "hawser c/s", "pg c/s", "ratio", "p50 hw", "p50 pg",
         "p99 hw", "p99 pg", "cpu hw", "cpu pg",
-        "rounds ahead (per-round ratios; * = steal >= %g %%)  quiet rounds" % NOISY_STEAL_PCT))
+        "%s (per-round ratios; * = steal >= %g %%)  quiet rounds"
+        % ("rounds with the lower p99, pg/hw" if rated else "rounds ahead", NOISY_STEAL_PCT)))
 for (system, mode, clients), runs in sorted(cells.items(), key=lambda kv: (kv[0][2], kv[0][1])):
     if system != "hawser":
         continue
@@ -361,7 +370,7 @@ for (system, mode, clients), runs in sorted(cells.items(), key=lambda kv: (kv[0]
     # when every round says so.
     rounds = sorted({k[0] for k in by_round if k[1:] == ("hawser", mode, clients)})
     round_ratios = [
-        by_round[(r, "hawser", mode, clients)] / by_round[(r, "postgres", pair[mode], clients)]
+        round_ratio(by_round[(r, "hawser", mode, clients)], by_round[(r, "postgres", pair[mode], clients)])
         for r in rounds
         if by_round.get((r, "postgres", pair[mode], clients))
     ]
@@ -383,6 +392,7 @@ for (system, mode, clients), runs in sorted(cells.items(), key=lambda kv: (kv[0]
             "hawser_cpu_us_per_commit": med(runs, 3), "postgres_cpu_us_per_commit": med(pg_runs, 3),
             "hawser_runs": [r[0] for r in runs], "postgres_runs": [r[0] for r in pg_runs],
             "round_ratios": [round(q, 3) for q in round_ratios], "rounds_ahead": ahead,
+            "round_ratio_of": "postgres_p99_over_hawser_p99" if rated else "hawser_over_postgres_commits_per_s",
             "round_steal_pct": [{"hawser": h, "postgres": g} for h, g in round_steal],
             "quiet_round_ratios": [round(q, 3) for q in quiet],
         }))
