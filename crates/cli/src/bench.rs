@@ -372,8 +372,11 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
                     / now.duration_since(last_tick.0).as_secs_f64().max(1e-3);
                 last_tick = (now, commits);
                 let phase = if now < workload.measure_from { "warm-up" } else { "measuring" };
+                let target = args
+                    .rate
+                    .map_or(String::new(), |r| format!(" of {r:.0} scheduled"));
                 eprint!(
-                    "\r\x1b[2K{phase} {:>5.1}s  commits {commits}  {rate:.0}/s  errors {}",
+                    "\r\x1b[2K{phase} {:>5.1}s  commits {commits}  {rate:.0}/s{target}  errors {}",
                     now.duration_since(start).as_secs_f64(),
                     progress.errors.load(Ordering::Relaxed),
                 );
