@@ -45,10 +45,10 @@ Options:
                      together; pgbench --rate and hawser bench --rate: Poisson
                      arrivals, latency counted from each commit's scheduled time), so
                      that their latencies compare at the same load; pick one both
-                     sustain at every --clients count (e.g. --clients 16 --rate 5000).
+                     sustain at every --clients count (e.g. --clients 16 --rate 3000).
                      Default: every client commits again as soon as it can
   --hawser-nodes N   3 (default): ds1, ds2 with the return service and ds3 an
-                     asynchronous subscriber, the shape issue 5's figures ask for; 2:
+                     asynchronous subscriber, the shape hawser's published figures use; 2:
                      ds1 and ds2 only, the shape of PostgreSQL's primary and one
                      standby (two servers on the machine on either side)
   --connections N    connections hawser bench's clients share (default 1: the clients
