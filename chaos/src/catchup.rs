@@ -1,5 +1,5 @@
 //! `catchup`: how long a stopped subscriber takes to catch up, and how many rows it
-//! writes, with RTL compilation and without (issue 6's figures).
+//! writes, with RTL compilation and without (the figures of docs/rtl.md).
 //!
 //! ```text
 //!  load:   n1 (master) + n2 (subscriber of TABLE t) ── preload keys, n2 acks ──►
