@@ -18,6 +18,19 @@ fn start(name: &str, dir: &Path, listen: &str, join: Option<&str>) -> Node {
     start_member(name, dir, listen, join, &[])
 }
 
+/// n1 (started with `n1_args`) bootstraps the cluster and n2 joins it; returns both
+/// once each sees two voters.
+fn two_voters(d: &Path, n1_args: &[&str]) -> (Node, Node) {
+    let n1 = start_member("n1", d, "127.0.0.1:0", None, n1_args);
+    let out = n1.cli(&["init"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let n2 = start("n2", d, "127.0.0.1:0", Some(&n1.grpc));
+    for n in [&n1, &n2] {
+        wait_for("two voters", WAIT, || (voters(n) == 2).then_some(()));
+    }
+    (n1, n2)
+}
+
 /// Runs SQL on `node` and fails the test if it fails.
 fn sql(node: &Node, text: &str) {
     let out = node.cli(&["sql", "-e", text]);
@@ -184,18 +197,8 @@ fn compressed_traffic_goes_out_in_the_codec_each_sender_is_set_to() {
     let d = dir.path();
     // n1 compresses with zstd at level 19, n2 with the default, lz4: each sender picks
     // the codec, and each batch names it for the receiver.
-    let n1 = start_member(
-        "n1",
-        d,
-        "127.0.0.1:0",
-        None,
-        &["--compress-codec", "zstd:19"],
-    );
-    let out = n1.cli(&["init"]);
-    assert!(out.status.success(), "{}", stderr(&out));
-    let n2 = start("n2", d, "127.0.0.1:0", Some(&n1.grpc));
+    let (n1, n2) = two_voters(d, &["--compress-codec", "zstd:19"]);
     for n in [&n1, &n2] {
-        wait_for("two voters", WAIT, || (voters(n) == 2).then_some(()));
         sql(n, "create table t (k int primary key, v varchar(400))");
         sql(n, "create table u (k int primary key, v varchar(400))");
     }
@@ -277,12 +280,8 @@ fn nextval(node: &Node) -> Option<i64> {
 fn a_sequence_element_keeps_the_subscriber_ahead_and_cycle_sequences_are_refused() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    let n1 = start("n1", d, "127.0.0.1:0", None);
-    let out = n1.cli(&["init"]);
-    assert!(out.status.success(), "{}", stderr(&out));
-    let n2 = start("n2", d, "127.0.0.1:0", Some(&n1.grpc));
+    let (n1, n2) = two_voters(d, &[]);
     for n in [&n1, &n2] {
-        wait_for("two voters", WAIT, || (voters(n) == 2).then_some(()));
         sql(n, "create sequence s");
         sql(n, "create sequence c maxvalue 5 cycle");
     }
@@ -337,12 +336,8 @@ fn a_master_without_durable_commits_killed_under_load_loses_nothing_its_subscrib
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let nondurable = ["--durable-commits", "false"];
-    let mut n1 = start_member("n1", d, "127.0.0.1:0", None, &nondurable);
-    let out = n1.cli(&["init"]);
-    assert!(out.status.success(), "{}", stderr(&out));
-    let n2 = start("n2", d, "127.0.0.1:0", Some(&n1.grpc));
+    let (mut n1, n2) = two_voters(d, &nondurable);
     for n in [&n1, &n2] {
-        wait_for("two voters", WAIT, || (voters(n) == 2).then_some(()));
         sql(n, "create table t (k int primary key, v varchar(40))");
     }
     ddl(
