@@ -492,6 +492,72 @@ fn bench_rate_holds_the_clients_to_a_schedule_and_reports_how_late_they_sent() {
     assert!(report["rate"].is_null(), "{report}");
     assert!(report["schedule_lag_us"].is_null(), "{report}");
 
+    // --log: one line per measured commit, as pgbench --log, in the order sent.
+    let log = dir.path().join("commits.csv");
+    let report = bench(&["--rate", "100", "--log", log.to_str().unwrap()]);
+    let text = std::fs::read_to_string(&log).unwrap();
+    let mut lines = text.lines();
+    assert_eq!(
+        lines.next(),
+        Some("client,sent_unix_us,latency_us,lag_us,outcome")
+    );
+    let rows: Vec<Vec<u64>> = lines
+        .map(|l| {
+            let f: Vec<&str> = l.split(',').collect();
+            assert_eq!(f.len(), 5, "{l}");
+            assert_eq!(f[4], "none", "no return service: {l}");
+            f[..4].iter().map(|v| v.parse().unwrap()).collect()
+        })
+        .collect();
+    assert_eq!(
+        rows.len() as u64,
+        report["commits"].as_u64().unwrap(),
+        "{report}"
+    );
+    assert_eq!(
+        report["log"]["lines"].as_u64(),
+        Some(rows.len() as u64),
+        "{report}"
+    );
+    assert!(rows.iter().all(|r| r[0] < 2), "two clients: 0 and 1");
+    assert!(
+        rows.windows(2).all(|w| w[0][1] <= w[1][1]),
+        "in the order sent"
+    );
+    let now_us = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_micros() as u64;
+    assert!(
+        rows.iter()
+            .all(|r| r[1] <= now_us && r[1] + 60_000_000 > now_us),
+        "sent within the last minute on the wall clock"
+    );
+    // The report's histogram keeps three significant digits.
+    let max = rows.iter().map(|r| r[2]).max().unwrap();
+    let reported = report["latency_us"]["max"].as_u64().unwrap();
+    assert!(
+        max.abs_diff(reported) <= reported / 500,
+        "log max {max}: {report}"
+    );
+    // A latency counts from the scheduled time, so it is never below the send lag.
+    assert!(rows.iter().all(|r| r[2] >= r[3]), "latency below its lag");
+
+    // A log file that cannot be created stops the run before any load.
+    let out = node.cli(&[
+        "bench",
+        "--log",
+        "/nonexistent-dir/x.csv",
+        "--duration",
+        "1s",
+    ]);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("cannot create the --log file /nonexistent-dir/x.csv"),
+        "{}",
+        stderr(&out)
+    );
+
     // A rate that is not one is refused before anything runs.
     for bad in ["0", "-5", "fast"] {
         let rate = format!("--rate={bad}");

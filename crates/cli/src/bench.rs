@@ -26,6 +26,11 @@
 //! reported apart. Two systems measured at the same rate have the same load, so their
 //! latencies compare directly.
 //!
+//! A histogram says how many commits were slow, not when. `--log FILE` keeps every
+//! measured commit (when it was sent on the wall clock, its latency, its schedule lag,
+//! its return-service outcome) and writes them after the run as CSV, as pgbench's
+//! `--log` does, so that slow commits can be lined up with what the nodes did then.
+//!
 //! An error that carries no SQLSTATE may mean the server is gone: the client then tries a
 //! fresh connection, and if that fails too the whole run stops and exits with status 1.
 //!
@@ -140,6 +145,15 @@ pub struct BenchArgs {
     /// PostgreSQL client has.
     #[arg(long, value_name = "N", default_value_t = 0)]
     pub connections: u32,
+    /// Write one line per measured commit to FILE, as pgbench --log does, to see *when*
+    /// the slow ones happened: CSV with a header — client, sent_unix_us (when it was
+    /// sent, µs since the Unix epoch), latency_us (as the report counts it), lag_us
+    /// (with --rate, how late it was sent after its scheduled time; else 0) and outcome
+    /// (acknowledged, timed_out, disabled, none — no return service — or error), in
+    /// the order they were sent. Lines are kept in memory (24 bytes each) and written
+    /// after the run, so the file's writing does not load the machine being measured.
+    #[arg(long, value_name = "FILE")]
+    pub log: Option<std::path::PathBuf>,
 }
 
 /// How long the fsync probe runs.
@@ -289,6 +303,20 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
             nodes.push(NodeCpu::connect(store, &before).await);
         }
     }
+    // The log file is created before the load, so that a bad path fails at once.
+    let log_file = match &args.log {
+        Some(path) => match std::fs::File::create(path) {
+            Ok(f) => Some(std::io::BufWriter::new(f)),
+            Err(e) => {
+                eprintln!(
+                    "error: cannot create the --log file {}: {e}",
+                    path.display()
+                );
+                return Ok(ExitCode::FAILURE);
+            }
+        },
+        None => None,
+    };
     // Connections are opened before the clock starts, so their setup is not measured.
     let connections = match args.connections {
         0 => args.clients,
@@ -318,7 +346,11 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
         mean_gap: args
             .rate
             .map(|rate| Duration::from_secs_f64(f64::from(args.clients) / rate)),
+        log: log_file.is_some(),
     });
+    let start_unix_us = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX));
     let progress = Arc::new(Progress::default());
     let cancel = CancellationToken::new();
     let mut tasks = JoinSet::new();
@@ -422,6 +454,11 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
             .collect();
     }
 
+    if let (Some(mut file), Some(path)) = (log_file, &args.log) {
+        let lines = write_log(&mut file, start_unix_us, &runs)
+            .with_context(|| format!("write the --log file {}", path.display()))?;
+        report.log = Some((path.display().to_string(), lines));
+    }
     let mut out = std::io::stdout();
     match args.format {
         Format::Json => writeln!(out, "{}", report.json())?,
@@ -527,6 +564,8 @@ struct Workload {
     end: Instant,
     /// With `--rate`: the mean gap between one client's scheduled commits.
     mean_gap: Option<Duration>,
+    /// With `--log`: every measured commit is kept as a [`LogLine`].
+    log: bool,
 }
 
 /// Live totals over all clients and phases, for the progress line.
@@ -549,6 +588,74 @@ struct ClientRun {
     first_errors: Vec<String>,
     /// Why the client concluded the server is gone, if it did.
     fatal: Option<String>,
+    /// With `--log`: every measured commit, in the order sent.
+    log: Vec<LogLine>,
+}
+
+/// One measured commit as `--log` writes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct LogLine {
+    /// When it was sent, in µs since the run's start.
+    sent_us: u64,
+    latency_us: u64,
+    /// How late it was sent after its scheduled time (0 without `--rate`).
+    lag_us: u64,
+    outcome: LogOutcome,
+}
+
+/// How a logged commit ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum LogOutcome {
+    Acknowledged,
+    TimedOut,
+    Disabled,
+    NoReturn,
+    Error,
+}
+
+impl LogOutcome {
+    fn of(return_outcome: &str) -> Self {
+        match return_outcome {
+            "acknowledged" => LogOutcome::Acknowledged,
+            "timed_out" => LogOutcome::TimedOut,
+            "disabled" => LogOutcome::Disabled,
+            _ => LogOutcome::NoReturn,
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            LogOutcome::Acknowledged => "acknowledged",
+            LogOutcome::TimedOut => "timed_out",
+            LogOutcome::Disabled => "disabled",
+            LogOutcome::NoReturn => "none",
+            LogOutcome::Error => "error",
+        }
+    }
+}
+
+/// Writes the `--log` file: a header, then every client's lines merged in the order
+/// sent (ties by client). `start_unix_us` is the run's start on the wall clock.
+fn write_log(out: &mut impl Write, start_unix_us: u64, runs: &[ClientRun]) -> std::io::Result<u64> {
+    let mut lines: Vec<(u64, usize, &LogLine)> = runs
+        .iter()
+        .enumerate()
+        .flat_map(|(client, run)| run.log.iter().map(move |l| (l.sent_us, client, l)))
+        .collect();
+    lines.sort_unstable_by_key(|&(sent, client, _)| (sent, client));
+    writeln!(out, "client,sent_unix_us,latency_us,lag_us,outcome")?;
+    for (_, client, l) in &lines {
+        writeln!(
+            out,
+            "{client},{},{},{},{}",
+            start_unix_us + l.sent_us,
+            l.latency_us,
+            l.lag_us,
+            l.outcome.name()
+        )?;
+    }
+    out.flush()?;
+    Ok(lines.len() as u64)
 }
 
 /// Commits by how their return service ended.
@@ -602,6 +709,7 @@ async fn client_loop(
         returns: ReturnCounts::default(),
         first_errors: Vec::new(),
         fatal: None,
+        log: Vec::new(),
     };
     // With --rate: when this client's next commit is due, and what waits for it.
     let mut scheduled = work.start;
@@ -665,18 +773,31 @@ async fn client_loop(
             result = commit => result,
         };
         let measured = sent >= work.measure_from;
+        let latency_us = u64::try_from(since.elapsed().as_micros()).unwrap_or(u64::MAX);
+        let mut log = |outcome| {
+            if work.log && measured {
+                let micros = |d: Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
+                run.log.push(LogLine {
+                    sent_us: micros(sent.duration_since(work.start)),
+                    latency_us,
+                    lag_us: micros(sent.saturating_duration_since(since)),
+                    outcome,
+                });
+            }
+        };
         match result {
             Ok(outcome) => {
+                log(LogOutcome::of(&outcome.return_outcome));
                 progress.commits.fetch_add(1, Ordering::Relaxed);
                 if measured {
-                    let us = u64::try_from(since.elapsed().as_micros()).unwrap_or(u64::MAX);
-                    run.latency_us.saturating_record(us.max(1));
+                    run.latency_us.saturating_record(latency_us.max(1));
                     run.commits += 1;
                     run.not_durable += u64::from(!outcome.durable);
                     run.returns.count(&outcome.return_outcome);
                 }
             }
             Err(e) => {
+                log(LogOutcome::Error);
                 progress.errors.fetch_add(1, Ordering::Relaxed);
                 if measured {
                     run.errors += 1;
@@ -741,6 +862,8 @@ struct Report {
     catch_up: Option<Duration>,
     /// The master's streams of the bench scheme, sampled under load, with --mode.
     streams: StreamSamples,
+    /// With `--log`: the file and the lines written to it.
+    log: Option<(String, u64)>,
 }
 
 /// One node's CPU time (`StatusResponse.cpu_micros`) before and after the run.
@@ -1000,6 +1123,7 @@ impl Report {
             mode: None,
             catch_up: None,
             streams: StreamSamples::default(),
+            log: None,
         };
         for run in runs {
             report.commits += run.commits;
@@ -1087,6 +1211,7 @@ impl Report {
                 "none": self.returns.none,
             },
             "catch_up_ms": self.catch_up.map(|d| d.as_secs_f64() * 1000.0),
+            "log": self.log.as_ref().map(|(path, lines)| json!({"path": path, "lines": lines})),
             "streams": self.streams.summary().into_iter().map(|s| json!({
                 "receiver": s.receiver,
                 "samples": s.samples,
@@ -1179,6 +1304,11 @@ impl Report {
                 self.commits_per_sec() / f
             ));
         }
+        if let Some((path, lines)) = &self.log {
+            out.push_str(&format!(
+                "log            {lines} commits, one per line, in {path}\n"
+            ));
+        }
         if let Some(steal) = self.steal_pct {
             out.push_str(&format!(
                 "host           {steal:.1} % CPU steal on this machine while measuring{}\n",
@@ -1249,6 +1379,43 @@ mod tests {
         // An old kernel's line without the steal column.
         assert_eq!(CpuTicks::parse("cpu  1 2 3 4 5 6 7\n"), None);
         assert_eq!(CpuTicks::parse("intr 1\n"), None);
+    }
+
+    #[test]
+    fn the_log_merges_the_clients_lines_in_the_order_sent() {
+        let line = |sent_us, latency_us, lag_us, outcome| LogLine {
+            sent_us,
+            latency_us,
+            lag_us,
+            outcome,
+        };
+        let runs = [
+            logged(vec![
+                line(10, 500, 0, LogOutcome::Acknowledged),
+                line(900, 7000, 40, LogOutcome::TimedOut),
+            ]),
+            logged(vec![]),
+            logged(vec![
+                line(10, 300, 2, LogOutcome::NoReturn),
+                line(450, 1200, 0, LogOutcome::Error),
+                line(2000, 80, 1, LogOutcome::Disabled),
+            ]),
+        ];
+        let mut out = Vec::new();
+        assert_eq!(write_log(&mut out, 1_000_000, &runs).unwrap(), 5);
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "client,sent_unix_us,latency_us,lag_us,outcome\n\
+             0,1000010,500,0,acknowledged\n\
+             2,1000010,300,2,none\n\
+             2,1000450,1200,0,error\n\
+             0,1000900,7000,40,timed_out\n\
+             2,1002000,80,1,disabled\n"
+        );
+        for outcome in ["acknowledged", "timed_out", "disabled"] {
+            assert_eq!(LogOutcome::of(outcome).name(), outcome);
+        }
+        assert_eq!(LogOutcome::of("").name(), "none");
     }
 
     #[test]
@@ -1332,6 +1499,14 @@ mod tests {
             returns: ReturnCounts::default(),
             first_errors: (0..errors).map(|i| format!("e{i}")).collect(),
             fatal: None,
+            log: Vec::new(),
+        }
+    }
+
+    fn logged(log: Vec<LogLine>) -> ClientRun {
+        ClientRun {
+            log,
+            ..client_run(&[], 0, 0)
         }
     }
 
