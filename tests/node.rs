@@ -266,6 +266,26 @@ fn client_library_typed_rows_status_and_http_endpoints() {
         !metrics.contains("hawser_store_commit_seconds{quantile="),
         "{metrics}"
     );
+    // Where the flushes' time went: the log's syncs and the moves into sled, counted
+    // with the commits; the checkpoint's flush of sled within its second.
+    let count = |metrics: &str, name: &str| -> u64 {
+        let line = format!("{name}_count ");
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(&line))
+            .map_or(0, |v| v.trim().parse().unwrap())
+    };
+    for name in ["hawser_store_log_sync_seconds", "hawser_store_move_seconds"] {
+        assert!(count(&metrics, name) > 0, "no {name}: {metrics}");
+    }
+    common::wait_for(
+        "a checkpoint counted",
+        std::time::Duration::from_secs(10),
+        || {
+            let (_, metrics) = http_get(&node.http, "/metrics");
+            (count(&metrics, "hawser_store_checkpoint_seconds") > 0).then_some(())
+        },
+    );
     let (code, body) = http_get(&node.http, "/status");
     assert_eq!(code, 200);
     assert!(body.contains("\"name\":\"ds2\""), "{body}");

@@ -17,7 +17,7 @@ use std::ops::Bound;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex, RwLock};
 
@@ -169,6 +169,41 @@ struct Shared {
     sled_failed: Mutex<Option<String>>,
     stop: Mutex<bool>,
     wake: Condvar,
+    metrics: EngineMetrics,
+}
+
+/// Where a flush's and a checkpoint's time goes, for `/metrics`: the commit and flush
+/// times (`db.rs`) say how long, these say whether the disk (the log's sync) or sled
+/// (the move, the checkpoint's flush) took it.
+struct EngineMetrics {
+    log_sync: metrics::Histogram,
+    moves: metrics::Histogram,
+    checkpoint: metrics::Histogram,
+}
+
+impl EngineMetrics {
+    fn new() -> Self {
+        metrics::describe_histogram!(
+            "hawser_store_log_sync_seconds",
+            metrics::Unit::Seconds,
+            "write-ahead log write and fdatasync, per sync that made frames durable"
+        );
+        metrics::describe_histogram!(
+            "hawser_store_move_seconds",
+            metrics::Unit::Seconds,
+            "moving durable batches from the overlay into sled, per move"
+        );
+        metrics::describe_histogram!(
+            "hawser_store_checkpoint_seconds",
+            metrics::Unit::Seconds,
+            "the checkpoint's flushes of sled (its tree, then the checkpoint record), once a second while there are writes"
+        );
+        Self {
+            log_sync: metrics::histogram!("hawser_store_log_sync_seconds"),
+            moves: metrics::histogram!("hawser_store_move_seconds"),
+            checkpoint: metrics::histogram!("hawser_store_checkpoint_seconds"),
+        }
+    }
 }
 
 /// How often the checkpoint thread flushes sled and trims the log.
@@ -298,6 +333,7 @@ impl SledEngine {
             sled_failed: Mutex::new(None),
             stop: Mutex::new(false),
             wake: Condvar::new(),
+            metrics: EngineMetrics::new(),
         });
         let bg = shared.clone();
         let checkpointer = std::thread::Builder::new()
@@ -524,8 +560,18 @@ fn set_checkpoint(db: &sled::Db, redo: &sled::Tree, frame: u64) -> Result<(), St
 impl Shared {
     /// Syncs the log and moves the batches it made durable into sled.
     fn sync(&self) -> Result<(), StoreError> {
-        self.wal.sync()?;
+        self.sync_log()?;
         self.move_durable()
+    }
+
+    /// Syncs the log, timing the syncs that made frames durable.
+    fn sync_log(&self) -> Result<(), StoreError> {
+        let (before, started) = (self.wal.synced(), Instant::now());
+        self.wal.sync()?;
+        if self.wal.synced() > before {
+            self.metrics.log_sync.record(started.elapsed());
+        }
+        Ok(())
     }
 
     /// Moves the batches whose frames are durable from the overlay into sled, oldest
@@ -545,6 +591,7 @@ impl Shared {
         let Some(&(last, _)) = moving.last() else {
             return Ok(());
         };
+        let started = Instant::now();
         let broken = |e: sled::Error| {
             // The batches stay visible in the overlay; their frames are durable, so a
             // restart completes them.
@@ -596,6 +643,7 @@ impl Shared {
         }
         drop(o);
         self.applied.store(last, Ordering::Release);
+        self.metrics.moves.record(started.elapsed());
         Ok(())
     }
 
@@ -687,6 +735,7 @@ impl Shared {
         // Everything written before the load is in sled; after the flush, durably.
         let frame = self.applied.load(Ordering::Acquire);
         if frame > self.checkpoint.load(Ordering::Acquire) {
+            let started = Instant::now();
             self.db
                 .flush()
                 .map_err(|e| self.sled_error("checkpoint flush", e))?;
@@ -695,6 +744,7 @@ impl Shared {
                     .lock()
                     .get_or_insert_with(|| format!("sled failed during the checkpoint: {e}"));
             })?;
+            self.metrics.checkpoint.record(started.elapsed());
             self.checkpoint.store(frame, Ordering::Release);
         }
         // Segments go once sled has their frames and no log key is read from them.
@@ -823,7 +873,7 @@ impl KvEngine for SledEngine {
     /// settles costs a larger move now and then, not memory.
     fn flush_unsettled(&self) -> Result<(), StoreError> {
         let s = &*self.shared;
-        s.wal.sync()?;
+        s.sync_log()?;
         if s.overlay.read().frames.len() > UNSETTLED_FRAMES {
             s.move_durable()?;
         }
