@@ -14,8 +14,10 @@ each), runs `hawser bench --mode MODE` against ds1, and prints per run commits/s
 bench's p50 / p99 and each node's CPU per commit in microseconds: user + system time from
 /proc/PID/stat over the whole bench (its warm-up and the subscribers' catch-up included),
 divided by the commits the master counted over the same span (the bench's
-`server_commits`). A fresh
-cluster per run. With two --hawser binaries the runs alternate A B, B A, ... by round and a
+`server_commits`). Under each run a second line says where each node's flushes went,
+from its /metrics over its life: the mean flush in ms as the log's sync (the disk) plus
+the move of durable batches into sled, and the mean of its checkpoints' sled flushes
+(absent for a build without those histograms). A fresh cluster per run. With two --hawser binaries the runs alternate A B, B A, ... by round and a
 last line gives each binary's means, so a change's CPU cost or saving can be read against
 the host's drift.
 
@@ -135,19 +137,40 @@ run() {
         --clients "$clients" --duration "$duration" --warmup 1 --format json \
         $(with_default "$bench_args" --connections 1) >"$work/bench.json" 2>"$work/bench.log" || { tail -n 20 "$work/bench.log" >&2; die "hawser bench failed"; }
     for n in ds1 ds2 ds3; do after+=("$(proc_ticks "${pid[$n]}")"); done
+    # Each node's /metrics, for where its flushes' time went (empty from a build without
+    # the histograms, or if a node does not answer).
+    for n in ds1 ds2 ds3; do
+        python3 -c 'import sys, urllib.request; sys.stdout.write(urllib.request.urlopen(sys.argv[1], timeout=10).read().decode())' \
+            "http://${http[$n]}/metrics" >"$work/metrics.$n" 2>/dev/null || : >"$work/metrics.$n"
+    done
     for n in ds1 ds2 ds3; do kill -KILL "${pid[$n]}" 2>/dev/null || true; done
     wait 2>/dev/null || true
     pid=()
-    python3 - "$work/bench.json" "$hawser" "$round" "$(getconf CLK_TCK)" "${before[@]}" "${after[@]}" >"$root/last.json" <<'PY'
-import json, sys
+    python3 - "$work/bench.json" "$hawser" "$round" "$(getconf CLK_TCK)" "${before[@]}" "${after[@]}" "$work"/metrics.ds{1,2,3} >"$root/last.json" <<'PY'
+import json, re, sys
 bench, binary, rnd, hz = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-before, after = sys.argv[5:8], sys.argv[8:11]
+before, after, metrics = sys.argv[5:8], sys.argv[8:11], sys.argv[11:14]
 d = json.load(open(bench))
 commits = d.get("server_commits") or d["commits"]
 cpu = {n: round((int(a) - int(b)) / hz * 1e6 / commits, 1) for n, b, a in zip(("ds1", "ds2", "ds3"), before, after)}
+
+def mean_ms(text, name):
+    """The mean of a histogram of seconds, in ms, over the node's life; None if absent."""
+    total = re.search(r"^hawser_store_%s_seconds_sum (\S+)$" % name, text, re.M)
+    count = re.search(r"^hawser_store_%s_seconds_count (\S+)$" % name, text, re.M)
+    if not (total and count) or float(count.group(1)) == 0:
+        return None
+    return round(float(total.group(1)) / float(count.group(1)) * 1000, 3)
+
+# Where each node's flushes went (the log's sync: the disk; the move into sled), and its
+# checkpoints' sled flushes: means over the node's life, warm-up included.
+flush = {}
+for n, path in zip(("ds1", "ds2", "ds3"), metrics):
+    text = open(path).read()
+    flush[n] = {k: mean_ms(text, k) for k in ("flush", "log_sync", "move", "checkpoint")}
 print(json.dumps({"round": rnd, "hawser": binary, "server_commits": commits, "commits_per_s": round(d["commits_per_sec"], 1),
                   "p50_us": d["latency_us"]["p50"], "p99_us": d["latency_us"]["p99"],
-                  "steal_pct": d.get("host_steal_pct"), "cpu_us_per_commit": cpu}))
+                  "steal_pct": d.get("host_steal_pct"), "cpu_us_per_commit": cpu, "flush_ms_mean": flush}))
 PY
     rm -rf "$work"
 }
@@ -161,7 +184,13 @@ import json, sys
 r = json.loads(sys.argv[1]); c = r["cpu_us_per_commit"]; s = r["steal_pct"]
 print("round %d  %-28s %9.1f commits/s  p50 %5d us  p99 %6d us  cpu us/commit ds1 %5.1f ds2 %5.1f ds3 %5.1f  steal %s" % (
     r["round"], r["hawser"][-28:], r["commits_per_s"], r["p50_us"], r["p99_us"], c["ds1"], c["ds2"], c["ds3"],
-    "%.1f %%" % s if s is not None else "?"))' "$1"
+    "%.1f %%" % s if s is not None else "?"))
+f = r.get("flush_ms_mean", {})
+ms = lambda v: "%.3f" % v if v is not None else "-"
+if any(v is not None for n in f.values() for v in n.values()):
+    print("         flush ms (mean: sync + move; checkpoint)  " + "   ".join(
+        "%s %s = %s + %s; %s" % (n, ms(f[n]["flush"]), ms(f[n]["log_sync"]), ms(f[n]["move"]), ms(f[n]["checkpoint"]))
+        for n in ("ds1", "ds2", "ds3")))' "$1"
     fi
 }
 
