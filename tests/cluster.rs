@@ -2,7 +2,8 @@
 //! `hawser init`; replication DDL through a follower seen everywhere; refusals that
 //! change nothing; the Raft leader SIGKILLed and DDL accepted by its successor; every
 //! node restarted on its data; a fourth node that joins after the log was purged gets
-//! the state by snapshot. Every wait is bounded and waits on a condition.
+//! the state by snapshot; the Kubernetes manifest's way of forming a cluster. Every wait
+//! is bounded and waits on a condition.
 
 mod common;
 
@@ -296,4 +297,50 @@ fn three_node_cluster_ddl_failover_restart_and_snapshot() {
         metrics.contains("hawser_raft_leader_changes_total"),
         "{metrics}"
     );
+}
+
+/// A free loopback address: bound to port 0 and released, for a node whose address the
+/// others must know before it starts.
+fn free_addr() -> String {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap().to_string()
+}
+
+/// The way `deploy/k8s/hawser.yaml` forms its cluster: the joining nodes start first,
+/// with --join naming every node (themselves too) while no cluster exists yet; the first
+/// starts without --join and `hawser init` runs on it (the manifest's Job). All three
+/// become voters, and a joiner restarted on its data rejoins as the member it was.
+#[test]
+fn nodes_joining_through_every_members_address_form_one_cluster_once_the_first_is_initialized() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let addrs: Vec<String> = (0..3).map(|_| free_addr()).collect();
+    let every = addrs.join(",");
+    let joiner = |i: usize| start(&format!("k{i}"), d, &addrs[i], Some(&every));
+    let mut nodes = vec![joiner(1), joiner(2)];
+    // Nothing to join yet: they keep trying.
+    assert_eq!(voters(&nodes[0].status()), 0);
+    let first = start("k0", d, &addrs[0], None);
+    let out = first.cli(&["init"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    nodes.insert(0, first);
+    for n in &nodes {
+        wait_for("three voters seen by every node", WAIT, || {
+            (voters(&n.status()) == 3).then_some(())
+        });
+    }
+    let leader_id = leader(&nodes[0]).expect("a leader");
+    assert!(nodes.iter().all(|n| leader(n) == Some(leader_id)));
+
+    // A joiner restarted on its data, with the same list, is the member it was.
+    let restarted = nodes[2].node_id;
+    nodes[2].kill9();
+    nodes[2] = joiner(2);
+    assert_eq!(nodes[2].node_id, restarted);
+    for n in &nodes {
+        wait_for("three voters again", WAIT, || {
+            let s = n.status();
+            (voters(&s) == 3 && cluster(&s)["leader_id"].as_u64().is_some()).then_some(())
+        });
+    }
 }
