@@ -586,3 +586,64 @@ fn bench_rate_holds_the_clients_to_a_schedule_and_reports_how_late_they_sent() {
         assert!(stderr(&out).contains("--rate"), "{}", stderr(&out));
     }
 }
+
+/// Every metric the alerting rules in `deploy/prometheus` name is one a node exports
+/// (a name written in the code), so a renamed metric cannot leave an alert that never
+/// fires.
+#[test]
+fn the_alerting_rules_name_only_metrics_the_nodes_export() {
+    use std::collections::BTreeSet;
+    use std::path::{Path, PathBuf};
+
+    /// Every `hawser_…` name in `text`, without a histogram's series suffix.
+    fn metric_names(text: &str) -> BTreeSet<String> {
+        let mut names = BTreeSet::new();
+        let mut rest = text;
+        while let Some(at) = rest.find("hawser_") {
+            let tail = &rest[at..];
+            let end = tail
+                .find(|c: char| !(c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_'))
+                .unwrap_or(tail.len());
+            let name = &tail[..end];
+            let base = ["_bucket", "_count", "_sum"]
+                .iter()
+                .find_map(|s| name.strip_suffix(s))
+                .unwrap_or(name);
+            names.insert(base.to_string());
+            rest = &tail[end..];
+        }
+        names
+    }
+    fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                rust_files(&path, out);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                out.push(path);
+            }
+        }
+    }
+
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let rules = std::fs::read_to_string(root.join("deploy/prometheus/hawser-alerts.yaml")).unwrap();
+    let named = metric_names(&rules);
+    assert!(named.len() >= 10, "{named:?}");
+    let mut files = Vec::new();
+    rust_files(&root.join("crates"), &mut files);
+    let mut exported = BTreeSet::new();
+    for file in files {
+        let code = std::fs::read_to_string(&file).unwrap();
+        // Names as the code registers them: string literals.
+        for name in metric_names(&code) {
+            if code.contains(&format!("\"{name}\"")) {
+                exported.insert(name);
+            }
+        }
+    }
+    let unknown: Vec<&String> = named.difference(&exported).collect();
+    assert!(
+        unknown.is_empty(),
+        "the alerting rules name metrics no node exports: {unknown:?}"
+    );
+}
