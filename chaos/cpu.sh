@@ -17,9 +17,9 @@ divided by the commits the master counted over the same span (the bench's
 `server_commits`). Under each run a second line says where each node's flushes went,
 from its /metrics over its life: the mean flush in ms as the log's sync (the disk) plus
 the move of durable batches into sled, and the mean of its checkpoints' sled flushes
-(absent for a build without those histograms). A fresh cluster per run. With two --hawser binaries the runs alternate A B, B A, ... by round and a
-last line gives each binary's means, so a change's CPU cost or saving can be read against
-the host's drift.
+(absent for a build without those histograms). A fresh cluster per run. With two
+--hawser binaries the runs alternate A B, B A, ... by round and a last line gives each
+binary's means, so a change's CPU cost or saving can be read against the host's drift.
 
 Options:
   --hawser BIN       the binary to measure; twice to compare two (default: target/release/
