@@ -647,3 +647,36 @@ fn the_alerting_rules_name_only_metrics_the_nodes_export() {
         "the alerting rules name metrics no node exports: {unknown:?}"
     );
 }
+
+/// Every `HAWSER_…` environment variable the container image and the Kubernetes
+/// manifest set is one `hawser start` reads (its --help lists each flag's variable), so
+/// a renamed flag cannot leave a deployment silently running on a default.
+#[test]
+fn the_deployment_files_set_only_variables_hawser_start_reads() {
+    let help = std::process::Command::new(common::hawser_bin())
+        .args(["start", "--help"])
+        .output()
+        .unwrap();
+    assert!(help.status.success());
+    let help = stdout(&help);
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let mut checked = 0;
+    for file in ["deploy/Dockerfile", "deploy/k8s/hawser.yaml"] {
+        let text = std::fs::read_to_string(root.join(file)).unwrap();
+        let mut rest = text.as_str();
+        while let Some(at) = rest.find("HAWSER_") {
+            let tail = &rest[at..];
+            let end = tail
+                .find(|c: char| !(c.is_ascii_uppercase() || c == '_'))
+                .unwrap_or(tail.len());
+            let var = &tail[..end];
+            assert!(
+                help.contains(&format!("[env: {var}=")),
+                "{file} sets {var}, which `hawser start` does not read"
+            );
+            checked += 1;
+            rest = &tail[end..];
+        }
+    }
+    assert!(checked >= 6, "found {checked} variables");
+}
