@@ -597,22 +597,17 @@ fn the_alerting_rules_name_only_metrics_the_nodes_export() {
 
     /// Every `hawser_…` name in `text`, without a histogram's series suffix.
     fn metric_names(text: &str) -> BTreeSet<String> {
-        let mut names = BTreeSet::new();
-        let mut rest = text;
-        while let Some(at) = rest.find("hawser_") {
-            let tail = &rest[at..];
-            let end = tail
-                .find(|c: char| !(c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_'))
-                .unwrap_or(tail.len());
-            let name = &tail[..end];
-            let base = ["_bucket", "_count", "_sum"]
+        words(text, "hawser_", |c| {
+            c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_'
+        })
+        .map(|name| {
+            ["_bucket", "_count", "_sum"]
                 .iter()
                 .find_map(|s| name.strip_suffix(s))
-                .unwrap_or(name);
-            names.insert(base.to_string());
-            rest = &tail[end..];
-        }
-        names
+                .unwrap_or(name)
+                .to_string()
+        })
+        .collect()
     }
     fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
         for entry in std::fs::read_dir(dir).unwrap() {
@@ -663,20 +658,26 @@ fn the_deployment_files_set_only_variables_hawser_start_reads() {
     let mut checked = 0;
     for file in ["deploy/Dockerfile", "deploy/k8s/hawser.yaml"] {
         let text = std::fs::read_to_string(root.join(file)).unwrap();
-        let mut rest = text.as_str();
-        while let Some(at) = rest.find("HAWSER_") {
-            let tail = &rest[at..];
-            let end = tail
-                .find(|c: char| !(c.is_ascii_uppercase() || c == '_'))
-                .unwrap_or(tail.len());
-            let var = &tail[..end];
+        for var in words(&text, "HAWSER_", |c| c.is_ascii_uppercase() || c == '_') {
             assert!(
                 help.contains(&format!("[env: {var}=")),
                 "{file} sets {var}, which `hawser start` does not read"
             );
             checked += 1;
-            rest = &tail[end..];
         }
     }
     assert!(checked >= 6, "found {checked} variables");
+}
+
+/// The words of `text` that start with `prefix` and go on while `part` holds.
+fn words<'a>(
+    text: &'a str,
+    prefix: &'a str,
+    part: fn(char) -> bool,
+) -> impl Iterator<Item = &'a str> + 'a {
+    text.match_indices(prefix).map(move |(at, _)| {
+        let tail = &text[at..];
+        let end = tail.find(|c: char| !part(c)).unwrap_or(tail.len());
+        &tail[..end]
+    })
 }
