@@ -78,7 +78,7 @@ struct Running {
 pub(crate) type Senders = Arc<parking_lot::Mutex<BTreeMap<(QualName, Ident), SenderHandle>>>;
 
 /// What the data plane cannot do as the schemes ask, as of its last re-plan (a scheme
-/// it cannot plan, a stream it cannot start, paths it cannot keep in order), for
+/// it cannot plan, a stream it cannot start, paths it cannot keep whole), for
 /// `/replication` and `hawser status`.
 pub(crate) type Problems = Arc<parking_lot::Mutex<Vec<String>>>;
 
@@ -273,6 +273,9 @@ pub(crate) struct DataPlaneTask {
     pub(crate) copy_holds: Arc<hawser_stream::CopyHolds>,
     /// How this node's senders compress where the scheme says COMPRESS TRAFFIC ON.
     pub(crate) codec: crate::CompressCodec,
+    /// This node's receiver's marks of what each sender decided, read by its relays
+    /// (`SenderStart::upstream`).
+    pub(crate) decided: hawser_stream::DecidedMarks,
 }
 
 /// Keeps this node's senders and its receiver's epochs in line with the cluster state
@@ -416,6 +419,7 @@ fn reconcile(
             resume_after,
             previous: replaced.remove(&key),
             on_ack: Some(task.returns.ack_hook(key.1.clone())),
+            upstream: Some(task.decided.clone()),
         };
         let handle = StreamSender::spawn(
             link.clone(),
@@ -509,6 +513,9 @@ fn wanted_links(
     let mut foreign: Vec<((QualName, Ident, Ident), LinkConfig)> = Vec::new();
     // Every scheme's planned streams, whoever sends them.
     let mut planned: Vec<Link> = Vec::new();
+    // Per origin, the senders of the streams into this store that carry it and run
+    // (this store in START or PAUSE as their receiver).
+    let mut upstream: BTreeMap<NodeId, BTreeSet<NodeId>> = BTreeMap::new();
     for (name, s) in &state.schemes {
         let plan = match hawser_scheme::plan(&s.scheme, &topology) {
             Ok(p) => p,
@@ -553,6 +560,18 @@ fn wanted_links(
             }
         }
         for link in plan.links.iter().filter(|l| &l.receiver == store) {
+            if matches!(
+                s.receiver_state(store),
+                ReceiverState::Start | ReceiverState::Pause
+            ) {
+                let origins = link.tables.iter().map(|t| &t.origin);
+                let origins = origins.chain(link.sequences.iter().map(|q| &q.origin));
+                for origin in origins.filter(|o| *o != store) {
+                    if let (Some(o), Some(from)) = (nodes.get(origin), nodes.get(&link.sender)) {
+                        upstream.entry(*o).or_default().insert(*from);
+                    }
+                }
+            }
             for t in link.tables.iter().filter(|t| &t.origin != store) {
                 received.push((
                     t.table.clone(),
@@ -655,14 +674,17 @@ fn wanted_links(
             .filter(|(k, c)| *k != own && c.receiver_node == config.receiver_node)
             .map(|(_, c)| c.clone())
             .collect();
-        // Origins this stream relays without seeing all their transactions that the
-        // origin's own stream (running beside it) sends the same receiver.
+        // Origins this stream relays without seeing all their transactions that a
+        // stream running beside it (the origin's own, or another relay's) sends the
+        // same receiver.
         config.blind = unseen
             .iter()
-            .filter(|u| &u.receiver == receiver && u.sender == u.origin)
-            .filter_map(|u| nodes.get(&u.origin).copied())
-            .filter(|o| config.siblings.iter().any(|s| s.sender_node == *o))
+            .filter(|u| &u.receiver == receiver)
+            .filter_map(|u| Some((*nodes.get(&u.origin)?, *nodes.get(&u.sender)?)))
+            .filter(|(_, from)| config.siblings.iter().any(|s| s.sender_node == *from))
+            .map(|(origin, _)| origin)
             .collect();
+        config.upstream.clone_from(&upstream);
     }
     problems.extend(unordered_paths(&unseen));
     set_returns(returns, store, &all_links, ds_routes);
@@ -733,13 +755,15 @@ fn unseen_paths(store: &Ident, links: &[Link]) -> Vec<Unseen> {
     out
 }
 
-/// The unseen paths the streams cannot keep in order, as problems (a warning in the
-/// log): where the other sender is the origin itself, this store's stream waits until
-/// the origin's stream has decided about each transaction (`LinkConfig::blind`); where
-/// it is another relay, neither relay sees the other's transactions, and the
-/// receiver — one high-water per origin — may skip one of them as a duplicate after
-/// the other relay delivered a later transaction of that origin (docs/stream.md, "Two
-/// paths from one origin to one receiver").
+/// The unseen paths the streams cannot keep whole, as problems (a warning in the log).
+/// This store's stream waits, before each transaction of the origin, until the other
+/// sender has decided about it (`LinkConfig::blind`), so whole transactions keep their
+/// order. But where the other sender is another relay, a transaction of the origin
+/// that writes tables of both relays reaches the receiver in two parts, one from each,
+/// and the receiver — one high-water per origin — keeps the part applied first and
+/// skips the other as a duplicate (docs/stream.md, "Two paths from one origin to one
+/// receiver"). (Where it is the origin itself, the origin's stream ships such a
+/// transaction whole.)
 fn unordered_paths(unseen: &[Unseen]) -> BTreeSet<String> {
     unseen
         .iter()
@@ -748,10 +772,10 @@ fn unordered_paths(unseen: &[Unseen]) -> BTreeSet<String> {
             format!(
                 "{receiver} gets transactions of {origin} from {store} and from \
                  {sender}, and {store} does not receive {table}, which {sender} \
-                 sends: {store} cannot keep {origin}'s order there, and {receiver} \
-                 may skip a transaction of {origin} as a duplicate (subscribe \
-                 {store} to {table}, or route all of {origin}'s tables for \
-                 {receiver} one way)",
+                 sends: a transaction of {origin} that writes {table} and a table \
+                 {store} sends reaches {receiver} in two parts, and {receiver} \
+                 keeps only the part that arrives first (subscribe {store} to \
+                 {table}, or route all of {origin}'s tables for {receiver} one way)",
                 receiver = u.receiver,
                 origin = u.origin,
                 sender = u.sender,
@@ -1271,8 +1295,9 @@ mod tests {
         assert!(unordered_paths(&unseen).is_empty());
         // Only the propagator is blind; the master sees all of its own log.
         assert!(unseen_paths(&ds("ds1"), &blind).is_empty());
-        // Two relays of ds1 to ds3, each blind to the other's table: nobody can keep
-        // ds1's order at ds3, a problem.
+        // Two relays of ds1 to ds3, each blind to the other's table: each waits for
+        // the other's decisions, but a transaction of ds1's writing both tables would
+        // arrive in two parts, and ds3 would keep one: a problem.
         let relays = planned(
             "CREATE REPLICATION r
              ELEMENT a TABLE accounts MASTER ds1 SUBSCRIBER ds4

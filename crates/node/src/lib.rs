@@ -433,6 +433,7 @@ pub async fn run(
         log_file_size: state.config.log_file_size,
         log_keep_bytes: state.config.log_keep_bytes,
         copy_holds: state.receiver.copy_holds(),
+        decided: state.receiver.decided_marks(),
         codec: state.config.compress_codec,
         plane: state.plane.clone(),
         db: state.db.clone(),

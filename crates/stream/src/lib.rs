@@ -15,6 +15,7 @@
 //! * [`returns`]: return-service accounting, a pure state machine.
 //! * [`codec`]: log records to batch bytes and back, with compression.
 //! * [`link`]: what one stream carries (routing plan → filter) and table checking.
+//! * [`paths`]: how far each sender has decided about each origin at a receiver.
 //! * [`sender`]: the sending task, with reconnection, backoff and bounded in-flight data.
 //! * [`receiver`]: the gRPC service that checks senders and applies their batches.
 //! * [`pb`]: the generated `hawser.replication.v1` messages and service (peers only).
@@ -23,6 +24,7 @@ pub mod codec;
 pub mod copy;
 pub mod error;
 pub mod link;
+pub mod paths;
 pub mod receiver;
 pub mod returns;
 pub mod sender;
@@ -61,12 +63,15 @@ pub(crate) fn codec_from_pb(value: i32) -> Option<Compression> {
 /// * 2: the two-path fields (`TableSpec.completing`, `Hello.decided`, `Batch.decided`,
 ///   `Batch.waiting`, `Ack.decided`, `Ack.connected_senders`: docs/stream.md, "Two
 ///   paths from one origin to one receiver") and `Copy` (a duplicate).
-pub const PROTOCOL_VERSION: u32 = 2;
+/// * 3: relays decide too (`Batch.relayed`), and acks list the marks per (origin,
+///   sender) (`Ack.decided_paths`, in place of `Ack.decided`).
+pub const PROTOCOL_VERSION: u32 = 3;
 
 pub use codec::{CodecError, Compression, WireRecord};
 pub use copy::{CopiedRows, CopyHolds, CopyObjects, CopyPlan};
 pub use error::StreamError;
 pub use link::{check_table, DatastoreRule, LinkConfig, LinkError, SenderTuning, TableMismatch};
+pub use paths::DecidedMarks;
 pub use receiver::{CompilePolicy, InboundStatus, ReceiverConfig, ReceiverService};
 pub use returns::{
     AckMarks, Await, Release, ReplicationState, ReturnEvent, ReturnLevel, ReturnOutcome,

@@ -122,13 +122,19 @@ pub struct LinkConfig {
     /// ([`LinkConfig::waits_for_sibling`]; docs/stream.md, "Two paths from one origin to
     /// one receiver").
     pub siblings: Vec<LinkConfig>,
-    /// Origins whose transactions this stream relays while the origin's own stream to
-    /// the same receiver (a sibling) carries tables of that origin this node does not
-    /// receive: this node's log lacks those transactions, so the stream cannot see
-    /// them to wait for them. It waits instead, before each transaction of such an
-    /// origin, until the origin's stream has decided about it (`Ack.decided`:
-    /// delivered whatever of it is the origin stream's, or found nothing of it there).
+    /// Origins whose transactions this stream relays while a sibling (the origin's
+    /// own stream to the same receiver, or another relay's) carries tables of that
+    /// origin this node does not receive: this node's log lacks those transactions,
+    /// so the stream cannot see them to wait for them. It waits instead, before each
+    /// transaction of such an origin, until the siblings carrying the origin have
+    /// decided about it (`Ack.decided_paths`: delivered whatever of it they carry, or
+    /// found nothing of it).
     pub blind: BTreeSet<NodeId>,
+    /// Per origin other than this node's, the sender nodes of the streams into this
+    /// node that carry its transactions: how far they have decided (this node's
+    /// receiver's marks) is how far this node holds the origin, which the stream
+    /// tells siblings that wait for it (`Batch.relayed`).
+    pub upstream: BTreeMap<NodeId, BTreeSet<NodeId>>,
 }
 
 /// The tables a DATASTORE element carries, as its INCLUDE / EXCLUDE says.
@@ -162,6 +168,18 @@ pub enum LinkError {
 }
 
 impl LinkConfig {
+    /// Whether this link carries any transactions of `origin` ([`carried_origins`]
+    /// without building the set).
+    ///
+    /// [`carried_origins`]: LinkConfig::carried_origins
+    pub fn carries_origin(&self, origin: NodeId) -> bool {
+        self.tables
+            .keys()
+            .chain(self.sequences.keys())
+            .any(|(_, o)| *o == origin)
+            || self.datastore.iter().any(|d| d.origin == origin)
+    }
+
     /// The origins whose transactions this link carries (tables, sequences, DATASTORE
     /// elements).
     pub fn carried_origins(&self) -> BTreeSet<NodeId> {
@@ -231,6 +249,7 @@ impl LinkConfig {
             tuning: SenderTuning::default(),
             siblings: Vec::new(),
             blind: BTreeSet::new(),
+            upstream: BTreeMap::new(),
         })
     }
 
@@ -278,13 +297,17 @@ impl LinkConfig {
     /// skipped as a duplicate.
     ///
     /// An origin in [`LinkConfig::blind`]: the stream also stops before each of its
-    /// transactions until the origin's own stream has decided about it (`decided`, the
-    /// receiver's `Ack.decided`).
+    /// transactions until the siblings that carry the origin have decided about it
+    /// (`decided`, by (origin, sender node): the receiver's `Ack.decided_paths`). The
+    /// origin's own stream must have decided about the transaction itself (it ships a
+    /// transaction it carries part of whole); another relay only about the ones
+    /// before it — each relay ships its own part of a transaction split between them,
+    /// and neither could decide about it before the other.
     pub fn waits_for_sibling(
         &self,
         entry: &LogEntry,
         high_water: &BTreeMap<NodeId, u64>,
-        decided: &BTreeMap<NodeId, u64>,
+        decided: &BTreeMap<(NodeId, NodeId), u64>,
     ) -> bool {
         if self.siblings.is_empty() {
             return false;
@@ -296,11 +319,26 @@ impl LinkConfig {
             return false;
         }
         let relays = self.sender_node != gtid.origin;
-        if relays
-            && self.blind.contains(&gtid.origin)
-            && gtid.seq > decided.get(&gtid.origin).copied().unwrap_or(0)
-        {
-            return true;
+        if relays && self.blind.contains(&gtid.origin) {
+            let undecided = self
+                .siblings
+                .iter()
+                .filter(|s| s.sender_node != self.sender_node && s.carries_origin(gtid.origin))
+                .any(|s| {
+                    let need = if s.sender_node == gtid.origin {
+                        gtid.seq
+                    } else {
+                        gtid.seq - 1
+                    };
+                    decided
+                        .get(&(gtid.origin, s.sender_node))
+                        .copied()
+                        .unwrap_or(0)
+                        < need
+                });
+            if undecided {
+                return true;
+            }
         }
         let mine = self.carries(entry);
         self.siblings
@@ -619,6 +657,7 @@ mod tests {
             tuning: SenderTuning::default(),
             siblings: Vec::new(),
             blind: BTreeSet::new(),
+            upstream: BTreeMap::new(),
         }
     }
 
@@ -755,7 +794,7 @@ mod tests {
         let (m, s, p) = (NodeId(1), NodeId(2), NodeId(3));
         let (mut direct, mut relay) = demo_shape(m, s, p);
         let hw = BTreeMap::from([(m, 5)]);
-        let decided = |seq| BTreeMap::from([(m, seq)]);
+        let decided = |seq| BTreeMap::from([((m, m), seq)]);
         // What the relay holds of m's seq 7 (seq 6, t1 only, never reached it).
         let seen = txn(m, 7, &["t2"]);
         assert!(!relay.waits_for_sibling(&seen, &hw, &decided(5)));
@@ -775,6 +814,50 @@ mod tests {
         direct.siblings.push(again);
         assert!(!direct.decides_while_waiting(&seen));
         assert!(!relay.decides_while_waiting(&seen));
+        // What another node says it decided about m does not count for m's stream.
+        assert!(relay.waits_for_sibling(&seen, &hw, &BTreeMap::from([((m, p), 9)])));
+    }
+
+    #[test]
+    fn two_blind_relays_wait_for_what_the_other_decided_before_each_transaction() {
+        // No stream of m's own to s: p relays m's t1, q relays m's t2, neither
+        // receives the other's table.
+        let (m, s, p, q) = (NodeId(1), NodeId(2), NodeId(3), NodeId(4));
+        let carrying = |sender: NodeId, table: &str| {
+            let mut c = test_link(
+                sender,
+                s,
+                BTreeMap::from([((QualName::bare(table), m), Ident::unquoted("e"))]),
+            );
+            c.blind = BTreeSet::from([m]);
+            c
+        };
+        let (mut by_p, mut by_q) = (carrying(p, "t1"), carrying(q, "t2"));
+        by_p.siblings = vec![by_q.clone()];
+        by_q.siblings = vec![by_p.clone()];
+        let hw = BTreeMap::from([(m, 5)]);
+        let from_q = |seq| BTreeMap::from([((m, q), seq)]);
+        // p holds m's seq 8: it waits until q has decided about everything of m's
+        // before it (6 and 7 may be q's)...
+        let eight = txn(m, 8, &["t1"]);
+        assert!(by_p.waits_for_sibling(&eight, &hw, &BTreeMap::new()));
+        assert!(by_p.waits_for_sibling(&eight, &hw, &from_q(6)));
+        assert!(!by_p.waits_for_sibling(&eight, &hw, &from_q(7)));
+        // ... and not about 8 itself: were it split, q's part of it would wait for
+        // p's decision in turn, and neither would move.
+        let split = txn(m, 8, &["t1", "t2"]);
+        let both = BTreeMap::from([((m, q), 7), ((m, p), 7)]);
+        assert!(!by_p.waits_for_sibling(&split, &hw, &both));
+        assert!(!by_q.waits_for_sibling(&split, &hw, &both));
+        // A sibling that carries nothing of m's is not waited for.
+        let mut other = test_link(
+            NodeId(9),
+            s,
+            BTreeMap::from([((QualName::bare("t3"), NodeId(9)), Ident::unquoted("e"))]),
+        );
+        other.siblings.clear();
+        by_p.siblings.push(other);
+        assert!(!by_p.waits_for_sibling(&eight, &hw, &from_q(7)));
     }
 
     #[test]

@@ -54,6 +54,7 @@ use tracing::{debug, info, warn};
 
 use crate::codec::{self, decode_records, decompress};
 use crate::link::check_table;
+use crate::paths::DecidedMarks;
 use crate::pb::{self, receiver_message, sender_message, RefuseCode};
 use crate::PROTOCOL_VERSION;
 
@@ -175,10 +176,12 @@ pub struct ReceiverService {
     /// The elements this node subscribes to, with the epochs the control plane gives.
     epochs: watch::Receiver<BTreeMap<Ident, Epoch>>,
     status: watch::Sender<BTreeMap<Ident, InboundStatus>>,
-    /// Per origin, how far the origin's own streams to this node have decided about
-    /// its commits (`Batch.decided`), shared by every stream: acks tell each sender,
-    /// and a propagator that relays an origin it cannot see all of waits for it.
-    decided: Arc<parking_lot::Mutex<BTreeMap<NodeId, u64>>>,
+    /// Per (origin, sender node), how far the sender's streams to this node have
+    /// decided about the origin's transactions (`Batch.decided` for the sender's own,
+    /// `Batch.relayed` for those it relays), shared by every stream: acks tell each
+    /// sender, and a propagator that relays an origin it cannot see all of waits for
+    /// it. This node's senders read it too (`SenderStart::upstream`).
+    decided: DecidedMarks,
     /// Moves after every apply that moved this node's marks: a stream whose sender
     /// waits for another stream's transaction (`Batch.waiting`) is acked again then.
     applied: Arc<watch::Sender<u64>>,
@@ -208,7 +211,7 @@ impl ReceiverService {
             config,
             epochs,
             status: watch::Sender::new(BTreeMap::new()),
-            decided: Arc::default(),
+            decided: DecidedMarks::default(),
             applied: Arc::new(watch::Sender::new(0)),
             copy_holds: Arc::default(),
             copy_plan: None,
@@ -220,14 +223,14 @@ impl ReceiverService {
 
     /// An ack of what a stream from `sender` has applied (`marks`) through
     /// `through_lsn`, outside the apply of a backlog.
-    fn ack(&self, marks: &Marks, through_lsn: u64, sender: NodeId) -> pb::ReceiverMessage {
+    fn ack(&self, marks: &Marks, through_lsn: u64) -> pb::ReceiverMessage {
         pb::ReceiverMessage {
             msg: Some(receiver_message::Msg::Ack(pb::Ack {
                 durable: to_pb(&marks.durable),
                 applied: to_pb(&marks.applied),
                 through_lsn,
-                decided: self.note_decided(sender, 0),
                 connected_senders: self.connected_senders(),
+                decided_paths: self.decided.to_pb(),
             })),
         }
     }
@@ -237,15 +240,20 @@ impl ReceiverService {
         self.connected.lock().keys().map(|n| n.0).collect()
     }
 
-    /// Notes that `origin`'s own stream has decided through `seq`; returns every
-    /// origin's mark.
-    fn note_decided(&self, origin: NodeId, seq: u64) -> Vec<pb::OriginMark> {
-        let mut decided = self.decided.lock();
-        if seq > 0 {
-            let mark = decided.entry(origin).or_insert(0);
-            *mark = (*mark).max(seq);
+    /// Notes what a stream from `sender` decided: through `own` of its own commits,
+    /// and as `relayed` says of the origins it relays. Whether a mark moved.
+    fn note_decided(&self, sender: NodeId, own: u64, relayed: &[pb::OriginMark]) -> bool {
+        let mut moved = self.decided.note(sender, sender, own);
+        for m in relayed.iter().filter(|m| m.origin != sender.0) {
+            moved |= self.decided.note(NodeId(m.origin), sender, m.seq);
         }
-        to_pb(&decided)
+        moved
+    }
+
+    /// The marks of what each sender decided, which this node's relays read to know
+    /// how much of an origin they hold (`SenderStart::upstream`).
+    pub fn decided_marks(&self) -> DecidedMarks {
+        self.decided.clone()
     }
 
     /// The log positions copies served by this node hold (the data plane releases no
@@ -638,7 +646,7 @@ impl ReceiverService {
                         marks.durable = applied;
                         unacked_batches = 0;
                         unacked_bytes = 0;
-                        let ack = self.ack(&marks, last_through, accepted.sender_node);
+                        let ack = self.ack(&marks, last_through);
                         if out.send(Ok(ack)).await.is_err() {
                             break;
                         }
@@ -648,7 +656,7 @@ impl ReceiverService {
                         if let Ok(now) = self.db.high_waters() {
                             marks.refresh(&now);
                         }
-                        let ack = self.ack(&marks, last_through, accepted.sender_node);
+                        let ack = self.ack(&marks, last_through);
                         if out.send(Ok(ack)).await.is_err() {
                             break;
                         }
@@ -725,7 +733,9 @@ impl ReceiverService {
                                 s.wire_bytes += wire;
                             });
                             last_through = done.ack.through_lsn;
-                            if backlog.iter().any(|b| b.count > 0) {
+                            // Streams waiting for another's transaction hear of it, and
+                            // of decisions they may wait for.
+                            if done.decided_moved || backlog.iter().any(|b| b.count > 0) {
                                 self.applied.send_modify(|n| *n = n.wrapping_add(1));
                             }
                             waiting = backlog.last().is_some_and(|b| b.waiting);
@@ -892,20 +902,21 @@ impl ReceiverService {
             // Everything applied so far was flushed: the durable marks catch up.
             marks.durable.clone_from(&marks.applied);
         }
+        // Applied (or found here) through these batches: what they decided holds now.
+        let mut decided_moved = false;
+        for b in backlog {
+            decided_moved |= self.note_decided(accepted.sender_node, b.decided, &b.relayed);
+        }
         Ok(Applied {
             ack: pb::Ack {
                 durable: to_pb(&marks.durable),
                 applied: to_pb(&marks.applied),
                 through_lsn,
-                // Applied (or found here) through these batches: what they decided
-                // holds now.
-                decided: self.note_decided(
-                    accepted.sender_node,
-                    backlog.iter().map(|b| b.decided).max().unwrap_or(0),
-                ),
                 connected_senders: self.connected_senders(),
+                decided_paths: self.decided.to_pb(),
             },
             tally,
+            decided_moved,
         })
     }
 
@@ -1111,6 +1122,8 @@ impl Drop for Connected {
 struct Applied {
     ack: pb::Ack,
     tally: Tally,
+    /// A sender's decision moved a mark (`DecidedMarks`).
+    decided_moved: bool,
 }
 
 /// Counts of one backlog's apply.
@@ -1261,7 +1274,9 @@ impl pb::replication_server::Replication for ReceiverService {
                 let _ = tx.try_send(Ok(refused(code, reason)));
             }
             Ok(accepted) => {
-                self.note_decided(accepted.sender_node, hello.decided);
+                if self.note_decided(accepted.sender_node, hello.decided, &[]) {
+                    self.applied.send_modify(|n| *n = n.wrapping_add(1));
+                }
                 let high_waters = self
                     .db
                     .high_waters()
@@ -1312,6 +1327,7 @@ mod tests {
             payload: Vec::new(),
             decided: 0,
             waiting: false,
+            relayed: Vec::new(),
         }
     }
 

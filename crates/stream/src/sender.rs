@@ -45,6 +45,7 @@ use tracing::{debug, info, instrument, warn};
 use crate::codec::{self, compress_at, encode_entries, Compression};
 use crate::error::StreamError;
 use crate::link::LinkConfig;
+use crate::paths::DecidedMarks;
 use crate::pb::{self, receiver_message, sender_message};
 use crate::{codec_to_pb, PROTOCOL_VERSION};
 
@@ -257,6 +258,12 @@ pub struct SenderStart {
     pub previous: Option<SenderStatus>,
     /// Told of every acknowledgement (see [`AckHook`]), and once at the start.
     pub on_ack: Option<AckHook>,
+    /// This node's receiver's marks ([`ReceiverService::decided_marks`]): how far the
+    /// streams into this node have decided about each origin, so that a relay can say
+    /// how far it holds an origin's transactions (`LinkConfig::upstream`).
+    ///
+    /// [`ReceiverService::decided_marks`]: crate::ReceiverService::decided_marks
+    pub upstream: Option<DecidedMarks>,
 }
 
 /// Starts senders.
@@ -290,6 +297,16 @@ impl StreamSender {
         let handle_db = db.clone();
         let ships_written = ships_written(&link, &db);
         let (compression, zstd_level) = (link.compression, link.tuning.zstd_level);
+        // Only a stream with siblings needs to say what it decided about the origins
+        // it relays: only they can wait for it.
+        let relays = if link.siblings.is_empty() {
+            BTreeSet::new()
+        } else {
+            let mut o = link.carried_origins();
+            o.remove(&link.sender_node);
+            o.remove(&link.receiver_node);
+            o
+        };
         let task = Sender {
             link,
             db,
@@ -304,6 +321,9 @@ impl StreamSender {
             unverified_seq: AtomicU64::new(0),
             unverified_micros: AtomicI64::new(0),
             decided: AtomicU64::new(0),
+            relayed: parking_lot::Mutex::default(),
+            relays,
+            upstream: start.upstream.unwrap_or_default(),
             on_ack: start.on_ack,
         };
         task.report_acks();
@@ -352,14 +372,40 @@ struct Sender {
     /// relays of it to the receiver carry (`LinkConfig::decides_while_waiting`). Sent
     /// with Hello and every batch (`Batch.decided`).
     decided: AtomicU64,
+    /// What this session has decided about the origins it relays (`Batch.relayed`).
+    relayed: parking_lot::Mutex<Claims>,
+    /// The origins other than this node whose transactions the stream carries, when
+    /// it has siblings (see [`Sender::claim_relayed`]).
+    relays: BTreeSet<NodeId>,
+    /// This node's receiver's marks (`SenderStart::upstream`).
+    upstream: DecidedMarks,
     on_ack: Option<AckHook>,
+}
+
+/// Per origin a stream relays, how far this session has decided about its
+/// transactions: every one of them up to the seq that this node's log holds, or will
+/// ever hold, was passed. Claims start afresh with each session: one that rode on a
+/// batch the receiver never applied would not hold.
+#[derive(Default)]
+struct Claims {
+    now: BTreeMap<NodeId, u64>,
+    /// As last sent.
+    sent: BTreeMap<NodeId, u64>,
+}
+
+impl Claims {
+    fn raise(&mut self, origin: NodeId, seq: u64) {
+        let c = self.now.entry(origin).or_insert(0);
+        *c = (*c).max(seq);
+    }
 }
 
 /// What a session's acks say of the other streams to its receiver.
 #[derive(Default)]
 struct Others {
-    /// How far each origin's own streams to the receiver have decided.
-    decided: BTreeMap<NodeId, u64>,
+    /// How far each sender node's streams to the receiver have decided about each
+    /// origin, by (origin, sender).
+    decided: BTreeMap<(NodeId, NodeId), u64>,
     /// Since when each sibling's sender has had no stream to the receiver
     /// (`Ack.connected_senders`).
     absent_since: BTreeMap<NodeId, Instant>,
@@ -370,8 +416,8 @@ struct Others {
 impl Others {
     fn heard(&mut self, link: &LinkConfig, ack: &pb::Ack) {
         self.last_heard = Some(Instant::now());
-        for (o, s) in from_marks(&ack.decided) {
-            let d = self.decided.entry(o).or_insert(0);
+        for (path, s) in crate::paths::from_pb(&ack.decided_paths) {
+            let d = self.decided.entry(path).or_insert(0);
             *d = (*d).max(s);
         }
         for sibling in &link.siblings {
@@ -609,14 +655,18 @@ impl Sender {
     }
 
     /// How far this stream had decided when the session starts: through its
-    /// acknowledged position, every record was passed by an earlier session.
+    /// acknowledged position, every record was passed by an earlier session. What an
+    /// earlier session decided past that rode on batches the receiver may never have
+    /// applied, and is forgotten; so are its claims about the origins it relays.
     fn decided_at_start(&self) -> Result<u64, StreamError> {
         const LOOK_BACK: usize = 4096;
-        let at = self.db.own_seq_through(self.acked_lsn, LOOK_BACK)?;
-        Ok(self
-            .decided
-            .fetch_max(at.unwrap_or(0), Ordering::AcqRel)
-            .max(at.unwrap_or(0)))
+        let at = self
+            .db
+            .own_seq_through(self.acked_lsn, LOOK_BACK)?
+            .unwrap_or(0);
+        self.decided.store(at, Ordering::Release);
+        *self.relayed.lock() = Claims::default();
+        Ok(at)
     }
 
     /// On a stream that carries DDL: the last DROP TABLE of each table this stream
@@ -1193,6 +1243,8 @@ impl Sender {
             // A sender that keeps up reads the store's in-memory tail of the log (no
             // engine read, no decoding); one that is behind reads the engine. What was
             // read and not passed yet is kept (`Reader::ahead`).
+            // Read before the log's end (see Sender::claim_relayed).
+            let upstream = self.upstream_through();
             let last_lsn = self.db.last_lsn();
             let next = reader.ahead.back().map_or(reader.cursor, |r| r.lsn.next());
             let room = tuning.max_batch_records.saturating_sub(reader.ahead.len());
@@ -1206,9 +1258,24 @@ impl Sender {
                         .extend(self.db.log_range(next, limit)?.into_iter().map(Arc::new)),
                 }
             }
+            let to_end = reader.ahead.back().map_or(reader.cursor, |r| r.lsn.next()) > last_lsn;
             if reader.ahead.is_empty() {
-                if let Some(position) = reader.unsent {
-                    if last_sent.elapsed() >= tuning.position_every {
+                // Passed through the log's end. New claims about the origins this
+                // stream relays go out at once (another relay may wait for them), at
+                // most every poll; a position alone at most every `position_every`.
+                self.claim_relayed(&[], 0, Some(&upstream));
+                let claims = self.claims_unsent();
+                let every = if claims {
+                    tuning.poll_interval
+                } else {
+                    tuning.position_every
+                };
+                let position = match reader.unsent {
+                    None if claims => Some(Lsn(reader.cursor.0.saturating_sub(1))),
+                    unsent => unsent,
+                };
+                if let Some(position) = position {
+                    if last_sent.elapsed() >= every {
                         self.send(
                             tx,
                             Vec::new(),
@@ -1311,6 +1378,7 @@ impl Sender {
                     break;
                 }
             }
+            self.claim_relayed(records, passed, to_end.then_some(&upstream));
             let Some(through) = through else {
                 if unflushed {
                     // Normally the committer's flush ends within a millisecond and it
@@ -1382,6 +1450,66 @@ impl Sender {
         Ok(())
     }
 
+    /// How far this node holds each origin this stream relays, as far as the streams
+    /// into this node say (`LinkConfig::upstream`, `SenderStart::upstream`).
+    fn upstream_through(&self) -> BTreeMap<NodeId, u64> {
+        if self.relays.is_empty() {
+            return BTreeMap::new();
+        }
+        self.link
+            .upstream
+            .iter()
+            .filter(|(o, _)| self.relays.contains(o))
+            .filter_map(|(o, senders)| self.upstream.through(*o, senders).map(|n| (*o, n)))
+            .collect()
+    }
+
+    /// Raises this session's claims about the origins the stream relays
+    /// (`Batch.relayed`) once the first `passed` of `records` (read from the cursor
+    /// on) are passed. Its transactions passed are decided. This node's log holds an
+    /// origin's transactions in seq order (a receiver skips an older one), so one not
+    /// passed yet means every earlier one of its origin is. And with `upstream` —
+    /// given when `records` reach the log's end as read after it — an origin none of
+    /// whose transactions is left is decided through what this node holds of it.
+    fn claim_relayed(
+        &self,
+        records: &[Arc<LogRecord>],
+        passed: usize,
+        upstream: Option<&BTreeMap<NodeId, u64>>,
+    ) {
+        if self.relays.is_empty() {
+            return;
+        }
+        let mut claims = self.relayed.lock();
+        for r in &records[..passed] {
+            let g = r.entry.gtid();
+            if self.relays.contains(&g.origin) {
+                claims.raise(g.origin, g.seq);
+            }
+        }
+        let mut pending = BTreeSet::new();
+        for r in &records[passed..] {
+            let g = r.entry.gtid();
+            if self.relays.contains(&g.origin) && pending.insert(g.origin) {
+                claims.raise(g.origin, g.seq.saturating_sub(1));
+                if pending.len() == self.relays.len() {
+                    break;
+                }
+            }
+        }
+        for (o, n) in upstream.into_iter().flatten() {
+            if !pending.contains(o) {
+                claims.raise(*o, *n);
+            }
+        }
+    }
+
+    /// Claims about relayed origins not sent yet.
+    fn claims_unsent(&self) -> bool {
+        let claims = self.relayed.lock();
+        claims.now != claims.sent
+    }
+
     /// Sends a record-less batch through `position` that says the stream waits for
     /// another stream's transaction (`Batch.waiting`).
     async fn say_waiting(
@@ -1432,6 +1560,19 @@ impl Sender {
             payload,
             decided: self.decided.load(Ordering::Acquire),
             waiting,
+            relayed: {
+                let mut claims = self.relayed.lock();
+                let claims = &mut *claims;
+                claims.sent.clone_from(&claims.now);
+                claims
+                    .now
+                    .iter()
+                    .map(|(o, seq)| pb::OriginMark {
+                        origin: o.0,
+                        seq: *seq,
+                    })
+                    .collect()
+            },
         };
         let wire_bytes = batch.payload.len() as u64;
         if let Some(m) = first_commit_micros {

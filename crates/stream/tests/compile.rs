@@ -98,6 +98,7 @@ async fn master() -> Result<(Database, Vec<pb::Batch>)> {
             payload: raw,
             decided: 0,
             waiting: false,
+            relayed: Vec::new(),
         }
     };
     let batches = vec![

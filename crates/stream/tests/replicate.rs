@@ -184,6 +184,7 @@ fn link(
         },
         siblings: Vec::new(),
         blind: Default::default(),
+        upstream: Default::default(),
     }
 }
 
@@ -776,6 +777,7 @@ async fn a_batch_received_twice_changes_nothing() -> Result<()> {
         payload: raw,
         decided: 0,
         waiting: false,
+        relayed: Vec::new(),
     };
     let hello = common::hello(&tab_def());
     let msg = |m: sender_message::Msg| pb::SenderMessage { msg: Some(m) };
@@ -1518,6 +1520,139 @@ async fn a_propagator_that_cannot_see_the_masters_other_transactions_waits_for_i
         "the propagator relayed before the master's stream decided"
     );
     two.finish(direct, &from_prop, first + 4, (2, 3)).await
+}
+
+/// Two blind relays and no stream of the master's own: the master (node 1) sends `tab`
+/// to one propagator (node 3) and `other` to another (node 4), and each relays what it
+/// gets to s1 (node 2). Neither sees the other's transactions, and s1 keeps one
+/// high-water per origin: were one relay to deliver a later transaction of the master's
+/// before the other delivered an earlier one, s1 would skip the earlier one as a
+/// duplicate. Each waits instead, before each transaction it relays, until the other
+/// has decided about every earlier one — from what the other passed in its log, and,
+/// past its log's end, from how far the master's stream to it has decided
+/// (`Batch.relayed`, `SenderStart::upstream`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_propagators_that_each_relay_part_of_the_masters_tables_keep_its_order() -> Result<()> {
+    let master = open(1).await?;
+    let (sub, pa, pb) = (open(2).await?, open(3).await?, open(4).await?);
+    for db in [&master, &sub, &pa, &pb] {
+        db.create_table(TableDef {
+            name: other(),
+            ..tab_def()
+        })
+        .await?;
+    }
+    let view = epochs(1);
+    let rs = Receiver::start(&sub, "s1", view.subscribe(), None).await?;
+    let ra = Receiver::start(&pa, "pa", view.subscribe(), None).await?;
+    let rb = Receiver::start(&pb, "pb", view.subscribe(), None).await?;
+    let senders = Senders::default();
+    // The master's `tab`, `other`, `tab`, `tab`, `other`, `tab`, ...
+    let order = [
+        tab(),
+        other(),
+        tab(),
+        tab(),
+        other(),
+        tab(),
+        other(),
+        other(),
+    ];
+    for (k, table) in order.iter().enumerate() {
+        write_in(&master, std::slice::from_ref(table), k as i64).await?;
+    }
+    let feed = |table: QualName, store: &str, node: u64, r: &Receiver| {
+        let config = LinkConfig {
+            tables: carried(&[table]),
+            ..link(1, store, node, 1, Compression::None)
+        };
+        senders.spawn(config, &master, r.endpoint())
+    };
+    let to_a = feed(tab(), "pa", 3, &ra);
+    let to_b = feed(other(), "pb", 4, &rb);
+    for to in [&to_a, &to_b] {
+        let end = master.last_lsn();
+        wait_status(to, "a propagator to have the master's log", |s| {
+            s.acked_lsn >= end
+        })
+        .await?;
+    }
+    let relay = |node: u64, store: &str, table: QualName| LinkConfig {
+        sender_node: NodeId(node),
+        sender_store: id(store),
+        tables: carried(&[table]),
+        returns_wait: false,
+        blind: [NodeId(1)].into(),
+        upstream: BTreeMap::from([(NodeId(1), [NodeId(1)].into())]),
+        ..link(1, "s1", 2, 1, Compression::None)
+    };
+    let (mut by_a, mut by_b) = (relay(3, "pa", tab()), relay(4, "pb", other()));
+    by_a.siblings = vec![by_b.clone()];
+    by_b.siblings = vec![by_a.clone()];
+    let spawn_relay = |config: LinkConfig, db: &Database, r: &Receiver| {
+        StreamSender::spawn(
+            config,
+            db.clone(),
+            rs.endpoint(),
+            SenderStart {
+                upstream: Some(r.service.decided_marks()),
+                ..SenderStart::default()
+            },
+            &senders.tracker,
+            senders.shutdown.clone(),
+        )
+    };
+
+    // The first relay comes up alone and relays nothing of the master's: the other
+    // has decided nothing, and any of the master's transactions before the first it
+    // holds could be the other's. (Its log: its own two CREATE TABLEs, then the
+    // master's four `tab` transactions.)
+    let from_a = spawn_relay(by_a, &pa, &ra);
+    let before_masters = Lsn(pa.last_lsn().0 - 4);
+    wait_status(&from_a, "s1 to answer the first relay", |s| {
+        s.acked_lsn >= before_masters
+    })
+    .await?;
+    assert_eq!(
+        sub.high_water(NodeId(1))?,
+        0,
+        "a relay went ahead of the other's decisions"
+    );
+
+    let from_b = spawn_relay(by_b, &pb, &rb);
+    let last = master.high_water(NodeId(1))?;
+    for (handle, name) in [(&from_a, "the first relay"), (&from_b, "the second relay")] {
+        wait_status(handle, name, |s| {
+            s.acked_applied.get(&NodeId(1)).copied().unwrap_or(0) >= last
+        })
+        .await?;
+    }
+    for table in [tab(), other()] {
+        assert_eq!(rows_of(&sub, &table)?, rows_of(&master, &table)?);
+    }
+    assert_eq!(rows_of(&sub, &tab())?.len(), 4);
+    assert_eq!(rows_of(&sub, &other())?.len(), 4);
+
+    // Commits made now reach s1 too, interleaved, however far each relay has got.
+    for k in 10..30 {
+        let table = if k % 3 == 0 { other() } else { tab() };
+        write_in(&master, &[table], k).await?;
+    }
+    let last = master.high_water(NodeId(1))?;
+    for (handle, name) in [(&from_a, "the first relay"), (&from_b, "the second relay")] {
+        wait_status(handle, name, |s| {
+            s.acked_applied.get(&NodeId(1)).copied().unwrap_or(0) >= last
+        })
+        .await?;
+    }
+    for table in [tab(), other()] {
+        assert_eq!(rows_of(&sub, &table)?, rows_of(&master, &table)?);
+    }
+    senders.stop().await;
+    for r in [rs, ra, rb] {
+        r.stop().await;
+    }
+    Ok(())
 }
 
 /// Two streams to one receiver that take turns (the master's `tab`, the propagator's
