@@ -6,7 +6,8 @@
 # Three nodes on loopback: ds1 masters `accounts` and `events`; ds3 gets `accounts` from
 # ds1 itself and `events` through ds2, a propagator (docs/stream.md, "Two paths from one
 # origin to one receiver"). With --scheme demo ds2 also receives `accounts` (the demo's
-# routes); with --scheme blind it does not (a blind propagator).
+# routes); with --scheme blind it does not (a blind propagator). With --scheme relays a
+# fourth node, ds4, relays `accounts` to ds3 in place of ds1 (two blind relays).
 
 set -euo pipefail
 
@@ -18,14 +19,15 @@ Runs `hawser sql -f` of a script on ds1 that cycles through four transactions: `
 and `events` in one (split between ds1's stream and ds2's), `accounts` alone, `events`
 alone, a delete from `events` with an `accounts` update. Then waits until ds3's copy of
 each table equals ds1's (CRC of the rows in key order) and reports how long that took
-after the load ended.
+after the load ended. With --scheme relays the transactions writing both tables reach
+ds3 in two parts, one by each relay.
 
 Options:
   --statements N   transactions in the script (default 20000)
-  --scheme S       demo (ds2 receives both tables) or blind (ds2 receives only events)
-                   (default demo)
-  --kills          SIGKILL ds3, then ds2, and start them again on their data, over and
-                   over while the load runs
+  --scheme S       demo (ds2 receives both tables), blind (ds2 receives only events)
+                   or relays (ds2 relays events, ds4 accounts; four nodes) (default demo)
+  --kills          SIGKILL ds3, then ds2 (and ds4), and start them again on their data,
+                   over and over while the load runs
   --hawser BIN     the hawser binary (default: target/release/hawser of this checkout,
                    built if missing; else hawser on PATH)
   --wait SECS      how long to wait for ds3 after the load (default 300)
@@ -65,31 +67,37 @@ while [[ $# -gt 0 ]]; do
 done
 [[ $statements =~ ^[0-9]+$ ]] || die "--statements must be a whole number"
 [[ $wait_secs =~ ^[0-9]+$ ]] || die "--wait must be a whole number of seconds"
+stores=(ds1 ds2 ds3)
 case "$scheme" in demo) accounts_to="ds2, ds3" ;; blind) accounts_to="ds3" ;;
-*) die "--scheme must be demo or blind" ;; esac
+relays) accounts_to="ds4"; stores+=(ds4) ;;
+*) die "--scheme must be demo, blind or relays" ;; esac
 
 work="$(mktemp -d "${TMPDIR:-/tmp}/hawser-two-paths.XXXXXX")"
 # shellcheck source=chaos/nodes.sh
 source "$here/nodes.sh"
 find_hawser
-nodes ds1 ds2 ds3
+nodes "${stores[@]}"
 
-echo "starting ds1, ds2, ds3 ($hawser)" >&2
+echo "starting ${stores[*]} ($hawser)" >&2
 start ds1
 "$hawser" init --host "${grpc[ds1]}" >/dev/null
-start ds2 --join "${grpc[ds1]}"
-start ds3 --join "${grpc[ds1]}"
-for n in ds1 ds2 ds3; do
+for n in "${stores[@]:1}"; do
+    start "$n" --join "${grpc[ds1]}"
+done
+for n in "${stores[@]}"; do
     for _ in $(seq 100); do
         sql "$n" -e "create table accounts (k int primary key, v int); create table events (k int primary key, v varchar(60))" \
             >/dev/null 2>&1 && break
         sleep 0.2
     done
 done
+relay_accounts=""
+[[ $scheme == relays ]] && relay_accounts="
+ELEMENT a2 TABLE accounts PROPAGATOR ds4 SUBSCRIBER ds3"
 sql ds1 -e "CREATE REPLICATION paths
 ELEMENT a TABLE accounts MASTER ds1 SUBSCRIBER $accounts_to
 ELEMENT e TABLE events MASTER ds1 SUBSCRIBER ds2
-ELEMENT e2 TABLE events PROPAGATOR ds2 SUBSCRIBER ds3" >/dev/null
+ELEMENT e2 TABLE events PROPAGATOR ds2 SUBSCRIBER ds3$relay_accounts" >/dev/null
 
 python3 - "$statements" >"$work/load.sql" <<'PY'
 import sys
@@ -122,7 +130,7 @@ load=$!
 rounds=0
 if [[ $kills == 1 ]]; then
     while kill -0 $load 2>/dev/null; do
-        for victim in ds3 ds2; do
+        for victim in "${stores[@]:2}" ds2; do
             sleep 0.7
             kill -9 "${pid[$victim]}" 2>/dev/null || true
             wait "${pid[$victim]}" 2>/dev/null || true

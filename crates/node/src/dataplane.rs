@@ -78,7 +78,7 @@ struct Running {
 pub(crate) type Senders = Arc<parking_lot::Mutex<BTreeMap<(QualName, Ident), SenderHandle>>>;
 
 /// What the data plane cannot do as the schemes ask, as of its last re-plan (a scheme
-/// it cannot plan, a stream it cannot start, paths it cannot keep whole), for
+/// it cannot plan, a stream it cannot start), for
 /// `/replication` and `hawser status`.
 pub(crate) type Problems = Arc<parking_lot::Mutex<Vec<String>>>;
 
@@ -686,7 +686,6 @@ fn wanted_links(
             .collect();
         config.upstream.clone_from(&upstream);
     }
-    problems.extend(unordered_paths(&unseen));
     set_returns(returns, store, &all_links, ds_routes);
     returns.set_replication(replication);
     // A table this store also masters (bidirectional, general workload) stays writable.
@@ -753,37 +752,6 @@ fn unseen_paths(store: &Ident, links: &[Link]) -> Vec<Unseen> {
         }
     }
     out
-}
-
-/// The unseen paths the streams cannot keep whole, as problems (a warning in the log).
-/// This store's stream waits, before each transaction of the origin, until the other
-/// sender has decided about it (`LinkConfig::blind`), so whole transactions keep their
-/// order. But where the other sender is another relay, a transaction of the origin
-/// that writes tables of both relays reaches the receiver in two parts, one from each,
-/// and the receiver — one high-water per origin — keeps the part applied first and
-/// skips the other as a duplicate (docs/stream.md, "Two paths from one origin to one
-/// receiver"). (Where it is the origin itself, the origin's stream ships such a
-/// transaction whole.)
-fn unordered_paths(unseen: &[Unseen]) -> BTreeSet<String> {
-    unseen
-        .iter()
-        .filter(|u| u.sender != u.origin)
-        .map(|u| {
-            format!(
-                "{receiver} gets transactions of {origin} from {store} and from \
-                 {sender}, and {store} does not receive {table}, which {sender} \
-                 sends: a transaction of {origin} that writes {table} and a table \
-                 {store} sends reaches {receiver} in two parts, and {receiver} \
-                 keeps only the part that arrives first (subscribe {store} to \
-                 {table}, or route all of {origin}'s tables for {receiver} one way)",
-                receiver = u.receiver,
-                origin = u.origin,
-                sender = u.sender,
-                store = u.store,
-                table = u.table,
-            )
-        })
-        .collect()
 }
 
 /// The stream `link` plans, for one of this node's senders or as another node's
@@ -1237,7 +1205,7 @@ pub(crate) fn streams_json(senders: &Senders, receiver: &ReceiverService) -> ser
 
 #[cfg(test)]
 mod tests {
-    use super::{fence_check, measured_from, unordered_paths, unseen_paths, Fence, Unseen};
+    use super::{fence_check, measured_from, unseen_paths, Fence, Unseen};
     use hawser_core::{Ident, Lsn, NodeId, QualName};
     use hawser_scheme::route::Link;
     use hawser_stream::SenderStatus;
@@ -1260,7 +1228,7 @@ mod tests {
     }
 
     #[test]
-    fn a_propagator_that_cannot_see_a_transaction_it_races_waits_or_is_a_problem() {
+    fn a_relay_that_cannot_see_a_transaction_it_races_is_blind_for_its_origin() {
         let ds = |s: &str| Ident::unquoted(s);
         // The demo's scheme: ds2 receives both tables, so it sees every transaction
         // of ds1 that ds1 sends ds3 itself, and waits for it (LinkConfig::siblings).
@@ -1292,12 +1260,10 @@ mod tests {
                 table: QualName::bare("accounts"),
             }]
         );
-        assert!(unordered_paths(&unseen).is_empty());
         // Only the propagator is blind; the master sees all of its own log.
         assert!(unseen_paths(&ds("ds1"), &blind).is_empty());
-        // Two relays of ds1 to ds3, each blind to the other's table: each waits for
-        // the other's decisions, but a transaction of ds1's writing both tables would
-        // arrive in two parts, and ds3 would keep one: a problem.
+        // Two relays of ds1 to ds3, each blind to the other's table: each is blind
+        // for ds1 by the other relay's stream, and waits for its decisions.
         let relays = planned(
             "CREATE REPLICATION r
              ELEMENT a TABLE accounts MASTER ds1 SUBSCRIBER ds4
@@ -1305,16 +1271,18 @@ mod tests {
              ELEMENT a2 TABLE accounts PROPAGATOR ds4 SUBSCRIBER ds3
              ELEMENT e2 TABLE events PROPAGATOR ds2 SUBSCRIBER ds3",
         );
-        let problems = unordered_paths(&unseen_paths(&ds("ds2"), &relays));
-        assert_eq!(problems.len(), 1, "{problems:?}");
-        let p = problems.first().unwrap();
-        assert!(
-            p.starts_with(
-                "ds3 gets transactions of ds1 from ds2 and from ds4, and ds2 does not receive"
-            ),
-            "{p}"
-        );
-        assert!(p.contains("accounts"), "{p}");
+        for (store, other, table) in [("ds2", "ds4", "accounts"), ("ds4", "ds2", "events")] {
+            assert_eq!(
+                unseen_paths(&ds(store), &relays),
+                [Unseen {
+                    store: ds(store),
+                    receiver: ds("ds3"),
+                    origin: ds("ds1"),
+                    sender: ds(other),
+                    table: QualName::bare(table),
+                }]
+            );
+        }
     }
 
     #[test]

@@ -342,11 +342,50 @@ impl Database {
         })
     }
 
+    /// Applies the rest of a transaction of another origin that reached this store in
+    /// parts, by two streams that each carry some of its tables (two propagators that
+    /// relay one master's tables to the same subscriber): its seq is already the
+    /// origin's high-water here, from the part applied first, so
+    /// [`Database::apply_replicated`] would skip it as a duplicate. `part` must hold
+    /// only changes of tables the parts here lack ([`Database::tables_of`]): it is
+    /// applied as they are and gets a log record of its own under the same Gtid; the
+    /// marks stay. A transaction of the origin's past the high-water, or behind it, is
+    /// an error.
+    pub async fn apply_part(
+        &self,
+        part: ReplicatedTxn,
+        lazily: bool,
+    ) -> Result<ApplyInfo, StoreError> {
+        let Gtid { origin, seq } = part.txn.gtid;
+        if origin == self.node_id() || seq != self.high_water(origin)? {
+            return Err(StoreError::InvalidBatch(format!(
+                "transaction {}: only the newest transaction of another origin here \
+                 can come in parts (its high-water is {})",
+                part.txn.gtid,
+                self.high_water(origin)?
+            )));
+        }
+        let durable = !lazily && self.inner.opts.durable_commits;
+        self.apply_as(&[part], None, durable, true).await
+    }
+
     async fn apply_internal(
         &self,
         batch: &[ReplicatedTxn],
         net: Option<&[NetTable]>,
         durable: bool,
+    ) -> Result<ApplyInfo, StoreError> {
+        self.apply_as(batch, net, durable, false).await
+    }
+
+    /// [`Database::apply_internal`]; with `part`, a transaction at its origin's
+    /// high-water is applied too ([`Database::apply_part`]).
+    async fn apply_as(
+        &self,
+        batch: &[ReplicatedTxn],
+        net: Option<&[NetTable]>,
+        durable: bool,
+        part: bool,
     ) -> Result<ApplyInfo, StoreError> {
         let inner = &self.inner;
         let started = Instant::now();
@@ -357,7 +396,10 @@ impl Database {
         let marks = self.high_waters()?;
         let fresh: Vec<&ReplicatedTxn> = batch
             .iter()
-            .filter(|r| r.txn.gtid.seq > marks.get(&r.txn.gtid.origin).copied().unwrap_or(0))
+            .filter(|r| {
+                let mark = marks.get(&r.txn.gtid.origin).copied().unwrap_or(0);
+                r.txn.gtid.seq > mark || (part && r.txn.gtid.seq == mark)
+            })
             .collect();
         if !fresh.is_empty() {
             inner.check_space()?;
@@ -378,7 +420,7 @@ impl Database {
             locks.acquire(t, enc).await?;
         }
         let (last_lsn, outcome) =
-            inner.append_foreign(|own_seq| write(inner, own_seq, &prepared))?;
+            inner.append_foreign(|own_seq| write(inner, own_seq, &prepared, part))?;
         // The marks are written: the next apply may build its batch while this one
         // waits for the flush (which then often covers both).
         drop(serial);
@@ -743,11 +785,13 @@ fn apply_change(
 
 /// The write step, run under the commit mutex: re-checks the catalog and the
 /// high-water marks, simulates the batch in log order (log records), and fills the
-/// engine batch with the row writes, log order's or the compiled ones.
+/// engine batch with the row writes, log order's or the compiled ones. With `part`,
+/// a transaction at its origin's high-water is written too ([`Database::apply_part`]).
 fn write(
     inner: &Inner,
     own_seq: u64,
     p: &Prepared<'_>,
+    part: bool,
 ) -> Result<(ForeignAppend, Outcome), StoreError> {
     // DDL takes the commit mutex too, so the tables cannot change from here to the
     // engine write.
@@ -765,7 +809,7 @@ fn write(
             None if origin == inner.opts.node_id => own_seq,
             None => inner.mark(origin),
         };
-        if seq <= mark {
+        if seq < mark || (seq == mark && !(part && origin != inner.opts.node_id)) {
             // Only this node's own origin can move between the first check and here
             // (local commits); the apply lock holds every other origin still.
             continue;

@@ -1385,6 +1385,41 @@ impl Database {
         Ok(None)
     }
 
+    /// The tables that this store's log records of the transaction `gtid` write (a
+    /// transaction can have several records here when it arrived in parts: see
+    /// [`Database::apply_part`]), looking back from the log's end over at most
+    /// `look_back` records; `None` when no record of it is found there.
+    pub fn tables_of(
+        &self,
+        gtid: Gtid,
+        look_back: usize,
+    ) -> Result<Option<BTreeSet<QualName>>, StoreError> {
+        let (from, to) = (self.log_start(), self.last_lsn());
+        if to < from || to == Lsn::ZERO {
+            return Ok(None);
+        }
+        let range = (
+            Bound::Included(layout::log_key(from)),
+            Bound::Included(layout::log_key(to)),
+        );
+        let mut tables: Option<BTreeSet<QualName>> = None;
+        for kv in self.inner.engine.scan(range, true).take(look_back) {
+            let (k, v) = kv?;
+            let head = codec::record_head(&k, &v)?;
+            if head.gtid == gtid {
+                let found = tables.get_or_insert_with(BTreeSet::new);
+                if let LogEntry::Txn(t) = codec::decode_record(&k, &v)?.entry {
+                    found.extend(t.changes.into_iter().map(|c| c.table));
+                }
+            } else if head.gtid.origin == gtid.origin && head.gtid.seq < gtid.seq {
+                // The log holds an origin's transactions in seq order: no record of
+                // this one comes before an older one.
+                break;
+            }
+        }
+        Ok(tables)
+    }
+
     /// The newest commit of `origin` this store holds, by seq and its origin's commit
     /// time (`None` when there is none, or when its record was released before store
     /// format 4, whose `H` keys keep the newest released commit's time). A sender compares it with its own commit under

@@ -65,6 +65,7 @@ on_both_engines!(
     a_copy_merges_chunks_writes_only_differences_and_trims_what_the_source_lacks,
     a_copys_marks_and_in_order_window_survive_reopen,
     a_copied_sequence_is_created_and_set_ahead_never_back,
+    the_rest_of_a_transaction_that_came_in_parts_is_applied_at_its_high_water,
 );
 
 const ORIGIN: NodeId = NodeId(100);
@@ -940,4 +941,64 @@ async fn a_copied_sequence_is_created_and_set_ahead_never_back(mut f: Fixture) {
     assert_eq!(db.next_val(&name).unwrap(), 42);
     let db = f.reopen();
     assert!(db.next_val(&name).unwrap() > 42, "durable across a reopen");
+}
+
+/// Two propagators that each relay some of an origin's tables deliver a transaction
+/// writing tables of both in two parts: the second is at the origin's high-water
+/// already, and `apply_part` applies it with a log record of its own, marks unchanged.
+async fn the_rest_of_a_transaction_that_came_in_parts_is_applied_at_its_high_water(f: Fixture) {
+    let db = setup(&f).await;
+    let second = QualName::bare("second");
+    db.create_table(TableDef {
+        name: second.clone(),
+        ..counters()
+    })
+    .await
+    .unwrap();
+    let in_second = |mut c: RowChange| {
+        c.table = second.clone();
+        c
+    };
+    db.apply_replicated(vec![rtxn(ORIGIN, 4, vec![ins(1, 10)])])
+        .await
+        .unwrap();
+    assert_eq!(
+        db.tables_of(Gtid::new(ORIGIN, 4), 100).unwrap(),
+        Some([t()].into())
+    );
+    assert_eq!(db.tables_of(Gtid::new(ORIGIN, 3), 100).unwrap(), None);
+    // As a transaction, the rest is a duplicate.
+    let rest = rtxn(ORIGIN, 4, vec![in_second(ins(7, 70))]);
+    let info = db.apply_replicated(vec![rest.clone()]).await.unwrap();
+    assert_eq!((info.applied, info.skipped), (0, 1));
+    // As a part, it is applied.
+    let info = db.apply_part(rest, false).await.unwrap();
+    assert_eq!(info.applied, 1);
+    assert_eq!(db.high_water(ORIGIN).unwrap(), 4);
+    let scanned: Vec<Row> = db
+        .scan(&second, KeyRange::all())
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    assert_eq!(scanned, vec![row(7, 70)]);
+    assert_eq!(
+        db.tables_of(Gtid::new(ORIGIN, 4), 100).unwrap(),
+        Some([t(), second.clone()].into())
+    );
+    let gtids: Vec<Gtid> = txn_records(db).iter().map(|(_, _, t)| t.gtid).collect();
+    assert_eq!(gtids, [Gtid::new(ORIGIN, 4), Gtid::new(ORIGIN, 4)]);
+    // Only the newest transaction of the origin comes in parts.
+    for seq in [3, 5] {
+        let err = db
+            .apply_part(rtxn(ORIGIN, seq, vec![in_second(ins(8, 80))]), false)
+            .await
+            .unwrap_err();
+        assert!(matches!(err, StoreError::InvalidBatch(_)), "{err}");
+    }
+    // After it, the origin goes on as before.
+    db.apply_replicated(vec![rtxn(ORIGIN, 5, vec![ins(2, 20)])])
+        .await
+        .unwrap();
+    assert_eq!(db.high_water(ORIGIN).unwrap(), 5);
+    assert_eq!(rows(db), vec![row(1, 10), row(2, 20)]);
 }

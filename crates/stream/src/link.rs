@@ -389,6 +389,22 @@ impl LinkConfig {
         !self.carries_table(table, own) && self.sibling_carries(table, own)
     }
 
+    /// Whether this stream relays `origin`'s transactions beside another relay of
+    /// them that carries tables this node does not receive: a transaction of `origin`
+    /// writing tables of both reaches the receiver in two parts, and this stream's part
+    /// goes even when the receiver's high-water is the transaction's own seq already
+    /// (the other part came first; the receiver takes the tables it lacks:
+    /// docs/stream.md, "Two blind relays").
+    pub fn ships_parts(&self, origin: NodeId) -> bool {
+        self.sender_node != origin
+            && self.blind.contains(&origin)
+            && self.siblings.iter().any(|s| {
+                s.sender_node != origin
+                    && s.sender_node != self.sender_node
+                    && s.carries_origin(origin)
+            })
+    }
+
     fn sibling_carries(&self, table: &QualName, origin: NodeId) -> bool {
         self.siblings.iter().any(|s| s.carries_table(table, origin))
     }
@@ -439,8 +455,10 @@ impl LinkConfig {
         high_water: &BTreeMap<NodeId, u64>,
     ) -> Option<Cow<'a, LogEntry>> {
         let gtid = entry.gtid();
+        let mark = high_water.get(&gtid.origin).copied().unwrap_or(0);
         if gtid.origin == self.receiver_node
-            || gtid.seq <= high_water.get(&gtid.origin).copied().unwrap_or(0)
+            || gtid.seq < mark
+            || (gtid.seq == mark && !self.ships_parts(gtid.origin))
         {
             return None;
         }
@@ -677,6 +695,14 @@ mod tests {
         (direct, relay)
     }
 
+    /// The tables a filtered entry's changes write.
+    fn tables(e: Option<LogEntry>) -> Vec<String> {
+        match e {
+            Some(LogEntry::Txn(t)) => t.changes.iter().map(|c| c.table.to_string()).collect(),
+            _ => Vec::new(),
+        }
+    }
+
     /// An insert of one row into `t`.
     fn change(t: &str) -> RowChange {
         RowChange {
@@ -733,12 +759,6 @@ mod tests {
         let hw = BTreeMap::from([(m, 5)]);
         let none = BTreeMap::new();
         let split = txn(m, 6, &["t1", "t2", "t9"]);
-        let tables = |e: Option<LogEntry>| -> Vec<String> {
-            match e {
-                Some(LogEntry::Txn(t)) => t.changes.iter().map(|c| c.table.to_string()).collect(),
-                _ => Vec::new(),
-            }
-        };
         // The origin's stream ships every part the receiver gets, by either stream
         // (t9 goes nowhere), and does not wait.
         assert!(!direct.waits_for_sibling(&split, &hw, &none));
@@ -858,6 +878,20 @@ mod tests {
         other.siblings.clear();
         by_p.siblings.push(other);
         assert!(!by_p.waits_for_sibling(&eight, &hw, &from_q(7)));
+        // Its part of a transaction at the receiver's high-water still goes: the other
+        // relay's part came first (the receiver takes the tables it lacks).
+        assert!(by_p.ships_parts(m));
+        let at_mark = BTreeMap::from([(m, 8)]);
+        assert_eq!(tables(by_p.filter(split.clone(), &at_mark)), ["t1"]);
+        assert!(by_p
+            .filter(split.clone(), &BTreeMap::from([(m, 9)]))
+            .is_none());
+        // Beside the origin's own stream (which ships a split transaction whole), a
+        // relay leaves what the receiver has.
+        let (_, mut relay) = demo_shape(m, s, p);
+        relay.blind = BTreeSet::from([m]);
+        assert!(!relay.ships_parts(m));
+        assert!(relay.filter(txn(m, 8, &["t2"]), &at_mark).is_none());
     }
 
     #[test]

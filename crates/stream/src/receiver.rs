@@ -41,10 +41,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::Stream;
+use hawser_core::Transaction;
 use hawser_core::{Epoch, Ident, NodeId, QualName, TableDef};
 use hawser_rtl::{Compilation, CompileError, Compiler};
 use hawser_scheme::ast::TableDefinitionChecking;
-use hawser_store::{Database, DdlOp, LogEntry, ReplicatedTxn};
+use hawser_store::{Database, DdlOp, LogEntry, ReplicatedTxn, StoreError};
 use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
@@ -869,6 +870,26 @@ impl ReceiverService {
                         }
                         tally.transactions += 1;
                         tally.row_changes += txn.changes.len() as u64;
+                        if let Some(part) = self.second_part(&txn).map_err(failed)? {
+                            // The rest of a transaction that came in parts: after what
+                            // came before it, on its own.
+                            all_durable &= self
+                                .apply_run(accepted, std::mem::take(&mut run), compiles, &mut tally)
+                                .await?;
+                            let part = ReplicatedTxn {
+                                txn: part,
+                                epoch: r.epoch,
+                            };
+                            let info = self
+                                .db
+                                .apply_part(part, !accepted.returns_wait)
+                                .await
+                                .map_err(failed)?;
+                            all_durable &= info.durable;
+                            tally.runs_in_order += 1;
+                            tally.rows_in_order += info.rows_written;
+                            continue;
+                        }
                         run.push(ReplicatedTxn {
                             txn,
                             epoch: r.epoch,
@@ -918,6 +939,39 @@ impl ReceiverService {
             tally,
             decided_moved,
         })
+    }
+
+    /// What of `txn` is the rest of a transaction that reached this store in parts:
+    /// two propagators relaying one origin's tables to this store each ship their own
+    /// part of a transaction that writes tables of both (docs/stream.md, "Two blind
+    /// relays"), and the part applied first made its seq the origin's high-water here.
+    /// The changes of tables that the records of it here do not write, when its seq is
+    /// that high-water and there are any; `None` otherwise (below the high-water, a
+    /// resend, skipped as a duplicate; above it, a transaction of its own). A resend of
+    /// a part is found here whole and skipped too.
+    fn second_part(&self, txn: &Transaction) -> Result<Option<Transaction>, StoreError> {
+        /// Log records looked back over for the parts here: the first part is applied
+        /// just before the second, unless transactions of other origins came between.
+        const LOOK_BACK: usize = 4096;
+        let gtid = txn.gtid;
+        if gtid.origin == self.db.node_id() || gtid.seq != self.db.high_water(gtid.origin)? {
+            return Ok(None);
+        }
+        let Some(here) = self.db.tables_of(gtid, LOOK_BACK)? else {
+            debug!(%gtid, "the newest transaction of its origin is not in the recent log; skipped");
+            return Ok(None);
+        };
+        let rest: Vec<_> = txn
+            .changes
+            .iter()
+            .filter(|c| !here.contains(&c.table))
+            .cloned()
+            .collect();
+        Ok((!rest.is_empty()).then_some(Transaction {
+            gtid,
+            commit_micros: txn.commit_micros,
+            changes: rest,
+        }))
     }
 
     /// Applies a run in log order, waiting for its flush unless `lazy`.
