@@ -685,6 +685,13 @@ fn wanted_links(
             .map(|(origin, _)| origin)
             .collect();
         config.upstream.clone_from(&upstream);
+        // The receiver relays an origin this stream carries beside another path to
+        // the same store: it needs this stream's decisions about that origin.
+        config.feeds_relay = unseen_paths(receiver, &planned).iter().any(|u| {
+            nodes
+                .get(&u.origin)
+                .is_some_and(|o| *o != config.sender_node && config.carries_origin(*o))
+        });
     }
     set_returns(returns, store, &all_links, ds_routes);
     returns.set_replication(replication);

@@ -63,8 +63,9 @@ pub(crate) fn codec_from_pb(value: i32) -> Option<Compression> {
 /// * 2: the two-path fields (`TableSpec.completing`, `Hello.decided`, `Batch.decided`,
 ///   `Batch.waiting`, `Ack.decided`, `Ack.connected_senders`: docs/stream.md, "Two
 ///   paths from one origin to one receiver") and `Copy` (a duplicate).
-/// * 3: relays decide too (`Batch.relayed`), and acks list the marks per (origin,
-///   sender) (`Ack.decided_paths`, in place of `Ack.decided`).
+/// * 3: relays decide too (`Batch.relayed`), acks list the marks per (origin, sender)
+///   (`Ack.decided_paths`, in place of `Ack.decided`), and a relay beside another relay
+///   of an origin ships parts of split transactions (`Hello.ships_parts`).
 pub const PROTOCOL_VERSION: u32 = 3;
 
 pub use codec::{CodecError, Compression, WireRecord};

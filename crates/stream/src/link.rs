@@ -135,6 +135,12 @@ pub struct LinkConfig {
     /// receiver's marks) is how far this node holds the origin, which the stream
     /// tells siblings that wait for it (`Batch.relayed`).
     pub upstream: BTreeMap<NodeId, BTreeSet<NodeId>>,
+    /// The receiver relays transactions this stream carries of another origin than
+    /// this node to a store that also gets that origin from another sender: what this
+    /// stream decides about them (`Batch.relayed`) is how far the receiver holds them,
+    /// which its relay tells the streams beside it. A propagator chain into a blind
+    /// relay needs it; without it the relay could only say what it passed.
+    pub feeds_relay: bool,
 }
 
 /// The tables a DATASTORE element carries, as its INCLUDE / EXCLUDE says.
@@ -250,6 +256,7 @@ impl LinkConfig {
             siblings: Vec::new(),
             blind: BTreeSet::new(),
             upstream: BTreeMap::new(),
+            feeds_relay: false,
         })
     }
 
@@ -676,6 +683,7 @@ mod tests {
             siblings: Vec::new(),
             blind: BTreeSet::new(),
             upstream: BTreeMap::new(),
+            feeds_relay: false,
         }
     }
 

@@ -380,6 +380,10 @@ struct Accepted {
     /// which would remove them.
     doomed: BTreeSet<QualName>,
     mode: TableDefinitionChecking,
+    /// The sender relays an origin beside another relay of it and ships its part of
+    /// a transaction split between them (`Hello.ships_parts`): one at an origin's
+    /// high-water here may be the rest of it ([`ReceiverService::second_part`]).
+    ships_parts: bool,
 }
 
 impl Accepted {
@@ -564,6 +568,7 @@ impl ReceiverService {
             remote: remotes,
             doomed,
             mode,
+            ships_parts: hello.ships_parts,
         })
     }
 
@@ -870,7 +875,7 @@ impl ReceiverService {
                         }
                         tally.transactions += 1;
                         tally.row_changes += txn.changes.len() as u64;
-                        if let Some(part) = self.second_part(&txn).map_err(failed)? {
+                        if let Some(part) = self.second_part(accepted, &txn).map_err(failed)? {
                             // The rest of a transaction that came in parts: after what
                             // came before it, on its own.
                             all_durable &= self
@@ -948,13 +953,24 @@ impl ReceiverService {
     /// The changes of tables that the records of it here do not write, when its seq is
     /// that high-water and there are any; `None` otherwise (below the high-water, a
     /// resend, skipped as a duplicate; above it, a transaction of its own). A resend of
-    /// a part is found here whole and skipped too.
-    fn second_part(&self, txn: &Transaction) -> Result<Option<Transaction>, StoreError> {
+    /// a part is found here whole and skipped too. Only from a relay that ships parts
+    /// (`Hello.ships_parts`): from any other stream a transaction at the high-water is
+    /// a resend — and a resend's delete of a row that was missing here, which left no
+    /// change in the record, must not delete a row written here since.
+    fn second_part(
+        &self,
+        accepted: &Accepted,
+        txn: &Transaction,
+    ) -> Result<Option<Transaction>, StoreError> {
         /// Log records looked back over for the parts here: the first part is applied
         /// just before the second, unless transactions of other origins came between.
         const LOOK_BACK: usize = 4096;
         let gtid = txn.gtid;
-        if gtid.origin == self.db.node_id() || gtid.seq != self.db.high_water(gtid.origin)? {
+        if !accepted.ships_parts
+            || gtid.origin == accepted.sender_node
+            || gtid.origin == self.db.node_id()
+            || gtid.seq != self.db.high_water(gtid.origin)?
+        {
             return Ok(None);
         }
         let Some(here) = self.db.tables_of(gtid, LOOK_BACK)? else {

@@ -298,8 +298,9 @@ impl StreamSender {
         let ships_written = ships_written(&link, &db);
         let (compression, zstd_level) = (link.compression, link.tuning.zstd_level);
         // Only a stream with siblings needs to say what it decided about the origins
-        // it relays: only they can wait for it.
-        let relays = if link.siblings.is_empty() {
+        // it relays (they may wait for it), or one whose receiver relays them on beside
+        // another path (its relay reads it: `LinkConfig::feeds_relay`).
+        let relays = if link.siblings.is_empty() && !link.feeds_relay {
             BTreeSet::new()
         } else {
             let mut o = link.carried_origins();
@@ -375,7 +376,7 @@ struct Sender {
     /// What this session has decided about the origins it relays (`Batch.relayed`).
     relayed: parking_lot::Mutex<Claims>,
     /// The origins other than this node whose transactions the stream carries, when
-    /// it has siblings (see [`Sender::claim_relayed`]).
+    /// it has siblings or feeds a relay (see [`Sender::claim_relayed`]).
     relays: BTreeSet<NodeId>,
     /// This node's receiver's marks (`SenderStart::upstream`).
     upstream: DecidedMarks,
@@ -651,6 +652,7 @@ impl Sender {
             returns_wait: self.link.returns_wait,
             restart_probe: self.restart_probe(),
             decided: self.decided_at_start()?,
+            ships_parts: self.relays.iter().any(|o| self.link.ships_parts(*o)),
         })
     }
 

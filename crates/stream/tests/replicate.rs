@@ -185,6 +185,7 @@ fn link(
         siblings: Vec::new(),
         blind: Default::default(),
         upstream: Default::default(),
+        feeds_relay: false,
     }
 }
 
@@ -248,6 +249,28 @@ impl Senders {
             master.clone(),
             endpoint,
             start,
+            &self.tracker,
+            self.shutdown.clone(),
+        )
+    }
+
+    /// A relay's sender of `db` to `to`, reading what the streams into its node
+    /// decided from its receiver `own` (`SenderStart::upstream`).
+    fn spawn_relay(
+        &self,
+        link: LinkConfig,
+        db: &Database,
+        own: &Receiver,
+        to: &Receiver,
+    ) -> SenderHandle {
+        StreamSender::spawn(
+            link,
+            db.clone(),
+            to.endpoint(),
+            SenderStart {
+                upstream: Some(own.service.decided_marks()),
+                ..SenderStart::default()
+            },
             &self.tracker,
             self.shutdown.clone(),
         )
@@ -751,26 +774,20 @@ async fn a_mismatched_table_definition_is_refused_under_exact() -> Result<()> {
     Ok(())
 }
 
-/// Drives the protocol by hand to send the same batch twice.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_batch_received_twice_changes_nothing() -> Result<()> {
-    let master = open(1).await?;
-    let sub = open(2).await?;
-    write(&master, 0..10, "x").await?;
-    let view = epochs(1);
-    let r = Receiver::start(&sub, "s1", view.subscribe(), None).await?;
+/// The master's transactions in `lsns` as one batch.
+fn batch_of(master: &Database, lsns: std::ops::RangeInclusive<Lsn>) -> Result<pb::Batch> {
     let records: Vec<WireRecord> = master
-        .log_range(Lsn(1), 100)?
+        .log_range(*lsns.start(), 100)?
         .into_iter()
-        .filter(|r| matches!(r.entry, hawser_store::LogEntry::Txn(_)))
+        .filter(|r| r.lsn <= *lsns.end() && matches!(r.entry, hawser_store::LogEntry::Txn(_)))
         .map(|r| WireRecord {
             epoch: r.epoch,
             entry: r.entry,
         })
         .collect();
     let raw = encode_records(&records);
-    let batch = pb::Batch {
-        through_lsn: master.last_lsn().0,
+    Ok(pb::Batch {
+        through_lsn: lsns.end().0,
         count: records.len() as u32,
         codec: pb::Codec::None as i32,
         raw_bytes: raw.len() as u64,
@@ -778,20 +795,41 @@ async fn a_batch_received_twice_changes_nothing() -> Result<()> {
         decided: 0,
         waiting: false,
         relayed: Vec::new(),
-    };
-    let hello = common::hello(&tab_def());
-    let msg = |m: sender_message::Msg| pb::SenderMessage { msg: Some(m) };
-    let (tx, rx) = tokio::sync::mpsc::channel(8);
-    tx.send(msg(sender_message::Msg::Hello(hello))).await?;
-    let mut client =
-        pb::replication_client::ReplicationClient::connect(format!("http://{}", r.addr)).await?;
-    let mut inbound = client
-        .replicate(tokio_stream::wrappers::ReceiverStream::new(rx))
-        .await?
-        .into_inner();
-    let mut next_ack = async || -> Result<pb::Ack> {
+    })
+}
+
+/// A stream driven by hand: Hello, then a batch at a time, each answered by an ack.
+struct ByHand {
+    tx: tokio::sync::mpsc::Sender<pb::SenderMessage>,
+    inbound: tonic::Streaming<pb::ReceiverMessage>,
+}
+
+impl ByHand {
+    async fn open(r: &Receiver, hello: pb::Hello) -> Result<ByHand> {
+        let (tx, rx) = tokio::sync::mpsc::channel(8);
+        tx.send(pb::SenderMessage {
+            msg: Some(sender_message::Msg::Hello(hello)),
+        })
+        .await?;
+        let mut client =
+            pb::replication_client::ReplicationClient::connect(format!("http://{}", r.addr))
+                .await?;
+        let inbound = client
+            .replicate(tokio_stream::wrappers::ReceiverStream::new(rx))
+            .await?
+            .into_inner();
+        Ok(ByHand { tx, inbound })
+    }
+
+    /// Sends `batch` and returns the ack that answers it.
+    async fn send(&mut self, batch: pb::Batch) -> Result<pb::Ack> {
+        self.tx
+            .send(pb::SenderMessage {
+                msg: Some(sender_message::Msg::Batch(batch)),
+            })
+            .await?;
         loop {
-            let m = tokio::time::timeout(DEADLINE, inbound.message())
+            let m = tokio::time::timeout(DEADLINE, self.inbound.message())
                 .await?
                 .context("stream")?
                 .context("stream ended")?;
@@ -801,18 +839,73 @@ async fn a_batch_received_twice_changes_nothing() -> Result<()> {
                 _ => {}
             }
         }
-    };
-    tx.send(msg(sender_message::Msg::Batch(batch.clone())))
-        .await?;
-    let first = next_ack().await?;
+    }
+}
+
+/// Drives the protocol by hand to send the same batch twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_received_twice_changes_nothing() -> Result<()> {
+    let master = open(1).await?;
+    let sub = open(2).await?;
+    write(&master, 0..10, "x").await?;
+    let view = epochs(1);
+    let r = Receiver::start(&sub, "s1", view.subscribe(), None).await?;
+    let batch = batch_of(&master, Lsn(1)..=master.last_lsn())?;
+    let mut stream = ByHand::open(&r, common::hello(&tab_def())).await?;
+    let first = stream.send(batch.clone()).await?;
     let after_first = (rows(&sub)?, sub.last_lsn());
-    tx.send(msg(sender_message::Msg::Batch(batch))).await?;
-    let second = next_ack().await?;
+    let second = stream.send(batch).await?;
     assert_eq!((rows(&sub)?, sub.last_lsn()), after_first);
     assert_eq!(first.applied, second.applied);
     assert_eq!(rows(&sub)?, rows(&master)?);
-    drop(tx);
+    drop(stream);
     r.stop().await;
+    Ok(())
+}
+
+/// A transaction at its origin's high-water is taken as the rest of one that came in
+/// parts only from a relay that says it ships parts (`Hello.ships_parts`). From any
+/// other relay it is a resend: here, of a delete of a row that was not at the
+/// subscriber (so its record there holds no change of the table), resent after the
+/// subscriber wrote that row itself — it must stay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resend_at_the_high_water_is_no_second_part_unless_the_sender_ships_parts() -> Result<()>
+{
+    let master = open(1).await?;
+    write(&master, 5..6, "master's").await?;
+    let mut t = master.begin();
+    assert!(t.delete(&tab(), &[Value::Int(5)]).await?);
+    t.commit().await?;
+    let delete = master.last_lsn();
+    let resent = batch_of(&master, delete..=delete)?;
+    let view = epochs(1);
+    for ships_parts in [false, true] {
+        let sub = open(2).await?;
+        let r = Receiver::start(&sub, "s1", view.subscribe(), None).await?;
+        let mut stream = ByHand::open(
+            &r,
+            pb::Hello {
+                ships_parts,
+                // A relay's stream (node 3).
+                sender_node: 3,
+                ..common::hello(&tab_def())
+            },
+        )
+        .await?;
+        stream.send(resent.clone()).await?;
+        write(&sub, 5..6, "the subscriber's").await?;
+        stream.send(resent.clone()).await?;
+        // A relay that ships parts would take the delete as the rest of the
+        // transaction (the table is not in its record here): what `ships_parts`
+        // keeps to the streams that need it.
+        assert_eq!(
+            rows(&sub)?.len(),
+            usize::from(!ships_parts),
+            "ships_parts {ships_parts}"
+        );
+        drop(stream);
+        r.stop().await;
+    }
     Ok(())
 }
 
@@ -1441,6 +1534,27 @@ fn carried(tables: &[QualName]) -> BTreeMap<(QualName, NodeId), Ident> {
         .collect()
 }
 
+/// Two blind relays of the master's (node 1) tables to s1 (node 2), each the other's
+/// sibling: (node, store, table, the node it gets the master's transactions from).
+fn relays_to_s1(
+    a: (u64, &str, QualName, u64),
+    b: (u64, &str, QualName, u64),
+) -> (LinkConfig, LinkConfig) {
+    let relay = |(node, store, table, from): (u64, &str, QualName, u64)| LinkConfig {
+        sender_node: NodeId(node),
+        sender_store: id(store),
+        tables: carried(&[table]),
+        returns_wait: false,
+        blind: [NodeId(1)].into(),
+        upstream: BTreeMap::from([(NodeId(1), [NodeId(from)].into())]),
+        ..link(1, "s1", 2, 1, Compression::None)
+    };
+    let (mut by_a, mut by_b) = (relay(a), relay(b));
+    by_a.siblings = vec![by_b.clone()];
+    by_b.siblings = vec![by_a.clone()];
+    (by_a, by_b)
+}
+
 /// The demo's shape: the master (node 1) sends `tab` to s1 (node 2) itself and `other`
 /// through a propagator (node 3). A transaction writing both tables is split between
 /// the two streams; the receiver keeps one high-water per origin, so the part that
@@ -1578,31 +1692,9 @@ async fn two_propagators_that_each_relay_part_of_the_masters_tables_keep_its_ord
         })
         .await?;
     }
-    let relay = |node: u64, store: &str, table: QualName| LinkConfig {
-        sender_node: NodeId(node),
-        sender_store: id(store),
-        tables: carried(&[table]),
-        returns_wait: false,
-        blind: [NodeId(1)].into(),
-        upstream: BTreeMap::from([(NodeId(1), [NodeId(1)].into())]),
-        ..link(1, "s1", 2, 1, Compression::None)
-    };
-    let (mut by_a, mut by_b) = (relay(3, "pa", tab()), relay(4, "pb", other()));
-    by_a.siblings = vec![by_b.clone()];
-    by_b.siblings = vec![by_a.clone()];
-    let spawn_relay = |config: LinkConfig, db: &Database, r: &Receiver| {
-        StreamSender::spawn(
-            config,
-            db.clone(),
-            rs.endpoint(),
-            SenderStart {
-                upstream: Some(r.service.decided_marks()),
-                ..SenderStart::default()
-            },
-            &senders.tracker,
-            senders.shutdown.clone(),
-        )
-    };
+    let (by_a, by_b) = relays_to_s1((3, "pa", tab(), 1), (4, "pb", other(), 1));
+    let spawn_relay =
+        |config: LinkConfig, db: &Database, r: &Receiver| senders.spawn_relay(config, db, r, &rs);
 
     // The first relay comes up alone and relays nothing of the master's: the other
     // has decided nothing, and any of the master's transactions before the first it
@@ -1658,6 +1750,88 @@ async fn two_propagators_that_each_relay_part_of_the_masters_tables_keep_its_ord
     }
     senders.stop().await;
     for r in [rs, ra, rb] {
+        r.stop().await;
+    }
+    Ok(())
+}
+
+/// The two relays of the test above, one at the end of a chain: the master (node 1)
+/// sends `tab` to p5 (node 5), which relays it to pa (node 3), which relays it to s1;
+/// pb (node 4) relays the master's `other` to s1. pa holds the master's transactions
+/// only as far as p5's stream has decided about them (`LinkConfig::feeds_relay`): with
+/// two `other` transactions last, pb's second waits until pa says it holds nothing
+/// before it, which pa can know only from p5.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_at_the_end_of_a_chain_knows_what_it_holds_from_the_stream_before_it() -> Result<()>
+{
+    let master = open(1).await?;
+    let (sub, pa, pb, p5) = (
+        open(2).await?,
+        open(3).await?,
+        open(4).await?,
+        open(5).await?,
+    );
+    for db in [&master, &sub, &pa, &pb, &p5] {
+        db.create_table(TableDef {
+            name: other(),
+            ..tab_def()
+        })
+        .await?;
+    }
+    let view = epochs(1);
+    let rs = Receiver::start(&sub, "s1", view.subscribe(), None).await?;
+    let ra = Receiver::start(&pa, "pa", view.subscribe(), None).await?;
+    let rb = Receiver::start(&pb, "pb", view.subscribe(), None).await?;
+    let r5 = Receiver::start(&p5, "p5", view.subscribe(), None).await?;
+    let senders = Senders::default();
+    for (k, table) in [tab(), other(), tab(), other(), other()].iter().enumerate() {
+        write_in(&master, std::slice::from_ref(table), k as i64).await?;
+    }
+    let to_5 = senders.spawn(
+        LinkConfig {
+            tables: carried(&[tab()]),
+            ..link(1, "p5", 5, 1, Compression::None)
+        },
+        &master,
+        r5.endpoint(),
+    );
+    let to_b = senders.spawn(
+        LinkConfig {
+            tables: carried(&[other()]),
+            ..link(1, "pb", 4, 1, Compression::None)
+        },
+        &master,
+        rb.endpoint(),
+    );
+    let chain = LinkConfig {
+        sender_node: NodeId(5),
+        sender_store: id("p5"),
+        tables: carried(&[tab()]),
+        returns_wait: false,
+        upstream: BTreeMap::from([(NodeId(1), [NodeId(1)].into())]),
+        feeds_relay: true,
+        ..link(1, "pa", 3, 1, Compression::None)
+    };
+    let to_a = senders.spawn_relay(chain, &p5, &r5, &ra);
+    let (by_a, by_b) = relays_to_s1((3, "pa", tab(), 5), (4, "pb", other(), 1));
+    let from_a = senders.spawn_relay(by_a, &pa, &ra, &rs);
+    let from_b = senders.spawn_relay(by_b, &pb, &rb, &rs);
+    let last = master.high_water(NodeId(1))?;
+    for (handle, name) in [
+        (&from_a, "the relay at the chain's end"),
+        (&from_b, "the other relay"),
+    ] {
+        wait_status(handle, name, |s| {
+            s.acked_applied.get(&NodeId(1)).copied().unwrap_or(0) >= last
+        })
+        .await?;
+    }
+    for table in [tab(), other()] {
+        assert_eq!(rows_of(&sub, &table)?, rows_of(&master, &table)?);
+    }
+    drop((to_5, to_b, to_a));
+    senders.stop().await;
+    for r in [rs, ra, rb, r5] {
         r.stop().await;
     }
     Ok(())

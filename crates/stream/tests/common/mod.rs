@@ -36,5 +36,6 @@ pub fn hello(def: &TableDef) -> pb::Hello {
         returns_wait: true,
         restart_probe: None,
         decided: 0,
+        ships_parts: false,
     }
 }
