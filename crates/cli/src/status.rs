@@ -146,6 +146,31 @@ fn field(v: &serde_json::Value) -> String {
     }
 }
 
+/// How long a stream must have been held for another stream's transaction before
+/// `hawser status` shows it.
+const HELD_SHOWN_MS: u64 = 1000;
+
+/// An outbound stream's REASON column: why it is not streaming, or, once it has lasted
+/// (streams to one receiver take turns within milliseconds), the other stream's
+/// transaction it has stopped for.
+fn outbound_reason(o: &serde_json::Value) -> String {
+    let held = o["held"]["millis"]
+        .as_u64()
+        .filter(|&ms| ms >= HELD_SHOWN_MS)
+        .map(|ms| {
+            format!(
+                "held {:.1} s at {}: waits for {}",
+                ms as f64 / 1000.0,
+                field(&o["held"]["gtid"]),
+                field(&o["held"]["waits_for"])
+            )
+        });
+    match (&o["reason"], held) {
+        (serde_json::Value::Null, Some(h)) => h,
+        (r, _) => field(r),
+    }
+}
+
 /// The streams and return services from the node's replication JSON.
 fn print_replication(r: &serde_json::Value) {
     let empty = Vec::new();
@@ -179,6 +204,7 @@ fn print_replication(r: &serde_json::Value) {
     }
     for o in outbound {
         let lag_ms = o["lag_micros"].as_u64().map(|us| (us / 1000).to_string());
+        let reason = outbound_reason(o);
         // The smoothed ack round trip; none before the first ack.
         let ack_ms = o["ack_micros_mean"]
             .as_u64()
@@ -196,7 +222,7 @@ fn print_replication(r: &serde_json::Value) {
             ack_ms.unwrap_or_else(|| "-".into()),
             field(&o["raw_bytes"]),
             field(&o["wire_bytes"]),
-            field(&o["reason"]),
+            reason,
         );
     }
     if !inbound.is_empty() {
@@ -312,5 +338,29 @@ fn print_cluster(c: &hawser_client::ClusterStatus) {
         if !s.receivers.is_empty() {
             println!("{:<20} receivers: {}", "", s.receivers.join(", "));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::outbound_reason;
+    use serde_json::json;
+
+    #[test]
+    fn a_stream_held_for_a_second_or_more_says_what_it_waits_for() {
+        let held = |ms: u64| {
+            json!({"reason": null, "held": {"gtid": "1:57", "millis": ms,
+                "waits_for": "ds3 to get ds1's transaction 1:57 from ds2"}})
+        };
+        assert_eq!(outbound_reason(&held(40)), "-");
+        assert_eq!(
+            outbound_reason(&held(3200)),
+            "held 3.2 s at 1:57: waits for ds3 to get ds1's transaction 1:57 from ds2"
+        );
+        // Why it is not streaming comes first.
+        let mut down = held(3200);
+        down["reason"] = json!("connection refused");
+        assert_eq!(outbound_reason(&down), "connection refused");
+        assert_eq!(outbound_reason(&json!({"reason": null, "held": null})), "-");
     }
 }

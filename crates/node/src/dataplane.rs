@@ -1179,6 +1179,11 @@ pub(crate) fn streams_json(senders: &Senders, receiver: &ReceiverService) -> ser
                 "raw_bytes": s.raw_bytes,
                 "wire_bytes": s.wire_bytes,
                 "sessions": s.sessions,
+                "held": s.held.as_ref().map(|h| serde_json::json!({
+                    "gtid": h.gtid.to_string(),
+                    "millis": h.since.elapsed().as_millis() as u64,
+                    "waits_for": h.waits_for,
+                })),
             })
         })
         .collect();

@@ -78,4 +78,6 @@ pub use returns::{
     AckMarks, Await, Release, ReplicationState, ReturnEvent, ReturnLevel, ReturnOutcome,
     ReturnRoutes, ReturnSettings, ReturnTracker, ReturnWait, Step, SyncOptions, XactState,
 };
-pub use sender::{AckHook, SenderHandle, SenderStart, SenderState, SenderStatus, StreamSender};
+pub use sender::{
+    AckHook, Held, SenderHandle, SenderStart, SenderState, SenderStatus, StreamSender,
+};

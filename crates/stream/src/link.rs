@@ -14,7 +14,7 @@ use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use hawser_core::{Epoch, Ident, NodeId, QualName, RowChange, TableDef, Transaction};
+use hawser_core::{Epoch, Gtid, Ident, NodeId, QualName, RowChange, TableDef, Transaction};
 use hawser_scheme::ast::{ReturnService, TableDefinitionChecking};
 use hawser_scheme::route::Link;
 use hawser_store::{DdlOp, LogEntry};
@@ -326,31 +326,91 @@ impl LinkConfig {
             return false;
         }
         let relays = self.sender_node != gtid.origin;
-        if relays && self.blind.contains(&gtid.origin) {
-            let undecided = self
-                .siblings
-                .iter()
-                .filter(|s| s.sender_node != self.sender_node && s.carries_origin(gtid.origin))
-                .any(|s| {
-                    let need = if s.sender_node == gtid.origin {
-                        gtid.seq
-                    } else {
-                        gtid.seq - 1
-                    };
-                    decided
-                        .get(&(gtid.origin, s.sender_node))
-                        .copied()
-                        .unwrap_or(0)
-                        < need
-                });
-            if undecided {
-                return true;
-            }
+        if self.undecided(gtid, decided).next().is_some() {
+            return true;
         }
         let mine = self.carries(entry);
         self.siblings
             .iter()
             .any(|s| s.carries(entry) && (!mine || (relays && s.sender_node == gtid.origin)))
+    }
+
+    /// The siblings a blind relay waits for before `gtid` ([`LinkConfig::blind`]):
+    /// those carrying its origin that have not decided far enough — the origin's own
+    /// stream about `gtid` itself, another relay about every transaction before it.
+    fn undecided<'a>(
+        &'a self,
+        gtid: Gtid,
+        decided: &'a BTreeMap<(NodeId, NodeId), u64>,
+    ) -> impl Iterator<Item = &'a LinkConfig> + 'a {
+        let blind = self.sender_node != gtid.origin && self.blind.contains(&gtid.origin);
+        self.siblings
+            .iter()
+            .filter(move |s| {
+                blind && s.sender_node != self.sender_node && s.carries_origin(gtid.origin)
+            })
+            .filter(move |s| {
+                let need = if s.sender_node == gtid.origin {
+                    gtid.seq
+                } else {
+                    gtid.seq - 1
+                };
+                decided
+                    .get(&(gtid.origin, s.sender_node))
+                    .copied()
+                    .unwrap_or(0)
+                    < need
+            })
+    }
+
+    /// What this stream, stopped before `entry` ([`LinkConfig::waits_for_sibling`]),
+    /// waits for, in words for status: the siblings whose decision it needs, or the
+    /// receiver to get the transaction from a sibling.
+    pub fn waits_for(
+        &self,
+        entry: &LogEntry,
+        high_water: &BTreeMap<NodeId, u64>,
+        decided: &BTreeMap<(NodeId, NodeId), u64>,
+    ) -> String {
+        let gtid = entry.gtid();
+        let name = |n: NodeId| {
+            if n == self.sender_node {
+                return self.sender_store.to_string();
+            }
+            self.siblings
+                .iter()
+                .find(|s| s.sender_node == n)
+                .map_or_else(|| format!("node {}", n.0), |s| s.sender_store.to_string())
+        };
+        let origin = name(gtid.origin);
+        let undecided: BTreeSet<String> = self
+            .undecided(gtid, decided)
+            .map(|s| s.sender_store.to_string())
+            .collect();
+        if !undecided.is_empty() {
+            let list: Vec<String> = undecided.into_iter().collect();
+            return format!(
+                "{} to say it has sent {}'s transactions before {gtid} ({} cannot see them)",
+                list.join(" and "),
+                origin,
+                self.sender_store
+            );
+        }
+        let carriers: BTreeSet<String> = self
+            .siblings
+            .iter()
+            .filter(|s| s.carries(entry))
+            .map(|s| s.sender_store.to_string())
+            .collect();
+        let list: Vec<String> = carriers.into_iter().collect();
+        let has = high_water.get(&gtid.origin).copied().unwrap_or(0);
+        format!(
+            "{} to get {}'s transaction {gtid} from {} (it has {} through seq {has})",
+            self.receiver_store,
+            origin,
+            list.join(" or "),
+            origin
+        )
     }
 
     /// Whether this stream, stopped before its own node's transaction `entry` (it
@@ -858,6 +918,7 @@ mod tests {
                 BTreeMap::from([((QualName::bare(table), m), Ident::unquoted("e"))]),
             );
             c.blind = BTreeSet::from([m]);
+            c.sender_store = Ident::unquoted(if sender == p { "p" } else { "q" });
             c
         };
         let (mut by_p, mut by_q) = (carrying(p, "t1"), carrying(q, "t2"));
@@ -886,6 +947,11 @@ mod tests {
         other.siblings.clear();
         by_p.siblings.push(other);
         assert!(!by_p.waits_for_sibling(&eight, &hw, &from_q(7)));
+        // Status says whom it waits for.
+        assert_eq!(
+            by_p.waits_for(&eight, &hw, &from_q(6)),
+            "q to say it has sent node 1's transactions before 1:8 (p cannot see them)"
+        );
         // Its part of a transaction at the receiver's high-water still goes: the other
         // relay's part came first (the receiver takes the tables it lacks).
         assert!(by_p.ships_parts(m));

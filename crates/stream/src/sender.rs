@@ -130,6 +130,19 @@ pub struct SenderStatus {
     pub raw_bytes: u64,
     pub wire_bytes: u64,
     pub sessions: u64,
+    /// The stream has stopped before a transaction for another stream to the same
+    /// receiver (docs/stream.md, "Two paths from one origin to one receiver"): which,
+    /// since when, and what it waits for. `None` while it ships.
+    pub held: Option<Held>,
+}
+
+/// Why a stream has stopped before a transaction ([`SenderStatus::held`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Held {
+    pub gtid: Gtid,
+    pub since: Instant,
+    /// In words, naming the stores ([`LinkConfig::waits_for`]).
+    pub waits_for: String,
 }
 
 impl Default for SenderStatus {
@@ -157,6 +170,7 @@ impl SenderStatus {
             raw_bytes: 0,
             wire_bytes: 0,
             sessions: 0,
+            held: None,
         }
     }
 }
@@ -541,7 +555,13 @@ impl Sender {
                 s.sessions += 1;
             });
             let mut streamed = false;
-            let state = match self.session(&mut streamed).await {
+            let ended = self.session(&mut streamed).await;
+            // A stream that is not up holds nothing back.
+            self.status.send_if_modified(|s| {
+                s.held = None;
+                false
+            });
+            let state = match ended {
                 Ok(()) => break,
                 Err(StreamError::Refused { reason, .. }) => {
                     warn!(reason = %reason, "receiver refused the stream");
@@ -1206,6 +1226,59 @@ impl Sender {
     /// says so (`Batch.waiting`) and keeps what it read ahead for the next turn.
     #[allow(clippy::too_many_arguments)]
     async fn ship(
+        &self,
+        tx: &mpsc::Sender<pb::SenderMessage>,
+        reader: &mut Reader,
+        high_water: &BTreeMap<NodeId, u64>,
+        others: &Others,
+        in_flight: &mut VecDeque<InFlight>,
+        in_flight_bytes: &mut u64,
+        last_sent: &mut Instant,
+    ) -> Result<(), StreamError> {
+        let shipped = self
+            .ship_log(
+                tx,
+                reader,
+                high_water,
+                others,
+                in_flight,
+                in_flight_bytes,
+                last_sent,
+            )
+            .await;
+        self.publish_held(reader, high_water, &others.decided);
+        shipped
+    }
+
+    /// Publishes the transaction the stream stopped before and what it waits for
+    /// ([`SenderStatus::held`]) when that changed. Readers see it; waiters are not
+    /// woken.
+    fn publish_held(
+        &self,
+        reader: &Reader,
+        high_water: &BTreeMap<NodeId, u64>,
+        decided: &BTreeMap<(NodeId, NodeId), u64>,
+    ) {
+        let current = self.status.borrow().held.as_ref().map(|h| h.gtid);
+        let held = match (&reader.blocked_at, reader.blocked_since) {
+            (Some(r), Some(since)) if current != Some(r.entry.gtid()) => Some(Held {
+                gtid: r.entry.gtid(),
+                since,
+                waits_for: self.link.waits_for(&r.entry, high_water, decided),
+            }),
+            (Some(_), Some(_)) => return,
+            _ if current.is_none() => return,
+            _ => None,
+        };
+        self.status.send_if_modified(|s| {
+            s.held = held;
+            false
+        });
+    }
+
+    /// [`Sender::ship`] without publishing why it stopped.
+    #[allow(clippy::too_many_arguments)]
+    async fn ship_log(
         &self,
         tx: &mpsc::Sender<pb::SenderMessage>,
         reader: &mut Reader,

@@ -1711,6 +1711,19 @@ async fn two_propagators_that_each_relay_part_of_the_masters_tables_keep_its_ord
         0,
         "a relay went ahead of the other's decisions"
     );
+    // Its status says what it waits for.
+    let st = wait_status(&from_a, "the first relay to say it is held", |s| {
+        s.held.is_some()
+    })
+    .await?;
+    let held = st.held.expect("held");
+    assert_eq!(held.gtid.origin, NodeId(1));
+    assert!(
+        held.waits_for
+            .starts_with("pb to say it has sent node 1's transactions before 1:"),
+        "{}",
+        held.waits_for
+    );
 
     let from_b = spawn_relay(by_b, &pb, &rb);
     let last = master.high_water(NodeId(1))?;
