@@ -1395,6 +1395,43 @@ async fn a_receiver_holding_more_of_the_masters_origin_than_it_has_is_refused_fo
     Ok(())
 }
 
+/// Waits until every one of `relays` has seen s1 (`sub`) acknowledge the master's
+/// newest transaction, then checks that both of s1's tables equal the master's.
+async fn equal_once_relayed(
+    relays: &[(&SenderHandle, &str)],
+    master: &Database,
+    sub: &Database,
+) -> Result<()> {
+    let last = master.high_water(NodeId(1))?;
+    for (handle, name) in relays {
+        wait_status(handle, name, |s| {
+            s.acked_applied.get(&NodeId(1)).copied().unwrap_or(0) >= last
+        })
+        .await?;
+    }
+    for table in [tab(), other()] {
+        assert_eq!(rows_of(sub, &table)?, rows_of(master, &table)?);
+    }
+    Ok(())
+}
+
+/// In-memory stores of `nodes`, each with `tab` and `other`.
+async fn with_both_tables<const N: usize>(nodes: [u64; N]) -> Result<[Database; N]> {
+    let mut out = Vec::with_capacity(N);
+    for node in nodes {
+        let db = open(node).await?;
+        db.create_table(TableDef {
+            name: other(),
+            ..tab_def()
+        })
+        .await?;
+        out.push(db);
+    }
+    Ok(out
+        .try_into()
+        .unwrap_or_else(|_| unreachable!("one store per node")))
+}
+
 /// A second table, laid out as `repl.tab`.
 fn other() -> QualName {
     QualName::parse_unquoted("repl.other")
@@ -1432,14 +1469,7 @@ struct TwoPaths {
 impl TwoPaths {
     /// The stores and receivers, s1's with `s1`.
     async fn new(s1: ReceiverConfig) -> Result<TwoPaths> {
-        let (master, prop, sub) = (open(1).await?, open(3).await?, open(2).await?);
-        for db in [&master, &prop, &sub] {
-            db.create_table(TableDef {
-                name: other(),
-                ..tab_def()
-            })
-            .await?;
-        }
+        let [master, prop, sub] = with_both_tables([1, 3, 2]).await?;
         let view = epochs(1);
         let rp = Receiver::start(&prop, "prop", view.subscribe(), None).await?;
         let rs = Receiver::start_with(&sub, s1, view.subscribe(), None).await?;
@@ -1648,15 +1678,7 @@ async fn a_propagator_that_cannot_see_the_masters_other_transactions_waits_for_i
 /// in two parts, and s1 applies both.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_propagators_that_each_relay_part_of_the_masters_tables_keep_its_order() -> Result<()> {
-    let master = open(1).await?;
-    let (sub, pa, pb) = (open(2).await?, open(3).await?, open(4).await?);
-    for db in [&master, &sub, &pa, &pb] {
-        db.create_table(TableDef {
-            name: other(),
-            ..tab_def()
-        })
-        .await?;
-    }
+    let [master, sub, pa, pb] = with_both_tables([1, 2, 3, 4]).await?;
     let view = epochs(1);
     let rs = Receiver::start(&sub, "s1", view.subscribe(), None).await?;
     let ra = Receiver::start(&pa, "pa", view.subscribe(), None).await?;
@@ -1726,16 +1748,8 @@ async fn two_propagators_that_each_relay_part_of_the_masters_tables_keep_its_ord
     );
 
     let from_b = spawn_relay(by_b, &pb, &rb);
-    let last = master.high_water(NodeId(1))?;
-    for (handle, name) in [(&from_a, "the first relay"), (&from_b, "the second relay")] {
-        wait_status(handle, name, |s| {
-            s.acked_applied.get(&NodeId(1)).copied().unwrap_or(0) >= last
-        })
-        .await?;
-    }
-    for table in [tab(), other()] {
-        assert_eq!(rows_of(&sub, &table)?, rows_of(&master, &table)?);
-    }
+    let relays = [(&from_a, "the first relay"), (&from_b, "the second relay")];
+    equal_once_relayed(&relays, &master, &sub).await?;
     assert_eq!(rows_of(&sub, &tab())?.len(), 4);
     assert_eq!(rows_of(&sub, &other())?.len(), 4);
 
@@ -1751,16 +1765,7 @@ async fn two_propagators_that_each_relay_part_of_the_masters_tables_keep_its_ord
         };
         write_in(&master, &tables, k).await?;
     }
-    let last = master.high_water(NodeId(1))?;
-    for (handle, name) in [(&from_a, "the first relay"), (&from_b, "the second relay")] {
-        wait_status(handle, name, |s| {
-            s.acked_applied.get(&NodeId(1)).copied().unwrap_or(0) >= last
-        })
-        .await?;
-    }
-    for table in [tab(), other()] {
-        assert_eq!(rows_of(&sub, &table)?, rows_of(&master, &table)?);
-    }
+    equal_once_relayed(&relays, &master, &sub).await?;
     senders.stop().await;
     for r in [rs, ra, rb] {
         r.stop().await;
@@ -1777,20 +1782,7 @@ async fn two_propagators_that_each_relay_part_of_the_masters_tables_keep_its_ord
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_relay_at_the_end_of_a_chain_knows_what_it_holds_from_the_stream_before_it() -> Result<()>
 {
-    let master = open(1).await?;
-    let (sub, pa, pb, p5) = (
-        open(2).await?,
-        open(3).await?,
-        open(4).await?,
-        open(5).await?,
-    );
-    for db in [&master, &sub, &pa, &pb, &p5] {
-        db.create_table(TableDef {
-            name: other(),
-            ..tab_def()
-        })
-        .await?;
-    }
+    let [master, sub, pa, pb, p5] = with_both_tables([1, 2, 3, 4, 5]).await?;
     let view = epochs(1);
     let rs = Receiver::start(&sub, "s1", view.subscribe(), None).await?;
     let ra = Receiver::start(&pa, "pa", view.subscribe(), None).await?;
@@ -1829,19 +1821,11 @@ async fn a_relay_at_the_end_of_a_chain_knows_what_it_holds_from_the_stream_befor
     let (by_a, by_b) = relays_to_s1((3, "pa", tab(), 5), (4, "pb", other(), 1));
     let from_a = senders.spawn_relay(by_a, &pa, &ra, &rs);
     let from_b = senders.spawn_relay(by_b, &pb, &rb, &rs);
-    let last = master.high_water(NodeId(1))?;
-    for (handle, name) in [
+    let relays = [
         (&from_a, "the relay at the chain's end"),
         (&from_b, "the other relay"),
-    ] {
-        wait_status(handle, name, |s| {
-            s.acked_applied.get(&NodeId(1)).copied().unwrap_or(0) >= last
-        })
-        .await?;
-    }
-    for table in [tab(), other()] {
-        assert_eq!(rows_of(&sub, &table)?, rows_of(&master, &table)?);
-    }
+    ];
+    equal_once_relayed(&relays, &master, &sub).await?;
     drop((to_5, to_b, to_a));
     senders.stop().await;
     for r in [rs, ra, rb, r5] {
