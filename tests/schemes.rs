@@ -483,6 +483,49 @@ fn a_propagator_that_is_down_does_not_hold_the_masters_own_stream() {
     }
 }
 
+/// ds1 sends `accounts` to ds3 itself and its sequence `s` through ds2. With ds2 down,
+/// ds1's stream takes over the sequence's blocks as it does row changes: otherwise the
+/// first block (every 20 NEXTVAL) would hold ds3's `accounts` until ds2 came back.
+const SEQUENCE_THROUGH_A_PROPAGATOR: &str = "CREATE REPLICATION seqs
+ELEMENT a TABLE accounts MASTER ds1 SUBSCRIBER ds2, ds3
+ELEMENT q SEQUENCE s MASTER ds1 SUBSCRIBER ds2
+ELEMENT q2 SEQUENCE s PROPAGATOR ds2 SUBSCRIBER ds3;";
+
+#[test]
+fn a_propagator_that_is_down_does_not_hold_the_masters_stream_at_a_sequence_block() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let mut nodes = cluster(d, &["ds1", "ds2", "ds3"]);
+    for n in &nodes {
+        sql_ok(
+            n,
+            "create table accounts (k int primary key, v int); create sequence s",
+        );
+    }
+    ddl(&nodes[0], SEQUENCE_THROUGH_A_PROPAGATOR);
+    streaming_to(&nodes[0], &["ds2", "ds3"]);
+    streaming_to(&nodes[1], &["ds3"]);
+    let grpc = nodes[1].grpc.clone();
+    nodes[1].kill9();
+    // 45 NEXTVALs: the master reserves three blocks of 20.
+    let inserts: Vec<String> = (0..45)
+        .map(|_| "insert into accounts values (s.nextval, 1)".to_string())
+        .collect();
+    sql_ok(&nodes[0], &inserts.join("; "));
+    let query = "select count(*), max(k) from accounts";
+    let expected = rows(&nodes[0], query).expect("ds1 answers");
+    assert_eq!(expected, json!([[45, 45]]));
+    converge(&nodes[2], query, &expected, "ds3 with ds2 down");
+    // ds3's sequence was set ahead of every value ds1 handed out.
+    let next = rows(&nodes[2], "select s.nextval from dual").expect("ds3 answers");
+    assert!(next[0][0].as_i64().unwrap_or(0) > 45, "{next}");
+    nodes[1] = start("ds2", d, &grpc, Some(&nodes[0].grpc));
+    sql_ok(&nodes[0], "insert into accounts values (s.nextval, 2)");
+    let expected = rows(&nodes[0], query).expect("ds1 answers");
+    converge(&nodes[1], query, &expected, "ds2 back");
+    converge(&nodes[2], query, &expected, "ds3 with ds2 back");
+}
+
 /// A `hawser sql -f FILE` run in the background, killed if the test ends while it runs.
 struct SqlLoad {
     child: Child,

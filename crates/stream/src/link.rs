@@ -432,12 +432,13 @@ impl LinkConfig {
     /// Otherwise a propagator that is down would hold this stream — and the receiver's
     /// tables this stream carries — until it is back. The receiver gets the same rows
     /// either way; the propagator, back, finds them there (its receiver's mark has
-    /// passed them). Row changes only: DDL and sequence blocks wait.
+    /// passed them). Row changes and sequence blocks (which only set the receiver's
+    /// sequence ahead); DDL waits.
     pub fn takes_over(&self, entry: &LogEntry, absent: &BTreeSet<NodeId>) -> bool {
         let own = self.sender_node;
-        let LogEntry::Txn(_) = entry else {
+        if let LogEntry::Ddl { .. } = entry {
             return false;
-        };
+        }
         if entry.gtid().origin != own || self.carries(entry) {
             return false;
         }
@@ -502,6 +503,15 @@ impl LinkConfig {
     ) -> Option<Cow<'a, LogEntry>> {
         let gtid = entry.gtid();
         let LogEntry::Txn(t) = entry else {
+            let fresh = gtid.seq > high_water.get(&gtid.origin).copied().unwrap_or(0);
+            if let LogEntry::SequenceBlock { .. } = entry {
+                if fresh
+                    && gtid.origin == self.sender_node
+                    && self.siblings.iter().any(|s| s.carries(entry))
+                {
+                    return Some(Cow::Borrowed(entry));
+                }
+            }
             return self.filter_ref(entry, high_water);
         };
         if gtid.origin != self.sender_node
@@ -874,6 +884,29 @@ mod tests {
         assert!(!direct.takes_over(&relayed, &BTreeSet::from([NodeId(7)])));
         // A relay never takes over: it has only what it received.
         assert!(!relay.takes_over(&txn(m, 6, &["t1"]), &BTreeSet::from([m])));
+        // A block of a sequence only the relay carries goes too, whole; DDL waits.
+        let (mut direct, mut relay) = demo_shape(m, s, p);
+        let q = QualName::bare("q");
+        relay.sequences.insert((q.clone(), m), Ident::unquoted("e"));
+        direct.siblings = vec![relay.clone()];
+        let block = LogEntry::SequenceBlock {
+            gtid: Gtid::new(m, 6),
+            commit_micros: 0,
+            name: q,
+            restart_at: Some(40),
+        };
+        assert!(!direct.takes_over(&block, &BTreeSet::new()));
+        assert!(direct.takes_over(&block, &gone));
+        assert_eq!(direct.filter_whole(&block, &hw).as_deref(), Some(&block));
+        assert!(direct
+            .filter_whole(&block, &BTreeMap::from([(m, 6)]))
+            .is_none());
+        let ddl = LogEntry::Ddl {
+            gtid: Gtid::new(m, 6),
+            commit_micros: 0,
+            op: DdlOp::DropTable(QualName::bare("t2")),
+        };
+        assert!(!direct.takes_over(&ddl, &gone));
     }
 
     #[test]
