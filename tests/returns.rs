@@ -140,6 +140,7 @@ fn return_services_hold_commits_until_acknowledged_and_fail_over_to_8170() {
         let (_, m) = http_get(&n1.http, "/metrics");
         (m.contains("hawser_stream_up{scheme=\"r\",receiver=\"n2\"} 1")
             && m.contains("hawser_stream_ack_round_trip_seconds{scheme=\"r\",receiver=\"n2\"}")
+            && m.contains("hawser_stream_held_seconds{scheme=\"r\",receiver=\"n2\"} 0")
             && m.contains("hawser_stream_sent_wire_bytes_total{scheme=\"r\",receiver=\"n3\"}")
             && m.contains("hawser_return_commits_total{outcome=\"acknowledged\"}"))
         .then_some(())

@@ -797,8 +797,9 @@ fn link_config(
 
 /// Per outbound stream, for `/metrics` (refreshed at every re-plan, at least once a
 /// second): whether it streams, its lag in log records and seconds, the smoothed round
-/// trip of its acks, time since the receiver was last heard, and transactions and bytes
-/// (raw and on the wire) sent.
+/// trip of its acks, time since the receiver was last heard, how long it has been held
+/// for another stream's transaction (0 while it ships), and transactions and bytes (raw
+/// and on the wire) sent.
 fn export_metrics(running: &BTreeMap<(QualName, Ident), Running>) {
     for ((scheme, receiver), r) in running {
         let s = r.handle.status().borrow().clone();
@@ -812,6 +813,11 @@ fn export_metrics(running: &BTreeMap<(QualName, Ident), Running>) {
         metrics::gauge!("hawser_stream_lag_seconds", &labels).set(s.lag_micros as f64 / 1e6);
         metrics::gauge!("hawser_stream_ack_round_trip_seconds", &labels)
             .set(s.ack_micros_mean as f64 / 1e6);
+        metrics::gauge!("hawser_stream_held_seconds", &labels).set(
+            s.held
+                .as_ref()
+                .map_or(0.0, |h| h.since.elapsed().as_secs_f64()),
+        );
         if let Some(t) = s.last_contact {
             metrics::gauge!("hawser_stream_seconds_since_contact", &labels)
                 .set(t.elapsed().as_secs_f64());
