@@ -624,6 +624,18 @@ fn the_alerting_rules_name_only_metrics_the_nodes_export() {
     let rules = std::fs::read_to_string(root.join("deploy/prometheus/hawser-alerts.yaml")).unwrap();
     let named = metric_names(&rules);
     assert!(named.len() >= 10, "{named:?}");
+    // One expression per rule (a YAML parser takes a second `expr:` silently).
+    let count = |what: &str| {
+        rules
+            .lines()
+            .filter(|l| l.trim_start().starts_with(what))
+            .count()
+    };
+    assert_eq!(
+        count("- alert:"),
+        count("expr:"),
+        "a rule without its own expr"
+    );
     let mut files = Vec::new();
     rust_files(&root.join("crates"), &mut files);
     let mut exported = BTreeSet::new();
