@@ -667,6 +667,10 @@ fn wanted_links(
         .chain(foreign)
         .collect();
     let unseen = unseen_paths(store, &planned);
+    let in_parts: BTreeSet<NodeId> = received_in_parts(store, &planned)
+        .iter()
+        .filter_map(|o| nodes.get(o).copied())
+        .collect();
     for ((scheme, receiver), (config, _)) in out.iter_mut() {
         let own = (scheme.clone(), store.clone(), receiver.clone());
         config.siblings = configs
@@ -687,6 +691,11 @@ fn wanted_links(
         config.upstream.clone_from(&upstream);
         // The receiver relays an origin this stream carries beside another path to
         // the same store: it needs this stream's decisions about that origin.
+        config.parts = in_parts
+            .iter()
+            .copied()
+            .filter(|o| config.carries_origin(*o))
+            .collect();
         config.feeds_relay = unseen_paths(receiver, &planned).iter().any(|u| {
             nodes
                 .get(&u.origin)
@@ -759,6 +768,24 @@ fn unseen_paths(store: &Ident, links: &[Link]) -> Vec<Unseen> {
         }
     }
     out
+}
+
+/// The origins this store gets from two relays that each carry tables of the origin
+/// the other does not receive: a transaction writing tables of both reaches it in two
+/// parts, two log records under one Gtid, and a stream relaying the origin on from here
+/// ships both (`LinkConfig::parts`; docs/stream.md, "Two blind relays").
+fn received_in_parts(store: &Ident, links: &[Link]) -> BTreeSet<Ident> {
+    let senders: BTreeSet<&Ident> = links
+        .iter()
+        .filter(|l| &l.receiver == store)
+        .map(|l| &l.sender)
+        .collect();
+    senders
+        .into_iter()
+        .flat_map(|x| unseen_paths(x, links))
+        .filter(|u| &u.receiver == store && u.sender != u.origin)
+        .map(|u| u.origin)
+        .collect()
 }
 
 /// The stream `link` plans, for one of this node's senders or as another node's
@@ -1223,7 +1250,7 @@ pub(crate) fn streams_json(senders: &Senders, receiver: &ReceiverService) -> ser
 
 #[cfg(test)]
 mod tests {
-    use super::{fence_check, measured_from, unseen_paths, Fence, Unseen};
+    use super::{fence_check, measured_from, received_in_parts, unseen_paths, Fence, Unseen};
     use hawser_core::{Ident, Lsn, NodeId, QualName};
     use hawser_scheme::route::Link;
     use hawser_stream::SenderStatus;
@@ -1236,7 +1263,7 @@ mod tests {
         };
         let topology = hawser_scheme::Topology {
             catalogs: Default::default(),
-            nodes: [("ds1", 1), ("ds2", 2), ("ds3", 3), ("ds4", 4)]
+            nodes: [("ds1", 1), ("ds2", 2), ("ds3", 3), ("ds4", 4), ("ds5", 5)]
                 .map(|(s, n)| (Ident::unquoted(s), NodeId(n)))
                 .into(),
         };
@@ -1300,6 +1327,20 @@ mod tests {
                     table: QualName::bare(table),
                 }]
             );
+        }
+        // ds3 gets ds1's transactions in parts; relaying ds1's events on to ds5, its
+        // stream ships both parts of one (LinkConfig::parts).
+        let on = planned(
+            "CREATE REPLICATION r
+             ELEMENT a TABLE accounts MASTER ds1 SUBSCRIBER ds4
+             ELEMENT e TABLE events MASTER ds1 SUBSCRIBER ds2
+             ELEMENT a2 TABLE accounts PROPAGATOR ds4 SUBSCRIBER ds3
+             ELEMENT e2 TABLE events PROPAGATOR ds2 SUBSCRIBER ds3
+             ELEMENT e3 TABLE events PROPAGATOR ds3 SUBSCRIBER ds5",
+        );
+        assert_eq!(received_in_parts(&ds("ds3"), &on), [ds("ds1")].into());
+        for store in ["ds1", "ds2", "ds4", "ds5"] {
+            assert!(received_in_parts(&ds(store), &on).is_empty(), "{store}");
         }
     }
 

@@ -141,6 +141,11 @@ pub struct LinkConfig {
     /// which its relay tells the streams beside it. A propagator chain into a blind
     /// relay needs it; without it the relay could only say what it passed.
     pub feeds_relay: bool,
+    /// Origins this node gets in parts (from two relays that each carry tables the
+    /// other does not receive): its log may hold two records of one transaction, and
+    /// the stream ships the second even at the receiver's high-water
+    /// ([`LinkConfig::ships_parts`]).
+    pub parts: BTreeSet<NodeId>,
 }
 
 /// The tables a DATASTORE element carries, as its INCLUDE / EXCLUDE says.
@@ -257,6 +262,7 @@ impl LinkConfig {
             blind: BTreeSet::new(),
             upstream: BTreeMap::new(),
             feeds_relay: false,
+            parts: BTreeSet::new(),
         })
     }
 
@@ -463,14 +469,17 @@ impl LinkConfig {
     /// goes even when the receiver's high-water is the transaction's own seq already
     /// (the other part came first; the receiver takes the tables it lacks:
     /// docs/stream.md, "Two blind relays").
+    /// A stream from a node that got `origin` in parts ([`LinkConfig::parts`]) ships
+    /// both records of such a transaction the same way.
     pub fn ships_parts(&self, origin: NodeId) -> bool {
         self.sender_node != origin
-            && self.blind.contains(&origin)
-            && self.siblings.iter().any(|s| {
-                s.sender_node != origin
-                    && s.sender_node != self.sender_node
-                    && s.carries_origin(origin)
-            })
+            && (self.parts.contains(&origin)
+                || self.blind.contains(&origin)
+                    && self.siblings.iter().any(|s| {
+                        s.sender_node != origin
+                            && s.sender_node != self.sender_node
+                            && s.carries_origin(origin)
+                    }))
     }
 
     fn sibling_carries(&self, table: &QualName, origin: NodeId) -> bool {
@@ -754,6 +763,7 @@ mod tests {
             blind: BTreeSet::new(),
             upstream: BTreeMap::new(),
             feeds_relay: false,
+            parts: BTreeSet::new(),
         }
     }
 

@@ -875,6 +875,11 @@ impl ReceiverService {
                         }
                         tally.transactions += 1;
                         tally.row_changes += txn.changes.len() as u64;
+                        if accepted.ships_parts && join_part(&mut run, &mut txn) {
+                            // The sender's log holds the transaction in two parts
+                            // (it got them from two relays): one transaction here.
+                            continue;
+                        }
                         if let Some(part) = self.second_part(accepted, &txn).map_err(failed)? {
                             // The rest of a transaction that came in parts: after what
                             // came before it, on its own.
@@ -1061,6 +1066,28 @@ impl ReceiverService {
         }
         Ok(info.durable)
     }
+}
+
+/// Joins `txn` to the run's transaction with the same Gtid, when the run's last one of
+/// its origin is that: a sender that got a transaction in two parts ships both records
+/// (`Hello.ships_parts`), and a batch must not hold one Gtid twice. The changes of
+/// tables the first part lacks are added to it (a part's tables are its own); whether
+/// they were.
+fn join_part(run: &mut [ReplicatedTxn], txn: &mut Transaction) -> bool {
+    let origin = txn.gtid.origin;
+    let Some(first) = run.iter_mut().rev().find(|r| r.txn.gtid.origin == origin) else {
+        return false;
+    };
+    if first.txn.gtid != txn.gtid {
+        return false;
+    }
+    let have: BTreeSet<QualName> = first.txn.changes.iter().map(|c| c.table.clone()).collect();
+    first.txn.changes.extend(
+        std::mem::take(&mut txn.changes)
+            .into_iter()
+            .filter(|c| !have.contains(&c.table)),
+    );
+    true
 }
 
 fn compile_run(run: &[ReplicatedTxn], catalog: &[TableDef]) -> Result<Compilation, CompileError> {

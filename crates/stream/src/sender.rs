@@ -672,7 +672,11 @@ impl Sender {
             returns_wait: self.link.returns_wait,
             restart_probe: self.restart_probe(),
             decided: self.decided_at_start()?,
-            ships_parts: self.relays.iter().any(|o| self.link.ships_parts(*o)),
+            ships_parts: self
+                .link
+                .carried_origins()
+                .iter()
+                .any(|o| self.link.ships_parts(*o)),
         })
     }
 

@@ -186,6 +186,7 @@ fn link(
         blind: Default::default(),
         upstream: Default::default(),
         feeds_relay: false,
+        parts: Default::default(),
     }
 }
 
@@ -1678,12 +1679,24 @@ async fn a_propagator_that_cannot_see_the_masters_other_transactions_waits_for_i
 /// in two parts, and s1 applies both.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_propagators_that_each_relay_part_of_the_masters_tables_keep_its_order() -> Result<()> {
-    let [master, sub, pa, pb] = with_both_tables([1, 2, 3, 4]).await?;
+    let [master, sub, pa, pb, s9] = with_both_tables([1, 2, 3, 4, 9]).await?;
     let view = epochs(1);
     let rs = Receiver::start(&sub, "s1", view.subscribe(), None).await?;
     let ra = Receiver::start(&pa, "pa", view.subscribe(), None).await?;
     let rb = Receiver::start(&pb, "pb", view.subscribe(), None).await?;
+    let r9 = Receiver::start(&s9, "s9", view.subscribe(), None).await?;
     let senders = Senders::default();
+    // s1 relays both tables on to s9: its log holds the split transactions in two
+    // parts, and its stream ships both (`LinkConfig::parts`).
+    let onward = LinkConfig {
+        sender_node: NodeId(2),
+        sender_store: id("s1"),
+        tables: carried(&[tab(), other()]),
+        returns_wait: false,
+        parts: [NodeId(1)].into(),
+        ..link(1, "s9", 9, 1, Compression::None)
+    };
+    let to_9 = senders.spawn(onward, &sub, r9.endpoint());
     // The master's `tab`, `other`, `tab`, `tab`, `other`, `tab`, ...
     let order = [
         tab(),
@@ -1766,8 +1779,9 @@ async fn two_propagators_that_each_relay_part_of_the_masters_tables_keep_its_ord
         write_in(&master, &tables, k).await?;
     }
     equal_once_relayed(&relays, &master, &sub).await?;
+    equal_once_relayed(&[(&to_9, "s1's stream to s9")], &master, &s9).await?;
     senders.stop().await;
-    for r in [rs, ra, rb] {
+    for r in [rs, ra, rb, r9] {
         r.stop().await;
     }
     Ok(())
