@@ -41,8 +41,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::Stream;
-use hawser_core::Transaction;
-use hawser_core::{Epoch, Ident, NodeId, QualName, TableDef};
+use hawser_core::{Epoch, Ident, NodeId, QualName, TableDef, Transaction};
 use hawser_rtl::{Compilation, CompileError, Compiler};
 use hawser_scheme::ast::TableDefinitionChecking;
 use hawser_store::{Database, DdlOp, LogEntry, ReplicatedTxn, StoreError};
