@@ -10,7 +10,7 @@
 //! * a propagator forwarding a master's rows to two backups, origin kept;
 //! * a subscriber fed by a master and by a propagator that does not see all of the
 //!   master's transactions; two relays, each blind to the other's table, keeping a
-//!   master's order and its transactions whole; a master's own stream and a propagator's under a mixed load, with kills;
+//!   master's order and its transactions whole, one of them at the end of a chain; a master's own stream and a propagator's under a mixed load, with kills;
 //!   a propagator that is down, whose relaying the master's stream takes over;
 //! * a bidirectional split workload, each side refusing writes to the other's table;
 //! * DATASTORE elements with EXCLUDE and INCLUDE, tables created after the scheme;
@@ -670,6 +670,46 @@ fn a_subscriber_fed_by_two_blind_relays_gets_every_transaction_whole() {
     // the other brought an earlier one, nor drop the second part of one in two.
     interleave_and_converge(ds1, ds3, true);
     for n in [ds1, ds2, ds3, ds4] {
+        assert_eq!(replication(n)["problems"], json!([]), "{}", n.name);
+    }
+}
+
+/// The two relays of the test above, one at the end of a propagator chain: ds1 →
+/// ds5 → ds4 → ds3 for `accounts`, ds1 → ds2 → ds3 for `events`. ds4 knows how much
+/// of ds1 it holds only from what ds5's stream decides (`LinkConfig::feeds_relay`,
+/// `upstream`): without it, ds2 would hold the last of two `events` commits in a row
+/// until ds1 next wrote `accounts`.
+const RELAY_AT_A_CHAINS_END: &str = "CREATE REPLICATION chain
+ELEMENT a TABLE accounts MASTER ds1 SUBSCRIBER ds5
+ELEMENT a2 TABLE accounts PROPAGATOR ds5 SUBSCRIBER ds4
+ELEMENT a3 TABLE accounts PROPAGATOR ds4 SUBSCRIBER ds3
+ELEMENT e TABLE events MASTER ds1 SUBSCRIBER ds2
+ELEMENT e2 TABLE events PROPAGATOR ds2 SUBSCRIBER ds3;";
+
+#[test]
+fn a_subscriber_fed_by_a_relay_at_the_end_of_a_chain_and_another_relay_gets_everything() {
+    let dir = tempfile::tempdir().unwrap();
+    let stores = ["ds1", "ds2", "ds3", "ds4", "ds5"];
+    let nodes = two_tables(dir.path(), &stores, RELAY_AT_A_CHAINS_END);
+    let [ds1, ds2, ds3, ds4, ds5] = &nodes[..] else {
+        unreachable!()
+    };
+    streaming_to(ds1, &["ds2", "ds5"]);
+    streaming_to(ds5, &["ds4"]);
+    streaming_to(ds4, &["ds3"]);
+    streaming_to(ds2, &["ds3"]);
+    interleave_and_converge(ds1, ds3, true);
+    // Two `events` commits last: the second waits for ds4 to say it holds nothing of
+    // ds1's before it, which ds4 knows only from ds5.
+    sql_ok(
+        ds1,
+        "insert into events values (100, 'last but one'); \
+         insert into events values (101, 'last')",
+    );
+    let query = "select k, v from events order by k";
+    let expected = rows(ds1, query).expect("ds1 answers");
+    converge(ds3, query, &expected, "the last two events");
+    for n in [ds1, ds2, ds3, ds4, ds5] {
         assert_eq!(replication(n)["problems"], json!([]), "{}", n.name);
     }
 }
