@@ -78,8 +78,7 @@ struct Running {
 pub(crate) type Senders = Arc<parking_lot::Mutex<BTreeMap<(QualName, Ident), SenderHandle>>>;
 
 /// What the data plane cannot do as the schemes ask, as of its last re-plan (a scheme
-/// it cannot plan, a stream it cannot start), for
-/// `/replication` and `hawser status`.
+/// it cannot plan, a stream it cannot start), for `/replication` and `hawser status`.
 pub(crate) type Problems = Arc<parking_lot::Mutex<Vec<String>>>;
 
 /// Tells every sender there may be new log (called after client writes, so shipping
@@ -689,13 +688,14 @@ fn wanted_links(
             .map(|(origin, _)| origin)
             .collect();
         config.upstream.clone_from(&upstream);
-        // The receiver relays an origin this stream carries beside another path to
-        // the same store: it needs this stream's decisions about that origin.
+        // Origins this store gets in parts, which this stream relays on.
         config.parts = in_parts
             .iter()
             .copied()
             .filter(|o| config.carries_origin(*o))
             .collect();
+        // The receiver relays an origin this stream carries beside another path to
+        // the same store: it needs this stream's decisions about that origin.
         config.feeds_relay = unseen_paths(receiver, &planned).iter().any(|u| {
             nodes
                 .get(&u.origin)
