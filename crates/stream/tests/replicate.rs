@@ -822,8 +822,10 @@ impl ByHand {
         Ok(ByHand { tx, inbound })
     }
 
-    /// Sends `batch` and returns the ack that answers it.
+    /// Sends `batch` and returns the first ack through its position (an earlier
+    /// batch's lazy-flush ack may come between).
     async fn send(&mut self, batch: pb::Batch) -> Result<pb::Ack> {
+        let through = batch.through_lsn;
         self.tx
             .send(pb::SenderMessage {
                 msg: Some(sender_message::Msg::Batch(batch)),
@@ -835,7 +837,7 @@ impl ByHand {
                 .context("stream")?
                 .context("stream ended")?;
             match m.msg {
-                Some(receiver_message::Msg::Ack(a)) => return Ok(a),
+                Some(receiver_message::Msg::Ack(a)) if a.through_lsn >= through => return Ok(a),
                 Some(receiver_message::Msg::Refused(r)) => bail!("refused: {}", r.reason),
                 _ => {}
             }
@@ -895,7 +897,13 @@ async fn a_resend_at_the_high_water_is_no_second_part_unless_the_sender_ships_pa
         .await?;
         stream.send(resent.clone()).await?;
         write(&sub, 5..6, "the subscriber's").await?;
-        stream.send(resent.clone()).await?;
+        // The same transaction, from a later position (so that its ack is told from
+        // the first one's).
+        let again = pb::Batch {
+            through_lsn: resent.through_lsn + 1,
+            ..resent.clone()
+        };
+        stream.send(again).await?;
         // A relay that ships parts would take the delete as the rest of the
         // transaction (the table is not in its record here): what `ships_parts`
         // keeps to the streams that need it.
