@@ -696,6 +696,7 @@ fn wanted_links(
             .collect();
         // The receiver relays an origin this stream carries beside another path to
         // the same store: it needs this stream's decisions about that origin.
+        config.read_by_siblings = read_by_siblings(store, receiver, &planned);
         config.feeds_relay = unseen_paths(receiver, &planned).iter().any(|u| {
             nodes
                 .get(&u.origin)
@@ -768,6 +769,23 @@ fn unseen_paths(store: &Ident, links: &[Link]) -> Vec<Unseen> {
         }
     }
     out
+}
+
+/// Whether another sender's stream to `receiver` is blind for an origin this store
+/// relays there, because of a table this store sends that the other does not receive:
+/// that stream waits for what this store's stream decides about the origin
+/// (`LinkConfig::read_by_siblings`).
+fn read_by_siblings(store: &Ident, receiver: &Ident, links: &[Link]) -> bool {
+    let others: BTreeSet<&Ident> = links
+        .iter()
+        .filter(|l| &l.receiver == receiver && &l.sender != store)
+        .map(|l| &l.sender)
+        .collect();
+    others.into_iter().any(|x| {
+        unseen_paths(x, links)
+            .iter()
+            .any(|u| &u.receiver == receiver && &u.sender == store && &u.origin != store)
+    })
 }
 
 /// The origins this store gets from two relays that each carry tables of the origin
@@ -1250,7 +1268,10 @@ pub(crate) fn streams_json(senders: &Senders, receiver: &ReceiverService) -> ser
 
 #[cfg(test)]
 mod tests {
-    use super::{fence_check, measured_from, received_in_parts, unseen_paths, Fence, Unseen};
+    use super::{
+        fence_check, measured_from, read_by_siblings, received_in_parts, unseen_paths, Fence,
+        Unseen,
+    };
     use hawser_core::{Ident, Lsn, NodeId, QualName};
     use hawser_scheme::route::Link;
     use hawser_stream::SenderStatus;
@@ -1339,6 +1360,27 @@ mod tests {
              ELEMENT e3 TABLE events PROPAGATOR ds3 SUBSCRIBER ds5",
         );
         assert_eq!(received_in_parts(&ds("ds3"), &on), [ds("ds1")].into());
+        // Who says what it decides about ds1 for whom: each of the two relays for the
+        // other; in the demo's shape nobody (ds2 sees all, and ds1's stream decides
+        // about its own commits anyway); with a blind propagator, not ds1 either.
+        let (ds1, ds2, ds3, ds4) = (ds("ds1"), ds("ds2"), ds("ds3"), ds("ds4"));
+        assert!(read_by_siblings(&ds2, &ds3, &relays));
+        assert!(read_by_siblings(&ds4, &ds3, &relays));
+        assert!(!read_by_siblings(&ds2, &ds3, &sees_all));
+        assert!(!read_by_siblings(&ds1, &ds3, &sees_all));
+        assert!(!read_by_siblings(&ds1, &ds3, &blind));
+        assert!(!read_by_siblings(&ds2, &ds3, &blind));
+        // One relay sees all (ds2 receives accounts too), the other does not: only the
+        // one that sees all is waited for.
+        let mixed = planned(
+            "CREATE REPLICATION r
+             ELEMENT a TABLE accounts MASTER ds1 SUBSCRIBER ds2, ds4
+             ELEMENT e TABLE events MASTER ds1 SUBSCRIBER ds2
+             ELEMENT a2 TABLE accounts PROPAGATOR ds4 SUBSCRIBER ds3
+             ELEMENT e2 TABLE events PROPAGATOR ds2 SUBSCRIBER ds3",
+        );
+        assert!(read_by_siblings(&ds2, &ds3, &mixed));
+        assert!(!read_by_siblings(&ds4, &ds3, &mixed));
         for store in ["ds1", "ds2", "ds4", "ds5"] {
             assert!(received_in_parts(&ds(store), &on).is_empty(), "{store}");
         }

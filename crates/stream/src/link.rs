@@ -141,6 +141,10 @@ pub struct LinkConfig {
     /// which its relay tells the streams beside it. A propagator chain into a blind
     /// relay needs it; without it the relay could only say what it passed.
     pub feeds_relay: bool,
+    /// A sibling is blind for an origin this stream relays because of this stream (it
+    /// does not receive a table this one carries): it waits for what this stream decides
+    /// about that origin (`Batch.relayed`).
+    pub read_by_siblings: bool,
     /// Origins this node gets in parts (from two relays that each carry tables the
     /// other does not receive): its log may hold two records of one transaction, and
     /// the stream ships the second even at the receiver's high-water
@@ -262,6 +266,7 @@ impl LinkConfig {
             blind: BTreeSet::new(),
             upstream: BTreeMap::new(),
             feeds_relay: false,
+            read_by_siblings: false,
             parts: BTreeSet::new(),
         })
     }
@@ -763,6 +768,7 @@ mod tests {
             blind: BTreeSet::new(),
             upstream: BTreeMap::new(),
             feeds_relay: false,
+            read_by_siblings: false,
             parts: BTreeSet::new(),
         }
     }

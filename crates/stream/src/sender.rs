@@ -311,10 +311,10 @@ impl StreamSender {
         let handle_db = db.clone();
         let ships_written = ships_written(&link, &db);
         let (compression, zstd_level) = (link.compression, link.tuning.zstd_level);
-        // Only a stream with siblings needs to say what it decided about the origins
-        // it relays (they may wait for it), or one whose receiver relays them on beside
-        // another path (its relay reads it: `LinkConfig::feeds_relay`).
-        let relays = if link.siblings.is_empty() && !link.feeds_relay {
+        // Only a stream whose decisions about the origins it relays someone waits for
+        // says them: a blind sibling's (`LinkConfig::read_by_siblings`), or the relay
+        // its receiver runs beside another path (`LinkConfig::feeds_relay`).
+        let relays = if !link.read_by_siblings && !link.feeds_relay {
             BTreeSet::new()
         } else {
             let mut o = link.carried_origins();

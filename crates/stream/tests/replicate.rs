@@ -186,6 +186,7 @@ fn link(
         blind: Default::default(),
         upstream: Default::default(),
         feeds_relay: false,
+        read_by_siblings: false,
         parts: Default::default(),
     }
 }
@@ -1586,6 +1587,7 @@ fn relays_to_s1(
         returns_wait: false,
         blind: [NodeId(1)].into(),
         upstream: BTreeMap::from([(NodeId(1), [NodeId(from)].into())]),
+        read_by_siblings: true,
         ..link(1, "s1", 2, 1, Compression::None)
     };
     let (mut by_a, mut by_b) = (relay(a), relay(b));
