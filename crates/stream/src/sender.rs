@@ -836,6 +836,8 @@ impl Sender {
         tokio::pin!(linger);
         let mut lingering = false;
         loop {
+            // Why the last turn stopped, if it did, for status.
+            self.publish_held(&reader, &high_water, &others.decided);
             let room = in_flight.len() < tuning.max_in_flight_batches
                 && in_flight_bytes < tuning.max_in_flight_bytes;
             tokio::select! {
@@ -1217,43 +1219,6 @@ impl Sender {
             .unwrap_or_else(|e| e.into_inner()) = None;
     }
 
-    /// Reads the log from the reader's cursor and sends batches while there is log and
-    /// room.
-    ///
-    /// Log this receiver gets nothing of (other tables, other elements) is skipped
-    /// without a message: its position goes out in a record-less batch at most every
-    /// [`SenderTuning::position_every`], or with the next batch that carries records,
-    /// so a master busy with tables a receiver does not subscribe to does not cost
-    /// that receiver a round trip per commit (`Reader::unsent`).
-    ///
-    /// A stream that stops before another stream's transaction (`LinkConfig::siblings`)
-    /// says so (`Batch.waiting`) and keeps what it read ahead for the next turn.
-    #[allow(clippy::too_many_arguments)]
-    async fn ship(
-        &self,
-        tx: &mpsc::Sender<pb::SenderMessage>,
-        reader: &mut Reader,
-        high_water: &BTreeMap<NodeId, u64>,
-        others: &Others,
-        in_flight: &mut VecDeque<InFlight>,
-        in_flight_bytes: &mut u64,
-        last_sent: &mut Instant,
-    ) -> Result<(), StreamError> {
-        let shipped = self
-            .ship_log(
-                tx,
-                reader,
-                high_water,
-                others,
-                in_flight,
-                in_flight_bytes,
-                last_sent,
-            )
-            .await;
-        self.publish_held(reader, high_water, &others.decided);
-        shipped
-    }
-
     /// Publishes the transaction the stream stopped before and what it waits for
     /// ([`SenderStatus::held`]) when that changed. Readers see it; waiters are not
     /// woken.
@@ -1280,9 +1245,19 @@ impl Sender {
         });
     }
 
-    /// [`Sender::ship`] without publishing why it stopped.
+    /// Reads the log from the reader's cursor and sends batches while there is log and
+    /// room.
+    ///
+    /// Log this receiver gets nothing of (other tables, other elements) is skipped
+    /// without a message: its position goes out in a record-less batch at most every
+    /// [`SenderTuning::position_every`], or with the next batch that carries records,
+    /// so a master busy with tables a receiver does not subscribe to does not cost
+    /// that receiver a round trip per commit (`Reader::unsent`).
+    ///
+    /// A stream that stops before another stream's transaction (`LinkConfig::siblings`)
+    /// says so (`Batch.waiting`) and keeps what it read ahead for the next turn.
     #[allow(clippy::too_many_arguments)]
-    async fn ship_log(
+    async fn ship(
         &self,
         tx: &mpsc::Sender<pb::SenderMessage>,
         reader: &mut Reader,
