@@ -38,7 +38,7 @@ pub struct StartArgs {
     /// data_dir, durable_commits, lock_timeout, max_message_bytes, join, advertise,
     /// raft_heartbeat, raft_election_min, raft_election_max, raft_snapshot_every,
     /// raft_log_keep, compile, compile_threshold_txns, compile_threshold_bytes,
-    /// log_file_size, log_keep_bytes, min_free_bytes, compress_codec, threads, boot_id).
+    /// apply_slice, log_file_size, log_keep_bytes, min_free_bytes, compress_codec, threads, boot_id).
     #[arg(long, env = "HAWSER_CONFIG")]
     config: Option<PathBuf>,
     /// Store name replication schemes use for this node [default: hawser].
@@ -142,9 +142,10 @@ pub struct StartArgs {
     log: String,
 }
 
-/// When this node's receiver compiles what it receives (RTL net rows).
+/// How this node's receiver applies what it receives: when it compiles it (RTL net
+/// rows), and how it paces it.
 #[derive(Args, Debug)]
-#[command(next_help_heading = "Receiver compilation")]
+#[command(next_help_heading = "Receiver apply")]
 struct CompileArgs {
     /// A receiver that is behind compiles its backlog (the batch it read plus those
     /// queued behind it) into RTL net row operations, written as one batch, once the
@@ -160,6 +161,13 @@ struct CompileArgs {
     /// far behind it is (TOML: compile = false) [default: compile].
     #[arg(long, env = "HAWSER_NO_COMPILE", value_parser = clap::builder::FalseyValueParser::new())]
     no_compile: bool,
+    /// A receiver applying a stream no return service waits on, while it is not behind,
+    /// sleeps briefly (~50-70 µs) after about this much time of apply work, so that
+    /// work woken on its core (the master or clients on the same host) runs without
+    /// waiting for the whole batch; 0s applies in one go. A catch-up is never paced
+    /// [default: 60us].
+    #[arg(long, env = "HAWSER_APPLY_SLICE", value_parser = humantime::parse_duration, value_name = "DURATION")]
+    apply_slice: Option<Duration>,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -234,6 +242,9 @@ impl StartArgs {
         }
         if self.compile.no_compile {
             c.compile = false;
+        }
+        if let Some(v) = self.compile.apply_slice {
+            c.apply_slice = v;
         }
         if let Some(v) = self.log_file_size {
             c.log_file_size = v;

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use hawser_core::Ident;
 use hawser_stream::codec::{ZSTD_DEFAULT_LEVEL, ZSTD_LEVELS};
-use hawser_stream::{CompilePolicy, Compression, ReceiverConfig};
+use hawser_stream::{CompilePolicy, Compression, ReceiverConfig, DEFAULT_APPLY_SLICE};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
@@ -61,6 +61,12 @@ pub struct NodeConfig {
     pub compile_threshold_txns: u64,
     /// A receiver's backlog of at least this many bytes (uncompressed) is compiled.
     pub compile_threshold_bytes: u64,
+    /// A receiver applying a stream that no return service waits on, while it is not
+    /// behind, pauses briefly after about this much time of apply (or of moving
+    /// flushed rows into sled), so that other work woken on its core runs
+    /// (docs/stream.md, "Paced apply"); 0 applies in one go.
+    #[serde(with = "humantime_serde")]
+    pub apply_slice: Duration,
     /// TimesTen's LogFileSize: the unit of FAILTHRESHOLD. A master marks a subscriber
     /// FAILED once the log it has not acknowledged exceeds FAILTHRESHOLD × this many
     /// bytes.
@@ -109,6 +115,7 @@ impl Default for NodeConfig {
             compile: true,
             compile_threshold_txns: CompilePolicy::DEFAULT_MIN_TRANSACTIONS,
             compile_threshold_bytes: CompilePolicy::DEFAULT_MIN_BYTES,
+            apply_slice: DEFAULT_APPLY_SLICE,
             log_file_size: 64 * 1024 * 1024,
             log_keep_bytes: 64 * 1024 * 1024,
             min_free_bytes: 64 * 1024 * 1024,
@@ -318,6 +325,7 @@ impl NodeConfig {
             min_transactions: self.compile_threshold_txns,
             min_bytes: self.compile_threshold_bytes,
         };
+        c.apply_slice = (!self.apply_slice.is_zero()).then_some(self.apply_slice);
         c
     }
 
@@ -486,5 +494,21 @@ mod tests {
             ..NodeConfig::default()
         };
         assert!(zero.validate().unwrap_err().0.contains("compile = false"));
+    }
+
+    #[test]
+    fn the_apply_slice_reaches_the_receiver_and_zero_turns_pacing_off() {
+        let default = NodeConfig::default().receiver_config(Ident::unquoted("ds1"));
+        assert_eq!(default.apply_slice, Some(DEFAULT_APPLY_SLICE));
+        let set = NodeConfig::from_toml("apply_slice = \"200us\"\n").unwrap();
+        assert_eq!(
+            set.receiver_config(Ident::unquoted("ds1")).apply_slice,
+            Some(Duration::from_micros(200))
+        );
+        let off = NodeConfig::from_toml("apply_slice = \"0s\"\n").unwrap();
+        assert_eq!(
+            off.receiver_config(Ident::unquoted("ds1")).apply_slice,
+            None
+        );
     }
 }

@@ -160,6 +160,16 @@ impl Database {
         self.inner.engine.settle()
     }
 
+    /// [`Database::flush`], with the work after the sync (moving the flushed batches
+    /// into the engine's tree) paced by `pacer`: for a caller nobody waits on.
+    pub async fn flush_paced(&self, pacer: &mut crate::pace::Pacer) -> Result<Lsn, StoreError> {
+        let upto = self.last_lsn();
+        self.inner.wait_durable(upto, Flusher::Apply, false).await?;
+        pacer.start();
+        self.inner.engine.settle_paced(&mut || pacer.tick())?;
+        Ok(upto)
+    }
+
     /// Makes every commit and apply so far durable; returns the LSN it covers.
     pub async fn flush(&self) -> Result<Lsn, StoreError> {
         let upto = self.last_lsn();

@@ -105,6 +105,12 @@ pub trait KvEngine: Send + Sync + 'static {
         Ok(())
     }
 
+    /// [`KvEngine::settle`], calling `pause` between pieces of the work (the sled
+    /// engine: before each batch it moves).
+    fn settle_paced(&self, _pause: &mut dyn FnMut()) -> Result<(), StoreError> {
+        self.settle()
+    }
+
     /// Starts a flush's write without waiting for the disk: after it, the batches
     /// applied so far survive a crash of this process (not yet of the machine). A
     /// [`KvEngine::flush`] still makes them durable. Nothing to do for an engine whose
@@ -564,6 +570,10 @@ impl Shared {
         self.move_durable()
     }
 
+    fn move_durable(&self) -> Result<(), StoreError> {
+        self.move_durable_paced(&mut || {})
+    }
+
     /// Syncs the log, timing the syncs that made frames durable.
     fn sync_log(&self) -> Result<(), StoreError> {
         let (before, started) = (self.wal.synced(), Instant::now());
@@ -577,7 +587,7 @@ impl Shared {
     /// Moves the batches whose frames are durable from the overlay into sled, oldest
     /// first; their keys leave the overlay once sled has them all (readers look in the
     /// overlay first, so they never miss one), unless a later batch wrote them again.
-    fn move_durable(&self) -> Result<(), StoreError> {
+    fn move_durable_paced(&self, pause: &mut dyn FnMut()) -> Result<(), StoreError> {
         let _moving = self.moving.lock();
         if let Some(reason) = self.broken.lock().clone() {
             return Err(broken_error(&reason));
@@ -599,6 +609,7 @@ impl Shared {
             StoreError::io("batch write", e)
         };
         for (_, batch) in &moving {
+            pause();
             for (k, v) in batch.ops() {
                 if is_log_key(k) {
                     continue;
@@ -905,6 +916,14 @@ impl KvEngine for SledEngine {
             return Ok(());
         }
         s.move_durable()
+    }
+
+    fn settle_paced(&self, pause: &mut dyn FnMut()) -> Result<(), StoreError> {
+        let s = &*self.shared;
+        if s.applied.load(Ordering::Acquire) >= s.wal.synced() {
+            return Ok(());
+        }
+        s.move_durable_paced(pause)
     }
 }
 

@@ -34,6 +34,7 @@ mod held;
 pub mod layout;
 mod locks;
 pub mod log;
+pub mod pace;
 mod restart;
 pub mod sequence;
 pub mod space;
@@ -46,6 +47,7 @@ pub use db::{CommitInfo, Database, DbOptions, KeyRange, RowIter, StoreStats};
 pub use engine::{ByteRange, KvEngine, KvIter, MemEngine, SledEngine, WriteBatch};
 pub use error::StoreError;
 pub use log::{DdlOp, LogEntry, LogRecord};
+pub use pace::Pacer;
 pub use restart::{
     CommitsAfter, Diverged, HeldCommit, RestartCheck, RestartEvidence, RestartPoint,
 };

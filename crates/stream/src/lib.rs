@@ -73,7 +73,9 @@ pub use copy::{CopiedRows, CopyHolds, CopyObjects, CopyPlan};
 pub use error::StreamError;
 pub use link::{check_table, DatastoreRule, LinkConfig, LinkError, SenderTuning, TableMismatch};
 pub use paths::DecidedMarks;
-pub use receiver::{CompilePolicy, InboundStatus, ReceiverConfig, ReceiverService};
+pub use receiver::{
+    CompilePolicy, InboundStatus, ReceiverConfig, ReceiverService, DEFAULT_APPLY_SLICE,
+};
 pub use returns::{
     AckMarks, Await, Release, ReplicationState, ReturnEvent, ReturnLevel, ReturnOutcome,
     ReturnRoutes, ReturnSettings, ReturnTracker, ReturnWait, Step, SyncOptions, XactState,

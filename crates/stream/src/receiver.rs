@@ -44,7 +44,7 @@ use futures::Stream;
 use hawser_core::{Epoch, Ident, NodeId, QualName, TableDef, Transaction};
 use hawser_rtl::{Compilation, CompileError, Compiler};
 use hawser_scheme::ast::TableDefinitionChecking;
-use hawser_store::{Database, DdlOp, LogEntry, ReplicatedTxn, StoreError};
+use hawser_store::{Database, DdlOp, LogEntry, Pacer, ReplicatedTxn, StoreError};
 use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
@@ -120,6 +120,10 @@ pub struct ReceiverConfig {
     pub heartbeat: Duration,
     /// Silence after which the sender is taken for dead and the stream dropped.
     pub peer_timeout: Duration,
+    /// A stream no return service waits on, when it is not behind, applies in slices
+    /// of about this much time with a short sleep between them (`hawser start
+    /// --apply-slice`; docs/stream.md, "Paced apply"). `None`: in one go.
+    pub apply_slice: Option<Duration>,
 }
 
 impl ReceiverConfig {
@@ -130,6 +134,7 @@ impl ReceiverConfig {
             max_run_bytes: 32 * 1024 * 1024,
             heartbeat: Duration::from_millis(250),
             peer_timeout: Duration::from_secs(1),
+            apply_slice: Some(DEFAULT_APPLY_SLICE),
         }
     }
 }
@@ -164,6 +169,9 @@ pub struct InboundStatus {
     /// Applies in log order: backlogs under the threshold, compilation off, runs the
     /// compiler declared not compilable, runs partly here already.
     pub runs_in_order: u64,
+    /// Short sleeps a paced apply (or the move of its flushed rows) took to give way
+    /// to other work ([`ReceiverConfig::apply_slice`]).
+    pub apply_pauses: u64,
     pub raw_bytes: u64,
     pub wire_bytes: u64,
 }
@@ -314,6 +322,12 @@ const LAZY_FLUSH_EVERY: std::time::Duration = std::time::Duration::from_millis(2
 /// ([`crate::SenderTuning`]: 32 batches, 8 MiB), so the sender never stalls on it.
 const LAZY_ACK_BATCHES: usize = 8;
 const LAZY_ACK_BYTES: u64 = 1 << 20;
+
+/// [`ReceiverConfig::apply_slice`] by default: about four one-row transactions.
+pub const DEFAULT_APPLY_SLICE: Duration = Duration::from_micros(60);
+
+/// The row changes a paced apply writes at least between two chances to pause.
+const PACED_ROWS: usize = 4;
 
 /// The high-water marks a stream's acks carry, per origin.
 ///
@@ -617,6 +631,13 @@ impl ReceiverService {
     ) {
         let sender = accepted.sender.clone();
         let metrics = InboundMetrics::new(&sender);
+        // Nobody waits on this stream's applies: they give way to other work now and
+        // then, unless the stream is behind.
+        let mut pacer = self
+            .config
+            .apply_slice
+            .filter(|_| !accepted.returns_wait)
+            .map(Pacer::new);
         let mut marks = Marks::new(self.db.high_waters().unwrap_or_default());
         let mut heartbeat = tokio::time::interval(self.config.heartbeat);
         let mut lazy_flush = tokio::time::interval(LAZY_FLUSH_EVERY);
@@ -644,7 +665,16 @@ impl ReceiverService {
                         // marks catch up, and one ack answers every batch since the
                         // last.
                         let applied = marks.applied.clone();
-                        if let Err(e) = self.db.flush().await {
+                        let flushed = match pacer.as_mut().filter(|_| queue.is_empty()) {
+                            Some(p) => {
+                                let before = p.pauses();
+                                let r = self.db.flush_paced(p).await;
+                                self.count_pauses(&sender, &metrics, p.pauses() - before);
+                                r
+                            }
+                            None => self.db.flush().await,
+                        };
+                        if let Err(e) = flushed {
                             warn!(sender = %sender, error = %e, "flush failed; dropping the stream");
                             break;
                         }
@@ -702,8 +732,19 @@ impl ReceiverService {
                         carried =
                             gather_backlog(&mut queue, &mut backlog, self.config.max_run_bytes);
                     }
+                    // Paced only when nothing more is queued: a stream that is behind
+                    // catches up at full speed.
+                    let mut paced = pacer
+                        .as_mut()
+                        .filter(|_| carried.is_none() && queue.is_empty());
+                    let pauses_before = paced.as_ref().map_or(0, |p| p.pauses());
                     let applied = {
-                        let apply = self.apply_backlog(&mut accepted, &backlog, &mut marks);
+                        let apply = self.apply_backlog(
+                            &mut accepted,
+                            &backlog,
+                            &mut marks,
+                            paced.as_deref_mut(),
+                        );
                         tokio::pin!(apply);
                         // Heartbeats go on while a long run applies, or the sender
                         // would take this receiver for dead and start over.
@@ -715,6 +756,9 @@ impl ReceiverService {
                             }
                         }
                     };
+                    if let Some(p) = paced {
+                        self.count_pauses(&sender, &metrics, p.pauses() - pauses_before);
+                    }
                     // Time spent applying is not the sender's silence: its messages
                     // are waiting unread.
                     last_contact = Instant::now();
@@ -802,13 +846,21 @@ impl ReceiverService {
         self.update_status(&sender, |s| s.connected = false);
     }
 
+    fn count_pauses(&self, sender: &Ident, metrics: &InboundMetrics, pauses: u64) {
+        if pauses > 0 {
+            metrics.pauses.increment(pauses);
+            self.update_counters(sender, |s| s.apply_pauses += pauses);
+        }
+    }
+
     /// Applies a backlog of batches (log order across them) and builds the Ack that
-    /// answers all of them.
+    /// answers all of them; in slices with pauses between them when `pacer` is given.
     async fn apply_backlog(
         &self,
         accepted: &mut Accepted,
         backlog: &[pb::Batch],
         marks: &mut Marks,
+        mut pacer: Option<&mut Pacer>,
     ) -> Result<Applied, (RefuseCode, String)> {
         // Epochs are checked on every batch: a master change since Hello makes this
         // sender stale from that moment on.
@@ -883,7 +935,13 @@ impl ReceiverService {
                             // The rest of a transaction that came in parts: after what
                             // came before it, on its own.
                             all_durable &= self
-                                .apply_run(accepted, std::mem::take(&mut run), compiles, &mut tally)
+                                .apply_run(
+                                    accepted,
+                                    std::mem::take(&mut run),
+                                    compiles,
+                                    &mut tally,
+                                    pacer.as_deref_mut(),
+                                )
                                 .await?;
                             let part = ReplicatedTxn {
                                 txn: part,
@@ -906,7 +964,13 @@ impl ReceiverService {
                     }
                     entry @ (LogEntry::Ddl { .. } | LogEntry::SequenceBlock { .. }) => {
                         all_durable &= self
-                            .apply_run(accepted, std::mem::take(&mut run), compiles, &mut tally)
+                            .apply_run(
+                                accepted,
+                                std::mem::take(&mut run),
+                                compiles,
+                                &mut tally,
+                                pacer.as_deref_mut(),
+                            )
                             .await?;
                         self.db
                             .apply_replicated_ddl(&entry, r.epoch)
@@ -919,7 +983,9 @@ impl ReceiverService {
                 }
             }
         }
-        all_durable &= self.apply_run(accepted, run, compiles, &mut tally).await?;
+        all_durable &= self
+            .apply_run(accepted, run, compiles, &mut tally, pacer)
+            .await?;
         marks.refresh(&received);
         if count == 0 {
             // A record-less batch: the sender is asking where this store stands (it
@@ -1007,14 +1073,53 @@ impl ReceiverService {
         }
     }
 
-    /// Applies one run of transactions as RTL net rows (`compiles`) or in log order,
-    /// and counts what was written. Returns whether the apply was flushed.
+    /// Applies a lazy run in log order in slices of at least [`PACED_ROWS`] row
+    /// changes, letting `pacer` pause between them.
+    async fn apply_paced(
+        &self,
+        mut run: Vec<ReplicatedTxn>,
+        pacer: &mut Pacer,
+    ) -> Result<hawser_store::ApplyInfo, hawser_store::StoreError> {
+        /// The first of `run`'s transactions that make a slice.
+        fn slice_len(run: &[ReplicatedTxn]) -> usize {
+            let mut rows = 0;
+            run.iter()
+                .position(|r| {
+                    rows += r.txn.changes.len();
+                    rows >= PACED_ROWS
+                })
+                .map_or(run.len(), |i| i + 1)
+        }
+        pacer.start();
+        let rest = run.split_off(slice_len(&run));
+        let mut total = self.db.apply_replicated_lazily(run).await?;
+        let mut run = rest;
+        while !run.is_empty() {
+            pacer.tick();
+            let rest = run.split_off(slice_len(&run));
+            let info = self.db.apply_replicated_lazily(run).await?;
+            run = rest;
+            total.applied += info.applied;
+            total.skipped += info.skipped;
+            total.row_changes += info.row_changes;
+            total.rows_written += info.rows_written;
+            total.last_lsn = total.last_lsn.max(info.last_lsn);
+            total.durable &= info.durable;
+            total.high_water = info.high_water;
+        }
+        Ok(total)
+    }
+
+    /// Applies one run of transactions as RTL net rows (`compiles`) or in log order
+    /// (paced by `pacer`, when given and the stream is lazy), and counts what was
+    /// written. Returns whether the apply was flushed.
     async fn apply_run(
         &self,
         accepted: &Accepted,
         run: Vec<ReplicatedTxn>,
         compiles: bool,
         tally: &mut Tally,
+        pacer: Option<&mut Pacer>,
     ) -> Result<bool, (RefuseCode, String)> {
         if run.is_empty() {
             return Ok(true);
@@ -1052,7 +1157,10 @@ impl ReceiverService {
                 }
             }
         } else {
-            self.apply_in_order(run, lazy).await
+            match pacer.filter(|_| lazy) {
+                Some(pacer) => self.apply_paced(run, pacer).await,
+                None => self.apply_in_order(run, lazy).await,
+            }
         }
         .map_err(failed)?;
         tally.skipped += info.skipped;
@@ -1243,6 +1351,7 @@ struct InboundMetrics {
     rows_in_order: metrics::Counter,
     runs_compiled: metrics::Counter,
     runs_in_order: metrics::Counter,
+    pauses: metrics::Counter,
 }
 
 impl InboundMetrics {
@@ -1264,8 +1373,13 @@ impl InboundMetrics {
             "hawser_stream_apply_runs_total",
             "applies of received transactions, by sender store and apply mode"
         );
+        metrics::describe_counter!(
+            "hawser_stream_apply_pauses_total",
+            "short sleeps a paced apply took to give way to other work, by sender store"
+        );
         let s = sender.as_str().to_string();
         Self {
+            pauses: metrics::counter!("hawser_stream_apply_pauses_total", "sender" => s.clone()),
             transactions: metrics::counter!("hawser_stream_received_transactions_total", "sender" => s.clone()),
             row_changes: metrics::counter!("hawser_stream_received_row_changes_total", "sender" => s.clone()),
             rows_compiled: metrics::counter!("hawser_stream_rows_written_total", "sender" => s.clone(), "mode" => "compiled"),

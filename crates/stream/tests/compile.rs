@@ -115,12 +115,23 @@ async fn replicate(
     policy: CompilePolicy,
     batches: Vec<pb::Batch>,
 ) -> Result<InboundStatus> {
+    let mut config = ReceiverConfig::new(id("s1"));
+    config.compile = policy;
+    replicate_with(sub, config, common::hello(&tab_def()), batches).await
+}
+
+/// [`replicate`] with a receiver configured as `config` and the stream opened by
+/// `hello`.
+async fn replicate_with(
+    sub: &Database,
+    config: ReceiverConfig,
+    hello: pb::Hello,
+    batches: Vec<pb::Batch>,
+) -> Result<InboundStatus> {
     let listener = TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
     let shutdown = CancellationToken::new();
     let tracker = TaskTracker::new();
-    let mut config = ReceiverConfig::new(id("s1"));
-    config.compile = policy;
     let epochs = tokio::sync::watch::Sender::new(BTreeMap::from([(id("e"), Epoch(1))]));
     let service = ReceiverService::new(
         sub.clone(),
@@ -135,7 +146,6 @@ async fn replicate(
             .serve_with_incoming(TcpListenerStream::new(listener))
             .await;
     });
-    let hello = common::hello(&tab_def());
     let msg = |m: sender_message::Msg| pb::SenderMessage { msg: Some(m) };
     let (tx, rx) = tokio::sync::mpsc::channel(8);
     tx.send(msg(sender_message::Msg::Hello(hello))).await?;
@@ -193,18 +203,63 @@ async fn a_backlog_at_the_transaction_threshold_is_compiled_a_small_one_is_not()
 async fn with_compilation_off_every_batch_goes_in_log_order() -> Result<()> {
     let (master, batches) = master().await?;
     let sub = open(2).await?;
-    let off = CompilePolicy {
-        enabled: false,
-        ..CompilePolicy::default()
+    let off = ReceiverConfig {
+        compile: CompilePolicy {
+            enabled: false,
+            ..CompilePolicy::default()
+        },
+        // One apply per batch (a paced apply writes a batch in slices).
+        apply_slice: None,
+        ..ReceiverConfig::new(id("s1"))
     };
-    let s = replicate(&sub, off, batches).await?;
+    let s = replicate_with(&sub, off, common::hello(&tab_def()), batches).await?;
     assert_eq!(rows(&sub)?, rows(&master)?);
     assert_eq!((s.runs_in_order, s.runs_compiled), (2, 0), "{s:?}");
+    assert_eq!(s.apply_pauses, 0, "{s:?}");
     assert_eq!(s.rows_written_compiled, 0);
     assert_eq!(s.row_changes, (KEYS + UPDATES) as u64);
     // The store's log-order apply writes each key once per apply too: inside one
     // batch the modes write the same rows; compilation gains across batches.
     assert_eq!(s.rows_written, 2 * KEYS as u64, "{s:?}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paced_apply_pauses_between_slices_and_writes_what_one_apply_would() -> Result<()> {
+    let (origin, batches) = master().await?;
+    let sub = open(2).await?;
+    // Every chance to pause is taken: one between each slice of four row changes.
+    let paced = || ReceiverConfig {
+        compile: CompilePolicy {
+            enabled: false,
+            ..CompilePolicy::default()
+        },
+        apply_slice: Some(Duration::ZERO),
+        ..ReceiverConfig::new(id("s1"))
+    };
+    // Paced: no return service waits on the stream.
+    let lazy = || pb::Hello {
+        returns_wait: false,
+        ..common::hello(&tab_def())
+    };
+    let s = replicate_with(&sub, paced(), lazy(), batches).await?;
+    assert_eq!(rows(&sub)?, rows(&origin)?);
+    assert_eq!(sub.high_water(NodeId(1))?, origin.high_water(NodeId(1))?);
+    assert_eq!((s.runs_in_order, s.runs_compiled), (2, 0), "{s:?}");
+    assert_eq!(s.transactions, (KEYS + UPDATES) as u64);
+    assert_eq!(s.transactions_skipped, 0);
+    // Five inserts: slices of four and one; the updates: a slice per four of them.
+    let slices = 2 + (UPDATES as u64).div_ceil(4);
+    assert!(s.apply_pauses >= slices - 2, "{s:?}");
+    // A resend is found here whole, paced or not.
+    let (_, again) = master().await?;
+    let s = replicate_with(&sub, paced(), lazy(), again).await?;
+    assert_eq!(s.transactions_skipped, (KEYS + UPDATES) as u64, "{s:?}");
+    assert_eq!(rows(&sub)?, rows(&origin)?);
+    // A stream a return service waits on is never paced.
+    let (_, again) = master().await?;
+    let s = replicate_with(&sub, paced(), common::hello(&tab_def()), again).await?;
+    assert_eq!(s.apply_pauses, 0, "{s:?}");
     Ok(())
 }
 
