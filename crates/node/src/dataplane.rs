@@ -1258,6 +1258,7 @@ pub(crate) fn streams_json(senders: &Senders, receiver: &ReceiverService) -> ser
                 "rows_written_compiled": s.rows_written_compiled,
                 "runs_compiled": s.runs_compiled,
                 "runs_in_order": s.runs_in_order,
+                "apply_pauses": s.apply_pauses,
                 "raw_bytes": s.raw_bytes,
                 "wire_bytes": s.wire_bytes,
             })
