@@ -400,6 +400,62 @@ fn an_oversized_request_is_refused_and_changes_nothing() {
     assert!(err.contains("message length too large"), "{err}");
 }
 
+/// The scheduling policy of each thread of process `pid` (field 41 of
+/// `/proc/PID/task/TID/stat`: 0 SCHED_OTHER, 5 SCHED_IDLE), by thread name.
+fn thread_policies(pid: u32) -> Vec<(String, u32)> {
+    let mut out = Vec::new();
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
+        let Ok(stat) = std::fs::read_to_string(task.unwrap().path().join("stat")) else {
+            continue; // the thread ended between the listing and the read
+        };
+        let (head, rest) = stat.rsplit_once(") ").unwrap();
+        let name = head.split_once(" (").unwrap().1.to_string();
+        // `rest` starts at field 3 (the state).
+        let policy = rest.split(' ').nth(41 - 3).unwrap().parse().unwrap();
+        out.push((name, policy));
+    }
+    out
+}
+
+/// `--cpu-class idle` puts every thread of the node in SCHED_IDLE — the runtime's,
+/// the store's and those started later for work — and the node works as before; a node
+/// started without it stays in the normal class.
+#[test]
+fn a_node_in_the_idle_cpu_class_runs_all_its_threads_there() {
+    const SCHED_IDLE: u32 = 5;
+    let dir = tempfile::tempdir().unwrap();
+    let idle = Node::start_with("idle", &dir.path().join("idle"), &["--cpu-class", "idle"]);
+    let out = idle.cli(&[
+        "sql",
+        "-e",
+        "create table t (k int primary key, c int)",
+        "-e",
+        "insert into t values (1, 10), (2, 20)",
+        "-e",
+        "select count(*) from t",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(idle.status()["cpu_class"], "idle");
+    let threads = thread_policies(idle.pid());
+    assert!(threads.len() > 2, "{threads:?}");
+    assert!(
+        threads.iter().all(|(_, p)| *p == SCHED_IDLE),
+        "threads outside SCHED_IDLE: {threads:?}"
+    );
+
+    let normal = Node::start("normal", &dir.path().join("normal"));
+    assert_eq!(normal.status()["cpu_class"], "normal");
+    let threads = thread_policies(normal.pid());
+    assert!(threads.iter().all(|(_, p)| *p == 0), "{threads:?}");
+
+    let out = std::process::Command::new(common::hawser_bin())
+        .args(["start", "--cpu-class", "realtime"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("normal or idle"), "{}", stderr(&out));
+}
+
 /// Whether process `pid` is still running (a zombie waiting for its new parent to
 /// reap it has exited).
 fn running(pid: u32) -> bool {

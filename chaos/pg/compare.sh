@@ -33,6 +33,12 @@ Options:
                      (pgbench --rate: Poisson arrivals, latency counted from each
                      transaction's scheduled time, as hawser bench --rate counts it);
                      default: each client starts its next transaction at once
+  --standby-cpu-class CLASS
+                     normal (default), or idle: the standby's processes run in Linux's
+                     SCHED_IDLE class (chrt --idle), on CPU time the primary and the
+                     load leave, as hawser start --cpu-class idle runs a node; for
+                     asynchronous modes only (a standby a commit waits for would
+                     slow every commit)
   --pg-bin DIR       directory with initdb, pg_ctl, pg_basebackup, psql, pgbench
                      (default $PG_BIN, else /usr/lib/postgresql/15/bin, else PATH)
   --json             print one JSON object per run instead of a text line
@@ -52,6 +58,7 @@ pg_bin="${PG_BIN:-}"
 json=0
 keep=0
 rate=""
+standby_class=normal
 
 prog=compare.sh
 # shellcheck source=chaos/pg/args.sh
@@ -65,6 +72,7 @@ while [[ $# -gt 0 ]]; do
     --modes) need_value "$@"; modes="$2"; shift 2 ;;
     --pg-bin) need_value "$@"; pg_bin="$2"; shift 2 ;;
     --rate) need_value "$@"; rate="$2"; shift 2 ;;
+    --standby-cpu-class) need_value "$@"; standby_class="$2"; shift 2 ;;
     --json) json=1; shift ;;
     --keep) keep=1; shift ;;
     -h | --help) usage; exit 0 ;;
@@ -77,6 +85,11 @@ check_rate
 rate_args=()
 [[ -z $rate ]] || rate_args=(--rate="$rate")
 [[ -n ${modes// /} ]] || die "--modes is empty"
+case "$standby_class" in
+normal) ;;
+idle) command -v chrt >/dev/null || die "--standby-cpu-class idle needs chrt (util-linux)" ;;
+*) die "--standby-cpu-class must be normal or idle" ;;
+esac
 for m in $modes; do
     case "$m" in
     off | local | remote_write | on | remote_apply) ;;
@@ -180,10 +193,12 @@ psql_primary() {
     "$pg_bin/psql" -X -q -v ON_ERROR_STOP=1 -h 127.0.0.1 -p "$primary_port" -U postgres -d postgres "$@"
 }
 
-# Starts the server in $1, or stops the script with the tail of its log.
+# Starts the server in $1 (in the idle CPU class if $3 is idle: every process it forks
+# inherits the class), or stops the script with the tail of its log.
 start_server() {
-    local dir="$1" name="$2"
-    if ! as_server "$pg_bin/pg_ctl" start -D "$dir" -l "$work/$name.log" -w -t 60 >/dev/null; then
+    local dir="$1" name="$2" class="${3:-normal}" chrt=()
+    [[ $class == normal ]] || chrt=(chrt --idle 0)
+    if ! as_server "${chrt[@]}" "$pg_bin/pg_ctl" start -D "$dir" -l "$work/$name.log" -w -t 60 >/dev/null; then
         tail -n 20 "$work/$name.log" >&2 || true
         die "the $name server did not start"
     fi
@@ -219,7 +234,7 @@ as_server "$pg_bin/pg_basebackup" -D "$standby" -R --checkpoint=fast --no-sync \
 cat >>"$standby/postgresql.conf" <<EOF
 port = $standby_port
 EOF
-start_server "$standby" standby
+start_server "$standby" standby "$standby_class"
 
 # Until the standby is streaming and chosen as the synchronous one, remote modes would
 # either hang or silently measure a primary alone.

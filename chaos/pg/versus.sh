@@ -51,6 +51,12 @@ Options:
                      asynchronous subscriber, the shape hawser's published figures use; 2:
                      ds1 and ds2 only, the shape of PostgreSQL's primary and one
                      standby (two servers on the machine on either side)
+  --async-cpu-class CLASS
+                     normal (default), or idle: the servers no commit waits for run
+                     in Linux's SCHED_IDLE class, on CPU time the rest leave —
+                     hawser's asynchronous subscribers (ds3, and ds2 in async mode;
+                     hawser start --cpu-class idle) and PostgreSQL's standby in the
+                     local mode (compare.sh --standby-cpu-class idle)
   --connections N    connections hawser bench's clients share (default 1: the clients
                      of a gRPC application share one channel, HTTP/2 carrying one
                      stream per client; 0 = one per client, as pgbench's have)
@@ -78,6 +84,7 @@ master_threads=1
 hawser_nodes=3
 rate=""
 connections=1
+async_class=normal
 json=0
 keep=0
 
@@ -100,6 +107,7 @@ while [[ $# -gt 0 ]]; do
     --connections) need_value "$@"; connections="$2"; shift 2 ;;
     --hawser-nodes) need_value "$@"; hawser_nodes="$2"; shift 2 ;;
     --rate) need_value "$@"; rate="$2"; shift 2 ;;
+    --async-cpu-class) need_value "$@"; async_class="$2"; shift 2 ;;
     --json) json=1; shift ;;
     --keep) keep=1; shift ;;
     -h | --help) usage; exit 0 ;;
@@ -114,6 +122,7 @@ check_run_args
 [[ $connections =~ ^[0-9]+$ ]] || die "--connections must be a whole number"
 [[ $hawser_nodes == 2 || $hawser_nodes == 3 ]] || die "--hawser-nodes must be 2 or 3"
 check_rate
+case "$async_class" in normal | idle) ;; *) die "--async-cpu-class must be normal or idle" ;; esac
 rate_args=()
 [[ -z $rate ]] || rate_args=(--rate "$rate")
 [[ -n ${modes// /} ]] || die "--modes is empty"
@@ -205,13 +214,16 @@ voters() {
 # with an empty table and log.
 cells=0
 start_cluster() {
+    local mode="$1" ds2_class=normal
+    [[ $mode != async ]] || ds2_class="$async_class"
     cells=$((cells + 1))
     cell="$work/cell$cells"
     mkdir -p "$cell"
     start_node ds1 --threads "$master_threads"
     "$hawser" init --host "$grpc_ds1" >"$cell/init.out" 2>&1 || { cat "$cell/init.out" >&2; die "hawser init failed"; }
-    start_node ds2 --join "$grpc_ds1" --threads "$sub_threads"
-    [[ $hawser_nodes == 2 ]] || start_node ds3 --join "$grpc_ds1" --threads "$sub_threads"
+    start_node ds2 --join "$grpc_ds1" --threads "$sub_threads" --cpu-class "$ds2_class"
+    [[ $hawser_nodes == 2 ]] ||
+        start_node ds3 --join "$grpc_ds1" --threads "$sub_threads" --cpu-class "$async_class"
     local deadline=$((SECONDS + 60))
     until [[ $(voters) == "$hawser_nodes" ]]; do
         ((SECONDS < deadline)) || die "the $hawser_nodes nodes did not become voters within 60 s"
@@ -219,7 +231,7 @@ start_cluster() {
     done
 }
 
-log "$("$hawser" --version); $hawser_nodes nodes per cell${rate:+, $rate commits/s scheduled}, under $work"
+log "$("$hawser" --version); $hawser_nodes nodes per cell${rate:+, $rate commits/s scheduled}; asynchronous servers in the $async_class CPU class; under $work"
 
 results="$work/results.tsv"
 : >"$results"
@@ -230,9 +242,10 @@ figures=""
 
 
 run_pg() {
-    local mode="$1" clients="$2" out before
+    local mode="$1" clients="$2" out before class=normal
+    [[ $mode != local ]] || class="$async_class"
     before="$(cpu_sample)"
-    out="$(bash "$here/compare.sh" "${pg_args[@]}" "${rate_args[@]}" --json --modes "$mode" --clients "$clients" \
+    out="$(bash "$here/compare.sh" "${pg_args[@]}" "${rate_args[@]}" --standby-cpu-class "$class" --json --modes "$mode" --clients "$clients" \
         --duration "$duration" --warmup "$warmup" 2>"$work/pg.log")" ||
         { tail -n 20 "$work/pg.log" >&2; die "compare.sh failed (mode $mode, $clients clients)"; }
     # compare.sh's steal covers the measured pgbench run only; this run's, the set-up too.
@@ -246,7 +259,7 @@ print(d["commits_per_s"], d["p50_us"], d["p99_us"], d.get("steal_pct", sys.argv[
 
 run_hawser() {
     local mode="$1" clients="$2" out before p
-    start_cluster
+    start_cluster "$mode"
     before="$(cpu_sample)"
     # CPU of ds1, ds2 and ds3 (the order start_cluster started them in) over the bench,
     # its warm-up included, as chaos/cpu.sh counts it.

@@ -9,6 +9,7 @@ mod demo;
 mod duplicate_cmd;
 mod output;
 mod rtl_cmd;
+mod sched;
 mod schedule;
 mod scheme_cmd;
 mod sql_cmd;
@@ -122,6 +123,16 @@ fn main() -> ExitCode {
         Command::Bench(args) => (args.worker_threads(), None),
         _ => (0, None),
     };
+    // Before any thread starts, so that every thread of the node inherits the class.
+    if start_config
+        .as_ref()
+        .is_some_and(|c| c.cpu_class == hawser_node::CpuClass::Idle)
+    {
+        if let Err(e) = sched::enter_idle_class() {
+            eprintln!("error: {e}");
+            return ExitCode::FAILURE;
+        }
+    }
     let runtime = match runtime(threads) {
         Ok(rt) => rt,
         Err(e) => {

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Args, ValueEnum};
-use hawser_node::{CompressCodec, NodeConfig};
+use hawser_node::{CompressCodec, CpuClass, NodeConfig};
 use metrics_exporter_prometheus::Matcher;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -38,7 +38,8 @@ pub struct StartArgs {
     /// data_dir, durable_commits, lock_timeout, max_message_bytes, join, advertise,
     /// raft_heartbeat, raft_election_min, raft_election_max, raft_snapshot_every,
     /// raft_log_keep, compile, compile_threshold_txns, compile_threshold_bytes,
-    /// apply_slice, log_file_size, log_keep_bytes, min_free_bytes, compress_codec, threads, boot_id).
+    /// apply_slice, log_file_size, log_keep_bytes, min_free_bytes, compress_codec, threads,
+    /// cpu_class, boot_id).
     #[arg(long, env = "HAWSER_CONFIG")]
     config: Option<PathBuf>,
     /// Store name replication schemes use for this node [default: hawser].
@@ -122,6 +123,15 @@ pub struct StartArgs {
     /// [default: 0].
     #[arg(long, env = "HAWSER_THREADS", value_name = "N")]
     threads: Option<usize>,
+    /// CPU scheduling class of the node's threads: normal, or idle (Linux's SCHED_IDLE:
+    /// they run only on CPU time no normal-class thread of the machine or container
+    /// wants). For an asynchronous subscriber sharing cores with its master, such as a
+    /// reporting replica: the master's commits do not wait for cores it holds, and it
+    /// lags while the machine is busy. Not for a master, a propagator or a subscriber a
+    /// return service waits on, whose delays become commit latency; and a node in the
+    /// idle class cannot leave it until it exits [default: normal].
+    #[arg(long, env = "HAWSER_CPU_CLASS", value_name = "normal|idle", value_parser = parse_cpu_class)]
+    cpu_class: Option<CpuClass>,
     /// Stand in for the machine's boot id, which the store compares at every open to
     /// tell a restart of the process from one of the machine (after which this node's
     /// own writes wait until its return-service subscribers report what they hold).
@@ -261,12 +271,19 @@ impl StartArgs {
         if let Some(v) = self.threads {
             c.threads = v;
         }
+        if let Some(v) = self.cpu_class {
+            c.cpu_class = v;
+        }
         if let Some(v) = &self.boot_id {
             c.boot_id = Some(v.clone());
         }
         c.validate()?;
         Ok(c)
     }
+}
+
+fn parse_cpu_class(s: &str) -> Result<CpuClass, String> {
+    s.parse().map_err(|e: hawser_node::ConfigError| e.0)
 }
 
 fn parse_codec(s: &str) -> Result<CompressCodec, String> {
@@ -292,6 +309,7 @@ pub async fn run(args: StartArgs, config: NodeConfig) -> anyhow::Result<ExitCode
     init_logging(args.log_format, &args.log)?;
     info!(
         worker_threads = tokio::runtime::Handle::current().metrics().num_workers(),
+        cpu_class = config.cpu_class.as_str(),
         "async runtime started"
     );
     let metrics = metrics_exporter_prometheus::PrometheusBuilder::new()

@@ -49,6 +49,9 @@ pub async fn run(args: StatusArgs) -> anyhow::Result<ExitCode> {
                 "cpu         {:.1} s (user + system, since start)",
                 s.cpu_micros as f64 / 1e6
             );
+            if s.cpu_class == "idle" {
+                println!("cpu class   idle (SCHED_IDLE: runs on CPU time no other work wants)");
+            }
             println!(
                 "durable     {}",
                 if s.durable_commits {

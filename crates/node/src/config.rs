@@ -88,6 +88,14 @@ pub struct NodeConfig {
     /// (several nodes sharing a small machine spend less CPU per replicated commit
     /// that way; see docs/architecture.md "Threads").
     pub threads: usize,
+    /// The CPU scheduling class of the node's threads: `normal`, or `idle` (Linux's
+    /// SCHED_IDLE), in which they run only on CPU time that no normal-class thread of
+    /// the machine (or of the container's cgroup) wants. For an asynchronous
+    /// subscriber sharing cores with the master it serves, such as a reporting
+    /// replica: the master's commits never wait for a core the subscriber holds, and
+    /// the subscriber lags while the machine is busy (docs/performance.md, "An
+    /// asynchronous subscriber in the idle class").
+    pub cpu_class: CpuClass,
     /// Stands in for the machine's boot id (Linux's `/proc/sys/kernel/random/boot_id`),
     /// which the store compares at every open to tell a restart of the process from one
     /// of the machine (docs/stream.md, "Shipping before the sync"). For drills and
@@ -121,8 +129,61 @@ impl Default for NodeConfig {
             min_free_bytes: 64 * 1024 * 1024,
             compress_codec: CompressCodec::Lz4,
             threads: 0,
+            cpu_class: CpuClass::Normal,
             boot_id: None,
         }
+    }
+}
+
+/// The CPU scheduling class a node's threads run in (`cpu_class`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub enum CpuClass {
+    /// The kernel's default (SCHED_OTHER): the node's threads share the cores with the
+    /// machine's other normal-class threads by their nice values.
+    #[default]
+    Normal,
+    /// SCHED_IDLE: the node's threads run only when no normal-class thread is waiting
+    /// for the core. Entering it needs no privilege; a process cannot leave it without
+    /// CAP_SYS_NICE, so a node started in it stays in it until it exits.
+    Idle,
+}
+
+impl CpuClass {
+    /// Its name in configuration and status: `normal` or `idle`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CpuClass::Normal => "normal",
+            CpuClass::Idle => "idle",
+        }
+    }
+}
+
+impl std::str::FromStr for CpuClass {
+    type Err = ConfigError;
+
+    fn from_str(s: &str) -> Result<Self, ConfigError> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "normal" => Ok(CpuClass::Normal),
+            "idle" => Ok(CpuClass::Idle),
+            _ => Err(ConfigError(format!(
+                "cpu_class {s:?} is not a class hawser has: normal or idle"
+            ))),
+        }
+    }
+}
+
+impl TryFrom<String> for CpuClass {
+    type Error = ConfigError;
+
+    fn try_from(s: String) -> Result<Self, ConfigError> {
+        s.parse()
+    }
+}
+
+impl From<CpuClass> for String {
+    fn from(c: CpuClass) -> String {
+        c.as_str().into()
     }
 }
 
@@ -412,6 +473,22 @@ mod tests {
         assert!(c.validate().unwrap_err().0.contains("threads 1025"));
         c = NodeConfig::from_toml("threads = 1\n").unwrap();
         assert_eq!((c.threads, c.validate()), (1, Ok(())));
+    }
+
+    #[test]
+    fn the_cpu_class_reads_from_toml_and_text_and_defaults_to_normal() {
+        assert_eq!(NodeConfig::default().cpu_class, CpuClass::Normal);
+        let c = NodeConfig::from_toml("cpu_class = \"idle\"\n").unwrap();
+        assert_eq!(c.cpu_class, CpuClass::Idle);
+        assert_eq!(" IDLE".parse::<CpuClass>(), Ok(CpuClass::Idle));
+        let err = NodeConfig::from_toml("cpu_class = \"batch\"\n").unwrap_err();
+        assert!(
+            err.0.contains("\"batch\"") && err.0.contains("normal or idle"),
+            "{err}"
+        );
+        let text = toml::to_string(&c).unwrap();
+        assert!(text.contains("cpu_class = \"idle\""), "{text}");
+        assert_eq!(NodeConfig::from_toml(&text).unwrap(), c);
     }
 
     #[test]

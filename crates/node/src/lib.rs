@@ -45,7 +45,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{error, info, instrument, warn};
 
-pub use config::{CompressCodec, ConfigError, NodeConfig};
+pub use config::{CompressCodec, ConfigError, CpuClass, NodeConfig};
 pub use grpc::MAX_SCAN_ROWS;
 
 /// Why a node could not start or stopped on its own.
@@ -132,6 +132,7 @@ impl NodeState {
             data_dir: self.config.data_dir.display().to_string(),
             uptime_ms: self.started.elapsed().as_millis() as u64,
             cpu_micros: process_cpu_micros(),
+            cpu_class: self.config.cpu_class.as_str().into(),
             last_lsn: self.db.last_lsn().0,
             commits: stats.commits,
             flushes: stats.flushes,
@@ -188,6 +189,7 @@ pub fn status_json(s: &v1::StatusResponse) -> serde_json::Value {
         "data_dir": s.data_dir,
         "uptime_ms": s.uptime_ms,
         "cpu_micros": s.cpu_micros,
+        "cpu_class": s.cpu_class,
         "last_lsn": s.last_lsn,
         "commits": s.commits,
         "flushes": s.flushes,

@@ -1,0 +1,30 @@
+//! The CPU scheduling class a node runs in (`hawser start --cpu-class`).
+//!
+//! The one place hawser calls the C library directly: neither rustix nor nix offers
+//! `sched_setscheduler`, and `chrt` may not be in the image a node runs from.
+#![allow(unsafe_code)]
+
+/// Moves the calling thread into Linux's SCHED_IDLE class. Threads it starts afterwards
+/// inherit the class, so called on the main thread before the runtime and the store
+/// start threads, it puts the whole node there. Entering SCHED_IDLE needs no privilege;
+/// leaving it needs CAP_SYS_NICE, so nothing here tries to.
+#[cfg(target_os = "linux")]
+pub fn enter_idle_class() -> Result<(), String> {
+    let param = libc::sched_param { sched_priority: 0 };
+    // SAFETY: `param` is a valid `sched_param` that lives across the call, pid 0 names
+    // the calling thread, and the call writes no memory of this process.
+    let r = unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(format!(
+            "cannot enter the idle CPU class (sched_setscheduler SCHED_IDLE): {}",
+            std::io::Error::last_os_error()
+        ))
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+pub fn enter_idle_class() -> Result<(), String> {
+    Err("cpu_class idle is Linux's SCHED_IDLE, which this system does not have".into())
+}
