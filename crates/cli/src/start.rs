@@ -124,12 +124,15 @@ pub struct StartArgs {
     #[arg(long, env = "HAWSER_THREADS", value_name = "N")]
     threads: Option<usize>,
     /// CPU scheduling class of the node's threads: normal, or idle (Linux's SCHED_IDLE:
-    /// they run only on CPU time no normal-class thread of the machine or container
-    /// wants). For an asynchronous subscriber sharing cores with its master, such as a
+    /// they run only on CPU time that normal-class threads of the same cgroup leave).
+    /// For an asynchronous subscriber sharing cores with its master, such as a
     /// reporting replica: the master's commits do not wait for cores it holds, and it
-    /// lags while the machine is busy. Not for a master, a propagator or a subscriber a
-    /// return service waits on, whose delays become commit latency; and a node in the
-    /// idle class cannot leave it until it exits [default: normal].
+    /// lags while the machine is busy. The kernel weighs it against threads of its own
+    /// cgroup only: nodes started from one shell or by `hawser demo` share one, but
+    /// separate systemd services or containers do not — make such a node's cgroup idle
+    /// instead (systemd CPUWeight=idle, cgroup v2 cpu.idle). Not for a master, a
+    /// propagator or a subscriber a return service waits on, whose delays become commit
+    /// latency; a node in the idle class stays there until it exits [default: normal].
     #[arg(long, env = "HAWSER_CPU_CLASS", value_name = "normal|idle", value_parser = parse_cpu_class)]
     cpu_class: Option<CpuClass>,
     /// Stand in for the machine's boot id, which the store compares at every open to

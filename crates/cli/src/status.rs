@@ -50,7 +50,7 @@ pub async fn run(args: StatusArgs) -> anyhow::Result<ExitCode> {
                 s.cpu_micros as f64 / 1e6
             );
             if s.cpu_class == "idle" {
-                println!("cpu class   idle (SCHED_IDLE: runs on CPU time no other work wants)");
+                println!("cpu class   idle (SCHED_IDLE: runs on CPU time its cgroup's other threads leave)");
             }
             println!(
                 "durable     {}",

@@ -89,12 +89,11 @@ pub struct NodeConfig {
     /// that way; see docs/architecture.md "Threads").
     pub threads: usize,
     /// The CPU scheduling class of the node's threads: `normal`, or `idle` (Linux's
-    /// SCHED_IDLE), in which they run only on CPU time that no normal-class thread of
-    /// the machine (or of the container's cgroup) wants. For an asynchronous
-    /// subscriber sharing cores with the master it serves, such as a reporting
-    /// replica: the master's commits never wait for a core the subscriber holds, and
-    /// the subscriber lags while the machine is busy (docs/performance.md, "An
-    /// asynchronous subscriber in the idle class").
+    /// SCHED_IDLE), in which they run only on CPU time that normal-class threads of
+    /// the same cgroup leave. For an asynchronous subscriber sharing cores with the
+    /// master it serves, such as a reporting replica: the master's commits never wait
+    /// for a core the subscriber holds, and the subscriber lags while the machine is
+    /// busy (docs/stream.md, "The idle CPU class", which says where it has no effect).
     pub cpu_class: CpuClass,
     /// Stands in for the machine's boot id (Linux's `/proc/sys/kernel/random/boot_id`),
     /// which the store compares at every open to tell a restart of the process from one
@@ -143,8 +142,8 @@ pub enum CpuClass {
     /// machine's other normal-class threads by their nice values.
     #[default]
     Normal,
-    /// SCHED_IDLE: the node's threads run only when no normal-class thread is waiting
-    /// for the core. Entering it needs no privilege; a process cannot leave it without
+    /// SCHED_IDLE: the node's threads run only when no normal-class thread of their
+    /// cgroup is waiting for the core. Entering it needs no privilege; a process cannot leave it without
     /// CAP_SYS_NICE, so a node started in it stays in it until it exits.
     Idle,
 }
