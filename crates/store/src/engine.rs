@@ -184,6 +184,7 @@ struct Shared {
 struct EngineMetrics {
     log_sync: metrics::Histogram,
     moves: metrics::Histogram,
+    forced_moves: metrics::Counter,
     checkpoint: metrics::Histogram,
 }
 
@@ -199,6 +200,10 @@ impl EngineMetrics {
             metrics::Unit::Seconds,
             "moving durable batches from the overlay into sled, per move"
         );
+        metrics::describe_counter!(
+            "hawser_store_forced_moves_total",
+            "moves a flush made itself because more durable batches waited in the overlay than a flush leaves there"
+        );
         metrics::describe_histogram!(
             "hawser_store_checkpoint_seconds",
             metrics::Unit::Seconds,
@@ -207,6 +212,7 @@ impl EngineMetrics {
         Self {
             log_sync: metrics::histogram!("hawser_store_log_sync_seconds"),
             moves: metrics::histogram!("hawser_store_move_seconds"),
+            forced_moves: metrics::counter!("hawser_store_forced_moves_total"),
             checkpoint: metrics::histogram!("hawser_store_checkpoint_seconds"),
         }
     }
@@ -879,13 +885,23 @@ impl KvEngine for SledEngine {
     }
 
     /// Syncs the log only. The overlay keeps the durable batches (readers see them
-    /// there) until [`KvEngine::settle`] or a flush moves them; past
-    /// [`UNSETTLED_FRAMES`] of them this flush moves them itself, so a caller that never
-    /// settles costs a larger move now and then, not memory.
+    /// there) until [`KvEngine::settle`] or a flush moves them. When more than
+    /// [`UNSETTLED_FRAMES`] batches were durable *before* this sync — left unsettled
+    /// across a flush — this flush moves them itself, so a caller that never settles
+    /// costs a larger move now and then, not memory. The batches this sync makes durable
+    /// do not count: a caller that settles after every flush (a paced receiver, which
+    /// moves them one by one with pauses between) is never overtaken by an unpaced move,
+    /// however many batches one flush covers.
     fn flush_unsettled(&self) -> Result<(), StoreError> {
         let s = &*self.shared;
+        let left = {
+            let durable = s.wal.synced();
+            let o = s.overlay.read();
+            o.frames.iter().take_while(|(f, _)| *f <= durable).count()
+        };
         s.sync_log()?;
-        if s.overlay.read().frames.len() > UNSETTLED_FRAMES {
+        if left > UNSETTLED_FRAMES {
+            s.metrics.forced_moves.increment(1);
             s.move_durable()?;
         }
         Ok(())
@@ -927,7 +943,8 @@ impl KvEngine for SledEngine {
     }
 }
 
-/// Durable batches a [`KvEngine::flush_unsettled`] leaves in the overlay at most.
+/// Durable batches left unsettled across a flush beyond which
+/// [`KvEngine::flush_unsettled`] moves them itself.
 const UNSETTLED_FRAMES: usize = 64;
 
 fn broken_error(reason: &str) -> StoreError {
@@ -1298,12 +1315,29 @@ mod tests {
             e.settle().unwrap();
             assert_eq!(e.shared.db.get(b"a").unwrap().as_deref(), Some(&b"1"[..]));
             assert!(e.shared.overlay.read().frames.is_empty());
-            // A caller that never settles: past the bound the flush moves them itself.
-            for i in 0..=UNSETTLED_FRAMES as u8 {
+            // A caller that settles after every flush: however many batches one flush
+            // covers, the flush leaves the move to it.
+            for i in 0..2 * UNSETTLED_FRAMES as u8 {
+                e.apply(put(&[b'm', i], &[i])).unwrap();
+            }
+            e.flush_unsettled().unwrap();
+            assert_eq!(e.shared.overlay.read().frames.len(), 2 * UNSETTLED_FRAMES);
+            assert_eq!(e.shared.db.get([b'm', 0]).unwrap(), None);
+            e.settle().unwrap();
+            assert!(e.shared.overlay.read().frames.is_empty());
+            // A caller that never settles: once more batches than the bound were left
+            // durable across a flush, the flush moves them itself.
+            let mut most = 0;
+            for i in 0..=2 * UNSETTLED_FRAMES as u8 {
                 e.apply(put(&[b'k', i], &[i])).unwrap();
                 e.flush_unsettled().unwrap();
+                most = most.max(e.shared.overlay.read().frames.len());
             }
-            assert!(e.shared.overlay.read().frames.len() <= UNSETTLED_FRAMES);
+            assert_eq!(most, UNSETTLED_FRAMES + 1);
+            assert_eq!(
+                e.shared.db.get([b'k', 3]).unwrap().as_deref(),
+                Some(&[3][..])
+            );
             e.apply(put(b"z", b"2")).unwrap();
             e.flush_unsettled().unwrap();
             // Closed unsettled: the close moves what is left.
