@@ -456,6 +456,54 @@ fn a_node_in_the_idle_cpu_class_runs_all_its_threads_there() {
     assert!(stderr(&out).contains("normal or idle"), "{}", stderr(&out));
 }
 
+/// A client command whose reader stops early (`hawser sql ... | head`) ends on SIGPIPE
+/// as other Unix tools do, quietly: not with "error: Broken pipe" (`sql`) or a panic and
+/// a backtrace (`status`, which prints with `println!`).
+#[test]
+fn a_client_command_piped_into_a_reader_that_stops_ends_quietly() {
+    use std::os::unix::process::ExitStatusExt;
+    const SIGPIPE: i32 = 13;
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start("ds1", &dir.path().join("ds1"));
+    // More output than a pipe holds (64 KiB), so the command must write after the
+    // reader has gone, whenever it goes.
+    let values: Vec<String> = (0..3000)
+        .map(|k| format!("({k}, '{}')", "x".repeat(40)))
+        .collect();
+    let inserts: Vec<String> = values
+        .chunks(500)
+        .map(|c| format!("insert into t values {}", c.join(", ")))
+        .collect();
+    let mut args = vec![
+        "sql",
+        "-e",
+        "create table t (k int primary key, v varchar(60))",
+    ];
+    for insert in &inserts {
+        args.extend(["-e", insert.as_str()]);
+    }
+    let out = node.cli(&args);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let mut child = std::process::Command::new(common::hawser_bin())
+        .args(["sql", "-e", "select k, v from t"])
+        .env("HAWSER_HOST", &node.grpc)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    let err = stderr(&out);
+    assert!(!err.contains("panicked"), "{err}");
+    assert_eq!(
+        out.status.signal(),
+        Some(SIGPIPE),
+        "{:?}: {err}",
+        out.status
+    );
+}
+
 /// Whether process `pid` is still running (a zombie waiting for its new parent to
 /// reap it has exited).
 fn running(pid: u32) -> bool {

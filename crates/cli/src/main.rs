@@ -7,9 +7,9 @@ mod bench;
 mod cluster_cmd;
 mod demo;
 mod duplicate_cmd;
+mod os;
 mod output;
 mod rtl_cmd;
-mod sched;
 mod schedule;
 mod scheme_cmd;
 mod sql_cmd;
@@ -123,12 +123,17 @@ fn main() -> ExitCode {
         Command::Bench(args) => (args.worker_threads(), None),
         _ => (0, None),
     };
+    // A client command piped into a reader that stops early ends quietly; a node (and
+    // the demo, which supervises nodes) keeps Rust's ignored SIGPIPE.
+    if !matches!(cli.command, Command::Start(_) | Command::Demo(_)) {
+        os::default_sigpipe();
+    }
     // Before any thread starts, so that every thread of the node inherits the class.
     if start_config
         .as_ref()
         .is_some_and(|c| c.cpu_class == hawser_node::CpuClass::Idle)
     {
-        if let Err(e) = sched::enter_idle_class() {
+        if let Err(e) = os::enter_idle_class() {
             eprintln!("error: {e}");
             return ExitCode::FAILURE;
         }

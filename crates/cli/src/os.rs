@@ -1,4 +1,6 @@
-//! The CPU scheduling class a node runs in (`hawser start --cpu-class`).
+//! Process settings the C library has and the Rust crates hawser uses do not wrap
+//! safely: the CPU scheduling class a node runs in (`hawser start --cpu-class`), and
+//! SIGPIPE for the client commands.
 //!
 //! The one place hawser calls the C library directly: neither rustix nor nix offers
 //! `sched_setscheduler`, and `chrt` may not be in the image a node runs from.
@@ -28,3 +30,21 @@ pub fn enter_idle_class() -> Result<(), String> {
 pub fn enter_idle_class() -> Result<(), String> {
     Err("cpu_class idle is Linux's SCHED_IDLE, which this system does not have".into())
 }
+
+/// Restores SIGPIPE's default action (end the process quietly), which Rust's runtime
+/// sets to ignored: a client command whose output goes to a reader that stopped early
+/// (`hawser sql ... | head`) then ends as other Unix tools do, instead of panicking on
+/// the failed write. Sockets are unaffected: Rust writes to them with MSG_NOSIGNAL, so
+/// a peer that goes away is still an error the command reports. Not for a node, which
+/// must outlive any one reader of anything.
+#[cfg(unix)]
+pub fn default_sigpipe() {
+    // SAFETY: setting a standard signal's disposition to SIG_DFL installs no handler
+    // (no code of ours runs in signal context) and is done before any thread starts.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}
+
+#[cfg(not(unix))]
+pub fn default_sigpipe() {}
