@@ -10,7 +10,7 @@ mod common;
 use std::path::Path;
 use std::time::Duration;
 
-use common::{stderr, stdout, wait_for, Node};
+use common::{poll_until, stderr, stdout, wait_for, Node};
 use serde_json::Value;
 
 /// Fast Raft timing, and a snapshot (with the log purged) every few entries.
@@ -105,11 +105,7 @@ fn three_node_cluster_ddl_failover_restart_and_snapshot() {
     let n2 = start("n2", d, "127.0.0.1:0", Some(&n1.grpc));
     let n3 = start("n3", d, "127.0.0.1:0", Some(&n1.grpc));
     let mut nodes = vec![n1, n2, n3];
-    for n in &nodes {
-        wait_for("three voters seen by every node", WAIT, || {
-            (voters(&n.status()) == 3).then_some(())
-        });
-    }
+    three_voters_everywhere(&nodes);
 
     // CREATE REPLICATION through a follower; every node shows the same scheme.
     let leader_id = leader(&nodes[0]).expect("a leader");
@@ -299,6 +295,34 @@ fn three_node_cluster_ddl_failover_restart_and_snapshot() {
     );
 }
 
+/// Waits until every node sees three voters; on a timeout the failure shows each
+/// node's view and the end of its log (a join that stalls is otherwise a bare timeout).
+fn three_voters_everywhere(nodes: &[Node]) {
+    for n in nodes {
+        if poll_until(WAIT, || (voters(&n.status()) == 3).then_some(())).is_none() {
+            let views: Vec<String> = nodes
+                .iter()
+                .map(|m| {
+                    let log = m.log();
+                    let tail: Vec<&str> = log.lines().rev().take(30).collect();
+                    let tail: Vec<&str> = tail.into_iter().rev().collect();
+                    format!(
+                        "{}: {} voters seen; log tail:\n{}",
+                        m.name,
+                        m.try_status().map_or(0, |s| voters(&s)),
+                        tail.join("\n")
+                    )
+                })
+                .collect();
+            panic!(
+                "timed out after {WAIT:?}: {} does not see three voters\n{}",
+                n.name,
+                views.join("\n\n")
+            );
+        }
+    }
+}
+
 /// A free loopback address: bound to port 0 and released, for a node whose address the
 /// others must know before it starts.
 fn free_addr() -> String {
@@ -324,11 +348,7 @@ fn nodes_joining_through_every_members_address_form_one_cluster_once_the_first_i
     let out = first.cli(&["init"]);
     assert!(out.status.success(), "{}", stderr(&out));
     nodes.insert(0, first);
-    for n in &nodes {
-        wait_for("three voters seen by every node", WAIT, || {
-            (voters(&n.status()) == 3).then_some(())
-        });
-    }
+    three_voters_everywhere(&nodes);
     let leader_id = leader(&nodes[0]).expect("a leader");
     assert!(nodes.iter().all(|n| leader(n) == Some(leader_id)));
 
