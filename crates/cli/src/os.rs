@@ -3,7 +3,8 @@
 //! SIGPIPE for the client commands.
 //!
 //! The one place hawser calls the C library directly: neither rustix nor nix offers
-//! `sched_setscheduler`, and `chrt` may not be in the image a node runs from.
+//! `sched_setscheduler` (and `chrt` may not be in the image a node runs from), and
+//! nix's `signal` is as unsafe as libc's.
 #![allow(unsafe_code)]
 
 /// Moves the calling thread into Linux's SCHED_IDLE class. Threads it starts afterwards
@@ -33,8 +34,8 @@ pub fn enter_idle_class() -> Result<(), String> {
 
 /// Restores SIGPIPE's default action (end the process quietly), which Rust's runtime
 /// sets to ignored: a client command whose output goes to a reader that stopped early
-/// (`hawser sql ... | head`) then ends as other Unix tools do, instead of panicking on
-/// the failed write. Sockets are unaffected: Rust writes to them with MSG_NOSIGNAL, so
+/// (`hawser sql ... | head`) then ends as other Unix tools do, instead of failing (or,
+/// where it prints with `println!`, panicking) on the write. Sockets are unaffected: Rust writes to them with MSG_NOSIGNAL, so
 /// a peer that goes away is still an error the command reports. Not for a node, which
 /// must outlive any one reader of anything.
 #[cfg(unix)]

@@ -143,8 +143,8 @@ pub enum CpuClass {
     #[default]
     Normal,
     /// SCHED_IDLE: the node's threads run only when no normal-class thread of their
-    /// cgroup is waiting for the core. Entering it needs no privilege; a process cannot leave it without
-    /// CAP_SYS_NICE, so a node started in it stays in it until it exits.
+    /// cgroup is waiting for the core. Entering it needs no privilege; a process cannot
+    /// leave it without CAP_SYS_NICE, so a node started in it stays in it until it exits.
     Idle,
 }
 
