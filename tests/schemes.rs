@@ -67,7 +67,7 @@ fn cluster_with(dir: &Path, stores: &[&str], extra: &[&str]) -> Vec<Node> {
 /// Runs SQL on `node`, failing the test if it fails; returns the results.
 fn sql_ok(node: &Node, text: &str) -> Vec<Value> {
     let (ok, results, err) = sql(node, text);
-    assert!(ok, "{text} on {}: {err}", node.name);
+    assert!(ok, "{text} on {}: {err}; log:\n{}", node.name, node.log());
     results
 }
 
