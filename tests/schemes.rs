@@ -64,7 +64,8 @@ fn cluster_with(dir: &Path, stores: &[&str], extra: &[&str]) -> Vec<Node> {
     nodes
 }
 
-/// Runs SQL on `node`, failing the test if it fails; returns the results.
+/// Runs SQL on `node`, failing the test (with the node's log) if it fails; returns the
+/// results.
 fn sql_ok(node: &Node, text: &str) -> Vec<Value> {
     let (ok, results, err) = sql(node, text);
     assert!(ok, "{text} on {}: {err}; log:\n{}", node.name, node.log());
