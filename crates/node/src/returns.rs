@@ -33,7 +33,7 @@ use hawser_sql::{
     BoxFuture, ColumnMeta, Committed, OpenCommit, ReplicationError, ReturnServices,
     StatementResult, SyncSettings, Warning,
 };
-use hawser_store::{CommitInfo, StoreError, Txn};
+use hawser_store::{CommitInfo, Database, StoreError, Txn};
 use hawser_stream::returns::{
     AckMarks, ReplicationState, ReturnEvent, ReturnLevel, ReturnOutcome, ReturnRoutes,
     ReturnSettings, ReturnTracker, ReturnWait, Step, SyncOptions,
@@ -224,11 +224,10 @@ impl Returns {
             txn.force_durable();
         }
         let waited = !awaits.is_empty();
-        if waited {
-            // The flush's housekeeping waits until the commit is on its way to the
-            // subscribers (below), off the time the commit waits for.
-            txn.settle_later();
-        }
+        // The flush's housekeeping (moving the flushed batches into sled's tree) is
+        // off the time the commit waits for: a waited commit settles once it is on its
+        // way to the subscribers (below), any other once its reply has gone.
+        txn.settle_later();
         let db = txn.database().clone();
         let hide = awaits.iter().any(|a| a.level == ReturnLevel::Twosafe)
             && sync.return_wait != Some(ReturnWait::NoWait);
@@ -239,6 +238,7 @@ impl Returns {
                 crate::dataplane::wake_all(&this.senders);
                 if awaits.is_empty() {
                     this.inner.lock().counts.not_requested += 1;
+                    settle_after_reply(db);
                     return ReturnOutcome::NotRequested;
                 }
                 let (tx, rx) = oneshot::channel();
@@ -463,6 +463,20 @@ impl Returns {
 }
 
 /// The metrics of one commit's outcome.
+/// Moves a commit's flushed batches into sled once its reply is on its way: a task of
+/// its own that first lets the tasks already woken run (the connection's, which writes
+/// the reply). A commit no return service waits on has nothing else to overlap the move
+/// with, and its client waited for it. If the task never runs, the next flush moves
+/// them (past a bound, `hawser_store_forced_moves_total`).
+fn settle_after_reply(db: Database) {
+    tokio::spawn(async move {
+        tokio::task::yield_now().await;
+        if let Err(e) = db.settle() {
+            tracing::warn!(error = %e, "settling a commit's flush failed");
+        }
+    });
+}
+
 fn count_outcome(outcome: &ReturnOutcome) {
     if let ReturnOutcome::TimedOut { pending, .. } = outcome {
         for p in pending {
