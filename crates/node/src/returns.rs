@@ -238,7 +238,10 @@ impl Returns {
                 crate::dataplane::wake_all(&this.senders);
                 if awaits.is_empty() {
                     this.inner.lock().counts.not_requested += 1;
-                    settle_after_reply(db);
+                    if info.durable {
+                        // A commit nobody flushed left nothing to settle.
+                        settle_after_reply(db);
+                    }
                     return ReturnOutcome::NotRequested;
                 }
                 let (tx, rx) = oneshot::channel();
@@ -274,9 +277,7 @@ impl Returns {
                 // The senders just woken run first (on this worker: the yield lets
                 // them), then the flush's housekeeping while the subscribers work.
                 tokio::task::yield_now().await;
-                if let Err(e) = db.settle() {
-                    tracing::warn!(error = %e, "settling a commit's flush failed");
-                }
+                settle(&db);
                 // A dropped sender means the node is shutting down: nothing to wait for.
                 let outcome = rx.await.unwrap_or(ReturnOutcome::NotRequested);
                 give_up.returns = None;
@@ -462,7 +463,6 @@ impl Returns {
     }
 }
 
-/// The metrics of one commit's outcome.
 /// Moves a commit's flushed batches into sled once its reply is on its way: a task of
 /// its own that first lets the tasks already woken run (the connection's, which writes
 /// the reply). A commit no return service waits on has nothing else to overlap the move
@@ -471,12 +471,18 @@ impl Returns {
 fn settle_after_reply(db: Database) {
     tokio::spawn(async move {
         tokio::task::yield_now().await;
-        if let Err(e) = db.settle() {
-            tracing::warn!(error = %e, "settling a commit's flush failed");
-        }
+        settle(&db);
     });
 }
 
+/// Does the flush's housekeeping a commit left for later ([`Txn::settle_later`]).
+fn settle(db: &Database) {
+    if let Err(e) = db.settle() {
+        tracing::warn!(error = %e, "settling a commit's flush failed");
+    }
+}
+
+/// The metrics of one commit's outcome.
 fn count_outcome(outcome: &ReturnOutcome) {
     if let ReturnOutcome::TimedOut { pending, .. } = outcome {
         for p in pending {
