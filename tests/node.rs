@@ -456,6 +456,54 @@ fn a_node_in_the_idle_cpu_class_runs_all_its_threads_there() {
     assert!(stderr(&out).contains("normal or idle"), "{}", stderr(&out));
 }
 
+/// The `THP_enabled` line of `/proc/PID/status`: 0 once the process opted out of
+/// transparent huge pages (`PR_SET_THP_DISABLE`), 1 while the machine's setting applies.
+fn thp_enabled(pid: u32) -> u32 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status
+        .lines()
+        .find_map(|l| l.strip_prefix("THP_enabled:"))
+        .expect("the kernel reports THP_enabled in /proc/PID/status (Linux 5.0 and later)");
+    line.trim().parse().unwrap()
+}
+
+/// A node opts out of transparent huge pages unless told `--transparent-huge-pages
+/// system`, and works either way; a setting hawser does not have is refused by name.
+#[test]
+fn a_node_opts_out_of_transparent_huge_pages_unless_told_otherwise() {
+    let dir = tempfile::tempdir().unwrap();
+    let off = Node::start("off", &dir.path().join("off"));
+    let out = off.cli(&[
+        "sql",
+        "-e",
+        "create table t (k int primary key, c int)",
+        "-e",
+        "insert into t values (1, 10), (2, 20)",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(thp_enabled(off.pid()), 0, "the default opts out");
+
+    let system = Node::start_with(
+        "system",
+        &dir.path().join("system"),
+        &["--transparent-huge-pages", "system"],
+    );
+    let out = system.cli(&["sql", "-e", "create table t (k int primary key)"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(
+        thp_enabled(system.pid()),
+        1,
+        "system leaves the machine's setting"
+    );
+
+    let out = std::process::Command::new(common::hawser_bin())
+        .args(["start", "--transparent-huge-pages", "always"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("off or system"), "{}", stderr(&out));
+}
+
 /// A client command whose reader stops early (`hawser sql ... | head`) ends on SIGPIPE
 /// as other Unix tools do, quietly: not with "error: Broken pipe" (`sql`) or a panic and
 /// a backtrace (`status`, which prints with `println!`).

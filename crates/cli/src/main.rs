@@ -138,6 +138,16 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     }
+    // Before the runtime and the store allocate, so that none of the node's memory
+    // comes in huge pages. A kernel without the setting still runs the node.
+    if start_config
+        .as_ref()
+        .is_some_and(|c| c.transparent_huge_pages == hawser_node::HugePages::Off)
+    {
+        if let Err(e) = os::disable_transparent_huge_pages() {
+            eprintln!("warning: {e}; the machine's setting applies");
+        }
+    }
     let runtime = match runtime(threads) {
         Ok(rt) => rt,
         Err(e) => {

@@ -1,10 +1,12 @@
 //! Process settings the C library has and the Rust crates hawser uses do not wrap
-//! safely: the CPU scheduling class a node runs in (`hawser start --cpu-class`), and
-//! SIGPIPE for the client commands.
+//! safely: the CPU scheduling class a node runs in (`hawser start --cpu-class`), its
+//! opting out of transparent huge pages (`--transparent-huge-pages`), and SIGPIPE for
+//! the client commands.
 //!
 //! The one place hawser calls the C library directly: neither rustix nor nix offers
-//! `sched_setscheduler` (and `chrt` may not be in the image a node runs from), and
-//! nix's `signal` is as unsafe as libc's.
+//! `sched_setscheduler` (and `chrt` may not be in the image a node runs from), nix's
+//! `prctl` module has no `PR_SET_THP_DISABLE`, and nix's `signal` is as unsafe as
+//! libc's.
 #![allow(unsafe_code)]
 
 /// Moves the calling thread into Linux's SCHED_IDLE class. Threads it starts afterwards
@@ -30,6 +32,32 @@ pub fn enter_idle_class() -> Result<(), String> {
 #[cfg(not(target_os = "linux"))]
 pub fn enter_idle_class() -> Result<(), String> {
     Err("cpu_class idle is Linux's SCHED_IDLE, which this system does not have".into())
+}
+
+/// Opts the calling process out of transparent huge pages (Linux's
+/// `PR_SET_THP_DISABLE`, since 3.15): memory it maps from now on is backed 4 KiB at a
+/// time, whatever `/sys/kernel/mm/transparent_hugepage/enabled` says. The setting is
+/// the whole process's and is kept across `fork` and `execve`; huge pages already
+/// mapped stay, so it is called before the runtime and the store allocate.
+#[cfg(target_os = "linux")]
+pub fn disable_transparent_huge_pages() -> Result<(), String> {
+    // SAFETY: PR_SET_THP_DISABLE takes plain integer arguments and writes no memory of
+    // this process; the unused arguments are zero as prctl(2) asks.
+    let r = unsafe { libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0) };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(format!(
+            "cannot opt out of transparent huge pages (prctl PR_SET_THP_DISABLE): {}",
+            std::io::Error::last_os_error()
+        ))
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+pub fn disable_transparent_huge_pages() -> Result<(), String> {
+    // Transparent huge pages are Linux's: elsewhere there is nothing to opt out of.
+    Ok(())
 }
 
 /// Restores SIGPIPE's default action (end the process quietly), which Rust's runtime

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Args, ValueEnum};
-use hawser_node::{CompressCodec, CpuClass, NodeConfig};
+use hawser_node::{CompressCodec, CpuClass, HugePages, NodeConfig};
 use metrics_exporter_prometheus::Matcher;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -39,7 +39,7 @@ pub struct StartArgs {
     /// raft_heartbeat, raft_election_min, raft_election_max, raft_snapshot_every,
     /// raft_log_keep, compile, compile_threshold_txns, compile_threshold_bytes,
     /// apply_slice, log_file_size, log_keep_bytes, min_free_bytes, compress_codec, threads,
-    /// cpu_class, boot_id).
+    /// cpu_class, transparent_huge_pages, boot_id).
     #[arg(long, env = "HAWSER_CONFIG")]
     config: Option<PathBuf>,
     /// Store name replication schemes use for this node [default: hawser].
@@ -135,6 +135,19 @@ pub struct StartArgs {
     /// latency; a node in the idle class stays there until it exits [default: normal].
     #[arg(long, env = "HAWSER_CPU_CLASS", value_name = "normal|idle", value_parser = parse_cpu_class)]
     cpu_class: Option<CpuClass>,
+    /// Transparent huge pages for the node's memory: off (the process opts out, as
+    /// Redis does and PostgreSQL, MongoDB and Oracle advise) or system (the machine's
+    /// /sys/kernel/mm/transparent_hugepage setting applies). A huge page is 2 MiB
+    /// zeroed in one page fault — on a virtual machine whose host backs memory lazily,
+    /// a fault that stalled a node's thread, and every commit waiting on it, for 5–6 ms
+    /// [default: off].
+    #[arg(
+        long,
+        env = "HAWSER_TRANSPARENT_HUGE_PAGES",
+        value_name = "off|system",
+        value_parser = parse_huge_pages
+    )]
+    transparent_huge_pages: Option<HugePages>,
     /// Stand in for the machine's boot id, which the store compares at every open to
     /// tell a restart of the process from one of the machine (after which this node's
     /// own writes wait until its return-service subscribers report what they hold).
@@ -277,6 +290,9 @@ impl StartArgs {
         if let Some(v) = self.cpu_class {
             c.cpu_class = v;
         }
+        if let Some(v) = self.transparent_huge_pages {
+            c.transparent_huge_pages = v;
+        }
         if let Some(v) = &self.boot_id {
             c.boot_id = Some(v.clone());
         }
@@ -286,6 +302,10 @@ impl StartArgs {
 }
 
 fn parse_cpu_class(s: &str) -> Result<CpuClass, String> {
+    s.parse().map_err(|e: hawser_node::ConfigError| e.0)
+}
+
+fn parse_huge_pages(s: &str) -> Result<HugePages, String> {
     s.parse().map_err(|e: hawser_node::ConfigError| e.0)
 }
 
@@ -313,6 +333,7 @@ pub async fn run(args: StartArgs, config: NodeConfig) -> anyhow::Result<ExitCode
     info!(
         worker_threads = tokio::runtime::Handle::current().metrics().num_workers(),
         cpu_class = config.cpu_class.as_str(),
+        transparent_huge_pages = config.transparent_huge_pages.as_str(),
         "async runtime started"
     );
     let metrics = metrics_exporter_prometheus::PrometheusBuilder::new()

@@ -95,6 +95,14 @@ pub struct NodeConfig {
     /// for a core the subscriber holds, and the subscriber lags while the machine is
     /// busy (docs/stream.md, "The idle CPU class", which says where it has no effect).
     pub cpu_class: CpuClass,
+    /// Whether the kernel may back the node's memory with transparent huge pages:
+    /// `off` (the default) opts the process out (Linux's `PR_SET_THP_DISABLE`), as
+    /// Redis does and PostgreSQL, MongoDB and Oracle advise; `system` leaves it to the
+    /// machine's setting. A huge page is 2 MiB zeroed in one page fault, where a
+    /// virtual machine's host may first have to find and back those 2 MiB: faults that
+    /// stalled a node's thread for 5–6 ms at a time (docs/storage.md, "Transparent huge
+    /// pages").
+    pub transparent_huge_pages: HugePages,
     /// Stands in for the machine's boot id (Linux's `/proc/sys/kernel/random/boot_id`),
     /// which the store compares at every open to tell a restart of the process from one
     /// of the machine (docs/stream.md, "Shipping before the sync"). For drills and
@@ -129,6 +137,7 @@ impl Default for NodeConfig {
             compress_codec: CompressCodec::Lz4,
             threads: 0,
             cpu_class: CpuClass::Normal,
+            transparent_huge_pages: HugePages::Off,
             boot_id: None,
         }
     }
@@ -183,6 +192,57 @@ impl TryFrom<String> for CpuClass {
 impl From<CpuClass> for String {
     fn from(c: CpuClass) -> String {
         c.as_str().into()
+    }
+}
+
+/// Whether a node's memory may be backed by transparent huge pages
+/// (`transparent_huge_pages`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub enum HugePages {
+    /// The node's process opts out of transparent huge pages, whatever the machine's
+    /// setting: its memory grows 4 KiB at a time.
+    #[default]
+    Off,
+    /// The machine's setting applies (`/sys/kernel/mm/transparent_hugepage/enabled`).
+    System,
+}
+
+impl HugePages {
+    /// Its name in configuration and status: `off` or `system`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            HugePages::Off => "off",
+            HugePages::System => "system",
+        }
+    }
+}
+
+impl std::str::FromStr for HugePages {
+    type Err = ConfigError;
+
+    fn from_str(s: &str) -> Result<Self, ConfigError> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "off" => Ok(HugePages::Off),
+            "system" => Ok(HugePages::System),
+            _ => Err(ConfigError(format!(
+                "transparent_huge_pages {s:?} is not a setting hawser has: off or system"
+            ))),
+        }
+    }
+}
+
+impl TryFrom<String> for HugePages {
+    type Error = ConfigError;
+
+    fn try_from(s: String) -> Result<Self, ConfigError> {
+        s.parse()
+    }
+}
+
+impl From<HugePages> for String {
+    fn from(h: HugePages) -> String {
+        h.as_str().into()
     }
 }
 
@@ -472,6 +532,22 @@ mod tests {
         assert!(c.validate().unwrap_err().0.contains("threads 1025"));
         c = NodeConfig::from_toml("threads = 1\n").unwrap();
         assert_eq!((c.threads, c.validate()), (1, Ok(())));
+    }
+
+    #[test]
+    fn transparent_huge_pages_read_from_toml_and_text_and_default_to_off() {
+        assert_eq!(NodeConfig::default().transparent_huge_pages, HugePages::Off);
+        let c = NodeConfig::from_toml("transparent_huge_pages = \"system\"\n").unwrap();
+        assert_eq!(c.transparent_huge_pages, HugePages::System);
+        assert_eq!(" OFF".parse::<HugePages>(), Ok(HugePages::Off));
+        let err = NodeConfig::from_toml("transparent_huge_pages = \"always\"\n").unwrap_err();
+        assert!(err.0.contains("off or system"), "{err}");
+        let text = toml::to_string(&c).unwrap();
+        assert!(
+            text.contains("transparent_huge_pages = \"system\""),
+            "{text}"
+        );
+        assert_eq!(NodeConfig::from_toml(&text).unwrap(), c);
     }
 
     #[test]

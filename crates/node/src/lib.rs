@@ -45,7 +45,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{error, info, instrument, warn};
 
-pub use config::{CompressCodec, ConfigError, CpuClass, NodeConfig};
+pub use config::{CompressCodec, ConfigError, CpuClass, HugePages, NodeConfig};
 pub use grpc::MAX_SCAN_ROWS;
 
 /// Why a node could not start or stopped on its own.
