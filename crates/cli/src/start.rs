@@ -136,7 +136,7 @@ pub struct StartArgs {
     #[arg(long, env = "HAWSER_CPU_CLASS", value_name = "normal|idle", value_parser = parse_cpu_class)]
     cpu_class: Option<CpuClass>,
     /// Transparent huge pages for the node's memory: off (the process opts out, as
-    /// Redis does and PostgreSQL, MongoDB and Oracle advise) or system (the machine's
+    /// Redis does by default and Oracle advises) or system (the machine's
     /// /sys/kernel/mm/transparent_hugepage setting applies). A huge page is 2 MiB
     /// zeroed in one page fault — on a virtual machine whose host backs memory lazily,
     /// a fault that stalled a node's thread, and every commit waiting on it, for 5–6 ms

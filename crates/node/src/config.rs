@@ -97,7 +97,7 @@ pub struct NodeConfig {
     pub cpu_class: CpuClass,
     /// Whether the kernel may back the node's memory with transparent huge pages:
     /// `off` (the default) opts the process out (Linux's `PR_SET_THP_DISABLE`), as
-    /// Redis does and PostgreSQL, MongoDB and Oracle advise; `system` leaves it to the
+    /// Redis does by default and Oracle advises; `system` leaves it to the
     /// machine's setting. A huge page is 2 MiB zeroed in one page fault, where a
     /// virtual machine's host may first have to find and back those 2 MiB: faults that
     /// stalled a node's thread for 5–6 ms at a time (docs/storage.md, "Transparent huge
