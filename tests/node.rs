@@ -490,9 +490,11 @@ fn a_node_opts_out_of_transparent_huge_pages_unless_told_otherwise() {
     );
     let out = system.cli(&["sql", "-e", "create table t (k int primary key)"]);
     assert!(out.status.success(), "{}", stderr(&out));
+    // A kernel built without transparent huge pages reports 0 for every process.
+    let kernel_has_thp = std::path::Path::new("/sys/kernel/mm/transparent_hugepage").exists();
     assert_eq!(
         thp_enabled(system.pid()),
-        1,
+        u32::from(kernel_has_thp),
         "system leaves the machine's setting"
     );
 
