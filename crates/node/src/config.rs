@@ -209,7 +209,7 @@ pub enum HugePages {
 }
 
 impl HugePages {
-    /// Its name in configuration and status: `off` or `system`.
+    /// Its name in configuration and the node's startup log: `off` or `system`.
     pub fn as_str(self) -> &'static str {
         match self {
             HugePages::Off => "off",
