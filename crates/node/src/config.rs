@@ -143,6 +143,53 @@ impl Default for NodeConfig {
     }
 }
 
+/// The string side of a setting whose values are names: `as_str` (its name in
+/// configuration, status and logs), parsing (trimmed, any case; an error names the key
+/// and the names it takes), and serde through both (`#[serde(try_from = "String",
+/// into = "String")]` on the enum).
+macro_rules! named_setting {
+    ($ty:ident, $key:literal, $what:literal, { $($variant:ident => $name:literal),+ $(,)? }) => {
+        impl $ty {
+            /// Its name: one of the names the setting takes.
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $($ty::$variant => $name,)+
+                }
+            }
+        }
+
+        impl std::str::FromStr for $ty {
+            type Err = ConfigError;
+
+            fn from_str(s: &str) -> Result<Self, ConfigError> {
+                match s.trim().to_ascii_lowercase().as_str() {
+                    $($name => Ok($ty::$variant),)+
+                    _ => Err(ConfigError(format!(
+                        "{} {s:?} is not {} hawser has: {}",
+                        $key,
+                        $what,
+                        [$($name),+].join(" or ")
+                    ))),
+                }
+            }
+        }
+
+        impl TryFrom<String> for $ty {
+            type Error = ConfigError;
+
+            fn try_from(s: String) -> Result<Self, ConfigError> {
+                s.parse()
+            }
+        }
+
+        impl From<$ty> for String {
+            fn from(v: $ty) -> String {
+                v.as_str().into()
+            }
+        }
+    };
+}
+
 /// The CPU scheduling class a node's threads run in (`cpu_class`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(try_from = "String", into = "String")]
@@ -157,43 +204,7 @@ pub enum CpuClass {
     Idle,
 }
 
-impl CpuClass {
-    /// Its name in configuration and status: `normal` or `idle`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            CpuClass::Normal => "normal",
-            CpuClass::Idle => "idle",
-        }
-    }
-}
-
-impl std::str::FromStr for CpuClass {
-    type Err = ConfigError;
-
-    fn from_str(s: &str) -> Result<Self, ConfigError> {
-        match s.trim().to_ascii_lowercase().as_str() {
-            "normal" => Ok(CpuClass::Normal),
-            "idle" => Ok(CpuClass::Idle),
-            _ => Err(ConfigError(format!(
-                "cpu_class {s:?} is not a class hawser has: normal or idle"
-            ))),
-        }
-    }
-}
-
-impl TryFrom<String> for CpuClass {
-    type Error = ConfigError;
-
-    fn try_from(s: String) -> Result<Self, ConfigError> {
-        s.parse()
-    }
-}
-
-impl From<CpuClass> for String {
-    fn from(c: CpuClass) -> String {
-        c.as_str().into()
-    }
-}
+named_setting!(CpuClass, "cpu_class", "a class", { Normal => "normal", Idle => "idle" });
 
 /// Whether a node's memory may be backed by transparent huge pages
 /// (`transparent_huge_pages`).
@@ -208,43 +219,10 @@ pub enum HugePages {
     System,
 }
 
-impl HugePages {
-    /// Its name in configuration and the node's startup log: `off` or `system`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            HugePages::Off => "off",
-            HugePages::System => "system",
-        }
-    }
-}
-
-impl std::str::FromStr for HugePages {
-    type Err = ConfigError;
-
-    fn from_str(s: &str) -> Result<Self, ConfigError> {
-        match s.trim().to_ascii_lowercase().as_str() {
-            "off" => Ok(HugePages::Off),
-            "system" => Ok(HugePages::System),
-            _ => Err(ConfigError(format!(
-                "transparent_huge_pages {s:?} is not a setting hawser has: off or system"
-            ))),
-        }
-    }
-}
-
-impl TryFrom<String> for HugePages {
-    type Error = ConfigError;
-
-    fn try_from(s: String) -> Result<Self, ConfigError> {
-        s.parse()
-    }
-}
-
-impl From<HugePages> for String {
-    fn from(h: HugePages) -> String {
-        h.as_str().into()
-    }
-}
+named_setting!(HugePages, "transparent_huge_pages", "a setting", {
+    Off => "off",
+    System => "system",
+});
 
 /// The algorithm of COMPRESS TRAFFIC ON, chosen per sending node (`compress_codec`:
 /// `lz4`, `zstd` or `zstd:LEVEL`). Each batch names its codec, so a receiver reads
