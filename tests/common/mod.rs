@@ -28,6 +28,14 @@ pub struct Node {
     log: PathBuf,
 }
 
+/// Why a node did not start: its first line on stdout (or the wait's error), its whole
+/// log, and what this start added to it.
+struct StartFailure {
+    line: Result<String, mpsc::RecvTimeoutError>,
+    whole_log: String,
+    new_log: String,
+}
+
 impl Node {
     /// Starts a node named `name` with its data in `data_dir`, on free ports, and waits
     /// (at most 60 s) for its ready line.
@@ -41,8 +49,40 @@ impl Node {
 
     /// Starts a node whose gRPC server listens on `listen` (a restarted cluster member
     /// must keep its address: the Raft membership names it), with `extra` flags.
+    ///
+    /// A fixed port is one that an earlier node of the test had from the kernel's
+    /// ephemeral range, and while its node is down an outgoing connection may take it as
+    /// its local port — a peer reconnecting to that very address can even connect to
+    /// itself (seen once under a CPU hog: a restart refused with "Address already in
+    /// use"). Such a start is tried again every [`POLL`] for up to 30 s while the port is
+    /// taken.
     pub fn start_at(name: &str, data_dir: &Path, listen: &str, extra: &[&str]) -> Node {
+        let fixed_port = !listen.ends_with(":0");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let failure = match Self::spawn_at(name, data_dir, listen, extra) {
+                Ok(node) => return node,
+                Err(failure) => failure,
+            };
+            let in_use = failure.new_log.contains("Address already in use");
+            if !(fixed_port && in_use && Instant::now() < deadline) {
+                panic!(
+                    "node {name} did not become ready ({:?}); log:\n{}",
+                    failure.line, failure.whole_log
+                );
+            }
+            std::thread::sleep(POLL);
+        }
+    }
+
+    fn spawn_at(
+        name: &str,
+        data_dir: &Path,
+        listen: &str,
+        extra: &[&str],
+    ) -> Result<Node, StartFailure> {
         let log = data_dir.with_extension(format!("{}.log", std::process::id()));
+        let logged_before = std::fs::metadata(&log).map_or(0, |m| m.len());
         let log_file = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -78,10 +118,16 @@ impl Node {
             other => {
                 let _ = child.kill();
                 let _ = child.wait();
-                panic!(
-                    "node {name} did not become ready ({other:?}); log:\n{}",
-                    std::fs::read_to_string(&log).unwrap_or_default()
-                );
+                let whole_log = std::fs::read_to_string(&log).unwrap_or_default();
+                let new_log = whole_log
+                    .get(usize::try_from(logged_before).unwrap_or(0)..)
+                    .unwrap_or_default()
+                    .to_string();
+                return Err(StartFailure {
+                    line: other,
+                    whole_log,
+                    new_log,
+                });
             }
         };
         let field = |k: &str| {
@@ -90,7 +136,7 @@ impl Node {
                 .unwrap_or_else(|| panic!("no {k} in ready line {line:?}"))
                 .to_string()
         };
-        Node {
+        Ok(Node {
             name: name.into(),
             data_dir: data_dir.into(),
             grpc: field("grpc"),
@@ -98,7 +144,7 @@ impl Node {
             node_id: field("node_id").parse().expect("node id"),
             child: Some(child),
             log,
-        }
+        })
     }
 
     pub fn pid(&self) -> u32 {
