@@ -249,7 +249,19 @@ async fn a_node_joining_after_the_log_was_purged_receives_a_snapshot() {
     join_retrying(&fourth, &[nodes[2].addr.clone()]).await;
     let st = fourth.plane.wait_for_version(version, WAIT).await.unwrap();
     assert_eq!(st.schemes.len(), 8);
-    assert!(st.nodes.contains_key(&NodeId(4)));
+    // The snapshot brings the schemes; the entry that adds this node to the members may
+    // be applied a moment later (seen under a CPU hog): waited for, bounded.
+    let mut states = fourth.plane.subscribe();
+    let joined = tokio::time::timeout(
+        WAIT,
+        states.wait_for(|st| st.nodes.contains_key(&NodeId(4))),
+    )
+    .await;
+    assert!(
+        matches!(joined, Ok(Ok(_))),
+        "node 4 never saw itself among the members: {:?}",
+        fourth.plane.state().nodes.keys().collect::<Vec<_>>()
+    );
     // Raft's metrics follow the installed snapshot a moment after the state machine
     // has it: waited for (bounded), not read once.
     let installed = fourth
