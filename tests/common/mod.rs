@@ -58,20 +58,22 @@ impl Node {
     /// taken.
     pub fn start_at(name: &str, data_dir: &Path, listen: &str, extra: &[&str]) -> Node {
         let fixed_port = !listen.ends_with(":0");
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            let failure = match Self::spawn_at(name, data_dir, listen, extra) {
-                Ok(node) => return node,
-                Err(failure) => failure,
-            };
-            let in_use = failure.new_log.contains("Address already in use");
-            if !(fixed_port && in_use && Instant::now() < deadline) {
-                panic!(
-                    "node {name} did not become ready ({:?}); log:\n{}",
-                    failure.line, failure.whole_log
-                );
+        let mut refused = None;
+        let started = poll_until(Duration::from_secs(30), || {
+            match Self::spawn_at(name, data_dir, listen, extra) {
+                Err(f) if fixed_port && f.new_log.contains("Address already in use") => {
+                    refused = Some(f);
+                    None
+                }
+                done => Some(done),
             }
-            std::thread::sleep(POLL);
+        });
+        match started.unwrap_or_else(|| Err(refused.expect("tried at least once"))) {
+            Ok(node) => node,
+            Err(failure) => panic!(
+                "node {name} did not become ready ({:?}); log:\n{}",
+                failure.line, failure.whole_log
+            ),
         }
     }
 
