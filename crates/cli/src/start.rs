@@ -37,7 +37,8 @@ pub struct StartArgs {
     /// TOML file with node settings (keys as in `NodeConfig`: name, listen, http,
     /// data_dir, durable_commits, lock_timeout, max_message_bytes, join, advertise,
     /// raft_heartbeat, raft_election_min, raft_election_max, raft_snapshot_every,
-    /// raft_log_keep, compile, compile_threshold_txns, compile_threshold_bytes,
+    /// raft_log_keep, report_interval, master_lease, failover_timeout, auto_failover,
+    /// failover_max_lag, compile, compile_threshold_txns, compile_threshold_bytes,
     /// apply_slice, log_file_size, log_keep_bytes, min_free_bytes, compress_codec, threads,
     /// cpu_class, transparent_huge_pages, boot_id).
     #[arg(long, env = "HAWSER_CONFIG")]
@@ -93,6 +94,28 @@ pub struct StartArgs {
     /// the log at every snapshot [default: 1000].
     #[arg(long, env = "HAWSER_RAFT_LOG_KEEP")]
     raft_log_keep: Option<u64>,
+    /// How often this node reports its liveness and high-water marks to the Raft
+    /// leader, which renews its master lease in answer [default: 100ms].
+    #[arg(long, env = "HAWSER_REPORT_INTERVAL", value_parser = humantime::parse_duration)]
+    report_interval: Option<Duration>,
+    /// How long a master lease lasts from when the master asked for it: a master cut
+    /// off from the Raft leader's quorum stops taking writes (SQLSTATE 57P03) within
+    /// this long. At least twice the report interval [default: 500ms].
+    #[arg(long, env = "HAWSER_MASTER_LEASE", value_parser = humantime::parse_duration)]
+    master_lease: Option<Duration>,
+    /// A master the Raft leader has not heard from for this long is failed over to its
+    /// most up-to-date live subscriber (RETURN TWOSAFE / RECEIPT subscribers first). At
+    /// least the master lease plus the report interval [default: 1s].
+    #[arg(long, env = "HAWSER_FAILOVER_TIMEOUT", value_parser = humantime::parse_duration)]
+    failover_timeout: Option<Duration>,
+    /// Whether this node, while it leads the Raft group, fails silent masters over
+    /// automatically; false only reports them (hawser status) [default: true].
+    #[arg(long, env = "HAWSER_AUTO_FAILOVER")]
+    auto_failover: Option<bool>,
+    /// Do not promote a subscriber that trails the silent master by more than this
+    /// many of its transactions; 0 sets no limit [default: 0].
+    #[arg(long, env = "HAWSER_FAILOVER_MAX_LAG", value_name = "TRANSACTIONS")]
+    failover_max_lag: Option<u64>,
     /// TimesTen's LogFileSize, the unit of a scheme's FAILTHRESHOLD: a master marks a
     /// subscriber FAILED once the log it has not acknowledged exceeds FAILTHRESHOLD ×
     /// this many bytes [default: 67108864].
@@ -259,6 +282,21 @@ impl StartArgs {
         }
         if let Some(v) = self.raft_log_keep {
             c.raft_log_keep = v;
+        }
+        if let Some(v) = self.report_interval {
+            c.report_interval = v;
+        }
+        if let Some(v) = self.master_lease {
+            c.master_lease = v;
+        }
+        if let Some(v) = self.failover_timeout {
+            c.failover_timeout = v;
+        }
+        if let Some(v) = self.auto_failover {
+            c.auto_failover = v;
+        }
+        if let Some(v) = self.failover_max_lag {
+            c.failover_max_lag = v;
         }
         if let Some(v) = self.compile.compile_threshold_txns {
             c.compile_threshold_txns = v;

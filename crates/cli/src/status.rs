@@ -300,6 +300,11 @@ fn print_cluster(c: &hawser_client::ClusterStatus) {
         "NODE", "STORE", "GRPC", "MEMBER", "ROLE", "HEALTH", "LAG"
     );
     for n in &c.nodes {
+        let health = if n.millis_since_report >= 0 && n.health != "ok" {
+            format!("{} {}ms", n.health, n.millis_since_report)
+        } else {
+            n.health.clone()
+        };
         println!(
             "{:<20} {:<12} {:<22} {:<8} {:<10} {:<12} {:>5}",
             n.id,
@@ -307,13 +312,16 @@ fn print_cluster(c: &hawser_client::ClusterStatus) {
             n.grpc_addr,
             n.membership,
             n.role,
-            n.health,
+            health,
             if n.lag_entries < 0 {
                 "-".to_string()
             } else {
                 n.lag_entries.to_string()
             }
         );
+    }
+    for b in &c.blocked_failovers {
+        println!("failover    blocked: {b}");
     }
     if c.schemes.is_empty() {
         println!();

@@ -17,12 +17,16 @@
 //! * [`state`]: the pure cluster state machine, unit-tested without I/O.
 //! * [`store`]: openraft storage-v2 over the store's [`hawser_store::KvEngine`].
 //! * [`network`] and [`service`]: the peers-only `hawser.raft.v1.RaftPeer` service.
+//! * [`health`]: the leader's book of liveness reports and the master leases it grants.
+//! * [`failover`]: the pure failover decision.
 //! * [`plane`]: [`ControlPlane`], what the node holds.
 //! * [`types`]: the openraft type configuration.
 //!
 //! `docs/control.md` records the layout, the RPCs, the timing settings and the
 //! decisions.
 
+pub mod failover;
+pub mod health;
 pub mod network;
 pub mod plane;
 pub mod service;
@@ -38,6 +42,7 @@ pub mod pb {
 
 pub use network::PeerError;
 pub use plane::{
-    ControlConfig, ControlMetrics, ControlPlane, JoinReply, JoinRequest, PlaneError, RaftRole,
+    ControlConfig, ControlMetrics, ControlPlane, FailoverTick, JoinReply, JoinRequest, PlaneError,
+    RaftRole,
 };
 pub use state::{ClusterState, Command, ControlError, NodeInfo, Response};

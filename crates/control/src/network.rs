@@ -48,6 +48,7 @@ pub enum Rpc {
     JoinCluster,
     ForwardPropose,
     RemoveNode,
+    Report,
 }
 
 impl Rpc {
@@ -60,6 +61,7 @@ impl Rpc {
             Rpc::JoinCluster => "join_cluster",
             Rpc::ForwardPropose => "forward_propose",
             Rpc::RemoveNode => "remove_node",
+            Rpc::Report => "report",
         }
     }
 }
@@ -116,6 +118,10 @@ pub enum PeerError {
     /// member: its old log is gone, and letting it in could lose committed entries.
     #[error("node {0} is already a member but has lost its Raft state; join under a new id")]
     LostState(RaftNodeId),
+    /// A message meant for node `meant` reached node `here` (an address now answered
+    /// by another node): refused, never acted on.
+    #[error("this is node {here}, not node {meant} the message was meant for")]
+    Misaddressed { meant: RaftNodeId, here: RaftNodeId },
     /// The leader could not finish the change (Raft stopped, a membership change did
     /// not commit in time, ...).
     #[error("{0}")]
@@ -178,6 +184,7 @@ impl PeerPool {
                 Rpc::JoinCluster => client.join_cluster(request).await,
                 Rpc::ForwardPropose => client.forward_propose(request).await,
                 Rpc::RemoveNode => client.remove_node(request).await,
+                Rpc::Report => client.report(request).await,
             }
         };
         let started = std::time::Instant::now();

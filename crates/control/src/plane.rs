@@ -19,7 +19,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use hawser_core::{Ident, NodeId};
+use hawser_core::{Epoch, Ident, NodeId};
 use hawser_store::KvEngine;
 use openraft::error::{ClientWriteError, InitializeError, RaftError};
 use openraft::{ChangeMembers, Config, ServerState, SnapshotPolicy};
@@ -27,6 +27,8 @@ use serde::{Deserialize, Serialize};
 use thiserror::Error;
 use tokio::sync::watch;
 
+use crate::failover::{self, Blocked, FailoverSettings, HealthReport, HealthView};
+use crate::health::{HealthBook, LeaseGrant, Report, ReportReply};
 use crate::network::{CallError, NetworkFactory, PeerError, PeerPool, Rpc};
 use crate::pb::raft_peer_server::RaftPeerServer;
 use crate::service::PeerService;
@@ -68,6 +70,14 @@ pub struct ControlConfig {
     pub max_in_snapshot_log_to_keep: u64,
     /// Joining nodes become voters until there are this many; learners after.
     pub max_voters: usize,
+    /// How often this node reports its liveness and marks to the Raft leader.
+    pub report_interval: Duration,
+    /// How long a master lease lasts, from when its holder sent the report that
+    /// earned it. Must be shorter than the failover timeout (docs/control.md,
+    /// "Failover timing").
+    pub master_lease: Duration,
+    /// When the leader decides failovers, and whom it promotes.
+    pub failover: FailoverSettings,
 }
 
 impl ControlConfig {
@@ -95,7 +105,23 @@ impl ControlConfig {
             snapshot_every: 1000,
             max_in_snapshot_log_to_keep: 1000,
             max_voters: 5,
+            report_interval: Duration::from_millis(100),
+            master_lease: Duration::from_millis(500),
+            failover: FailoverSettings {
+                enabled: true,
+                failover_timeout: Duration::from_millis(1000),
+                candidate_fresh: Duration::from_millis(500),
+                max_lag: None,
+            },
         }
+    }
+
+    /// The longest a leader may have gone without hearing from a quorum and still
+    /// grant a lease: half the minimum election timeout, so any lease it grants ends
+    /// before a successor elected without it could fail the master over
+    /// (docs/control.md, "Failover timing").
+    pub fn lease_quorum_age(&self) -> Duration {
+        self.election_timeout_min / 2
     }
 
     /// Explains a bad combination of settings.
@@ -121,6 +147,24 @@ impl ControlConfig {
         }
         if self.snapshot_every == 0 {
             return bad("snapshot_every must be at least 1".into());
+        }
+        if self.report_interval.is_zero() {
+            return bad("the report interval must be at least 1ms".into());
+        }
+        if self.master_lease < self.report_interval * 2 {
+            return bad(format!(
+                "the master lease {:?} must be at least twice the report interval {:?}, or \
+                 a master loses its lease between two reports",
+                self.master_lease, self.report_interval
+            ));
+        }
+        if self.failover.failover_timeout < self.master_lease + self.report_interval {
+            return bad(format!(
+                "the failover timeout {:?} must be at least the master lease {:?} plus the \
+                 report interval {:?}: a master must have stopped taking writes before \
+                 another is promoted",
+                self.failover.failover_timeout, self.master_lease, self.report_interval
+            ));
         }
         Ok(())
     }
@@ -208,6 +252,10 @@ impl PlaneError {
             },
             PeerError::LostState(_) => PlaneError::LostState(e),
             PeerError::Failed(m) => PlaneError::Fatal(m),
+            PeerError::Misaddressed { .. } => PlaneError::Unavailable {
+                leader_addr: None,
+                reason: e.to_string(),
+            },
         }
     }
 
@@ -267,12 +315,25 @@ pub struct ControlMetrics {
     pub replication: BTreeMap<NodeId, Option<u64>>,
 }
 
+/// What one [`ControlPlane::failover_tick`] did.
+#[derive(Debug, Clone, Default)]
+pub struct FailoverTick {
+    /// Whether this node leads (else it decided nothing).
+    pub leader: bool,
+    /// The failovers committed.
+    pub committed: Vec<Command>,
+    /// Silent masters that cannot be failed over now, with why.
+    pub blocked: Vec<Blocked>,
+}
+
 /// Shared by the handle and the peer service.
 pub(crate) struct Inner {
     pub(crate) cfg: ControlConfig,
     pub(crate) raft: Raft,
     sm: store::StateMachineStore,
     peers: PeerPool,
+    /// On the leader: every node's last report ([`crate::health`]).
+    health: HealthBook,
     /// Serializes membership changes on this node (when it leads).
     membership: tokio::sync::Mutex<()>,
 }
@@ -302,6 +363,7 @@ impl ControlPlane {
                 raft,
                 sm,
                 peers,
+                health: HealthBook::new(),
                 membership: tokio::sync::Mutex::new(()),
             }),
         })
@@ -572,6 +634,141 @@ impl ControlPlane {
         }
     }
 
+    /// Sends this node's liveness report to the Raft leader (handled here when this
+    /// node leads) and returns its answer, with a master lease or why there is none.
+    pub async fn report(&self, health: HealthReport) -> Result<ReportReply, PlaneError> {
+        let (leader, addr) = {
+            let m = self.inner.raft.metrics();
+            let m = m.borrow();
+            let Some(leader) = m.current_leader else {
+                return Err(PlaneError::Unavailable {
+                    leader_addr: None,
+                    reason: "no Raft leader known".into(),
+                });
+            };
+            let addr = m
+                .membership_config
+                .membership()
+                .get_node(&leader)
+                .map(|n| n.addr.clone());
+            (leader, addr)
+        };
+        let report = Report {
+            to: NodeId(leader),
+            health,
+        };
+        if leader == self.inner.cfg.node_id.0 {
+            return self
+                .inner
+                .handle_report(report)
+                .map_err(PlaneError::from_peer);
+        }
+        let Some(addr) = addr else {
+            return Err(PlaneError::Unavailable {
+                leader_addr: None,
+                reason: format!("the leader {leader} has no address in the membership"),
+            });
+        };
+        // A report older than a lease is worth nothing: bound the call by the lease.
+        let deadline = self.inner.cfg.master_lease;
+        let reply: Result<ReportReply, PeerError> = self
+            .inner
+            .peers
+            .call(&addr, Rpc::Report, &report, deadline)
+            .await
+            .map_err(PlaneError::from_call)?;
+        reply.map_err(PlaneError::from_peer)
+    }
+
+    /// The leader's view of every node's liveness (`None` on a node that does not
+    /// lead), with now on the same clock.
+    pub fn health(&self) -> Option<(HealthView, std::time::Duration)> {
+        let m = self.inner.raft.metrics().borrow().clone();
+        (m.state == ServerState::Leader).then(|| {
+            (
+                self.inner.health.view(m.current_term),
+                self.inner.health.now(),
+            )
+        })
+    }
+
+    /// On the Raft leader: decides which elements to fail over now
+    /// ([`failover::decide`]) and commits each decision, after confirming leadership
+    /// with a quorum. Does nothing on other nodes. The node calls it every report
+    /// interval.
+    pub async fn failover_tick(&self) -> Result<FailoverTick, PlaneError> {
+        let m = self.inner.raft.metrics().borrow().clone();
+        if m.state != ServerState::Leader {
+            return Ok(FailoverTick::default());
+        }
+        let term = m.current_term;
+        let state = self.state();
+        let health = &self.inner.health;
+        let plan = failover::decide(
+            &state,
+            &health.view(term),
+            health.now(),
+            &self.inner.cfg.failover,
+        );
+        let mut tick = FailoverTick {
+            leader: true,
+            blocked: plan.blocked,
+            committed: Vec::new(),
+        };
+        for cmd in plan.commands {
+            let Command::SetMaster {
+                scheme,
+                element,
+                node,
+                epoch,
+                fork_point,
+            } = &cmd
+            else {
+                continue;
+            };
+            let deposed = state.master_of(scheme, element).and_then(|m| m.node);
+            if let Some(d) = deposed {
+                health.fence(
+                    term,
+                    d,
+                    scheme.clone(),
+                    element.clone(),
+                    Epoch(epoch.0.saturating_sub(1)),
+                );
+            }
+            // Only a leader that a quorum confirms now decides a failover: openraft 0.9
+            // keeps an isolated leader believing it leads.
+            if let Err(e) = self.ensure_leader().await {
+                if let Some(d) = deposed {
+                    health.unfence(d, scheme, element);
+                }
+                return Err(e);
+            }
+            match self.inner.propose_here(cmd.clone()).await {
+                Ok(Response::Applied { .. }) => {
+                    tracing::warn!(
+                        %scheme, %element, new_master = %node, epoch = epoch.0,
+                        deposed = ?deposed, fork_point = ?fork_point,
+                        "failover committed: the master was silent past the failover timeout"
+                    );
+                    metrics::counter!("hawser_failovers_total").increment(1);
+                    tick.committed.push(cmd.clone());
+                }
+                Ok(Response::Rejected(e)) => {
+                    if let Some(d) = deposed {
+                        health.unfence(d, scheme, element);
+                    }
+                    tracing::warn!(%scheme, %element, error = %e, "failover refused");
+                }
+                Ok(Response::Empty) => {}
+                // The outcome is unknown: the fence stays until the state shows the
+                // element moved on or leadership changes.
+                Err(e) => return Err(PlaneError::from_peer(e)),
+            }
+        }
+        Ok(tick)
+    }
+
     /// Stops Raft. The peer service answers with errors afterwards; the node stops its
     /// gRPC server itself.
     pub async fn shutdown(&self) -> Result<(), PlaneError> {
@@ -740,6 +937,62 @@ impl Inner {
         Ok(JoinReply {
             leader: self.cfg.node_id,
             voter,
+        })
+    }
+
+    /// A node's liveness report, on the leader: recorded on the leader's clock and
+    /// answered with a master lease when the leader may grant one.
+    pub(crate) fn handle_report(&self, report: Report) -> Result<ReportReply, PeerError> {
+        let m = self.raft.metrics().borrow().clone();
+        if m.state != ServerState::Leader {
+            return Err(self.leader_hint());
+        }
+        if report.to != self.cfg.node_id {
+            return Err(PeerError::Misaddressed {
+                meant: report.to.0,
+                here: self.cfg.node_id.0,
+            });
+        }
+        let node = report.health.node;
+        self.health.record(m.current_term, report.health);
+        let state = self.sm.state();
+        let lease = self.grant(&m, node, &state);
+        Ok(ReportReply {
+            leader: self.cfg.node_id,
+            term: m.current_term,
+            lease,
+        })
+    }
+
+    /// A master lease for `node`, or why the leader grants none now.
+    fn grant(
+        &self,
+        m: &crate::types::RaftMetrics,
+        node: NodeId,
+        state: &ClusterState,
+    ) -> Result<LeaseGrant, String> {
+        if !state.nodes.contains_key(&node) {
+            return Err(format!("node {node} is not registered in the cluster"));
+        }
+        let limit = self.cfg.lease_quorum_age();
+        match m.millis_since_quorum_ack {
+            Some(ms) if u128::from(ms) <= limit.as_millis() => {}
+            other => {
+                return Err(format!(
+                    "the Raft leader has not heard from a quorum within {limit:?} (last: \
+                     {}); no master lease is granted without one",
+                    other.map_or("never".into(), |ms| format!("{ms} ms ago"))
+                ))
+            }
+        }
+        if self.health.is_fenced(m.current_term, node, state) {
+            return Err(format!(
+                "a failover of an element node {node} masters is being committed"
+            ));
+        }
+        Ok(LeaseGrant {
+            millis: self.cfg.master_lease.as_millis() as u64,
+            state_version: state.version,
         })
     }
 

@@ -12,6 +12,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tonic::{Request, Response, Status};
 
+use crate::health::Report;
 use crate::pb::raft_peer_server::RaftPeer;
 use crate::pb::Payload;
 use crate::plane::{Inner, JoinRequest};
@@ -65,5 +66,10 @@ impl RaftPeer for PeerService {
     async fn remove_node(&self, req: Request<Payload>) -> Result<Response<Payload>, Status> {
         let id: RaftNodeId = decode(req)?;
         encode(&self.inner.handle_remove(id).await)
+    }
+
+    async fn report(&self, req: Request<Payload>) -> Result<Response<Payload>, Status> {
+        let report: Report = decode(req)?;
+        encode(&self.inner.handle_report(report))
     }
 }

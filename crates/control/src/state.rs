@@ -240,7 +240,9 @@ pub enum Command {
     /// `DROP REPLICATION`.
     DropScheme { name: QualName },
     /// Failover or switchover: `node` masters (or propagates) `element` from `epoch` on,
-    /// which must be the element's current epoch plus one.
+    /// which must be the element's current epoch plus one. With a fork point (a
+    /// failover) the deposed master's receiver is STOPPED and its return service
+    /// DISABLED in the same entry, so no commit on the new master waits for it.
     SetMaster {
         scheme: QualName,
         element: Ident,
@@ -659,6 +661,16 @@ fn set_master(
     let mut s = old.clone();
     s.scheme = next;
     s.version += 1;
+    if fork_point.is_some() {
+        // A failover: the deposed master now sits in its successor's subscriber slot,
+        // dead or fenced. Nothing is sent to it and no commit waits for it until it has
+        // rejoined (set aside what never left it and caught up), which starts it again.
+        if let Some(deposed) = named(&el.owner) {
+            s.receivers.insert(deposed.clone(), ReceiverState::Stop);
+            s.return_services
+                .insert(deposed.clone(), ReturnServiceState::Disabled);
+        }
+    }
     if let Some(es) = s.elements.get_mut(element) {
         es.epoch = epoch;
         es.history.push(EpochRecord {
@@ -845,6 +857,30 @@ mod tests {
         assert!(text.contains("MASTER subscriber1"), "{text}");
         assert!(text.contains("SUBSCRIBER masterds"), "{text}");
         assert_eq!(s.version, 2);
+        // The deposed master gets nothing and holds back no commit until it rejoins.
+        let masterds = Ident::unquoted("masterds");
+        assert_eq!(s.receiver_state(&masterds), ReceiverState::Stop);
+        assert_eq!(
+            s.return_service_state(&masterds),
+            ReturnServiceState::Disabled
+        );
+    }
+
+    #[test]
+    fn a_switchover_without_fork_point_leaves_the_old_master_receiving() {
+        let mut st = cluster();
+        must_apply(
+            &mut st,
+            Command::SetMaster {
+                scheme: r1(),
+                element: e(),
+                node: NodeId(2),
+                epoch: Epoch(1),
+                fork_point: None,
+            },
+        );
+        let s = &st.schemes[&r1()];
+        assert!(s.receivers.is_empty() && s.return_services.is_empty());
     }
 
     #[test]

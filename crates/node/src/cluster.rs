@@ -21,6 +21,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
+use hawser_control::failover::{liveness, Liveness};
 use hawser_control::state::ReceiverState;
 use hawser_control::{ClusterState, Command, ControlError, ControlPlane, PlaneError, RaftRole};
 use hawser_core::{Ident, QualName};
@@ -334,9 +335,21 @@ pub fn role_name(role: RaftRole) -> &'static str {
     }
 }
 
-/// The cluster as this node sees it, for `Status`.
-pub(crate) fn cluster_status(plane: &ControlPlane) -> v1::ClusterStatus {
+/// How long without a report makes a node `late`, and `unreachable`.
+pub(crate) struct HealthLimits {
+    pub(crate) late_after: Duration,
+    pub(crate) unreachable_after: Duration,
+}
+
+/// The cluster as this node sees it, for `Status`; `blocked` lists the failovers the
+/// leader cannot make now.
+pub(crate) fn cluster_status(
+    plane: &ControlPlane,
+    limits: &HealthLimits,
+    blocked: Vec<String>,
+) -> v1::ClusterStatus {
     let m = plane.metrics();
+    let health_view = plane.health();
     let raw = plane.raft_metrics().borrow().clone();
     let state = plane.state();
     let me = m.node;
@@ -374,16 +387,24 @@ pub(crate) fn cluster_status(plane: &ControlPlane) -> v1::ClusterStatus {
                 None
             };
             let catalog = state.catalogs.get(&n.store);
-            let health = if n.id == me || (Some(n.id) == m.leader && !is_leader) {
-                "ok"
-            } else if is_leader {
-                match matched {
-                    Some(i) if i >= last_log => "ok",
-                    Some(_) => "lagging",
-                    None => "unreachable",
+            let (health, since_report) = match &health_view {
+                Some((view, now)) => {
+                    let (live, since) = liveness(
+                        view,
+                        n.id,
+                        *now,
+                        limits.late_after,
+                        limits.unreachable_after,
+                    );
+                    let name = match live {
+                        Liveness::Ok => "ok",
+                        Liveness::Late => "late",
+                        Liveness::Unreachable => "unreachable",
+                    };
+                    (name, since.as_millis() as i64)
                 }
-            } else {
-                "unknown"
+                None if n.id == me => ("ok", -1),
+                None => ("unknown", -1),
             };
             v1::ClusterNode {
                 id: n.id.0,
@@ -406,6 +427,7 @@ pub(crate) fn cluster_status(plane: &ControlPlane) -> v1::ClusterStatus {
                 sequences: catalog
                     .map(|c| c.sequences.iter().map(|q| q.name.to_string()).collect())
                     .unwrap_or_default(),
+                millis_since_report: since_report,
             }
         })
         .collect();
@@ -467,6 +489,7 @@ pub(crate) fn cluster_status(plane: &ControlPlane) -> v1::ClusterStatus {
         nodes,
         schemes,
         purged_index: raw.purged.map_or(0, |l| l.index),
+        blocked_failovers: if is_leader { blocked } else { Vec::new() },
     }
 }
 

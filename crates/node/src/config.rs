@@ -53,6 +53,25 @@ pub struct NodeConfig {
     /// Raft log entries kept behind the last snapshot (followers slightly behind catch
     /// up from them; 0 purges the log at every snapshot).
     pub raft_log_keep: u64,
+    /// How often this node reports its liveness and high-water marks to the Raft
+    /// leader (which renews its master lease in answer).
+    #[serde(with = "humantime_serde")]
+    pub report_interval: Duration,
+    /// How long a master lease lasts, from when the master sent the report that earned
+    /// it: a master cut off from the Raft leader's quorum stops taking writes to what
+    /// it masters within this long (docs/control.md, "Failover timing").
+    #[serde(with = "humantime_serde")]
+    pub master_lease: Duration,
+    /// A master the Raft leader has not heard from for this long is failed over (when
+    /// this node leads). At least the master lease plus the report interval.
+    #[serde(with = "humantime_serde")]
+    pub failover_timeout: Duration,
+    /// Whether this node, when it leads the Raft group, fails silent masters over
+    /// (off: it only reports them as blocked, and failover is by hand).
+    pub auto_failover: bool,
+    /// A subscriber that trails the silent master by more than this many of its
+    /// transactions is not promoted (0: no limit).
+    pub failover_max_lag: u64,
     /// Whether this node's receiver compiles a backlog of received transactions into
     /// RTL net row operations (`false`: always apply in log order).
     pub compile: bool,
@@ -127,6 +146,11 @@ impl Default for NodeConfig {
             raft_election_max: Duration::from_millis(600),
             raft_snapshot_every: 1000,
             raft_log_keep: 1000,
+            report_interval: Duration::from_millis(100),
+            master_lease: Duration::from_millis(500),
+            failover_timeout: Duration::from_millis(1000),
+            auto_failover: true,
+            failover_max_lag: 0,
             compile: true,
             compile_threshold_txns: CompilePolicy::DEFAULT_MIN_TRANSACTIONS,
             compile_threshold_bytes: CompilePolicy::DEFAULT_MIN_BYTES,
@@ -404,6 +428,24 @@ impl NodeConfig {
         }
         if self.raft_snapshot_every == 0 {
             return Err(ConfigError("raft_snapshot_every must be at least 1".into()));
+        }
+        if self.report_interval.as_millis() == 0 {
+            return Err(ConfigError("report_interval must be at least 1ms".into()));
+        }
+        if self.master_lease < self.report_interval * 2 {
+            return Err(ConfigError(format!(
+                "master_lease {:?} must be at least twice report_interval {:?}, or a master \
+                 loses its lease between two reports",
+                self.master_lease, self.report_interval
+            )));
+        }
+        if self.failover_timeout < self.master_lease + self.report_interval {
+            return Err(ConfigError(format!(
+                "failover_timeout {:?} must be at least master_lease {:?} plus \
+                 report_interval {:?}: a silent master must have stopped taking writes \
+                 before another is promoted",
+                self.failover_timeout, self.master_lease, self.report_interval
+            )));
         }
         if self.compile_threshold_txns == 0 || self.compile_threshold_bytes == 0 {
             return Err(ConfigError(

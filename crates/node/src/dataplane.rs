@@ -516,7 +516,7 @@ fn wanted_links(
     // (this store in START or PAUSE as their receiver).
     let mut upstream: BTreeMap<NodeId, BTreeSet<NodeId>> = BTreeMap::new();
     for (name, s) in &state.schemes {
-        let plan = match hawser_scheme::plan(&s.scheme, &topology) {
+        let mut plan = match hawser_scheme::plan(&s.scheme, &topology) {
             Ok(p) => p,
             Err(errors) => {
                 let first = errors
@@ -527,6 +527,19 @@ fn wanted_links(
                 continue;
             }
         };
+        // A master deposed by a failover has its receiver STOPPED and its return
+        // service DISABLED in the same Raft entry: no commit waits for it, whatever
+        // RETURN SERVICES ... WHEN REPLICATION STOPPED says, until it has rejoined.
+        for link in &mut plan.links {
+            let deposed = s.receiver_state(&link.receiver) == ReceiverState::Stop
+                && s.return_service_state(&link.receiver)
+                    == hawser_control::state::ReturnServiceState::Disabled;
+            if deposed {
+                for t in &mut link.tables {
+                    t.return_when_stopped = false;
+                }
+            }
+        }
         let epochs: BTreeMap<Ident, Epoch> = s
             .elements
             .iter()

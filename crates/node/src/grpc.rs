@@ -46,6 +46,9 @@ fn store_status(e: &StoreError) -> Status {
         "58030" | "57P03" => tonic::Code::Unavailable,
         "XX001" => tonic::Code::DataLoss,
         "53100" => tonic::Code::ResourceExhausted,
+        // Committed here but not acknowledged (the master lease ran out): the caller
+        // cannot know whether it survives.
+        "08007" => tonic::Code::Unknown,
         _ => tonic::Code::InvalidArgument,
     };
     status_with_code(grpc, code, e.to_string())

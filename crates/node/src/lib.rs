@@ -27,6 +27,7 @@ mod duplicate;
 mod grpc;
 mod http;
 pub mod identity;
+mod lease;
 mod returns;
 
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
@@ -101,6 +102,8 @@ pub(crate) struct NodeState {
     pub(crate) receiver: hawser_stream::ReceiverService,
     /// Commits waiting for subscribers' acknowledgements.
     pub(crate) returns: Arc<returns::Returns>,
+    /// On the Raft leader: silent masters it cannot fail over now, with why.
+    pub(crate) blocked_failovers: lease::Blocked,
 }
 
 impl NodeState {
@@ -141,7 +144,14 @@ impl NodeState {
             tables,
             sequences,
             sessions: self.sessions.load(Ordering::Relaxed),
-            cluster: Some(cluster::cluster_status(&self.plane)),
+            cluster: Some(cluster::cluster_status(
+                &self.plane,
+                &cluster::HealthLimits {
+                    late_after: self.config.report_interval * 3,
+                    unreachable_after: self.config.master_lease,
+                },
+                self.blocked_failovers.lock().clone(),
+            )),
             replication_json: self.replication_json().to_string(),
         }
     }
@@ -217,6 +227,7 @@ fn cluster_json(c: &v1::ClusterStatus) -> serde_json::Value {
         "purged_index": c.purged_index,
         "state_version": c.state_version,
         "millis_since_quorum_ack": opt(c.millis_since_quorum_ack),
+        "blocked_failovers": c.blocked_failovers,
         "nodes": c.nodes.iter().map(|n| serde_json::json!({
             "id": n.id,
             "store": n.store,
@@ -226,6 +237,7 @@ fn cluster_json(c: &v1::ClusterStatus) -> serde_json::Value {
             "membership": n.membership,
             "role": n.role,
             "health": n.health,
+            "millis_since_report": opt(n.millis_since_report),
             "matched_index": opt(n.matched_index),
             "lag_entries": opt(n.lag_entries),
             "catalog": n.catalog_reported.then(|| serde_json::json!({
@@ -358,6 +370,7 @@ pub async fn run(
         problems: Default::default(),
         receiver,
         returns,
+        blocked_failovers: Default::default(),
     });
 
     let services = grpc::Services {
@@ -421,6 +434,22 @@ pub async fn run(
         state.plane.clone(),
         state.db.clone(),
         store.clone(),
+        state.shutdown.clone(),
+    ));
+
+    // Liveness reports to the Raft leader and the master lease they earn; on the
+    // leader, failovers of silent masters.
+    state.tasks.spawn(lease::report_loop(
+        state.plane.clone(),
+        state.db.clone(),
+        store.clone(),
+        state.config.report_interval,
+        state.shutdown.clone(),
+    ));
+    state.tasks.spawn(lease::failover_loop(
+        state.plane.clone(),
+        state.config.report_interval,
+        state.blocked_failovers.clone(),
         state.shutdown.clone(),
     ));
 
@@ -542,6 +571,13 @@ async fn start_control(
     cfg.election_timeout_max = config.raft_election_max;
     cfg.snapshot_every = config.raft_snapshot_every;
     cfg.max_in_snapshot_log_to_keep = config.raft_log_keep;
+    cfg.report_interval = config.report_interval;
+    cfg.master_lease = config.master_lease;
+    cfg.failover.enabled = config.auto_failover;
+    cfg.failover.failover_timeout = config.failover_timeout;
+    // A candidate must have spoken within a lease: about five reports at the defaults.
+    cfg.failover.candidate_fresh = config.master_lease;
+    cfg.failover.max_lag = (config.failover_max_lag > 0).then_some(config.failover_max_lag);
     ControlPlane::start(cfg, engine)
         .await
         .map_err(NodeError::Control)

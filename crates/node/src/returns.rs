@@ -232,58 +232,72 @@ impl Returns {
         let hide = awaits.iter().any(|a| a.level == ReturnLevel::Twosafe)
             && sync.return_wait != Some(ReturnWait::NoWait);
         let this = self.clone();
+        let leased = txn.leased();
         let holding = async move {
-            txn.commit_holding(hide, |info| async move {
-                // The senders ship this commit now, not at their next poll.
-                crate::dataplane::wake_all(&this.senders);
-                if awaits.is_empty() {
-                    this.inner.lock().counts.not_requested += 1;
-                    if info.durable {
-                        // A commit nobody flushed left nothing to settle.
-                        settle_after_reply(db);
+            let lease_db = db.clone();
+            let committed = txn
+                .commit_holding(hide, |info| async move {
+                    // The senders ship this commit now, not at their next poll.
+                    crate::dataplane::wake_all(&this.senders);
+                    if awaits.is_empty() {
+                        this.inner.lock().counts.not_requested += 1;
+                        if info.durable {
+                            // A commit nobody flushed left nothing to settle.
+                            settle_after_reply(db);
+                        }
+                        return ReturnOutcome::NotRequested;
                     }
-                    return ReturnOutcome::NotRequested;
+                    let (tx, rx) = oneshot::channel();
+                    let seq = info.gtid.seq;
+                    {
+                        let mut inner = this.inner.lock();
+                        inner.waiters.insert(seq, tx);
+                        if let Some(opened) = opened {
+                            inner.opened.insert(seq, (info, opened));
+                        }
+                        let subs = awaits.iter().map(|a| a.subscriber.clone()).collect();
+                        inner.awaited.insert(seq, subs);
+                        if inner.awaited.len() > REMEMBERED_COMMITS {
+                            inner.awaited.pop_first();
+                        }
+                        let step = inner.tracker.begin(seq, awaits, &sync, Instant::now());
+                        Self::dispatch(&mut inner, step);
+                        // The timer needs waking only for an earlier deadline than the one
+                        // it sleeps until (commits usually share one wait time, so a new
+                        // commit's deadline comes after those already waiting).
+                        let next = inner.tracker.next_deadline();
+                        if next.is_some_and(|n| inner.timer_armed.is_none_or(|armed| n < armed)) {
+                            inner.timer_armed = next;
+                            this.timer.notify_one();
+                        }
+                    }
+                    // A session that drops a commit left open commits it here (the hold
+                    // ends with this future): the tracker stops waiting for it.
+                    let mut give_up = GiveUpOnDrop {
+                        returns: sync.keep_open.then(|| this.clone()),
+                        seq,
+                    };
+                    // The senders just woken run first (on this worker: the yield lets
+                    // them), then the flush's housekeeping while the subscribers work.
+                    tokio::task::yield_now().await;
+                    settle(&db);
+                    // A dropped sender means the node is shutting down: nothing to wait for.
+                    let outcome = rx.await.unwrap_or(ReturnOutcome::NotRequested);
+                    give_up.returns = None;
+                    outcome
+                })
+                .await?;
+            // The lease may have run out while the commit flushed and waited: a master
+            // that may have been deposed meanwhile does not acknowledge it.
+            if leased {
+                if let Err(reason) = lease_db.lease().check_held(Instant::now()) {
+                    return Err(StoreError::OutcomeUnknown {
+                        gtid: committed.0.gtid,
+                        reason,
+                    });
                 }
-                let (tx, rx) = oneshot::channel();
-                let seq = info.gtid.seq;
-                {
-                    let mut inner = this.inner.lock();
-                    inner.waiters.insert(seq, tx);
-                    if let Some(opened) = opened {
-                        inner.opened.insert(seq, (info, opened));
-                    }
-                    let subs = awaits.iter().map(|a| a.subscriber.clone()).collect();
-                    inner.awaited.insert(seq, subs);
-                    if inner.awaited.len() > REMEMBERED_COMMITS {
-                        inner.awaited.pop_first();
-                    }
-                    let step = inner.tracker.begin(seq, awaits, &sync, Instant::now());
-                    Self::dispatch(&mut inner, step);
-                    // The timer needs waking only for an earlier deadline than the one
-                    // it sleeps until (commits usually share one wait time, so a new
-                    // commit's deadline comes after those already waiting).
-                    let next = inner.tracker.next_deadline();
-                    if next.is_some_and(|n| inner.timer_armed.is_none_or(|armed| n < armed)) {
-                        inner.timer_armed = next;
-                        this.timer.notify_one();
-                    }
-                }
-                // A session that drops a commit left open commits it here (the hold
-                // ends with this future): the tracker stops waiting for it.
-                let mut give_up = GiveUpOnDrop {
-                    returns: sync.keep_open.then(|| this.clone()),
-                    seq,
-                };
-                // The senders just woken run first (on this worker: the yield lets
-                // them), then the flush's housekeeping while the subscribers work.
-                tokio::task::yield_now().await;
-                settle(&db);
-                // A dropped sender means the node is shutting down: nothing to wait for.
-                let outcome = rx.await.unwrap_or(ReturnOutcome::NotRequested);
-                give_up.returns = None;
-                outcome
-            })
-            .await
+            }
+            Ok(committed)
         };
         (Box::pin(holding), waited)
     }

@@ -328,6 +328,8 @@ pub(crate) struct Inner {
     pub(crate) in_order: RwLock<BTreeMap<NodeId, u64>>,
     /// Why this node takes no commits of its own now ([`Database::pause_writes`]).
     paused: RwLock<Option<String>>,
+    /// Which client writes need a master lease, and the lease held ([`crate::lease`]).
+    pub(crate) lease: crate::lease::LeaseGate,
     /// The free-space floor of a store on disk ([`crate::space`]).
     space: std::sync::OnceLock<Arc<SpaceGuard>>,
     counters: Counters,
@@ -571,6 +573,7 @@ impl Database {
             ahead: Mutex::new(ahead),
             in_order: RwLock::new(in_order),
             paused: RwLock::new(None),
+            lease: crate::lease::LeaseGate::default(),
             space: std::sync::OnceLock::new(),
             counters: Counters::default(),
             metrics: Metrics::new(),
@@ -1312,6 +1315,11 @@ impl Database {
     /// sequence reservations. Replicated applies go on.
     pub fn pause_writes(&self, reason: Option<String>) {
         *self.inner.paused.write() = reason;
+    }
+
+    /// The master lease gate: which client writes need a lease, and the lease held.
+    pub fn lease(&self) -> &crate::lease::LeaseGate {
+        &self.inner.lease
     }
 
     /// Why this node's own commits are paused, if they are.
@@ -2118,7 +2126,14 @@ impl Inner {
     }
 
     /// Refuses a client write to `table` when this store receives it from a master.
-    pub(crate) fn check_writable(&self, table: &QualName) -> Result<(), StoreError> {
+    /// Refuses it too when this node masters `table` but holds no master lease.
+    /// `Ok(true)`: the write needs the master lease, held now.
+    pub(crate) fn check_writable(&self, table: &QualName) -> Result<bool, StoreError> {
+        self.check_received(table)?;
+        self.lease.check(table, std::time::Instant::now())
+    }
+
+    fn check_received(&self, table: &QualName) -> Result<(), StoreError> {
         let refusals = self.refusals.read();
         let reason = refusals
             .planned

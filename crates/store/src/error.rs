@@ -73,6 +73,19 @@ pub enum StoreError {
     /// [`crate::Database::pause_writes`]); retry once the reason is resolved.
     #[error("this node takes no writes now: {0}")]
     WritesPaused(String),
+    /// A client write to a table this node masters while it holds no master lease
+    /// (see [`crate::lease`]): the cluster may be moving the role. Retry, here or on
+    /// the master the reason names.
+    #[error("table {table} takes no writes here now: {reason}")]
+    NoMasterLease { table: QualName, reason: String },
+    /// A commit written here that is not acknowledged: the master lease ran out before
+    /// its reply, so the cluster may have moved the role without it. Whether it
+    /// survives is not known; a retry may apply it twice.
+    #[error(
+        "transaction {gtid} was committed on this node but is not acknowledged, and may \
+         not survive: {reason}"
+    )]
+    OutcomeUnknown { gtid: Gtid, reason: String },
     /// The volume of the store's directory has less free space than the store keeps
     /// ([`crate::DbOptions::min_free_bytes`]): writes are refused before they touch the
     /// disk; retry once there is room.
@@ -129,8 +142,9 @@ impl StoreError {
             StoreError::TableChanged(_) => "40001",
             StoreError::NotSupported(_) => "0A000",
             StoreError::ReceivedTable { .. } => "25006",
-            StoreError::WritesPaused(_) => "57P03",
+            StoreError::WritesPaused(_) | StoreError::NoMasterLease { .. } => "57P03",
             StoreError::DiskFull(_) => "53100",
+            StoreError::OutcomeUnknown { .. } => "08007",
             StoreError::Replicated { source, .. } => source.code(),
             StoreError::InvalidBatch(_) => "08P01",
             StoreError::Io { .. } => "58030",
@@ -146,6 +160,7 @@ impl StoreError {
             StoreError::LockTimeout { .. }
             | StoreError::TableChanged(_)
             | StoreError::WritesPaused(_)
+            | StoreError::NoMasterLease { .. }
             | StoreError::DiskFull(_) => true,
             StoreError::Replicated { source, .. } => source.is_retryable(),
             _ => false,

@@ -22,6 +22,7 @@
 //! * [`apply`]: transactions from other origins, applied in log order or as the net
 //!   operations of an RTL compilation, idempotently and with the DB2 exception rules.
 //! * [`sequence`]: CREATE SEQUENCE semantics.
+//! * [`lease`]: which client writes need a master lease, and until when one is held.
 //! * [`error`]: [`StoreError`] with SQLSTATE codes.
 
 pub mod apply;
@@ -32,6 +33,7 @@ pub mod engine;
 pub mod error;
 mod held;
 pub mod layout;
+pub mod lease;
 mod locks;
 pub mod log;
 pub mod pace;
@@ -46,6 +48,7 @@ pub use copy::{CopyCursor, CopyPoint, MergeCounts};
 pub use db::{CommitInfo, Database, DbOptions, KeyRange, RowIter, StoreStats};
 pub use engine::{ByteRange, KvEngine, KvIter, MemEngine, SledEngine, WriteBatch};
 pub use error::StoreError;
+pub use lease::{LeaseGate, LeaseScope};
 pub use log::{DdlOp, LogEntry, LogRecord};
 pub use pace::Pacer;
 pub use restart::{

@@ -54,6 +54,8 @@ pub struct Txn {
     force_durable: bool,
     /// Leave the flush's housekeeping for the caller's [`Database::settle`].
     settle_later: bool,
+    /// A write needed the master lease ([`Txn::leased`]).
+    leased: bool,
 }
 
 impl std::fmt::Debug for Txn {
@@ -79,7 +81,14 @@ impl Txn {
             finished: false,
             force_durable: false,
             settle_later: false,
+            leased: false,
         }
+    }
+
+    /// Whether a write of this transaction needed this node's master lease
+    /// ([`crate::lease`]): its commit is acknowledged only while the lease holds.
+    pub fn leased(&self) -> bool {
+        self.leased
     }
 
     /// Whether the transaction has changed anything so far.
@@ -109,7 +118,7 @@ impl Txn {
     fn pin(&mut self, name: &QualName) -> Result<TableRef, StoreError> {
         let t = self.read_ref(name)?;
         if !self.tables.contains_key(name) {
-            self.db.inner.check_writable(name)?;
+            self.leased |= self.db.inner.check_writable(name)?;
             self.tables.insert(name.clone(), t.clone());
         }
         Ok(t)

@@ -1,0 +1,294 @@
+//! The node's side of liveness, master leases and failover.
+//!
+//! ```text
+//!  report_loop, every report interval:
+//!     HealthReport {own seq, high-water per origin, state version} ─► ControlPlane::report
+//!     ◄─ lease grant ─► wait until this node applied the grant's state version
+//!        ─► LeaseGate: scope from that state, lease until (sent + lease)
+//!  report_loop, on every cluster state change: LeaseGate scope from the new state
+//!  failover_loop, every report interval: ControlPlane::failover_tick (acts only on the
+//!     Raft leader); blocked failovers logged when they change, and kept for status
+//! ```
+//!
+//! One task owns the lease gate's scope and deadline, so a scope computed from an older
+//! cluster state never replaces one computed from a newer state: the scope only ever
+//! follows the latest applied state, and a lease is only extended once the state that
+//! the grant was made against is applied here.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use hawser_control::failover::HealthReport;
+use hawser_control::{ClusterState, ControlPlane};
+use hawser_core::{Epoch, Ident};
+use hawser_scheme::ast::{ElementKind, OwnerRole, StoreName};
+use hawser_store::{Database, LeaseScope};
+use parking_lot::Mutex;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+/// Silent masters the leader cannot fail over now, with why, for status.
+pub(crate) type Blocked = Arc<Mutex<Vec<String>>>;
+
+/// Which client writes need a master lease on `store`, and the epoch its own commits
+/// are stamped with: the tables of the TABLE elements it masters (every table for a
+/// DATASTORE element it masters); `None` when it masters nothing or is not
+/// registered in the cluster.
+pub(crate) fn lease_scope(state: &ClusterState, store: &Ident) -> (Option<LeaseScope>, Epoch) {
+    let mut scope = LeaseScope::default();
+    let mut elements = Vec::new();
+    let mut epoch = Epoch(0);
+    if state.node_by_store(store).is_none() {
+        return (None, epoch);
+    }
+    for (name, s) in &state.schemes {
+        for el in &s.scheme.elements {
+            let owns = matches!(&el.owner.name, StoreName::Named(n) if n == store);
+            if !owns || el.owner_role != OwnerRole::Master {
+                continue;
+            }
+            match &el.kind {
+                ElementKind::Table { table, .. } => {
+                    scope.tables.insert(table.clone());
+                }
+                ElementKind::Datastore => scope.every_table = true,
+                ElementKind::Sequence { .. } => continue,
+            }
+            if let Some(es) = s.elements.get(&el.name) {
+                epoch = epoch.max(es.epoch);
+            }
+            elements.push(format!("{name}.{}", el.name));
+        }
+    }
+    if scope.tables.is_empty() && !scope.every_table {
+        return (None, epoch);
+    }
+    scope.refusal = format!(
+        "{store} masters it (elements {}) but holds no master lease now: the Raft leader \
+         has not confirmed this node lately, so the cluster may be failing the element \
+         over; retry, here or on the master `hawser status` names",
+        elements.join(", ")
+    );
+    (Some(scope), epoch)
+}
+
+/// Sets the gate's scope and the commit epoch from the latest applied state.
+fn rescope(plane: &ControlPlane, db: &Database, store: &Ident) -> Arc<ClusterState> {
+    let state = plane.state();
+    let (scope, epoch) = lease_scope(&state, store);
+    db.lease().set_scope(scope);
+    // Log records carry the epoch their master committed them under.
+    if db.epoch() != epoch {
+        db.set_epoch(epoch);
+    }
+    state
+}
+
+/// This node's report: its own last seq and every origin's high-water it holds.
+fn health_report(db: &Database, state_version: u64) -> Option<HealthReport> {
+    let own = db.node_id();
+    let high_water = match db.high_waters() {
+        Ok(h) => h,
+        Err(e) => {
+            warn!(error = %e, "cannot read the high-water marks to report");
+            return None;
+        }
+    };
+    Some(HealthReport {
+        node: own,
+        own_seq: high_water.get(&own).copied().unwrap_or(0),
+        high_water,
+        state_version,
+    })
+}
+
+/// Reports to the Raft leader every `interval` and keeps the master lease gate in
+/// line with what the leader grants and the cluster state says this node masters.
+pub(crate) async fn report_loop(
+    plane: ControlPlane,
+    db: Database,
+    store: Ident,
+    interval: Duration,
+    shutdown: CancellationToken,
+) {
+    let mut cluster = plane.subscribe();
+    let mut tick = tokio::time::interval(interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut refused: Option<String> = None;
+    loop {
+        tokio::select! {
+            biased;
+            _ = shutdown.cancelled() => break,
+            changed = cluster.changed() => {
+                if changed.is_err() {
+                    break;
+                }
+                rescope(&plane, &db, &store);
+                continue;
+            }
+            _ = tick.tick() => {}
+        }
+        let state = rescope(&plane, &db, &store);
+        if state.node_by_store(&store).is_none() {
+            continue;
+        }
+        let Some(report) = health_report(&db, state.version) else {
+            continue;
+        };
+        // The lease is timed from now, before the request leaves: the leader's
+        // clock starts later, so this node's lease ends first.
+        let sent = Instant::now();
+        let grant = match plane.report(report).await {
+            Ok(reply) => reply.lease,
+            Err(e) => Err(e.to_string()),
+        };
+        match grant {
+            Ok(grant) => {
+                // Judge what this node masters by a state at least as new as the one
+                // the grant was made against.
+                let wait = plane.wait_for_version(grant.state_version, interval);
+                if wait.await.is_err() {
+                    continue;
+                }
+                rescope(&plane, &db, &store);
+                db.lease()
+                    .extend(sent + Duration::from_millis(grant.millis));
+                if refused.take().is_some() {
+                    info!("master lease granted again");
+                }
+            }
+            Err(why) => {
+                if refused.as_deref() != Some(why.as_str()) {
+                    if db.lease().held_until(Instant::now()).is_some() {
+                        warn!(reason = %why, "no master lease granted; the held one runs out");
+                    } else {
+                        debug!(reason = %why, "no master lease granted");
+                    }
+                    refused = Some(why);
+                }
+            }
+        }
+    }
+    db.lease().revoke();
+}
+
+/// On the Raft leader, fails silent masters over every `interval`; records the
+/// failovers it cannot make in `blocked`.
+pub(crate) async fn failover_loop(
+    plane: ControlPlane,
+    interval: Duration,
+    blocked: Blocked,
+    shutdown: CancellationToken,
+) {
+    let mut tick = tokio::time::interval(interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut logged: BTreeSet<String> = BTreeSet::new();
+    loop {
+        tokio::select! {
+            biased;
+            _ = shutdown.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        let outcome = tokio::select! {
+            biased;
+            _ = shutdown.cancelled() => return,
+            r = plane.failover_tick() => r,
+        };
+        let now: BTreeSet<String> = match outcome {
+            Ok(tick) => tick
+                .blocked
+                .iter()
+                .map(|b| {
+                    format!(
+                        "element {} of scheme {} (master {}) cannot be failed over: {}",
+                        b.element, b.scheme, b.master, b.reason
+                    )
+                })
+                .collect(),
+            Err(e) => {
+                debug!(error = %e, "failover tick did not finish");
+                continue;
+            }
+        };
+        for b in now.difference(&logged) {
+            warn!("{b}");
+        }
+        if now != logged {
+            *blocked.lock() = now.iter().cloned().collect();
+            logged = now;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hawser_control::state::{apply, Response};
+    use hawser_control::{Command, NodeInfo};
+    use hawser_core::{NodeId, QualName};
+
+    fn cluster(ddl: &str) -> ClusterState {
+        let mut st = ClusterState::default();
+        for (id, store) in [(1, "a"), (2, "b")] {
+            let cmd = Command::RegisterNode(NodeInfo {
+                id: NodeId(id),
+                store: Ident::unquoted(store),
+                host: "h".into(),
+                grpc_addr: format!("h:{id}"),
+                http_addr: format!("h:{id}0"),
+                voter: true,
+            });
+            assert!(matches!(apply(&mut st, &cmd), Response::Applied { .. }));
+        }
+        for cmd in Command::from_ddl(ddl).unwrap() {
+            assert!(matches!(apply(&mut st, &cmd), Response::Applied { .. }));
+        }
+        st
+    }
+
+    #[test]
+    fn a_master_needs_a_lease_for_the_tables_it_masters_only() {
+        let st = cluster(
+            "CREATE REPLICATION r ELEMENT e1 TABLE t1 MASTER a SUBSCRIBER b \
+             ELEMENT e2 TABLE t2 MASTER b SUBSCRIBER a",
+        );
+        let (scope, epoch) = lease_scope(&st, &Ident::unquoted("a"));
+        let scope = scope.expect("a masters e1");
+        assert_eq!(
+            scope.tables.into_iter().collect::<Vec<_>>(),
+            [QualName::bare("t1")]
+        );
+        assert!(!scope.every_table);
+        assert!(scope.refusal.contains("r.e1"), "{}", scope.refusal);
+        assert_eq!(epoch, Epoch(0));
+        let (none, _) = lease_scope(&st, &Ident::unquoted("unregistered"));
+        assert!(none.is_none());
+    }
+
+    #[test]
+    fn a_datastore_master_needs_it_for_every_table_and_a_propagator_for_none() {
+        let st = cluster("CREATE REPLICATION r ELEMENT d DATASTORE MASTER a SUBSCRIBER b");
+        let (scope, _) = lease_scope(&st, &Ident::unquoted("a"));
+        assert!(scope.unwrap().every_table);
+        let (none, _) = lease_scope(&st, &Ident::unquoted("b"));
+        assert!(none.is_none(), "a subscriber masters nothing");
+    }
+
+    #[test]
+    fn the_commit_epoch_follows_a_failover() {
+        let mut st = cluster("CREATE REPLICATION r ELEMENT e TABLE t MASTER a SUBSCRIBER b");
+        let cmd = Command::SetMaster {
+            scheme: QualName::bare("r"),
+            element: Ident::unquoted("e"),
+            node: NodeId(2),
+            epoch: Epoch(1),
+            fork_point: None,
+        };
+        assert!(matches!(apply(&mut st, &cmd), Response::Applied { .. }));
+        let (scope, epoch) = lease_scope(&st, &Ident::unquoted("b"));
+        assert!(scope.is_some());
+        assert_eq!(epoch, Epoch(1));
+        assert!(lease_scope(&st, &Ident::unquoted("a")).0.is_none());
+    }
+}

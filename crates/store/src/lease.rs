@@ -1,0 +1,185 @@
+//! The master lease gate: which client writes need this node to hold a master lease,
+//! and until when it holds one.
+//!
+//! ```text
+//!  node: lease granted by the Raft leader ──► LeaseGate::extend(until)
+//!  node: elements this store masters     ──► LeaseGate::set_scope(scope)
+//!  Txn::pin (first write of a table)     ──► LeaseGate::check(table)   ─► NoMasterLease
+//!  node, before acknowledging a commit   ──► LeaseGate::check_held
+//! ```
+//!
+//! A master must stop taking writes once the cluster may have moved its role (DESIGN.md
+//! §5): the Raft leader fails an element over only after the master's lease has run out,
+//! and the master times its lease on its own monotonic clock from when it *sent* the
+//! request that earned it, so its view of the lease ends no later than the leader's.
+//! The gate owns nothing but that deadline and the tables it covers; it does no I/O and
+//! reads the clock only through the `now` its callers pass.
+
+use std::collections::HashSet;
+use std::time::Instant;
+
+use hawser_core::QualName;
+use parking_lot::RwLock;
+
+use crate::StoreError;
+
+/// Which client writes need a lease.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LeaseScope {
+    /// Tables of TABLE elements this store masters.
+    pub tables: HashSet<QualName>,
+    /// This store masters a DATASTORE element: every table it does not receive.
+    pub every_table: bool,
+    /// Why a write is refused without a lease, naming who masters what as the
+    /// cluster state knows it.
+    pub refusal: String,
+}
+
+impl LeaseScope {
+    fn covers(&self, table: &QualName) -> bool {
+        self.every_table || self.tables.contains(table)
+    }
+}
+
+#[derive(Debug, Default)]
+struct Gate {
+    /// `None`: no write needs a lease (a node outside any cluster, or one that
+    /// masters nothing).
+    scope: Option<LeaseScope>,
+    /// The end of the lease held now, if any.
+    until: Option<Instant>,
+}
+
+/// See the module documentation. Shared by the store's clones.
+#[derive(Debug, Default)]
+pub struct LeaseGate {
+    gate: RwLock<Gate>,
+}
+
+impl LeaseGate {
+    /// Sets which writes need a lease (`None`: none do).
+    pub fn set_scope(&self, scope: Option<LeaseScope>) {
+        let mut gate = self.gate.write();
+        if gate.scope != scope {
+            gate.scope = scope;
+        }
+    }
+
+    /// Holds a lease until `until` (a later grant extends it; an earlier one does not
+    /// shorten it, since grants may arrive out of order).
+    pub fn extend(&self, until: Instant) {
+        let mut gate = self.gate.write();
+        if gate.until.is_none_or(|u| u < until) {
+            gate.until = Some(until);
+        }
+    }
+
+    /// Gives the lease up at once (the node learned its role moved, or it shuts down).
+    pub fn revoke(&self) {
+        self.gate.write().until = None;
+    }
+
+    /// When the lease held now ends, if one is held at `now`.
+    pub fn held_until(&self, now: Instant) -> Option<Instant> {
+        self.gate.read().until.filter(|u| *u > now)
+    }
+
+    /// Whether a client may write `table` at `now`; `Ok(true)` when the write needs
+    /// the lease (the caller checks [`LeaseGate::check_held`] again before it
+    /// acknowledges the commit, since the lease may run out meanwhile).
+    pub fn check(&self, table: &QualName, now: Instant) -> Result<bool, StoreError> {
+        let gate = self.gate.read();
+        match &gate.scope {
+            Some(scope) if scope.covers(table) => {
+                if gate.until.is_some_and(|u| u > now) {
+                    Ok(true)
+                } else {
+                    Err(StoreError::NoMasterLease {
+                        table: table.clone(),
+                        reason: scope.refusal.clone(),
+                    })
+                }
+            }
+            _ => Ok(false),
+        }
+    }
+
+    /// Whether a lease is still held at `now`, for a commit whose writes needed one.
+    /// Checked whatever the scope says now: a master that lost its role meanwhile
+    /// must not acknowledge what it wrote as master.
+    pub fn check_held(&self, now: Instant) -> Result<(), String> {
+        match self.gate.read().until {
+            Some(u) if u > now => Ok(()),
+            _ => Err(
+                "this node's master lease ran out before the commit could be \
+                      acknowledged (the cluster may have moved the role)"
+                    .into(),
+            ),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    fn scope(tables: &[&str]) -> LeaseScope {
+        LeaseScope {
+            tables: tables.iter().map(|t| QualName::bare(t)).collect(),
+            every_table: false,
+            refusal: "ds1 masters it".into(),
+        }
+    }
+
+    #[test]
+    fn without_a_scope_nothing_needs_a_lease() {
+        let gate = LeaseGate::default();
+        assert!(!gate.check(&QualName::bare("t"), Instant::now()).unwrap());
+    }
+
+    #[test]
+    fn a_covered_table_needs_a_lease_that_has_not_run_out() {
+        let gate = LeaseGate::default();
+        let now = Instant::now();
+        let t = QualName::bare("t");
+        gate.set_scope(Some(scope(&["t"])));
+        let err = gate.check(&t, now).unwrap_err();
+        assert_eq!(err.code(), "57P03");
+        assert!(err.is_retryable());
+        assert!(err.to_string().contains("ds1 masters it"), "{err}");
+        assert!(!gate.check(&QualName::bare("other"), now).unwrap());
+        assert!(gate.check_held(now).is_err());
+        gate.extend(now + Duration::from_millis(500));
+        assert!(
+            gate.check(&t, now).unwrap(),
+            "needs the lease, which is held"
+        );
+        assert!(gate.check_held(now).is_ok());
+        assert!(gate.check(&t, now + Duration::from_millis(499)).is_ok());
+        assert!(gate.check(&t, now + Duration::from_millis(500)).is_err());
+        // An older grant arriving late does not shorten the lease.
+        gate.extend(now + Duration::from_millis(100));
+        assert!(gate.check(&t, now + Duration::from_millis(200)).is_ok());
+        gate.revoke();
+        assert!(gate.check(&t, now).is_err());
+    }
+
+    #[test]
+    fn a_datastore_master_needs_a_lease_for_every_table() {
+        let gate = LeaseGate::default();
+        gate.set_scope(Some(LeaseScope {
+            every_table: true,
+            ..scope(&[])
+        }));
+        let now = Instant::now();
+        assert!(gate.check(&QualName::bare("any"), now).is_err());
+        gate.extend(now + Duration::from_secs(1));
+        assert!(gate.check(&QualName::bare("any"), now).unwrap());
+        // Losing the scope (the role moved) does not make a held lease's end moot.
+        gate.set_scope(None);
+        assert!(gate.check_held(now + Duration::from_secs(2)).is_err());
+        assert_eq!(gate.held_until(now), Some(now + Duration::from_secs(1)));
+    }
+}

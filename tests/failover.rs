@@ -1,0 +1,266 @@
+//! End-to-end: automatic failover between real hawser processes.
+//!
+//! Three voters; n2 masters `t`, n3 subscribes with RETURN TWOSAFE, n1 (the Raft
+//! leader) asynchronously. Writers commit to n2 through the client library and record
+//! every commit n2 acknowledged without warning 8170.
+//!
+//! * SIGKILL of n2: without any command, the leader promotes n3 (the TWOSAFE
+//!   subscriber) under epoch 1; every acknowledged commit is on n3; n3 takes writes;
+//!   status names n2 unreachable.
+//! * SIGSTOP of the master for less than half a lease changes nothing.
+//! * SIGSTOP of the master past its lease: it takes no writes while it is not
+//!   confirmed, the cluster fails over, and after SIGCONT it refuses writes to the
+//!   table it no longer masters.
+//!
+//! Every wait is bounded and waits on a condition.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::{ddl, sql_json as sql, start_member, stderr, voters, wait_for, Node};
+use hawser_client::{Client, RowOp};
+use hawser_core::Value as V;
+
+const WAIT: Duration = Duration::from_secs(30);
+
+fn start(name: &str, dir: &Path, join: Option<&str>) -> Node {
+    start_member(name, dir, "127.0.0.1:0", join, &[])
+}
+
+/// n1 (initialized first: the Raft leader), n2 and n3, with `t` on each and the
+/// scheme: n2 masters `t`, n3 subscribes with RETURN TWOSAFE, n1 asynchronously.
+fn cluster(d: &Path) -> (Node, Node, Node) {
+    let n1 = start("n1", d, None);
+    let out = n1.cli(&["init"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let n2 = start("n2", d, Some(&n1.grpc));
+    let n3 = start("n3", d, Some(&n1.grpc));
+    for n in [&n1, &n2, &n3] {
+        wait_for("three voters", WAIT, || (voters(n) == 3).then_some(()));
+        let (ok, _, err) = sql(n, "create table t (k bigint primary key, v varchar(40))");
+        assert!(ok, "{err}");
+    }
+    ddl(
+        &n1,
+        "CREATE REPLICATION r ELEMENT e TABLE t \
+           MASTER n2 SUBSCRIBER n3 RETURN TWOSAFE SUBSCRIBER n1 \
+         STORE n2 RETURN WAIT TIME 10",
+    );
+    (n1, n2, n3)
+}
+
+/// The element's master store and epoch as `node`'s status shows them.
+fn master(node: &Node) -> Option<(String, u64)> {
+    let s = node.try_status()?;
+    let e = s["cluster"]["schemes"][0]["elements"][0].clone();
+    Some((
+        e["master_store"].as_str()?.to_string(),
+        e["epoch"].as_u64()?,
+    ))
+}
+
+/// The keys of `t` on `node`.
+fn keys(node: &Node) -> Option<BTreeSet<i64>> {
+    let (ok, results, _) = sql(node, "select k from t");
+    if !ok {
+        return None;
+    }
+    results.first()?["rows"]
+        .as_array()?
+        .iter()
+        .map(|r| r[0].as_i64())
+        .collect()
+}
+
+/// A node's health as the Raft leader `leader` reports it.
+fn health(leader: &Node, store: &str) -> Option<String> {
+    let s = leader.try_status()?;
+    s["cluster"]["nodes"]
+        .as_array()?
+        .iter()
+        .find(|n| n["store"] == store)
+        .and_then(|n| n["health"].as_str().map(String::from))
+}
+
+/// Inserts into `t` on `node` until it fails; returns whether one insert of key `k`
+/// was acknowledged without warnings.
+fn insert(node: &Node, k: i64) -> Result<(), String> {
+    let (ok, results, err) = sql(node, &format!("insert into t values ({k}, 'x')"));
+    if !ok {
+        return Err(err);
+    }
+    let warned = results
+        .last()
+        .and_then(|r| r["warnings"].as_array())
+        .is_some_and(|w| !w.is_empty());
+    if warned {
+        return Err(format!("warned: {results:?}"));
+    }
+    Ok(())
+}
+
+/// Writers that insert distinct keys into `t` on `addr` through the client library,
+/// recording every key acknowledged without a warning, until the first error.
+struct Load {
+    rt: tokio::runtime::Runtime,
+    acked: Arc<Mutex<Vec<i64>>>,
+    writers: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Load {
+    fn start(addr: &str, writers: i64) -> Load {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let acked = Arc::new(Mutex::new(Vec::new()));
+        let writers = (0..writers)
+            .map(|w| {
+                let addr = addr.to_string();
+                let acked = acked.clone();
+                rt.spawn(async move {
+                    let Ok(mut c) = Client::connect(&addr).await else {
+                        return;
+                    };
+                    for i in 0.. {
+                        let k = w * 1_000_000 + i;
+                        let op = RowOp::Insert {
+                            table: "t".into(),
+                            row: vec![V::Int(k), V::Text(format!("w{w}"))],
+                        };
+                        match c.write(vec![op]).await {
+                            Ok(out) if out.warnings.is_empty() => acked.lock().unwrap().push(k),
+                            _ => return,
+                        }
+                    }
+                })
+            })
+            .collect();
+        Load { rt, acked, writers }
+    }
+
+    fn acked(&self) -> usize {
+        self.acked.lock().unwrap().len()
+    }
+
+    /// Waits (bounded) for every writer to stop, and returns the acknowledged keys.
+    fn finish(self) -> Vec<i64> {
+        let Load { rt, acked, writers } = self;
+        rt.block_on(async {
+            for w in writers {
+                let _ = tokio::time::timeout(WAIT, w).await;
+            }
+        });
+        let keys = acked.lock().unwrap().clone();
+        rt.shutdown_timeout(Duration::from_secs(1));
+        keys
+    }
+}
+
+#[test]
+fn a_killed_master_is_replaced_by_its_twosafe_subscriber_with_every_acknowledged_commit() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let (n1, mut n2, n3) = cluster(d);
+    wait_for("n2 takes writes", WAIT, || insert(&n2, -1).ok());
+
+    let load = Load::start(&n2.grpc, 4);
+    wait_for("some commits acknowledged", WAIT, || {
+        (load.acked() >= 200).then_some(())
+    });
+    n2.kill9();
+    let killed = Instant::now();
+    let acked = load.finish();
+    assert!(acked.len() >= 200, "{}", acked.len());
+
+    // No command: the leader sees n2 silent past the failover timeout and promotes n3.
+    let (store, epoch) = wait_for("a new master", WAIT, || {
+        master(&n1).filter(|(s, _)| s != "n2")
+    });
+    assert_eq!((store.as_str(), epoch), ("n3", 1), "the TWOSAFE subscriber");
+    let mut last = String::new();
+    common::poll_until(WAIT, || match insert(&n3, -2) {
+        Ok(()) => Some(()),
+        Err(e) => {
+            last = e;
+            None
+        }
+    })
+    .unwrap_or_else(|| panic!("n3 takes no writes: {last}\n{}", n3.log()));
+    let took_writes = killed.elapsed();
+    eprintln!("failover: SIGKILL to the first write on n3 in {took_writes:?}");
+
+    // Every commit n2 acknowledged without a warning is on n3.
+    let on_n3 = keys(&n3).expect("n3 answers");
+    let lost: Vec<_> = acked.iter().filter(|k| !on_n3.contains(k)).collect();
+    assert!(lost.is_empty(), "acknowledged but not on n3: {lost:?}");
+
+    // The leader's view: n2 silent, the failover visible in the scheme.
+    assert_eq!(health(&n1, "n2").as_deref(), Some("unreachable"));
+    assert_eq!(health(&n1, "n3").as_deref(), Some("ok"));
+    let status = n1.status();
+    let ddl = status["cluster"]["schemes"][0].to_string();
+    assert!(
+        ddl.contains("n2=STOP"),
+        "the deposed master receives nothing: {ddl}"
+    );
+    // n2's old table is refused on n1 still (n1 subscribes), and n3's new commit
+    // reaches it.
+    wait_for("n1 gets n3's commits", WAIT, || {
+        keys(&n1).filter(|k| k.contains(&-2)).map(|_| ())
+    });
+}
+
+#[test]
+fn a_short_pause_of_the_master_changes_nothing_and_a_long_one_fails_it_over() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let (n1, n2, n3) = cluster(d);
+    wait_for("n2 takes writes", WAIT, || insert(&n2, 1).ok());
+
+    // Under half a lease (500 ms by default): no failover, writes go on.
+    let pid = n2.pid().to_string();
+    let signal = |sig: &str| {
+        let ok = std::process::Command::new("kill")
+            .args([sig, &pid])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "kill {sig}");
+    };
+    let mut next = 100;
+    let mut write = |node: &Node| {
+        next += 1;
+        insert(node, next).ok()
+    };
+    for _ in 0..3 {
+        signal("-STOP");
+        // The fault itself: the process stays stopped this long.
+        std::thread::sleep(Duration::from_millis(200));
+        signal("-CONT");
+        wait_for("n2 takes writes after a short pause", WAIT, || write(&n2));
+        assert_eq!(master(&n1), Some(("n2".into(), 0)), "no failover");
+    }
+
+    // Past the failover timeout: n3 takes over; n2, resumed, is no master any more.
+    signal("-STOP");
+    let (store, epoch) = wait_for("a new master", WAIT, || {
+        master(&n1).filter(|(s, _)| s != "n2")
+    });
+    assert_eq!((store.as_str(), epoch), ("n3", 1));
+    wait_for("n3 takes writes", WAIT, || insert(&n3, 3).ok());
+    signal("-CONT");
+    // n2 learns the new state from Raft and refuses client writes to t; until then it
+    // has no lease, so it cannot take one either.
+    let err = wait_for("n2 refuses writes as a subscriber", WAIT, || {
+        let (ok, _, err) = sql(&n2, "insert into t values (4, 'late')");
+        assert!(!ok, "n2 took a write after it was deposed");
+        err.contains("25006").then_some(err)
+    });
+    assert!(err.contains("n3"), "{err}");
+}
