@@ -12,6 +12,12 @@
 //!   on again.
 //! * BY REQUEST: `ttRepSyncSet(0x01, ...)` inside the transaction; `ttRepXactStatus`.
 //!
+//! Every node runs with automatic failover off ([`MANUAL`]): these tests stop and
+//! restart masters on their data to test what a master that comes back does, where a
+//! failover would have moved the role (tests/failover.rs tests that). A subscriber is
+//! only ever taken down in clusters of three voters, so that the master keeps a Raft
+//! quorum, and with it the master lease it takes writes under.
+//!
 //! Every wait is bounded and waits on a condition.
 
 mod common;
@@ -27,8 +33,11 @@ use serde_json::Value;
 
 const WAIT: Duration = Duration::from_secs(20);
 
+/// Automatic failover off.
+const MANUAL: &[&str] = &["--auto-failover", "false"];
+
 fn start(name: &str, dir: &Path, listen: &str, join: Option<&str>) -> Node {
-    start_member(name, dir, listen, join, &[])
+    start_member(name, dir, listen, join, MANUAL)
 }
 
 fn sql_ok(node: &Node, text: &str) -> (Vec<Value>, String) {
@@ -234,13 +243,9 @@ fn return_services_hold_commits_until_acknowledged_and_fail_over_to_8170() {
 fn by_request_return_services_wait_only_when_asked() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    let n1 = start("n1", d, "127.0.0.1:0", None);
-    let out = n1.cli(&["init"]);
-    assert!(out.status.success(), "{}", stderr(&out));
-    let mut n2 = start("n2", d, "127.0.0.1:0", Some(&n1.grpc));
-    for n in [&n1, &n2] {
-        wait_for("two voters", WAIT, || (voters(n) == 2).then_some(()));
-    }
+    let mut args = FAST_RAFT.to_vec();
+    args.extend(MANUAL);
+    let (n1, mut n2, _n3) = three_voters(d, &args);
     for n in [&n1, &n2] {
         sql_ok(n, "create table t (k int primary key, v varchar(40))");
     }
@@ -477,6 +482,7 @@ fn log_start(node: &Node) -> Option<u64> {
 /// unit) and no log kept beyond what streams hold.
 fn small_log_args() -> Vec<&'static str> {
     let mut args: Vec<&str> = FAST_RAFT.to_vec();
+    args.extend(MANUAL);
     args.extend(["--log-file-size", "4096", "--log-keep-bytes", "0"]);
     args
 }
@@ -495,8 +501,18 @@ fn three_voters(d: &Path, args: &[&str]) -> (Node, Node, Node) {
     (n1, n2, n3)
 }
 
+/// Waits until `node` holds a master lease (a master takes client writes only under
+/// one; a restarted one has none until the Raft leader it reports to grants it).
+fn leased(node: &Node) {
+    wait_for("a master lease", WAIT, || {
+        let (_, body) = http_get(&node.http, "/replication");
+        let v: Value = serde_json::from_str(&body).ok()?;
+        v["master_lease"]["remaining_ms"].as_u64().map(|_| ())
+    });
+}
+
 /// Stops `node` cleanly (asserting that it did) and starts it again on its data and
-/// address with `args`.
+/// address with `args`, and waits until it holds a master lease.
 fn restart_cleanly(node: Node, d: &Path, args: &[&str]) -> Node {
     restart_cleanly_with(node, d, args, || {})
 }
@@ -511,7 +527,9 @@ fn restart_cleanly_with(mut node: Node, d: &Path, args: &[&str], meanwhile: impl
     let (name, grpc) = (node.name.clone(), node.grpc.clone());
     drop(node);
     meanwhile();
-    Node::start_at(&name, &d.join(&name), &grpc, args)
+    let node = Node::start_at(&name, &d.join(&name), &grpc, args);
+    leased(&node);
+    node
 }
 
 /// Receiver states with TimesTen's log retention: PAUSE holds the master's log, FAILED
@@ -713,13 +731,10 @@ fn durable_commit_on_flushes_commits_while_the_return_service_is_disabled() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let mut args: Vec<&str> = FAST_RAFT.to_vec();
+    args.extend(MANUAL);
     args.extend(["--durable-commits", "false"]);
-    let n1 = Node::start_at("n1", &d.join("n1"), "127.0.0.1:0", &args);
-    let out = n1.cli(&["init"]);
-    assert!(out.status.success(), "{}", stderr(&out));
-    let mut n2 = start("n2", d, "127.0.0.1:0", Some(&n1.grpc));
+    let (n1, mut n2, _n3) = three_voters(d, &args);
     for n in [&n1, &n2] {
-        wait_for("two voters", WAIT, || (voters(n) == 2).then_some(()));
         sql_ok(n, "create table t (k bigint primary key, v varchar(100))");
     }
     ddl(
@@ -851,6 +866,7 @@ fn receipt_to_n2(n1: &Node, n2: &Node) {
 /// A node's arguments with `--boot-id`, which stands in for the machine's boot.
 fn boot(id: &'static str) -> Vec<&'static str> {
     let mut args = FAST_RAFT.to_vec();
+    args.extend(MANUAL);
     args.extend(["--boot-id", id]);
     args
 }
@@ -898,8 +914,12 @@ fn a_master_back_from_a_machine_restart_writes_once_its_return_subscriber_answer
     let n1 = restart_cleanly(n1, d, &boot("boot-b"));
     let reason = paused(&n1).expect("writes paused after a machine restart");
     assert!(reason.contains("machine restarted"), "{reason}");
-    let (ok, _, err) = sql(&n1, "insert into t values (2, 'paused')");
-    assert!(!ok && err.contains("57P03"), "{err}");
+    // Refused until n1 holds a master lease again, then by the fence.
+    let err = wait_for("the fence to refuse the write", WAIT, || {
+        let (ok, _, err) = sql(&n1, "insert into t values (2, 'paused')");
+        assert!(!ok && err.contains("57P03"), "{err}");
+        (!err.contains("no master lease")).then_some(err)
+    });
     assert!(err.contains("takes no writes now"), "{err}");
     let out = n1.cli(&["status"]);
     assert!(

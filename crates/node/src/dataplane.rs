@@ -527,6 +527,7 @@ fn wanted_links(
                 continue;
             }
         };
+        add_relays(&mut plan.links, s);
         // A master deposed by a failover has its receiver STOPPED and its return
         // service DISABLED in the same Raft entry: no commit waits for it, whatever
         // RETURN SERVICES ... WHEN REPLICATION STOPPED says, until it has rejoined.
@@ -733,6 +734,43 @@ fn wanted_links(
     }
     db.set_write_refusals(refusals, seen);
     (out, problems)
+}
+
+/// Master catch-up after a failover (DESIGN §5): the current master of an element also
+/// sends each subscriber the transactions of the element's earlier masters, origin
+/// kept, that it holds and the subscriber lacks. A subscriber that was behind the
+/// promoted one when its old master died thereby gets every commit up to the fork
+/// point before the new master's own (each origin has its own high-water, and the
+/// stream resumes from the receiver's): the surviving copies converge. An earlier
+/// master is never sent its own transactions back.
+fn add_relays(links: &mut [Link], s: &hawser_control::state::SchemeState) {
+    for link in links.iter_mut() {
+        let mut relays = Vec::new();
+        for t in link.tables.iter().filter(|t| t.origin == link.sender) {
+            let Some(history) = s.elements.get(&t.element).map(|e| &e.history) else {
+                continue;
+            };
+            let earlier: BTreeSet<&Ident> = history
+                .iter()
+                .map(|r| &r.master)
+                .filter(|m| **m != link.sender && **m != link.receiver)
+                .collect();
+            for master in earlier {
+                let mut relay = t.clone();
+                relay.origin = master.clone();
+                relays.push(relay);
+            }
+        }
+        for relay in relays {
+            let carried = link
+                .tables
+                .iter()
+                .any(|t| t.table == relay.table && t.origin == relay.origin);
+            if !carried {
+                link.tables.push(relay);
+            }
+        }
+    }
 }
 
 /// A table of `origin` that `sender` sends `receiver`, which this store also sends
@@ -1305,6 +1343,49 @@ mod tests {
         hawser_scheme::plan(&scheme, &topology)
             .expect("plans")
             .links
+    }
+
+    #[test]
+    fn after_a_failover_the_new_master_relays_its_predecessors_transactions() {
+        use hawser_control::state::{apply, Response};
+        use hawser_control::{ClusterState, Command, NodeInfo};
+        use hawser_core::Epoch;
+        let mut st = ClusterState::default();
+        let ddl = "CREATE REPLICATION r ELEMENT e TABLE t \
+                   MASTER ds1 SUBSCRIBER ds2 RETURN TWOSAFE SUBSCRIBER ds3";
+        let mut cmds: Vec<Command> = (1..=3)
+            .map(|i| {
+                Command::RegisterNode(NodeInfo {
+                    id: NodeId(i),
+                    store: Ident::unquoted(&format!("ds{i}")),
+                    host: "h".into(),
+                    grpc_addr: format!("h:{i}"),
+                    http_addr: format!("h:{i}0"),
+                    voter: true,
+                })
+            })
+            .collect();
+        cmds.extend(Command::from_ddl(ddl).unwrap());
+        cmds.push(Command::SetMaster {
+            scheme: QualName::bare("r"),
+            element: Ident::unquoted("e"),
+            node: NodeId(2),
+            epoch: Epoch(1),
+            fork_point: Some(hawser_core::Gtid::new(NodeId(1), 9)),
+        });
+        for cmd in &cmds {
+            assert!(matches!(apply(&mut st, cmd), Response::Applied { .. }));
+        }
+        let s = &st.schemes[&QualName::bare("r")];
+        let mut links = planned(&hawser_scheme::print_scheme(&s.scheme));
+        super::add_relays(&mut links, s);
+        let carried = |to: &str| -> Vec<String> {
+            let l = links.iter().find(|l| l.receiver.as_str() == to).unwrap();
+            assert_eq!(l.sender.as_str(), "ds2");
+            l.tables.iter().map(|t| t.origin.to_string()).collect()
+        };
+        assert_eq!(carried("ds3"), ["ds2", "ds1"], "ds1's commits ds3 lacks");
+        assert_eq!(carried("ds1"), ["ds2"], "never its own back to ds1");
     }
 
     #[test]

@@ -163,6 +163,17 @@ impl NodeState {
         json["problems"] = self.problems.lock().clone().into();
         // Why this node takes no writes of its own now (the restart fence), if so.
         json["writes_paused"] = self.db.writes_paused().into();
+        // Whether its client writes need a master lease, and how long the one it holds
+        // has left.
+        let now = Instant::now();
+        json["master_lease"] = serde_json::json!({
+            "required": self.db.lease().required(),
+            "remaining_ms": self
+                .db
+                .lease()
+                .held_until(now)
+                .map(|until| until.duration_since(now).as_millis() as u64),
+        });
         // The data directory's free space against the floor writes stop at.
         json["disk"] = match self.db.space() {
             Some(s) => serde_json::json!({

@@ -79,6 +79,11 @@ impl LeaseGate {
         self.gate.write().until = None;
     }
 
+    /// Whether some client writes need a lease (this node masters something).
+    pub fn required(&self) -> bool {
+        self.gate.read().scope.is_some()
+    }
+
     /// When the lease held now ends, if one is held at `now`.
     pub fn held_until(&self, now: Instant) -> Option<Instant> {
         self.gate.read().until.filter(|u| *u > now)
