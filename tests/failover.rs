@@ -34,6 +34,16 @@ fn start(name: &str, dir: &Path, join: Option<&str>) -> Node {
 /// n1 (initialized first: the Raft leader), n2 and n3, with `t` on each and the
 /// scheme: n2 masters `t`, n3 subscribes with RETURN TWOSAFE, n1 asynchronously.
 fn cluster(d: &Path) -> (Node, Node, Node) {
+    cluster_with(
+        d,
+        "CREATE REPLICATION r ELEMENT e TABLE t \
+           MASTER n2 SUBSCRIBER n3 RETURN TWOSAFE SUBSCRIBER n1 \
+         STORE n2 RETURN WAIT TIME 10",
+    )
+}
+
+/// n1 (the Raft leader), n2 and n3 with `t` on each, and `scheme`.
+fn cluster_with(d: &Path, scheme: &str) -> (Node, Node, Node) {
     let n1 = start("n1", d, None);
     let out = n1.cli(&["init"]);
     assert!(out.status.success(), "{}", stderr(&out));
@@ -44,12 +54,7 @@ fn cluster(d: &Path) -> (Node, Node, Node) {
         let (ok, _, err) = sql(n, "create table t (k bigint primary key, v varchar(40))");
         assert!(ok, "{err}");
     }
-    ddl(
-        &n1,
-        "CREATE REPLICATION r ELEMENT e TABLE t \
-           MASTER n2 SUBSCRIBER n3 RETURN TWOSAFE SUBSCRIBER n1 \
-         STORE n2 RETURN WAIT TIME 10",
-    );
+    ddl(&n1, scheme);
     (n1, n2, n3)
 }
 
@@ -270,4 +275,48 @@ fn a_short_pause_of_the_master_changes_nothing_and_a_long_one_fails_it_over() {
         err.contains("25006").then_some(err)
     });
     assert!(err.contains("n3"), "{err}");
+}
+
+#[test]
+fn a_master_that_is_also_the_raft_leader_fails_over_and_comes_back_deposed() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let (mut n1, n2, n3) = cluster_with(
+        d,
+        "CREATE REPLICATION r ELEMENT e TABLE t \
+           MASTER n1 SUBSCRIBER n2 RETURN TWOSAFE SUBSCRIBER n3 \
+         STORE n1 RETURN WAIT TIME 10",
+    );
+    wait_for("n1 takes writes", WAIT, || insert(&n1, -1).ok());
+    let load = Load::start(&n1.grpc, 2);
+    wait_for("some commits acknowledged", WAIT, || {
+        (load.acked() >= 100).then_some(())
+    });
+    let n1_grpc = n1.grpc.clone();
+    n1.kill9();
+    let acked = load.finish();
+
+    // A new Raft leader first, then — a full failover timeout after it took over —
+    // the failover it decides.
+    let (store, epoch) = wait_for("a new master", WAIT, || {
+        master(&n3).filter(|(s, _)| s != "n1")
+    });
+    assert_eq!((store.as_str(), epoch), ("n2", 1), "the TWOSAFE subscriber");
+    wait_for("n2 takes writes", WAIT, || insert(&n2, -2).ok());
+    let on_n2 = keys(&n2).expect("n2 answers");
+    let lost: Vec<_> = acked.iter().filter(|k| !on_n2.contains(k)).collect();
+    assert!(lost.is_empty(), "acknowledged but not on n2: {lost:?}");
+
+    // n1 restarted on its data directory learns from the cluster that it no longer
+    // masters t before it takes any write to it: it never holds a lease as its master.
+    drop(n1);
+    let n1 = start_member("n1", d, &n1_grpc, Some(&n2.grpc), &[]);
+    let err = wait_for("n1 refuses writes as a subscriber", WAIT, || {
+        let (ok, _, err) = sql(&n1, "insert into t values (-3, 'late')");
+        assert!(!ok, "the deposed master took a write");
+        err.contains("25006").then_some(err)
+    });
+    assert!(err.contains("n2"), "names the master: {err}");
+    assert_eq!(master(&n1), Some(("n2".into(), 1)));
+    assert!(keys(&n3).is_some_and(|k| !k.contains(&-3)));
 }
