@@ -733,7 +733,54 @@ fn wanted_links(
         }
     }
     db.set_write_refusals(refusals, seen);
+    match db.high_waters() {
+        Ok(held) => problems.extend(past_fork_points(state, store, &held)),
+        Err(e) => warn!(error = %e, "cannot read the high-water marks"),
+    }
     (out, problems)
+}
+
+/// Where this store holds commits of a deposed master past the fork point of a
+/// failover of an element it takes part in: commits no survivor that took over has,
+/// acknowledged without a return service (or in flight) when the master died. Setting
+/// them aside is not built yet, so the copy differs from the new master's: said, never
+/// silent (DESIGN §10.4), with the way to rebuild it.
+fn past_fork_points(
+    state: &ClusterState,
+    store: &Ident,
+    held: &BTreeMap<NodeId, u64>,
+) -> Vec<String> {
+    let mut out = Vec::new();
+    for (name, s) in &state.schemes {
+        for el in &s.scheme.elements {
+            let takes_part = std::iter::once(&el.owner)
+                .chain(el.subscriber_stores())
+                .any(|r| matches!(&r.name, hawser_scheme::ast::StoreName::Named(n) if n == store));
+            let Some(es) = s.elements.get(&el.name) else {
+                continue;
+            };
+            if !takes_part {
+                continue;
+            }
+            for record in &es.history {
+                let Some(fork) = record.fork_point else {
+                    continue;
+                };
+                let holds = held.get(&fork.origin).copied().unwrap_or(0);
+                if holds > fork.seq {
+                    out.push(format!(
+                        "scheme {name}, element {}: this store holds commits of node {} \
+                         through seq {holds}, past the fork point {fork} of the failover to \
+                         {} (epoch {}); the new master does not have them, so this copy \
+                         differs from it: rebuild this store with `hawser duplicate` (its \
+                         receiver stopped first)",
+                        el.name, fork.origin, record.master, record.epoch.0
+                    ));
+                }
+            }
+        }
+    }
+    out
 }
 
 /// Master catch-up after a failover (DESIGN §5): the current master of an element also
@@ -1386,6 +1433,53 @@ mod tests {
         };
         assert_eq!(carried("ds3"), ["ds2", "ds1"], "ds1's commits ds3 lacks");
         assert_eq!(carried("ds1"), ["ds2"], "never its own back to ds1");
+    }
+
+    #[test]
+    fn a_store_holding_commits_past_a_fork_point_says_so() {
+        use hawser_control::state::{apply, Response};
+        use hawser_control::{ClusterState, Command, NodeInfo};
+        use hawser_core::{Epoch, Gtid};
+        use std::collections::BTreeMap;
+        let mut st = ClusterState::default();
+        let mut cmds: Vec<Command> = (1..=3)
+            .map(|i| {
+                Command::RegisterNode(NodeInfo {
+                    id: NodeId(i),
+                    store: Ident::unquoted(&format!("ds{i}")),
+                    host: "h".into(),
+                    grpc_addr: format!("h:{i}"),
+                    http_addr: format!("h:{i}0"),
+                    voter: true,
+                })
+            })
+            .collect();
+        cmds.extend(
+            Command::from_ddl(
+                "CREATE REPLICATION r ELEMENT e TABLE t MASTER ds1 SUBSCRIBER ds2, ds3",
+            )
+            .unwrap(),
+        );
+        cmds.push(Command::SetMaster {
+            scheme: QualName::bare("r"),
+            element: Ident::unquoted("e"),
+            node: NodeId(2),
+            epoch: Epoch(1),
+            fork_point: Some(Gtid::new(NodeId(1), 100)),
+        });
+        for cmd in &cmds {
+            assert!(matches!(apply(&mut st, cmd), Response::Applied { .. }));
+        }
+        let held = |seq| BTreeMap::from([(NodeId(1), seq)]);
+        let ds3 = Ident::unquoted("ds3");
+        assert!(super::past_fork_points(&st, &ds3, &held(100)).is_empty());
+        let found = super::past_fork_points(&st, &ds3, &held(101));
+        assert_eq!(found.len(), 1);
+        assert!(found[0].contains("through seq 101"), "{}", found[0]);
+        assert!(found[0].contains("hawser duplicate"), "{}", found[0]);
+        // A store that takes no part in the element is not concerned.
+        let other = Ident::unquoted("ds9");
+        assert!(super::past_fork_points(&st, &other, &held(500)).is_empty());
     }
 
     #[test]
