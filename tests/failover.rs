@@ -320,3 +320,43 @@ fn a_master_that_is_also_the_raft_leader_fails_over_and_comes_back_deposed() {
     assert_eq!(master(&n1), Some(("n2".into(), 1)));
     assert!(keys(&n3).is_some_and(|k| !k.contains(&-3)));
 }
+
+#[test]
+fn alter_set_master_is_a_planned_switchover_that_loses_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let (n1, n2, n3) = cluster(d);
+    wait_for("n2 takes writes", WAIT, || insert(&n2, -1).ok());
+    let load = Load::start(&n2.grpc, 4);
+    wait_for("some commits acknowledged", WAIT, || {
+        (load.acked() >= 200).then_some(())
+    });
+    // By hand, through a node that is neither: n2's writes stop (its lease runs out),
+    // n3 gets all of n2's commits, then the role moves.
+    let started = Instant::now();
+    ddl(
+        &n1,
+        "ALTER REPLICATION r ALTER ELEMENT * IN n2 SET MASTER n3",
+    );
+    eprintln!("switchover: the ALTER took {:?}", started.elapsed());
+    let acked = load.finish();
+    assert_eq!(master(&n1), Some(("n3".into(), 1)));
+    let on_n3 = keys(&n3).expect("n3 answers");
+    let lost: Vec<_> = acked.iter().filter(|k| !on_n3.contains(k)).collect();
+    assert!(
+        lost.is_empty(),
+        "acknowledged on n2 but not on n3: {lost:?}"
+    );
+    // n2 is a subscriber now, still receiving; n3 takes writes and they reach n2.
+    let err = wait_for("n2 refuses writes as a subscriber", WAIT, || {
+        let (ok, _, err) = sql(&n2, "insert into t values (-3, 'late')");
+        assert!(!ok, "the old master took a write after the switchover");
+        err.contains("25006").then_some(err)
+    });
+    assert!(err.contains("n3"), "{err}");
+    wait_for("n3 takes writes", WAIT, || insert(&n3, -2).ok());
+    let on_n3 = keys(&n3).expect("n3 answers");
+    wait_for("n2 equal to n3", WAIT, || {
+        (keys(&n2).as_ref() == Some(&on_n3)).then_some(())
+    });
+}

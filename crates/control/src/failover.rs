@@ -467,10 +467,92 @@ fn return_service_in_effect(
         && receiver == ReceiverState::Start
 }
 
+/// A master role an ALTER REPLICATION moves from one registered node to another.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MasterMove {
+    pub scheme: QualName,
+    pub element: Ident,
+    pub from: NodeId,
+    /// The new master's node, if its store has registered.
+    pub to: Option<NodeId>,
+}
+
+/// The master roles `alter` would move between nodes (`SET MASTER`, or any change that
+/// gives a MASTER element another owner): each needs the planned switchover protocol
+/// (the old master fenced, its lease run out, the new one caught up) before the ALTER
+/// commits, so that two masters never take writes at once. An ALTER that does not
+/// apply moves nothing (the state refuses it anyway).
+pub fn master_moves(
+    state: &ClusterState,
+    alter: &hawser_scheme::ast::AlterReplication,
+) -> Vec<MasterMove> {
+    let Some(old) = state.schemes.get(&alter.name) else {
+        return Vec::new();
+    };
+    let Ok(next) = hawser_scheme::apply(&old.scheme, alter) else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for el in &next.elements {
+        let Some(before) = state.master_of(&alter.name, &el.name) else {
+            continue;
+        };
+        let (Some(from), OwnerRole::Master) = (before.node, before.role) else {
+            continue;
+        };
+        let StoreName::Named(owner) = &el.owner.name else {
+            continue;
+        };
+        if owner == before.store {
+            continue;
+        }
+        out.push(MasterMove {
+            scheme: alter.name.clone(),
+            element: el.name.clone(),
+            from,
+            to: state.node_by_store(owner).map(|n| n.id),
+        });
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::state::{apply, validate, NodeInfo, Response};
+
+    #[test]
+    fn an_alter_that_moves_a_master_role_is_a_master_move() {
+        let st = cluster(ASYNC);
+        let alter = |text: &str| match ddl(text) {
+            Command::AlterScheme { alter } => alter,
+            other => panic!("not an ALTER: {other:?}"),
+        };
+        let moves = master_moves(
+            &st,
+            &alter("ALTER REPLICATION r1 ALTER ELEMENT * IN masterds SET MASTER sub2;"),
+        );
+        assert_eq!(
+            moves,
+            [MasterMove {
+                scheme: QualName::bare("r1"),
+                element: Ident::unquoted("e"),
+                from: MASTER,
+                to: Some(SUB2),
+            }]
+        );
+        // Dropping a subscriber moves no role; an ALTER that does not apply neither.
+        assert!(master_moves(
+            &st,
+            &alter("ALTER REPLICATION r1 ALTER ELEMENT e DROP SUBSCRIBER sub3;")
+        )
+        .is_empty());
+        assert!(master_moves(
+            &st,
+            &alter("ALTER REPLICATION r1 ALTER ELEMENT e DROP SUBSCRIBER nobody;")
+        )
+        .is_empty());
+    }
 
     // Helpers as in state.rs's tests.
 

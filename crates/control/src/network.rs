@@ -122,6 +122,10 @@ pub enum PeerError {
     /// by another node): refused, never acted on.
     #[error("this is node {here}, not node {meant} the message was meant for")]
     Misaddressed { meant: RaftNodeId, here: RaftNodeId },
+    /// The leader could not make the change now, for a reason that may pass (a
+    /// switchover whose new master did not catch up in time): nothing changed; retry.
+    #[error("{0}")]
+    Retry(String),
     /// The leader could not finish the change (Raft stopped, a membership change did
     /// not commit in time, ...).
     #[error("{0}")]

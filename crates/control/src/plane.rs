@@ -252,6 +252,10 @@ impl PlaneError {
             },
             PeerError::LostState(_) => PlaneError::LostState(e),
             PeerError::Failed(m) => PlaneError::Fatal(m),
+            PeerError::Retry(reason) => PlaneError::Unavailable {
+                leader_addr: None,
+                reason,
+            },
             PeerError::Misaddressed { .. } => PlaneError::Unavailable {
                 leader_addr: None,
                 reason: e.to_string(),
@@ -811,13 +815,120 @@ fn summarize(m: &RaftMetrics) -> ControlMetrics {
 }
 
 impl Inner {
-    /// Commits `cmd` if this node leads; otherwise says who does.
+    /// Commits `cmd` if this node leads; otherwise says who does. An ALTER REPLICATION
+    /// that moves a master role is committed as a planned switchover
+    /// ([`Inner::switch_over`]).
     pub(crate) async fn propose_here(&self, cmd: Command) -> Result<Response, PeerError> {
+        if let Command::AlterScheme { alter } = &cmd {
+            if self.is_leader() {
+                let moves = failover::master_moves(&self.sm.state(), alter);
+                if !moves.is_empty() {
+                    return self.switch_over(cmd.clone(), moves).await;
+                }
+            }
+        }
+        self.commit_here(cmd).await
+    }
+
+    async fn commit_here(&self, cmd: Command) -> Result<Response, PeerError> {
         self.raft
             .client_write(cmd)
             .await
             .map(|r| r.data)
             .map_err(write_error)
+    }
+
+    /// A planned move of master roles (`ALTER ... SET MASTER`), on the leader: no more
+    /// leases for the old masters; wait until the last lease each was granted has run
+    /// out (its writes stopped) and each new master has reported holding every commit
+    /// its old master reported after that; then commit. Writes to the elements pause
+    /// for about a lease. Nothing acknowledged is lost and two masters never take
+    /// writes at once (docs/control.md, "Planned switchover").
+    async fn switch_over(
+        &self,
+        cmd: Command,
+        moves: Vec<failover::MasterMove>,
+    ) -> Result<Response, PeerError> {
+        let started = std::time::Instant::now();
+        let term = self.raft.metrics().borrow().current_term;
+        let state = self.sm.state();
+        for m in &moves {
+            let epoch = state
+                .schemes
+                .get(&m.scheme)
+                .and_then(|s| s.elements.get(&m.element))
+                .map_or(Epoch(0), |e| e.epoch);
+            self.health
+                .fence(term, m.from, m.scheme.clone(), m.element.clone(), epoch);
+        }
+        let unfence = || {
+            for m in &moves {
+                self.health.unfence(m.from, &m.scheme, &m.element);
+            }
+        };
+        // The last grant to an old master was made when its last report before the
+        // fence arrived: its lease ends a lease after that at the latest.
+        let fenced_at = self.health.now();
+        let margin = self.cfg.report_interval;
+        // Well within the deadline of a forwarded proposal, so its caller hears why.
+        let limit = self.cfg.request_timeout / 2;
+        let deadline = started + limit;
+        let wait_tick = self.cfg.report_interval / 2;
+        loop {
+            let view = self.health.view(term);
+            let now = self.health.now();
+            let leases_over = now >= fenced_at + self.cfg.master_lease + margin;
+            // What each old master reported committing after its lease ran out is
+            // final; its new master must hold it.
+            let behind: Vec<String> = moves
+                .iter()
+                .filter_map(|m| {
+                    // A silent old master is not waited for (it takes no writes once
+                    // its lease is over): what it committed past the new master's
+                    // high-water is past the fork point, as in a failover.
+                    if view.silence(m.from, now) > self.cfg.failover.failover_timeout {
+                        return None;
+                    }
+                    let old = view.nodes.get(&m.from)?;
+                    let last = old.report.own_seq;
+                    let to = m.to?;
+                    let has = view
+                        .nodes
+                        .get(&to)
+                        .map_or(0, |n| n.report.high_water_of(m.from));
+                    let final_report = old.last_report >= fenced_at + self.cfg.master_lease;
+                    (has < last || !final_report)
+                        .then(|| format!("node {to} holds seq {has} of node {}'s {last}", m.from))
+                })
+                .collect();
+            if leases_over && behind.is_empty() {
+                break;
+            }
+            if std::time::Instant::now() >= deadline {
+                unfence();
+                let why = if leases_over {
+                    format!("the new master has not caught up: {}", behind.join("; "))
+                } else {
+                    "the old master's lease did not run out in time".into()
+                };
+                return Err(PeerError::Retry(format!(
+                    "switchover not committed within {limit:?}: {why}; the old master \
+                     takes writes again; retry"
+                )));
+            }
+            tokio::time::sleep(wait_tick).await;
+        }
+        let result = self.commit_here(cmd).await;
+        if !matches!(result, Ok(Response::Applied { .. })) {
+            unfence();
+        }
+        let paused = started.elapsed();
+        metrics::histogram!("hawser_switchover_pause_seconds").record(paused.as_secs_f64());
+        tracing::info!(
+            moves = ?moves, paused_ms = paused.as_millis() as u64,
+            "switchover: the old masters' writes paused, the new ones caught up, committed"
+        );
+        result
     }
 
     async fn wait_for_leader(&self) -> Result<(), PlaneError> {
