@@ -63,6 +63,10 @@ pub enum ErrorKind {
     /// A statement that cannot run in the session's transaction state (25001).
     #[error("{0}")]
     TransactionState(String),
+    /// A statement nested or chained past [`crate::limits`] (54001, as PostgreSQL's
+    /// `statement_too_complex`); the text names the limit.
+    #[error("statement too complex: {0}")]
+    TooComplex(String),
     /// A value that does not fit a column type (the coercion's own SQLSTATE).
     #[error(transparent)]
     Coerce(#[from] CoerceError),
@@ -102,6 +106,7 @@ impl ErrorKind {
             ErrorKind::InvalidDefinition(_) => "42P16",
             ErrorKind::CurrvalUndefined(_) => "55000",
             ErrorKind::TransactionState(_) => "25001",
+            ErrorKind::TooComplex(_) => "54001",
             ErrorKind::Coerce(e) => e.code(),
             ErrorKind::Store(e) => e.code(),
             ErrorKind::Replication(e) => &e.code,

@@ -272,76 +272,69 @@ impl Expr {
         }
     }
 
+    /// The operands of this node, in order, for rewriting them.
+    pub fn children_mut(&mut self) -> Vec<&mut Expr> {
+        match self {
+            Expr::Literal(_) | Expr::Column(_) | Expr::Sequence { .. } => Vec::new(),
+            Expr::Unary { expr, .. } | Expr::IsNull { expr, .. } | Expr::Cast { expr, .. } => {
+                vec![expr.as_mut()]
+            }
+            Expr::Binary { left, right, .. } => vec![left.as_mut(), right.as_mut()],
+            Expr::InList { expr, list, .. } => {
+                let mut v = vec![expr.as_mut()];
+                v.extend(list.iter_mut());
+                v
+            }
+            Expr::Between {
+                expr, low, high, ..
+            } => vec![expr.as_mut(), low.as_mut(), high.as_mut()],
+            Expr::Like { expr, pattern, .. } => vec![expr.as_mut(), pattern.as_mut()],
+            Expr::Func { args, .. } => args.iter_mut().collect(),
+            Expr::Case {
+                operand,
+                whens,
+                otherwise,
+            } => {
+                let mut v: Vec<&mut Expr> = operand.iter_mut().map(|o| o.as_mut()).collect();
+                for (w, t) in whens {
+                    v.push(w);
+                    v.push(t);
+                }
+                v.extend(otherwise.iter_mut().map(|o| o.as_mut()));
+                v
+            }
+        }
+    }
+
     /// Evaluates the expression against one input row.
+    ///
+    /// Recursion keeps each level's frame small: every kind of node is evaluated by a
+    /// function of its own (in a debug build one function for all of them took 7 KB of
+    /// stack per level; see [`crate::limits`]).
     pub fn eval(&self, row: &[Value], ctx: &mut dyn EvalContext) -> Result<Value> {
         match self {
             Expr::Literal(v) => Ok(v.clone()),
             Expr::Column(i) => Ok(row.get(*i).cloned().unwrap_or(Value::Null)),
-            Expr::Sequence { name, op } => {
-                let v = match op {
-                    SeqOp::NextVal => ctx.next_val(name)?,
-                    SeqOp::CurrVal => ctx.curr_val(name)?,
-                };
-                Ok(Value::Int(v))
-            }
-            Expr::Unary { op, expr } => unary(*op, expr.eval(row, ctx)?),
+            Expr::Sequence { name, op } => sequence(name, *op, ctx),
+            Expr::Unary { op, expr } => eval_unary(*op, expr, row, ctx),
             Expr::Binary {
                 op,
                 left,
                 right,
                 at,
-            } => {
-                // AND / OR short-circuit only on a definite answer, as Kleene logic allows.
-                let l = left.eval(row, ctx)?;
-                if matches!(op, BinOp::And | BinOp::Or) {
-                    match (op, truth(&l).at(*at)?) {
-                        (BinOp::And, Some(false)) => return Ok(Value::Bool(false)),
-                        (BinOp::Or, Some(true)) => return Ok(Value::Bool(true)),
-                        _ => {}
-                    }
-                }
-                let r = right.eval(row, ctx)?;
-                binary(*op, l, r).at(*at)
-            }
-            Expr::IsNull { expr, negated } => {
-                Ok(Value::Bool(expr.eval(row, ctx)?.is_null() != *negated))
-            }
+            } => eval_binary(*op, left, right, *at, row, ctx),
+            Expr::IsNull { expr, negated } => eval_is_null(expr, *negated, row, ctx),
             Expr::InList {
                 expr,
                 list,
                 negated,
-            } => {
-                let v = expr.eval(row, ctx)?;
-                let mut saw_null = v.is_null();
-                let mut found = false;
-                for item in list {
-                    match sql_cmp(&v, &item.eval(row, ctx)?)? {
-                        Some(Ordering::Equal) => {
-                            found = true;
-                            break;
-                        }
-                        Some(_) => {}
-                        None => saw_null = true,
-                    }
-                }
-                Ok(match (found, saw_null) {
-                    (true, _) => Value::Bool(!*negated),
-                    (false, true) => Value::Null,
-                    (false, false) => Value::Bool(*negated),
-                })
-            }
+            } => eval_in_list(expr, list, *negated, row, ctx),
             Expr::Between {
                 expr,
                 low,
                 high,
                 negated,
-            } => {
-                let v = expr.eval(row, ctx)?;
-                let ge = cmp_op(BinOp::GtEq, &v, &low.eval(row, ctx)?)?;
-                let le = cmp_op(BinOp::LtEq, &v, &high.eval(row, ctx)?)?;
-                let within = and(ge, le);
-                Ok(if *negated { not(within) } else { within })
-            }
+            } => eval_between(expr, low, high, *negated, row, ctx),
             Expr::Like {
                 expr,
                 pattern,
@@ -349,58 +342,16 @@ impl Expr {
                 negated,
                 case_insensitive,
             } => {
-                let v = expr.eval(row, ctx)?;
-                let p = pattern.eval(row, ctx)?;
-                match (v, p) {
-                    (Value::Null, _) | (_, Value::Null) => Ok(Value::Null),
-                    (Value::Text(s), Value::Text(p)) => {
-                        let m = if *case_insensitive {
-                            like(&s.to_lowercase(), &p.to_lowercase(), *escape)?
-                        } else {
-                            like(&s, &p, *escape)?
-                        };
-                        Ok(Value::Bool(m != *negated))
-                    }
-                    (v, p) => Err(ErrorKind::TypeMismatch(format!(
-                        "LIKE needs text operands, not {} and {}",
-                        type_name(&v),
-                        type_name(&p)
-                    ))
-                    .into()),
-                }
+                let how = (*escape, *negated, *case_insensitive);
+                eval_like(expr, pattern, how, row, ctx)
             }
-            Expr::Cast { expr, to } => cast(expr.eval(row, ctx)?, to),
-            Expr::Func { func, args } => {
-                let mut vals = Vec::with_capacity(args.len());
-                for a in args {
-                    vals.push(a.eval(row, ctx)?);
-                }
-                scalar_func(*func, vals)
-            }
+            Expr::Cast { expr, to } => eval_cast(expr, to, row, ctx),
+            Expr::Func { func, args } => eval_func(*func, args, row, ctx),
             Expr::Case {
                 operand,
                 whens,
                 otherwise,
-            } => {
-                let subject = match operand {
-                    Some(o) => Some(o.eval(row, ctx)?),
-                    None => None,
-                };
-                for (when, then) in whens {
-                    let w = when.eval(row, ctx)?;
-                    let hit = match &subject {
-                        Some(s) => sql_cmp(s, &w)? == Some(Ordering::Equal),
-                        None => truth(&w)? == Some(true),
-                    };
-                    if hit {
-                        return then.eval(row, ctx);
-                    }
-                }
-                match otherwise {
-                    Some(o) => o.eval(row, ctx),
-                    None => Ok(Value::Null),
-                }
-            }
+            } => eval_case(operand.as_deref(), whens, otherwise.as_deref(), row, ctx),
         }
     }
 
@@ -408,6 +359,179 @@ impl Expr {
     pub fn holds(&self, row: &[Value], ctx: &mut dyn EvalContext) -> Result<bool> {
         Ok(truth(&self.eval(row, ctx)?)? == Some(true))
     }
+}
+
+fn sequence(name: &QualName, op: SeqOp, ctx: &mut dyn EvalContext) -> Result<Value> {
+    let v = match op {
+        SeqOp::NextVal => ctx.next_val(name)?,
+        SeqOp::CurrVal => ctx.curr_val(name)?,
+    };
+    Ok(Value::Int(v))
+}
+
+fn eval_unary(op: UnaryOp, e: &Expr, row: &[Value], ctx: &mut dyn EvalContext) -> Result<Value> {
+    unary(op, e.eval(row, ctx)?)
+}
+
+fn eval_is_null(
+    e: &Expr,
+    negated: bool,
+    row: &[Value],
+    ctx: &mut dyn EvalContext,
+) -> Result<Value> {
+    Ok(Value::Bool(e.eval(row, ctx)?.is_null() != negated))
+}
+
+fn eval_cast(e: &Expr, to: &DataType, row: &[Value], ctx: &mut dyn EvalContext) -> Result<Value> {
+    cast(e.eval(row, ctx)?, to)
+}
+
+/// `how` is (ESCAPE, NOT, case-insensitive).
+fn eval_like(
+    e: &Expr,
+    pattern: &Expr,
+    (escape, negated, case_insensitive): (Option<char>, bool, bool),
+    row: &[Value],
+    ctx: &mut dyn EvalContext,
+) -> Result<Value> {
+    let v = e.eval(row, ctx)?;
+    let p = pattern.eval(row, ctx)?;
+    like_values(v, p, escape, negated, case_insensitive)
+}
+
+fn eval_binary(
+    op: BinOp,
+    left: &Expr,
+    right: &Expr,
+    at: Location,
+    row: &[Value],
+    ctx: &mut dyn EvalContext,
+) -> Result<Value> {
+    let l = left.eval(row, ctx)?;
+    if let Some(v) = short_circuit(op, &l).at(at)? {
+        return Ok(v);
+    }
+    let r = right.eval(row, ctx)?;
+    binary(op, l, r).at(at)
+}
+
+/// AND / OR short-circuit only on a definite answer, as Kleene logic allows.
+fn short_circuit(op: BinOp, left: &Value) -> Result<Option<Value>> {
+    if !matches!(op, BinOp::And | BinOp::Or) {
+        return Ok(None);
+    }
+    Ok(match (op, truth(left)?) {
+        (BinOp::And, Some(false)) => Some(Value::Bool(false)),
+        (BinOp::Or, Some(true)) => Some(Value::Bool(true)),
+        _ => None,
+    })
+}
+
+fn eval_in_list(
+    operand: &Expr,
+    list: &[Expr],
+    negated: bool,
+    row: &[Value],
+    ctx: &mut dyn EvalContext,
+) -> Result<Value> {
+    let v = operand.eval(row, ctx)?;
+    let mut saw_null = v.is_null();
+    let mut found = false;
+    for item in list {
+        match sql_cmp(&v, &item.eval(row, ctx)?)? {
+            Some(Ordering::Equal) => {
+                found = true;
+                break;
+            }
+            Some(_) => {}
+            None => saw_null = true,
+        }
+    }
+    Ok(match (found, saw_null) {
+        (true, _) => Value::Bool(!negated),
+        (false, true) => Value::Null,
+        (false, false) => Value::Bool(negated),
+    })
+}
+
+fn eval_between(
+    operand: &Expr,
+    low: &Expr,
+    high: &Expr,
+    negated: bool,
+    row: &[Value],
+    ctx: &mut dyn EvalContext,
+) -> Result<Value> {
+    let v = operand.eval(row, ctx)?;
+    let ge = cmp_op(BinOp::GtEq, &v, &low.eval(row, ctx)?)?;
+    let le = cmp_op(BinOp::LtEq, &v, &high.eval(row, ctx)?)?;
+    let within = and(ge, le);
+    Ok(if negated { not(within) } else { within })
+}
+
+fn like_values(
+    v: Value,
+    p: Value,
+    escape: Option<char>,
+    negated: bool,
+    case_insensitive: bool,
+) -> Result<Value> {
+    match (v, p) {
+        (Value::Null, _) | (_, Value::Null) => Ok(Value::Null),
+        (Value::Text(s), Value::Text(p)) => {
+            let m = if case_insensitive {
+                like(&s.to_lowercase(), &p.to_lowercase(), escape)?
+            } else {
+                like(&s, &p, escape)?
+            };
+            Ok(Value::Bool(m != negated))
+        }
+        (v, p) => Err(ErrorKind::TypeMismatch(format!(
+            "LIKE needs text operands, not {} and {}",
+            type_name(&v),
+            type_name(&p)
+        ))
+        .into()),
+    }
+}
+
+fn eval_func(func: Func, args: &[Expr], row: &[Value], ctx: &mut dyn EvalContext) -> Result<Value> {
+    let mut vals = Vec::with_capacity(args.len());
+    for a in args {
+        vals.push(a.eval(row, ctx)?);
+    }
+    scalar_func(func, vals)
+}
+
+fn eval_case(
+    operand: Option<&Expr>,
+    whens: &[(Expr, Expr)],
+    otherwise: Option<&Expr>,
+    row: &[Value],
+    ctx: &mut dyn EvalContext,
+) -> Result<Value> {
+    let subject = match operand {
+        Some(o) => Some(o.eval(row, ctx)?),
+        None => None,
+    };
+    for (when, then) in whens {
+        let w = when.eval(row, ctx)?;
+        if case_hit(subject.as_ref(), &w)? {
+            return then.eval(row, ctx);
+        }
+    }
+    match otherwise {
+        Some(o) => o.eval(row, ctx),
+        None => Ok(Value::Null),
+    }
+}
+
+/// Whether a WHEN value selects its branch: equal to the CASE operand, or TRUE.
+fn case_hit(subject: Option<&Value>, when: &Value) -> Result<bool> {
+    Ok(match subject {
+        Some(s) => sql_cmp(s, when)? == Some(Ordering::Equal),
+        None => truth(when)? == Some(true),
+    })
 }
 
 /// The SQL name of a value's type, for error messages.

@@ -28,13 +28,17 @@
 //!   and `CALL ttRepXactTokenGet()` are the session's ([`SyncSettings`]); the other
 //!   built-in procedures (`ttRepXactStatus`, `ttRepSubscriberWait`, ...) go to the hook.
 //!
+//! * Statements nested too deeply to process safely fail with 54001 ([`limits`]).
+//!
 //! See `docs/sql.md` for the supported SQL.
 
 pub mod access;
 pub mod call;
+pub mod dialect;
 pub mod error;
 pub mod exec;
 pub mod expr;
+pub mod limits;
 pub mod outcome;
 pub mod plan;
 pub mod script;

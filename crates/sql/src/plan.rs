@@ -15,6 +15,7 @@
 //! Scope is one table per statement (no joins); `FROM dual` and no FROM at all give a
 //! single row with no columns.
 
+use std::cell::Cell;
 use std::sync::Arc;
 
 use hawser_core::coerce::coerce;
@@ -25,6 +26,7 @@ use sqlparser::tokenizer::Location;
 use crate::access::{self, KeyPredicates};
 use crate::error::{At, Error, ErrorKind, Result};
 use crate::expr::{self, BinOp, Expr, Func, SeqOp, UnaryOp};
+use crate::limits::{self, MAX_EXPR_DEPTH};
 use crate::outcome::ColumnMeta;
 use crate::types::map_type;
 
@@ -269,13 +271,14 @@ pub fn plan(stmt: &ast::Statement, catalog: &dyn Catalog) -> Result<Plan> {
         S::Explain {
             statement, analyze, ..
         } => {
-            let inner = plan(statement, catalog)?;
-            if !matches!(
-                inner,
-                Plan::Select(_) | Plan::Update(_) | Plan::Delete(_) | Plan::Insert(_)
-            ) {
+            let explainable =
+                |s: &S| matches!(s, S::Query(_) | S::Insert(_) | S::Update(_) | S::Delete(_));
+            // Checked before planning the inner statement, so `EXPLAIN EXPLAIN ...` does
+            // not recurse.
+            if !explainable(statement) {
                 return unsupported("EXPLAIN takes SELECT, INSERT, UPDATE or DELETE");
             }
+            let inner = plan(statement, catalog)?;
             Ok(Plan::Explain {
                 plan: Box::new(inner),
                 analyze: *analyze,
@@ -891,99 +894,39 @@ fn output_name(e: &ast::Expr) -> String {
 /// become their group column, aggregates their result column; any other column
 /// reference is an error (42803).
 fn regroup(e: &Expr, group_by: &[Expr], binder: &Binder<'_>) -> Result<Expr> {
+    let mut out = e.clone();
+    regroup_in_place(&mut out, group_by, binder)?;
+    Ok(out)
+}
+
+fn regroup_in_place(e: &mut Expr, group_by: &[Expr], binder: &Binder<'_>) -> Result<()> {
     if let Some(i) = group_by.iter().position(|g| g == e) {
-        return Ok(Expr::Column(i));
+        *e = Expr::Column(i);
+        return Ok(());
     }
-    let re = |x: &Expr| regroup(x, group_by, binder);
-    let bx = |x: &Expr| re(x).map(Box::new);
-    Ok(match e {
-        Expr::Column(i) if *i >= AGG_BASE => Expr::Column(group_by.len() + (i - AGG_BASE)),
-        Expr::Column(i) => {
-            let name = binder
-                .scope
-                .as_ref()
-                .and_then(|s| s.table.columns.get(*i))
-                .map(|c| c.name.to_string())
-                .unwrap_or_else(|| format!("#{i}"));
-            return Err(ErrorKind::Grouping(format!(
-                "column {name} must appear in the GROUP BY clause or be used in an aggregate function"
-            ))
-            .into());
+    match e {
+        Expr::Column(i) if *i >= AGG_BASE => *i = group_by.len() + (*i - AGG_BASE),
+        Expr::Column(i) => return Err(ungrouped(*i, binder)),
+        _ => {
+            for child in e.children_mut() {
+                regroup_in_place(child, group_by, binder)?;
+            }
         }
-        Expr::Literal(_) | Expr::Sequence { .. } => e.clone(),
-        Expr::Unary { op, expr } => Expr::Unary {
-            op: *op,
-            expr: bx(expr)?,
-        },
-        Expr::Binary {
-            op,
-            left,
-            right,
-            at,
-        } => Expr::Binary {
-            op: *op,
-            left: bx(left)?,
-            right: bx(right)?,
-            at: *at,
-        },
-        Expr::IsNull { expr, negated } => Expr::IsNull {
-            expr: bx(expr)?,
-            negated: *negated,
-        },
-        Expr::InList {
-            expr,
-            list,
-            negated,
-        } => Expr::InList {
-            expr: bx(expr)?,
-            list: list.iter().map(re).collect::<Result<_>>()?,
-            negated: *negated,
-        },
-        Expr::Between {
-            expr,
-            low,
-            high,
-            negated,
-        } => Expr::Between {
-            expr: bx(expr)?,
-            low: bx(low)?,
-            high: bx(high)?,
-            negated: *negated,
-        },
-        Expr::Like {
-            expr,
-            pattern,
-            escape,
-            negated,
-            case_insensitive,
-        } => Expr::Like {
-            expr: bx(expr)?,
-            pattern: bx(pattern)?,
-            escape: *escape,
-            negated: *negated,
-            case_insensitive: *case_insensitive,
-        },
-        Expr::Cast { expr, to } => Expr::Cast {
-            expr: bx(expr)?,
-            to: *to,
-        },
-        Expr::Func { func, args } => Expr::Func {
-            func: *func,
-            args: args.iter().map(re).collect::<Result<_>>()?,
-        },
-        Expr::Case {
-            operand,
-            whens,
-            otherwise,
-        } => Expr::Case {
-            operand: operand.as_deref().map(bx).transpose()?,
-            whens: whens
-                .iter()
-                .map(|(w, t)| Ok((re(w)?, re(t)?)))
-                .collect::<Result<_>>()?,
-            otherwise: otherwise.as_deref().map(bx).transpose()?,
-        },
-    })
+    }
+    Ok(())
+}
+
+fn ungrouped(i: usize, binder: &Binder<'_>) -> Error {
+    let name = binder
+        .scope
+        .as_ref()
+        .and_then(|s| s.table.columns.get(i))
+        .map(|c| c.name.to_string())
+        .unwrap_or_else(|| format!("#{i}"));
+    ErrorKind::Grouping(format!(
+        "column {name} must appear in the GROUP BY clause or be used in an aggregate function"
+    ))
+    .into()
 }
 
 /// Aggregate results are bound as columns from this position up while an aggregate
@@ -1018,13 +961,42 @@ impl<'a> TableScope<'a> {
 }
 
 /// Binds AST expressions to [`Expr`] within a scope.
+///
+/// Binding is where [`MAX_EXPR_DEPTH`] is enforced, so it must not itself recurse
+/// through a parsed expression deeper than that: it descends one level at a time and
+/// asks sqlparser for a node's span (which recurses through the whole node) only once
+/// the node is bound, or when the node is a leaf.
 struct Binder<'a> {
     scope: Option<TableScope<'a>>,
+    /// How many levels deep the expression being bound is at this point.
+    depth: Cell<usize>,
+}
+
+/// One level of [`Binder::depth`], given back when dropped.
+struct Level<'b>(&'b Cell<usize>);
+
+impl Drop for Level<'_> {
+    fn drop(&mut self) {
+        self.0.set(self.0.get().saturating_sub(1));
+    }
 }
 
 impl<'a> Binder<'a> {
     fn new(scope: Option<TableScope<'a>>) -> Self {
-        Binder { scope }
+        Binder {
+            scope,
+            depth: Cell::new(0),
+        }
+    }
+
+    /// Enters one more level of the expression being bound.
+    fn descend(&self) -> Result<Level<'_>> {
+        let depth = self.depth.get() + 1;
+        if depth > MAX_EXPR_DEPTH {
+            return Err(limits::too_deep().into());
+        }
+        self.depth.set(depth);
+        Ok(Level(&self.depth))
     }
 
     fn column_type(&self, i: usize) -> Option<DataType> {
@@ -1059,120 +1031,33 @@ impl<'a> Binder<'a> {
         self.bind_in(e, Some(calls))
     }
 
-    fn bind_in(&self, e: &ast::Expr, mut calls: Option<&mut Vec<AggCall>>) -> Result<Expr> {
-        let at = e.span().start;
-        let mut sub = |x: &ast::Expr| self.bind_in(x, calls.as_deref_mut());
+    fn bind_in(&self, e: &ast::Expr, calls: Option<&mut Vec<AggCall>>) -> Result<Expr> {
+        let _level = self.descend()?;
+        // Each kind of node has a function of its own, and what a level does besides
+        // recursing is in further functions, whose frames are gone when it recurses:
+        // with one function for all of it a debug build spent 11 KB of stack per level.
         use ast::Expr as A;
-        let bound = match e {
-            A::Identifier(id) => self.column(None, id)?,
-            A::CompoundIdentifier(ids) => self.compound(ids)?,
-            A::Value(v) => Expr::Literal(literal(&v.value).at(v.span.start)?),
-            A::TypedString(ts) => {
-                let ty = map_type(&ts.data_type).at(at)?;
-                let text = match &ts.value.value {
-                    ast::Value::SingleQuotedString(s) => s.clone(),
-                    other => other.to_string(),
-                };
-                Expr::Literal(coerce(Value::Text(text), &ty).at(at)?)
-            }
-            A::Nested(inner) => sub(inner)?,
-            A::UnaryOp { op, expr } => {
-                let op = match op {
-                    ast::UnaryOperator::Not => UnaryOp::Not,
-                    ast::UnaryOperator::Minus => UnaryOp::Minus,
-                    ast::UnaryOperator::Plus => UnaryOp::Plus,
-                    other => return unsupported(format!("operator {other} is not supported")),
-                };
-                // `-9223372036854775808` must read as one literal, not overflow on negation.
-                if let (UnaryOp::Minus, A::Value(v)) = (op, expr.as_ref()) {
-                    if let ast::Value::Number(n, _) = &v.value {
-                        return Ok(Expr::Literal(expr::parse_number(&format!("-{n}")).at(at)?));
-                    }
-                }
-                Expr::Unary {
-                    op,
-                    expr: Box::new(sub(expr)?),
-                }
-            }
-            A::BinaryOp { left, op, right } => {
-                let op = match op {
-                    ast::BinaryOperator::Plus => BinOp::Add,
-                    ast::BinaryOperator::Minus => BinOp::Sub,
-                    ast::BinaryOperator::Multiply => BinOp::Mul,
-                    ast::BinaryOperator::Divide => BinOp::Div,
-                    ast::BinaryOperator::Modulo => BinOp::Mod,
-                    ast::BinaryOperator::StringConcat => BinOp::Concat,
-                    ast::BinaryOperator::Eq => BinOp::Eq,
-                    ast::BinaryOperator::NotEq => BinOp::NotEq,
-                    ast::BinaryOperator::Lt => BinOp::Lt,
-                    ast::BinaryOperator::LtEq => BinOp::LtEq,
-                    ast::BinaryOperator::Gt => BinOp::Gt,
-                    ast::BinaryOperator::GtEq => BinOp::GtEq,
-                    ast::BinaryOperator::And => BinOp::And,
-                    ast::BinaryOperator::Or => BinOp::Or,
-                    other => return unsupported(format!("operator {other} is not supported")),
-                };
-                let mut l = sub(left)?;
-                let mut r = sub(right)?;
-                if op.is_comparison() {
-                    self.fit_literal(&l, &mut r);
-                    self.fit_literal(&r, &mut l);
-                }
-                Expr::Binary {
-                    op,
-                    left: Box::new(l),
-                    right: Box::new(r),
-                    at: op_location(left, right).unwrap_or(at),
-                }
-            }
-            A::IsNull(x) => Expr::IsNull {
-                expr: Box::new(sub(x)?),
-                negated: false,
-            },
-            A::IsNotNull(x) => Expr::IsNull {
-                expr: Box::new(sub(x)?),
-                negated: true,
-            },
+        match e {
+            A::Nested(inner) => self.bind_in(inner, calls),
+            A::UnaryOp { op, expr } => self.unary(e, op, expr, calls),
+            A::BinaryOp { left, op, right } => self.binary(e, left, op, right, calls),
+            A::IsNull(x) => self.is_null(x, false, calls),
+            A::IsNotNull(x) => self.is_null(x, true, calls),
             A::In {
                 expr,
                 target: ast::InTarget::List(list),
                 negated,
                 ..
-            } => {
-                let target = sub(expr)?;
-                let mut items = Vec::new();
-                for item in list {
-                    let mut b = sub(item)?;
-                    self.fit_literal(&target, &mut b);
-                    items.push(b);
-                }
-                Expr::InList {
-                    expr: Box::new(target),
-                    list: items,
-                    negated: *negated,
-                }
-            }
+            } => self.in_list(expr, list, *negated, calls),
             A::In { .. } | A::Subquery(_) | A::Exists { .. } => {
-                return unsupported("subqueries are not supported")
+                unsupported("subqueries are not supported")
             }
             A::Between {
                 expr,
                 negated,
                 low,
                 high,
-            } => {
-                let target = sub(expr)?;
-                let mut low = sub(low)?;
-                let mut high = sub(high)?;
-                self.fit_literal(&target, &mut low);
-                self.fit_literal(&target, &mut high);
-                Expr::Between {
-                    expr: Box::new(target),
-                    low: Box::new(low),
-                    high: Box::new(high),
-                    negated: *negated,
-                }
-            }
+            } => self.between(expr, low, high, *negated, calls),
             A::Like {
                 negated,
                 any: false,
@@ -1187,61 +1072,214 @@ impl<'a> Binder<'a> {
                 pattern,
                 escape_char,
             } => {
-                let escape = match escape_char.as_deref() {
-                    None => None,
-                    Some(A::Value(v)) => match &v.value {
-                        ast::Value::SingleQuotedString(s) if s.chars().count() == 1 => {
-                            s.chars().next()
-                        }
-                        _ => {
-                            return Err(Error::from(ErrorKind::InvalidStatement(
-                                "ESCAPE must be a single character".into(),
-                            ))
-                            .or_at(v.span.start))
-                        }
-                    },
-                    Some(_) => return unsupported("ESCAPE must be a literal"),
-                };
-                Expr::Like {
-                    expr: Box::new(sub(expr)?),
-                    pattern: Box::new(sub(pattern)?),
-                    escape,
-                    negated: *negated,
-                    case_insensitive: matches!(e, A::ILike { .. }),
-                }
+                let how = (*negated, matches!(e, A::ILike { .. }));
+                self.like(expr, pattern, escape_char.as_deref(), how, calls)
             }
             A::Cast {
                 expr, data_type, ..
-            } => Expr::Cast {
-                expr: Box::new(sub(expr)?),
-                to: map_type(data_type).at(at)?,
-            },
+            } => self.cast(e, expr, data_type, calls),
             A::Case {
                 operand,
                 conditions,
                 else_result,
                 ..
-            } => {
-                let operand = operand.as_deref().map(&mut sub).transpose()?.map(Box::new);
-                let mut whens = Vec::new();
-                for cw in conditions {
-                    whens.push((sub(&cw.condition)?, sub(&cw.result)?));
+            } => self.case(
+                operand.as_deref(),
+                conditions,
+                else_result.as_deref(),
+                calls,
+            ),
+            A::Function(f) => self.function(f, calls),
+            other => self.leaf(other),
+        }
+    }
+
+    /// A node with no operands to bind.
+    fn leaf(&self, e: &ast::Expr) -> Result<Expr> {
+        use ast::Expr as A;
+        match e {
+            A::Identifier(id) => self.column(None, id),
+            A::CompoundIdentifier(ids) => self.compound(ids),
+            A::Value(v) => Ok(Expr::Literal(literal(&v.value).at(v.span.start)?)),
+            A::TypedString(ts) => typed_string(e, ts),
+            other => unsupported_expr(other),
+        }
+    }
+
+    fn unary(
+        &self,
+        e: &ast::Expr,
+        op: &ast::UnaryOperator,
+        operand: &ast::Expr,
+        calls: Option<&mut Vec<AggCall>>,
+    ) -> Result<Expr> {
+        let op = unary_op(op)?;
+        if let Some(literal) = negative_literal(e, op, operand) {
+            return literal;
+        }
+        let operand = self.bind_in(operand, calls)?;
+        Ok(Expr::Unary {
+            op,
+            expr: Box::new(operand),
+        })
+    }
+
+    fn binary(
+        &self,
+        e: &ast::Expr,
+        left: &ast::Expr,
+        op: &ast::BinaryOperator,
+        right: &ast::Expr,
+        mut calls: Option<&mut Vec<AggCall>>,
+    ) -> Result<Expr> {
+        let op = binary_op(op)?;
+        let l = self.bind_in(left, calls.as_deref_mut())?;
+        let r = self.bind_in(right, calls)?;
+        Ok(self.binary_node(
+            op,
+            l,
+            r,
+            op_location(left, right).unwrap_or_else(|| e.span().start),
+        ))
+    }
+
+    fn binary_node(&self, op: BinOp, mut l: Expr, mut r: Expr, at: Location) -> Expr {
+        if op.is_comparison() {
+            self.fit_literal(&l, &mut r);
+            self.fit_literal(&r, &mut l);
+        }
+        Expr::Binary {
+            op,
+            left: Box::new(l),
+            right: Box::new(r),
+            at,
+        }
+    }
+
+    fn is_null(
+        &self,
+        operand: &ast::Expr,
+        negated: bool,
+        calls: Option<&mut Vec<AggCall>>,
+    ) -> Result<Expr> {
+        Ok(Expr::IsNull {
+            expr: Box::new(self.bind_in(operand, calls)?),
+            negated,
+        })
+    }
+
+    fn in_list(
+        &self,
+        operand: &ast::Expr,
+        list: &[ast::Expr],
+        negated: bool,
+        mut calls: Option<&mut Vec<AggCall>>,
+    ) -> Result<Expr> {
+        let target = self.bind_in(operand, calls.as_deref_mut())?;
+        let mut items = Vec::new();
+        for item in list {
+            let mut b = self.bind_in(item, calls.as_deref_mut())?;
+            self.fit_literal(&target, &mut b);
+            items.push(b);
+        }
+        Ok(Expr::InList {
+            expr: Box::new(target),
+            list: items,
+            negated,
+        })
+    }
+
+    fn between(
+        &self,
+        operand: &ast::Expr,
+        low: &ast::Expr,
+        high: &ast::Expr,
+        negated: bool,
+        mut calls: Option<&mut Vec<AggCall>>,
+    ) -> Result<Expr> {
+        let target = self.bind_in(operand, calls.as_deref_mut())?;
+        let mut low = self.bind_in(low, calls.as_deref_mut())?;
+        let mut high = self.bind_in(high, calls)?;
+        self.fit_literal(&target, &mut low);
+        self.fit_literal(&target, &mut high);
+        Ok(Expr::Between {
+            expr: Box::new(target),
+            low: Box::new(low),
+            high: Box::new(high),
+            negated,
+        })
+    }
+
+    /// `LIKE` or `ILIKE`; `how` is (NOT, case-insensitive).
+    fn like(
+        &self,
+        operand: &ast::Expr,
+        pattern: &ast::Expr,
+        escape: Option<&ast::Expr>,
+        (negated, case_insensitive): (bool, bool),
+        mut calls: Option<&mut Vec<AggCall>>,
+    ) -> Result<Expr> {
+        let escape = match escape {
+            None => None,
+            Some(ast::Expr::Value(v)) => match &v.value {
+                ast::Value::SingleQuotedString(s) if s.chars().count() == 1 => s.chars().next(),
+                _ => {
+                    return Err(Error::from(ErrorKind::InvalidStatement(
+                        "ESCAPE must be a single character".into(),
+                    ))
+                    .or_at(v.span.start))
                 }
-                let otherwise = else_result
-                    .as_deref()
-                    .map(&mut sub)
-                    .transpose()?
-                    .map(Box::new);
-                Expr::Case {
-                    operand,
-                    whens,
-                    otherwise,
-                }
-            }
-            A::Function(f) => return self.function(f, calls).at(at),
-            other => return unsupported(format!("expression {other} is not supported")).at(at),
+            },
+            Some(_) => return unsupported("ESCAPE must be a literal"),
         };
-        Ok(bound)
+        Ok(Expr::Like {
+            expr: Box::new(self.bind_in(operand, calls.as_deref_mut())?),
+            pattern: Box::new(self.bind_in(pattern, calls)?),
+            escape,
+            negated,
+            case_insensitive,
+        })
+    }
+
+    fn cast(
+        &self,
+        e: &ast::Expr,
+        operand: &ast::Expr,
+        data_type: &ast::DataType,
+        calls: Option<&mut Vec<AggCall>>,
+    ) -> Result<Expr> {
+        let operand = self.bind_in(operand, calls)?;
+        Ok(Expr::Cast {
+            expr: Box::new(operand),
+            to: map_type(data_type).at(e.span().start)?,
+        })
+    }
+
+    fn case(
+        &self,
+        operand: Option<&ast::Expr>,
+        conditions: &[ast::CaseWhen],
+        else_result: Option<&ast::Expr>,
+        mut calls: Option<&mut Vec<AggCall>>,
+    ) -> Result<Expr> {
+        let operand = match operand {
+            Some(o) => Some(Box::new(self.bind_in(o, calls.as_deref_mut())?)),
+            None => None,
+        };
+        let mut whens = Vec::new();
+        for cw in conditions {
+            let when = self.bind_in(&cw.condition, calls.as_deref_mut())?;
+            whens.push((when, self.bind_in(&cw.result, calls.as_deref_mut())?));
+        }
+        let otherwise = match else_result {
+            Some(o) => Some(Box::new(self.bind_in(o, calls)?)),
+            None => None,
+        };
+        Ok(Expr::Case {
+            operand,
+            whens,
+            otherwise,
+        })
     }
 
     /// When a comparison sets a column against a text literal, reads the literal as the
@@ -1334,98 +1372,223 @@ impl<'a> Binder<'a> {
             .is_none_or(|s| s.table.column_index(name).is_none())
     }
 
-    fn function(&self, f: &ast::Function, calls: Option<&mut Vec<AggCall>>) -> Result<Expr> {
-        let name = match f.name.0.as_slice() {
-            [ast::ObjectNamePart::Identifier(id)] => id.value.to_ascii_lowercase(),
-            _ => return unsupported(format!("function {} is not supported", f.name)),
-        };
-        if f.over.is_some() || f.filter.is_some() || !f.within_group.is_empty() {
-            return unsupported("window functions, FILTER and WITHIN GROUP are not supported");
+    /// A function call. Its errors that point nowhere point at its name (not at the
+    /// whole call, whose span would recurse through arguments not yet bound).
+    fn function(&self, f: &ast::Function, mut calls: Option<&mut Vec<AggCall>>) -> Result<Expr> {
+        let at = f.name.span().start;
+        let parts = call_parts(f).at(at)?;
+        if let Some(func) = aggregate_func(&parts.name) {
+            return self.aggregate(func, &parts, calls).at(at);
         }
-        let (args, distinct) = match &f.args {
-            ast::FunctionArguments::None => (Vec::new(), false),
-            ast::FunctionArguments::List(list) => (
-                list.args.iter().collect::<Vec<_>>(),
-                matches!(
-                    list.duplicate_treatment,
-                    Some(ast::DuplicateTreatment::Distinct)
-                ),
-            ),
-            ast::FunctionArguments::Subquery(_) => {
-                return unsupported("subqueries are not supported")
-            }
-        };
-        let agg = match name.as_str() {
-            "count" => Some(AggFunc::Count),
-            "sum" => Some(AggFunc::Sum),
-            "min" => Some(AggFunc::Min),
-            "max" => Some(AggFunc::Max),
-            "avg" => Some(AggFunc::Avg),
-            _ => None,
-        };
-        if let Some(func) = agg {
-            let Some(calls) = calls else {
-                return Err(ErrorKind::Grouping(format!(
-                    "aggregate function {} is not allowed here",
-                    name.to_uppercase()
-                ))
-                .into());
-            };
-            let arg = match args.as_slice() {
-                [ast::FunctionArg::Unnamed(ast::FunctionArgExpr::Wildcard)]
-                    if func == AggFunc::Count && !distinct =>
-                {
-                    None
-                }
-                // Arguments of an aggregate may not hold another aggregate.
-                [ast::FunctionArg::Unnamed(ast::FunctionArgExpr::Expr(e))] => Some(self.bind(e)?),
-                _ => {
-                    return Err(ErrorKind::InvalidStatement(format!(
-                        "{} takes one argument",
-                        name.to_uppercase()
-                    ))
-                    .into())
-                }
-            };
-            let call = AggCall {
-                func,
-                arg,
-                distinct,
-            };
-            let j = match calls.iter().position(|c| *c == call) {
-                Some(j) => j,
-                None => {
-                    calls.push(call);
-                    calls.len() - 1
-                }
-            };
-            return Ok(Expr::Column(AGG_BASE + j));
+        let func = scalar_func(&parts.name).at(at)?;
+        let mut args = Vec::with_capacity(parts.args.len());
+        for a in &parts.args {
+            let e = scalar_arg(a, &parts.name).at(at)?;
+            args.push(self.bind_in(e, calls.as_deref_mut()).at(at)?);
         }
-        let Some(func) = Func::by_name(&name) else {
-            return unsupported(format!("function {} is not supported", name.to_uppercase()));
-        };
-        let mut bound = Vec::new();
-        let mut calls = calls;
-        for a in args {
-            match a {
-                ast::FunctionArg::Unnamed(ast::FunctionArgExpr::Expr(e)) => {
-                    bound.push(self.bind_in(e, calls.as_deref_mut())?)
-                }
-                _ => return unsupported(format!("arguments of {} must be expressions", name)),
-            }
-        }
-        let arity_ok = match func {
-            Func::Coalesce => !bound.is_empty(),
-            _ => bound.len() == 1,
-        };
-        if !arity_ok {
-            return Err(ErrorKind::InvalidStatement(format!(
-                "wrong number of arguments for {}",
+        check_arity(func, &parts.name, args.len()).at(at)?;
+        Ok(Expr::Func { func, args })
+    }
+
+    /// An aggregate call: bound as the column its result will be in.
+    fn aggregate(
+        &self,
+        func: AggFunc,
+        parts: &CallParts<'_>,
+        calls: Option<&mut Vec<AggCall>>,
+    ) -> Result<Expr> {
+        let name = &parts.name;
+        let Some(calls) = calls else {
+            return Err(ErrorKind::Grouping(format!(
+                "aggregate function {} is not allowed here",
                 name.to_uppercase()
             ))
             .into());
-        }
-        Ok(Expr::Func { func, args: bound })
+        };
+        let arg = match parts.args.as_slice() {
+            [ast::FunctionArg::Unnamed(ast::FunctionArgExpr::Wildcard)]
+                if func == AggFunc::Count && !parts.distinct =>
+            {
+                None
+            }
+            // Arguments of an aggregate may not hold another aggregate.
+            [ast::FunctionArg::Unnamed(ast::FunctionArgExpr::Expr(e))] => Some(self.bind(e)?),
+            _ => {
+                return Err(ErrorKind::InvalidStatement(format!(
+                    "{} takes one argument",
+                    name.to_uppercase()
+                ))
+                .into())
+            }
+        };
+        let call = AggCall {
+            func,
+            arg,
+            distinct: parts.distinct,
+        };
+        let j = match calls.iter().position(|c| *c == call) {
+            Some(j) => j,
+            None => {
+                calls.push(call);
+                calls.len() - 1
+            }
+        };
+        Ok(Expr::Column(AGG_BASE + j))
+    }
+}
+
+/// A function call's name and arguments, read before any argument is bound.
+struct CallParts<'e> {
+    /// Folded to lower case.
+    name: String,
+    args: Vec<&'e ast::FunctionArg>,
+    distinct: bool,
+}
+
+fn call_parts(f: &ast::Function) -> Result<CallParts<'_>> {
+    let name = match f.name.0.as_slice() {
+        [ast::ObjectNamePart::Identifier(id)] => id.value.to_ascii_lowercase(),
+        _ => return unsupported(format!("function {} is not supported", f.name)),
+    };
+    if f.over.is_some() || f.filter.is_some() || !f.within_group.is_empty() {
+        return unsupported("window functions, FILTER and WITHIN GROUP are not supported");
+    }
+    let (args, distinct) = match &f.args {
+        ast::FunctionArguments::None => (Vec::new(), false),
+        ast::FunctionArguments::List(list) => (
+            list.args.iter().collect(),
+            matches!(
+                list.duplicate_treatment,
+                Some(ast::DuplicateTreatment::Distinct)
+            ),
+        ),
+        ast::FunctionArguments::Subquery(_) => return unsupported("subqueries are not supported"),
+    };
+    Ok(CallParts {
+        name,
+        args,
+        distinct,
+    })
+}
+
+fn aggregate_func(name: &str) -> Option<AggFunc> {
+    Some(match name {
+        "count" => AggFunc::Count,
+        "sum" => AggFunc::Sum,
+        "min" => AggFunc::Min,
+        "max" => AggFunc::Max,
+        "avg" => AggFunc::Avg,
+        _ => return None,
+    })
+}
+
+fn scalar_func(name: &str) -> Result<Func> {
+    match Func::by_name(name) {
+        Some(func) => Ok(func),
+        None => unsupported(format!("function {} is not supported", name.to_uppercase())),
+    }
+}
+
+fn scalar_arg<'e>(a: &'e ast::FunctionArg, name: &str) -> Result<&'e ast::Expr> {
+    match a {
+        ast::FunctionArg::Unnamed(ast::FunctionArgExpr::Expr(e)) => Ok(e),
+        _ => unsupported(format!("arguments of {name} must be expressions")),
+    }
+}
+
+fn check_arity(func: Func, name: &str, n: usize) -> Result<()> {
+    let ok = match func {
+        Func::Coalesce => n > 0,
+        _ => n == 1,
+    };
+    if ok {
+        return Ok(());
+    }
+    Err(ErrorKind::InvalidStatement(format!(
+        "wrong number of arguments for {}",
+        name.to_uppercase()
+    ))
+    .into())
+}
+
+fn unary_op(op: &ast::UnaryOperator) -> Result<UnaryOp> {
+    match op {
+        ast::UnaryOperator::Not => Ok(UnaryOp::Not),
+        ast::UnaryOperator::Minus => Ok(UnaryOp::Minus),
+        ast::UnaryOperator::Plus => Ok(UnaryOp::Plus),
+        other => unsupported(format!("operator {other} is not supported")),
+    }
+}
+
+/// `-9223372036854775808` must read as one literal, not overflow on negation.
+fn negative_literal(e: &ast::Expr, op: UnaryOp, operand: &ast::Expr) -> Option<Result<Expr>> {
+    let (UnaryOp::Minus, ast::Expr::Value(v)) = (op, operand) else {
+        return None;
+    };
+    let ast::Value::Number(n, _) = &v.value else {
+        return None;
+    };
+    Some(
+        expr::parse_number(&format!("-{n}"))
+            .at(e.span().start)
+            .map(Expr::Literal),
+    )
+}
+
+fn binary_op(op: &ast::BinaryOperator) -> Result<BinOp> {
+    use ast::BinaryOperator as B;
+    Ok(match op {
+        B::Plus => BinOp::Add,
+        B::Minus => BinOp::Sub,
+        B::Multiply => BinOp::Mul,
+        B::Divide => BinOp::Div,
+        B::Modulo => BinOp::Mod,
+        B::StringConcat => BinOp::Concat,
+        B::Eq => BinOp::Eq,
+        B::NotEq => BinOp::NotEq,
+        B::Lt => BinOp::Lt,
+        B::LtEq => BinOp::LtEq,
+        B::Gt => BinOp::Gt,
+        B::GtEq => BinOp::GtEq,
+        B::And => BinOp::And,
+        B::Or => BinOp::Or,
+        other => return unsupported(format!("operator {other} is not supported")),
+    })
+}
+
+/// `DATE '2026-01-02'` and the like: the text read as the type at plan time.
+fn typed_string(e: &ast::Expr, ts: &ast::TypedString) -> Result<Expr> {
+    let at = e.span().start;
+    let ty = map_type(&ts.data_type).at(at)?;
+    let text = match &ts.value.value {
+        ast::Value::SingleQuotedString(s) => s.clone(),
+        other => other.to_string(),
+    };
+    Ok(Expr::Literal(coerce(Value::Text(text), &ty).at(at)?))
+}
+
+/// An expression kind hawser does not evaluate.
+fn unsupported_expr(e: &ast::Expr) -> Result<Expr> {
+    let text = e.to_string();
+    let err = Error::from(ErrorKind::Unsupported(format!(
+        "expression {} is not supported",
+        shortened(&text)
+    )));
+    // Every level prints at least one character, so a short text is a shallow
+    // expression, whose span is safe to take (see [`Binder`]).
+    Err(if text.len() <= MAX_EXPR_DEPTH {
+        err.or_at(e.span().start)
+    } else {
+        err
+    })
+}
+
+/// `text` cut to a length fit for a message.
+fn shortened(text: &str) -> String {
+    const SHOWN: usize = 80;
+    match text.char_indices().nth(SHOWN) {
+        Some((i, _)) => format!("{} ...", &text[..i]),
+        None => text.to_string(),
     }
 }
 

@@ -3,7 +3,8 @@
 //! The whole script is parsed before any of it runs, so a syntax error anywhere runs
 //! nothing. sqlparser's `GenericDialect` is the one that accepts hawser's inputs as
 //! written, including the Sybase forms `insert T values (1, 10)` and `delete T where
-//! k = 1` (its MsSql dialect refuses the latter).
+//! k = 1` (its MsSql dialect refuses the latter); [`crate::dialect`] bounds how deep its
+//! statements nest.
 //!
 //! Replication DDL (`CREATE / ALTER / DROP REPLICATION`) is recognised by its first
 //! tokens and kept as [`Parsed::Replication`] with its source text: its grammar is not
@@ -11,14 +12,19 @@
 //! (see [`crate::ReplicationDdl`]). `CALL` is read by [`crate::call`] (TimesTen's
 //! built-in procedures take literals sqlparser does not know, such as `0x01`). Their
 //! tokens are skipped up to the next `;`.
+//!
+//! Before anything is parsed, [`limits::screen`] refuses a statement whose nesting
+//! could overflow the stack: it is reported as that statement's error (54001), in
+//! order, once the statements before it have parsed.
 
 use sqlparser::ast::Statement;
-use sqlparser::dialect::GenericDialect;
 use sqlparser::keywords::Keyword;
 use sqlparser::parser::{Parser, ParserError};
-use sqlparser::tokenizer::{Location, Token};
+use sqlparser::tokenizer::{Location, Token, Tokenizer};
 
+use crate::dialect::Dialect;
 use crate::error::{Error, ErrorKind};
+use crate::limits;
 
 /// One statement of a script.
 #[derive(Debug)]
@@ -52,18 +58,35 @@ pub const REPLICATION_REJECTED: &str =
 
 /// Parses every statement of `text`.
 pub fn parse_script(text: &str) -> Result<Vec<ScriptStatement>, ScriptError> {
-    let dialect = GenericDialect {};
-    let mut parser = Parser::new(&dialect)
-        .try_with_sql(text)
-        .map_err(|e| ScriptError {
-            statement: statement_at(text, &e),
-            error: syntax(e),
+    let dialect = Dialect::default();
+    let mut tokens = Tokenizer::new(&dialect, text)
+        .tokenize_with_location()
+        .map_err(|e| {
+            let e = ParserError::from(e);
+            ScriptError {
+                statement: statement_at(text, &e),
+                error: syntax(e),
+            }
         })?;
+    // The refused statement is never parsed: the parser sees the script up to it.
+    let refused = limits::screen(&tokens, |a, b| foreign(a, b).is_some());
+    if let Some(r) = refused {
+        tokens.truncate(r.index);
+    }
+    let mut parser = Parser::new(&dialect)
+        .with_recursion_limit(limits::PARSER_RECURSION_LIMIT)
+        .with_tokens_with_locations(tokens);
     let mut out = Vec::new();
     loop {
         while parser.consume_token(&Token::SemiColon) {}
         let first = parser.peek_token();
         if first.token == Token::EOF {
+            if let Some(r) = refused {
+                return Err(ScriptError {
+                    statement: out.len() + 1,
+                    error: Error::from(limits::too_long()).or_at(r.at),
+                });
+            }
             break;
         }
         let at = first.span.start;
@@ -71,7 +94,8 @@ pub fn parse_script(text: &str) -> Result<Vec<ScriptStatement>, ScriptError> {
             statement: n + 1,
             error,
         };
-        if let Some(kind) = foreign(&parser) {
+        let [a, b] = parser.peek_tokens_ref::<2>();
+        if let Some(kind) = foreign(&a.token, &b.token) {
             // Skip to the end of the statement; its grammar is not sqlparser's.
             let mut end = at;
             loop {
@@ -97,9 +121,15 @@ pub fn parse_script(text: &str) -> Result<Vec<ScriptStatement>, ScriptError> {
             out.push(ScriptStatement { parsed, at });
             continue;
         }
-        let stmt = parser
-            .parse_statement()
-            .map_err(|e| fail(syntax(e), out.len()))?;
+        let stmt = dialect.statement(&mut parser).map_err(|e| {
+            let error = match e {
+                ParserError::RecursionLimitExceeded if dialect.refused() => {
+                    Error::from(limits::too_nested()).or_at(at)
+                }
+                e => syntax(e),
+            };
+            fail(error, out.len())
+        })?;
         let next = parser.peek_token();
         if !matches!(next.token, Token::SemiColon | Token::EOF) {
             let error = Error::from(ErrorKind::Syntax(format!(
@@ -123,15 +153,14 @@ enum Foreign {
     Call,
 }
 
-/// Whether the statement ahead is one sqlparser must not parse.
-fn foreign(parser: &Parser<'_>) -> Option<Foreign> {
-    let [first, second] = parser.peek_tokens_ref::<2>();
-    let Token::Word(w) = &first.token else {
+/// Whether the statement starting with these two tokens is one sqlparser must not parse.
+fn foreign(first: &Token, second: &Token) -> Option<Foreign> {
+    let Token::Word(w) = first else {
         return None;
     };
     match w.keyword {
         Keyword::CALL => Some(Foreign::Call),
-        Keyword::CREATE | Keyword::ALTER | Keyword::DROP => match &second.token {
+        Keyword::CREATE | Keyword::ALTER | Keyword::DROP => match second {
             Token::Word(w2) if w2.value.eq_ignore_ascii_case("replication") => {
                 Some(Foreign::Replication)
             }
@@ -168,7 +197,9 @@ fn slice(text: &str, start: Location, end: Location) -> &str {
 fn syntax(e: ParserError) -> Error {
     let text = match e {
         ParserError::TokenizerError(s) | ParserError::ParserError(s) => s,
-        ParserError::RecursionLimitExceeded => "statement nested too deeply".to_string(),
+        // The screen keeps statements from reaching sqlparser's limit; should one
+        // still, it is the same condition.
+        ParserError::RecursionLimitExceeded => return Error::from(limits::too_deep()),
     };
     let (message, at) = split_location(&text);
     let err = Error::from(ErrorKind::Syntax(message));
@@ -268,6 +299,28 @@ mod tests {
         assert_eq!(e.error.at.map(|l| l.column), Some(18));
         let e = parse_script("select 1 select 2").unwrap_err();
         assert_eq!(e.statement, 1);
+    }
+
+    #[test]
+    fn nesting_past_the_limits_is_too_complex_not_a_syntax_error() {
+        let e = syntax(ParserError::RecursionLimitExceeded);
+        assert_eq!(e.kind.code(), "54001");
+        let not = format!("select {}true", "not ".repeat(60));
+        assert!(parse_script(&not).is_ok());
+        let long = format!(
+            "select 1; select 1{}",
+            " + 1".repeat(limits::MAX_NESTING_TOKENS)
+        );
+        let e = parse_script(&long).unwrap_err();
+        assert_eq!((e.statement, e.error.kind.code()), (2, "54001"));
+        let explain = format!("{}select 1", "explain ".repeat(limits::MAX_STATEMENT_DEPTH));
+        let e = parse_script(&explain).unwrap_err();
+        assert_eq!((e.statement, e.error.kind.code()), (1, "54001"));
+        assert!(
+            e.error.kind.to_string().contains("statements nest"),
+            "{}",
+            e.error.kind
+        );
     }
 
     #[test]
