@@ -76,19 +76,18 @@ struct Book {
 #[derive(Debug)]
 pub struct HealthBook {
     origin: Instant,
+    /// How long before it took over a new leader counts unheard nodes as silent
+    /// ([`crate::ControlConfig::takeover_credit`]).
+    credit: Duration,
     book: Mutex<Book>,
 }
 
-impl Default for HealthBook {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
 impl HealthBook {
-    pub fn new() -> Self {
+    /// A book whose new leaderships count nodes silent from `credit` before they began.
+    pub fn new(credit: Duration) -> Self {
         Self {
             origin: Instant::now(),
+            credit,
             book: Mutex::new(Book {
                 term: None,
                 view: HealthView {
@@ -105,12 +104,13 @@ impl HealthBook {
         self.origin.elapsed()
     }
 
-    /// The book for leader term `term`: a new term starts an empty view from now.
+    /// The book for leader term `term`: a new term starts an empty view, counting
+    /// silence from `credit` before now.
     fn for_term<'a>(&self, book: &'a mut Book, term: u64) -> &'a mut Book {
         if book.term != Some(term) {
             book.term = Some(term);
             book.view = HealthView {
-                since: self.now(),
+                since: self.now().saturating_sub(self.credit),
                 nodes: BTreeMap::new(),
             };
             book.fences.clear();
@@ -192,7 +192,7 @@ mod tests {
 
     #[test]
     fn a_new_term_starts_an_empty_view_from_now() {
-        let book = HealthBook::new();
+        let book = HealthBook::new(Duration::ZERO);
         book.record(1, report(1));
         let v1 = book.view(1);
         assert!(v1.nodes.contains_key(&NodeId(1)));
@@ -202,8 +202,20 @@ mod tests {
     }
 
     #[test]
+    fn a_new_leader_counts_silence_from_its_credit_before_it_took_over() {
+        let mut book = HealthBook::new(Duration::from_millis(550));
+        // A book kept for a while, so that the credit fits behind its start.
+        if let Some(earlier) = book.origin.checked_sub(Duration::from_secs(10)) {
+            book.origin = earlier;
+        }
+        let since = book.view(1).since;
+        let now = book.now();
+        assert!(now.saturating_sub(since) >= Duration::from_millis(550));
+    }
+
+    #[test]
     fn a_fence_holds_until_the_element_moves_on() {
-        let book = HealthBook::new();
+        let book = HealthBook::new(Duration::ZERO);
         let scheme = QualName::bare("r");
         let element = Ident::unquoted("e");
         book.fence(1, NodeId(1), scheme.clone(), element.clone(), Epoch(0));

@@ -124,6 +124,18 @@ impl ControlConfig {
         self.election_timeout_min / 2
     }
 
+    /// How much of the failover timeout a newly elected leader may count as already
+    /// passed: it was elected at least `election_timeout_min` after its predecessor's
+    /// last quorum acknowledgement Q, and every lease that predecessor granted ends by
+    /// Q + [`ControlConfig::lease_quorum_age`] + the lease. Deciding at failover timeout
+    /// minus this credit after taking over keeps one report interval of margin past
+    /// that (docs/control.md, "Failover timing").
+    pub fn takeover_credit(&self) -> Duration {
+        (self.failover.failover_timeout + self.election_timeout_min)
+            .saturating_sub(self.lease_quorum_age() + self.master_lease + self.report_interval)
+            .min(self.failover.failover_timeout)
+    }
+
     /// Explains a bad combination of settings.
     pub fn validate(&self) -> Result<(), PlaneError> {
         let bad = |m: String| Err(PlaneError::Config(m));
@@ -355,6 +367,7 @@ impl ControlPlane {
     pub async fn start(cfg: ControlConfig, engine: Arc<dyn KvEngine>) -> Result<Self, PlaneError> {
         cfg.validate()?;
         let config = Arc::new(cfg.raft_config()?);
+        let credit = cfg.takeover_credit();
         let (log, sm) = store::open(engine).map_err(|e| PlaneError::Storage(Box::new(e)))?;
         let peers = PeerPool::new(cfg.election_timeout_min);
         let network = NetworkFactory::new(peers.clone(), cfg.unreachable_backoff);
@@ -367,7 +380,7 @@ impl ControlPlane {
                 raft,
                 sm,
                 peers,
-                health: HealthBook::new(),
+                health: HealthBook::new(credit),
                 membership: tokio::sync::Mutex::new(()),
             }),
         })

@@ -462,6 +462,15 @@ pub(crate) fn cluster_status(
                         .into(),
                         master_store: owner,
                         master_node: master.and_then(|v| v.node).map_or(0, |n| n.0),
+                        master_addr: master
+                            .and_then(|v| v.node)
+                            .and_then(|n| state.nodes.get(&n))
+                            .map(|n| n.grpc_addr.clone())
+                            .unwrap_or_default(),
+                        table: match &el.kind {
+                            ElementKind::Table { table, .. } => table.to_string(),
+                            _ => String::new(),
+                        },
                         epoch: master.map_or(0, |v| v.epoch.0),
                         subscribers: el.subscriber_stores().map(|s| s.name.to_string()).collect(),
                     }
@@ -491,6 +500,28 @@ pub(crate) fn cluster_status(
         purged_index: raw.purged.map_or(0, |l| l.index),
         blocked_failovers: if is_leader { blocked } else { Vec::new() },
     }
+}
+
+/// Where client writes to `table` go: the store, gRPC address and epoch of the
+/// master of the first TABLE element of `table` (DATASTORE elements are not looked
+/// at), if its node has registered.
+pub(crate) fn master_of_table(
+    state: &ClusterState,
+    table: &QualName,
+) -> Option<(String, String, u64)> {
+    state.schemes.iter().find_map(|(name, s)| {
+        s.scheme.elements.iter().find_map(|el| {
+            let ElementKind::Table { table: t, .. } = &el.kind else {
+                return None;
+            };
+            if t != table || el.owner_role != OwnerRole::Master {
+                return None;
+            }
+            let m = state.master_of(name, &el.name)?;
+            let node = state.nodes.get(&m.node?)?;
+            Some((m.store.to_string(), node.grpc_addr.clone(), m.epoch.0))
+        })
+    })
 }
 
 /// The effective schemes in canonical DDL; `name` selects one (`[owner.]name`).

@@ -51,8 +51,8 @@ use hawser_stream::returns::{
     ReplicationState, ReturnLevel, ReturnRoutes, ReturnSettings, ReturnWait,
 };
 use hawser_stream::{
-    Compression, DatastoreRule, LinkConfig, ReceiverService, SenderHandle, SenderStart,
-    SenderState, StreamSender,
+    Compression, DatastoreRule, ForkedRange, LinkConfig, ReceiverService, SenderHandle,
+    SenderStart, SenderState, StreamSender,
 };
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -288,6 +288,7 @@ pub(crate) async fn run(task: DataPlaneTask) {
     let mut failing = BTreeMap::new();
     let mut known = Known::new();
     let mut first_seen = BTreeMap::new();
+    let mut forks = ForkVerdicts::new();
     let mut positions = match task.db.positions() {
         Ok(p) => p,
         Err(e) => {
@@ -309,6 +310,7 @@ pub(crate) async fn run(task: DataPlaneTask) {
             &task.returns,
             &mut thresholds,
             &mut known,
+            &mut forks,
         );
         // The plan says whether to compress (COMPRESS TRAFFIC); the node, with what.
         for (config, _) in wanted.values_mut() {
@@ -489,6 +491,7 @@ fn wanted_links(
     returns: &Returns,
     thresholds: &mut Thresholds,
     known: &mut Known,
+    forks: &mut ForkVerdicts,
 ) -> (Wanted, BTreeSet<String>) {
     thresholds.clear();
     known.clear();
@@ -733,22 +736,101 @@ fn wanted_links(
         }
     }
     db.set_write_refusals(refusals, seen);
+    // What failovers forked off is never shipped, whoever masters now.
+    let forked = forked_ranges(state);
+    for (config, _) in out.values_mut() {
+        config.forked.clone_from(&forked);
+    }
     match db.high_waters() {
-        Ok(held) => problems.extend(past_fork_points(state, store, &held)),
+        Ok(held) => problems.extend(past_fork_points(state, store, &held, |f| {
+            forks.holds(db, f)
+        })),
         Err(e) => warn!(error = %e, "cannot read the high-water marks"),
     }
     (out, problems)
+}
+
+/// What every failover in the cluster state forked off: per element history record
+/// with a fork point, the deposed origin's commits past it under an older epoch.
+fn forked_ranges(state: &ClusterState) -> Vec<ForkedRange> {
+    let ranges: BTreeSet<ForkedRange> = state
+        .schemes
+        .values()
+        .flat_map(|s| s.elements.values())
+        .flat_map(|e| e.history.iter())
+        .filter_map(|r| {
+            let fork = r.fork_point?;
+            Some(ForkedRange {
+                origin: fork.origin,
+                after_seq: fork.seq,
+                before_epoch: r.epoch,
+            })
+        })
+        .collect();
+    ranges.into_iter().collect()
+}
+
+/// Whether this store's log holds a commit of a [`ForkedRange`], found once and kept:
+/// no such commit arrives later (a deposed master's stream is refused for its stale
+/// epoch, and senders pass them over), so the answer does not change.
+/// A duplicate that finished since replaced the tables, and with them what the log
+/// before it says: the answers start again.
+pub(crate) struct ForkVerdicts {
+    known: BTreeMap<ForkedRange, Option<bool>>,
+    rebuilt: Lsn,
+}
+
+impl ForkVerdicts {
+    fn new() -> Self {
+        Self {
+            known: BTreeMap::new(),
+            rebuilt: Lsn(0),
+        }
+    }
+
+    /// `Some(found)`, or `None` when the log cannot tell (released past the fork
+    /// point, or too long to read back through).
+    fn holds(&mut self, db: &Database, f: ForkedRange) -> Option<bool> {
+        match db.rebuilt_through() {
+            Ok(r) if r != self.rebuilt => {
+                self.rebuilt = r;
+                self.known.clear();
+            }
+            Ok(_) => {}
+            Err(e) => warn!(error = %e, "cannot read when this store was last rebuilt"),
+        }
+        if let Some(v) = self.known.get(&f) {
+            return *v;
+        }
+        let rebuilt = self.rebuilt;
+        let verdict = match db.commits_after(f.origin, f.after_seq, u64::MAX, usize::MAX, |r| {
+            r.epoch < f.before_epoch && r.lsn > rebuilt
+        }) {
+            Ok((forked, _)) if forked.iter().any(|x| *x) => Some(true),
+            Ok((_, true)) => Some(false),
+            Ok((_, false)) => None,
+            Err(e) => {
+                warn!(error = %e, "cannot read the log for commits a failover forked off");
+                return None;
+            }
+        };
+        self.known.insert(f, verdict);
+        verdict
+    }
 }
 
 /// Where this store holds commits of a deposed master past the fork point of a
 /// failover of an element it takes part in: commits no survivor that took over has,
 /// acknowledged without a return service (or in flight) when the master died. Setting
 /// them aside is not built yet, so the copy differs from the new master's: said, never
-/// silent (DESIGN §10.4), with the way to rebuild it.
+/// silent (DESIGN §10.4), with the way to rebuild it. `in_log` says whether this
+/// store's log holds a commit of the range (`None`: it cannot tell; then a high-water
+/// past the fork point is taken as holding one).
 fn past_fork_points(
     state: &ClusterState,
     store: &Ident,
     held: &BTreeMap<NodeId, u64>,
+    mut in_log: impl FnMut(ForkedRange) -> Option<bool>,
 ) -> Vec<String> {
     let mut out = Vec::new();
     for (name, s) in &state.schemes {
@@ -767,7 +849,12 @@ fn past_fork_points(
                     continue;
                 };
                 let holds = held.get(&fork.origin).copied().unwrap_or(0);
-                if holds > fork.seq {
+                let range = ForkedRange {
+                    origin: fork.origin,
+                    after_seq: fork.seq,
+                    before_epoch: record.epoch,
+                };
+                if holds > fork.seq && in_log(range) != Some(false) {
                     out.push(format!(
                         "scheme {name}, element {}: this store holds commits of node {} \
                          through seq {holds}, past the fork point {fork} of the failover to \
@@ -1472,14 +1559,31 @@ mod tests {
         }
         let held = |seq| BTreeMap::from([(NodeId(1), seq)]);
         let ds3 = Ident::unquoted("ds3");
-        assert!(super::past_fork_points(&st, &ds3, &held(100)).is_empty());
-        let found = super::past_fork_points(&st, &ds3, &held(101));
+        let unknown = |_| None;
+        assert!(super::past_fork_points(&st, &ds3, &held(100), unknown).is_empty());
+        let found = super::past_fork_points(&st, &ds3, &held(101), unknown);
         assert_eq!(found.len(), 1);
         assert!(found[0].contains("through seq 101"), "{}", found[0]);
         assert!(found[0].contains("hawser duplicate"), "{}", found[0]);
+        // Its log says the commits past the fork are later ones (ds1 master again).
+        let asked = std::cell::Cell::new(None);
+        let later = |f| {
+            asked.set(Some(f));
+            Some(false)
+        };
+        assert!(super::past_fork_points(&st, &ds3, &held(101), later).is_empty());
+        assert_eq!(
+            asked.get(),
+            Some(hawser_stream::ForkedRange {
+                origin: NodeId(1),
+                after_seq: 100,
+                before_epoch: Epoch(1),
+            })
+        );
+        assert_eq!(super::forked_ranges(&st), [asked.get().unwrap()]);
         // A store that takes no part in the element is not concerned.
         let other = Ident::unquoted("ds9");
-        assert!(super::past_fork_points(&st, &other, &held(500)).is_empty());
+        assert!(super::past_fork_points(&st, &other, &held(500), unknown).is_empty());
     }
 
     #[test]

@@ -138,6 +138,29 @@ fn pb_outcome(
 }
 
 impl Services {
+    /// A store error of a client write as a status; a write refused because this node
+    /// receives the table carries where its master is (`hawser-master`: its gRPC
+    /// address, `hawser-master-store`, `hawser-epoch`), for clients that follow it.
+    fn write_status(&self, e: &StoreError) -> Status {
+        let mut status = store_status(e);
+        if let StoreError::ReceivedTable { table, .. } = e {
+            let state = self.state.plane.state();
+            if let Some((store, addr, epoch)) = crate::cluster::master_of_table(&state, table) {
+                let md = status.metadata_mut();
+                for (key, value) in [
+                    ("hawser-master", addr),
+                    ("hawser-master-store", store),
+                    ("hawser-epoch", epoch.to_string()),
+                ] {
+                    if let Ok(v) = value.parse() {
+                        md.insert(key, v);
+                    }
+                }
+            }
+        }
+        status
+    }
+
     /// Commits one typed write (the body of `Write` and of each `WriteStream` request).
     async fn commit_write(&self, request: v1::WriteRequest) -> Result<v1::WriteResponse, Status> {
         let ops = request.ops;
@@ -157,7 +180,7 @@ impl Services {
                         self.typed_row(&table, Some(row), &Self::all_columns(&table), "row")?;
                     txn.insert(&table.name, row)
                         .await
-                        .map_err(|e| store_status(&e))?;
+                        .map_err(|e| self.write_status(&e))?;
                 }
                 Some(v1::row_op::Op::Upsert(row)) => {
                     let row =
@@ -166,18 +189,18 @@ impl Services {
                     let existing = txn
                         .lock_and_get(&table.name, &key)
                         .await
-                        .map_err(|e| store_status(&e))?;
+                        .map_err(|e| self.write_status(&e))?;
                     match existing {
                         Some(_) => txn.update(&table.name, &key, row).await.map(|_| ()),
                         None => txn.insert(&table.name, row).await,
                     }
-                    .map_err(|e| store_status(&e))?;
+                    .map_err(|e| self.write_status(&e))?;
                 }
                 Some(v1::row_op::Op::DeleteKey(key)) => {
                     let key = self.typed_row(&table, Some(key), &table.primary_key, "key")?;
                     txn.delete(&table.name, &key)
                         .await
-                        .map_err(|e| store_status(&e))?;
+                        .map_err(|e| self.write_status(&e))?;
                 }
                 None => return Err(bad_request(format!("operation {} has no kind set", i + 1))),
             }

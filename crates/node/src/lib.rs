@@ -266,6 +266,8 @@ fn cluster_json(c: &v1::ClusterStatus) -> serde_json::Value {
                 "owner_role": e.owner_role,
                 "master_store": e.master_store,
                 "master_node": (e.master_node != 0).then_some(e.master_node),
+                "master_addr": (!e.master_addr.is_empty()).then_some(&e.master_addr),
+                "table": (!e.table.is_empty()).then_some(&e.table),
                 "epoch": e.epoch,
                 "subscribers": e.subscribers,
             })).collect::<Vec<_>>(),

@@ -270,6 +270,10 @@ impl Database {
             layout::COPY_ORDER_KEY.to_vec(),
             layout::encode_marks(&in_order),
         );
+        batch.put(
+            layout::REBUILT_KEY.to_vec(),
+            self.last_lsn().0.to_be_bytes().to_vec(),
+        );
         self.inner.engine.apply(batch)?;
         self.inner.engine.flush()?;
         *self.inner.in_order.write() = in_order;
@@ -279,6 +283,20 @@ impl Database {
             *m = (*m).max(seq);
         }
         Ok(())
+    }
+
+    /// The last LSN of the log when a duplicate last finished here (0: never): the
+    /// records up to it describe tables the copy has since replaced, such as commits a
+    /// failover forked off this store before it was rebuilt.
+    pub fn rebuilt_through(&self) -> Result<Lsn, StoreError> {
+        let Some(v) = self.inner.engine.get(layout::REBUILT_KEY)? else {
+            return Ok(Lsn(0));
+        };
+        let bytes: [u8; 8] = v
+            .as_slice()
+            .try_into()
+            .map_err(|_| StoreError::corrupt(layout::REBUILT_KEY, "not a u64"))?;
+        Ok(Lsn(u64::from_be_bytes(bytes)))
     }
 
     /// The seq of `origin` through which replicated transactions must be applied in

@@ -44,6 +44,10 @@ pub(crate) const AHEAD_KEY: &[u8] = b"Mahead";
 /// Per origin, the seq through which replicated transactions are applied in log order
 /// after a duplicate (`crate::Database::in_order_through`): pairs of u64 BE.
 pub(crate) const COPY_ORDER_KEY: &[u8] = b"Mcopy_in_order";
+/// The last LSN of the log when a duplicate last finished (u64 BE): what the log holds
+/// up to there no longer describes the tables the copy replaced
+/// (`crate::Database::rebuilt_through`).
+pub(crate) const REBUILT_KEY: &[u8] = b"Mrebuilt_through";
 pub(crate) const TABLE_PREFIX: u8 = b'T';
 pub(crate) const SEQUENCE_PREFIX: u8 = b'S';
 pub(crate) const ROW_PREFIX: u8 = b'R';

@@ -71,7 +71,9 @@ pub const PROTOCOL_VERSION: u32 = 3;
 pub use codec::{CodecError, Compression, WireRecord};
 pub use copy::{CopiedRows, CopyHolds, CopyObjects, CopyPlan};
 pub use error::StreamError;
-pub use link::{check_table, DatastoreRule, LinkConfig, LinkError, SenderTuning, TableMismatch};
+pub use link::{
+    check_table, DatastoreRule, ForkedRange, LinkConfig, LinkError, SenderTuning, TableMismatch,
+};
 pub use paths::DecidedMarks;
 pub use receiver::{
     CompilePolicy, InboundStatus, ReceiverConfig, ReceiverService, DEFAULT_APPLY_SLICE,

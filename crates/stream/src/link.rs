@@ -150,6 +150,29 @@ pub struct LinkConfig {
     /// the stream ships the second even at the receiver's high-water
     /// ([`LinkConfig::ships_parts`]).
     pub parts: BTreeSet<NodeId>,
+    /// Transactions a failover forked off: never shipped (see [`ForkedRange`]).
+    pub forked: Vec<ForkedRange>,
+}
+
+/// The transactions a failover forked off: those of `origin` after `after_seq` (the
+/// fork point: what the promoted subscriber had of it) committed under an epoch before
+/// `before_epoch` (the failover's), by the deposed master while it still held its
+/// lease. No survivor that took over has them; the deposed store keeps them in its log
+/// even once rebuilt, and must never ship them if it masters again: receivers would
+/// take them as new.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct ForkedRange {
+    pub origin: NodeId,
+    pub after_seq: u64,
+    pub before_epoch: Epoch,
+}
+
+impl ForkedRange {
+    /// Whether the record of `entry`, committed under `epoch`, is one of these.
+    pub fn holds(&self, epoch: Epoch, entry: &LogEntry) -> bool {
+        let gtid = entry.gtid();
+        gtid.origin == self.origin && gtid.seq > self.after_seq && epoch < self.before_epoch
+    }
 }
 
 /// The tables a DATASTORE element carries, as its INCLUDE / EXCLUDE says.
@@ -268,7 +291,14 @@ impl LinkConfig {
             feeds_relay: false,
             read_by_siblings: false,
             parts: BTreeSet::new(),
+            forked: Vec::new(),
         })
+    }
+
+    /// Whether the record of `entry`, committed under `epoch`, was forked off by a
+    /// failover ([`LinkConfig::forked`]): it is never shipped.
+    pub fn forked_off(&self, epoch: Epoch, entry: &LogEntry) -> bool {
+        self.forked.iter().any(|f| f.holds(epoch, entry))
     }
 
     /// Whether any of `entry` goes to the receiver on this stream, the receiver's
@@ -698,6 +728,25 @@ mod tests {
     }
 
     #[test]
+    fn a_forked_off_commit_is_one_past_the_fork_point_under_an_older_epoch() {
+        let (x, y) = (NodeId(1), NodeId(2));
+        let tables = BTreeMap::from([((QualName::bare("t"), x), Ident::unquoted("e"))]);
+        let mut link = test_link(y, NodeId(3), tables);
+        link.forked = vec![ForkedRange {
+            origin: x,
+            after_seq: 10,
+            before_epoch: Epoch(1),
+        }];
+        // The deposed master's commit past the fork, under its old epoch: forked off.
+        assert!(link.forked_off(Epoch(0), &txn(x, 11, &["t"])));
+        // Up to the fork point the survivors have it; from the failover's epoch on it
+        // is a later commit of the same origin, master again.
+        assert!(!link.forked_off(Epoch(0), &txn(x, 10, &["t"])));
+        assert!(!link.forked_off(Epoch(2), &txn(x, 12, &["t"])));
+        assert!(!link.forked_off(Epoch(0), &txn(y, 11, &["t"])));
+    }
+
+    #[test]
     fn exact_wants_the_same_columns_in_the_same_order() {
         let a = table(
             vec![col("k", DataType::Integer), col("v", DataType::Varchar(10))],
@@ -770,6 +819,7 @@ mod tests {
             feeds_relay: false,
             read_by_siblings: false,
             parts: BTreeSet::new(),
+            forked: Vec::new(),
         }
     }
 

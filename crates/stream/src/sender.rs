@@ -1418,7 +1418,11 @@ impl Sender {
                 if r.entry.gtid().origin == own {
                     self.decided.fetch_max(r.entry.gtid().seq, Ordering::AcqRel);
                 }
-                let entry = if takes_over {
+                let entry = if self.link.forked_off(r.epoch, &r.entry) {
+                    // Not the receiver's, ever: passed over like a record it does not
+                    // carry.
+                    None
+                } else if takes_over {
                     self.link.filter_whole(&r.entry, high_water)
                 } else {
                     self.link.filter_ref(&r.entry, high_water)

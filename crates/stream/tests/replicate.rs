@@ -188,6 +188,7 @@ fn link(
         feeds_relay: false,
         read_by_siblings: false,
         parts: Default::default(),
+        forked: Default::default(),
     }
 }
 
