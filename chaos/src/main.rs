@@ -10,13 +10,19 @@
 //! `catchup` ([`catchup`]) times a stopped subscriber's catch-up with RTL compilation and
 //! with `--no-compile`, on the same backlog.
 //!
+//! `master-kill` ([`master_kill`]) SIGKILLs the master of a replicated table under a
+//! write load, times until the promoted subscriber acknowledges a client's write, checks
+//! that no acknowledged commit is lost, and rebuilds the deposed node with a duplicate.
+//!
 //! ```sh
 //! cargo build --release -p hawser-cli -p hawser-chaos
 //! target/release/hawser-chaos leader-kill --trials 20
 //! target/release/hawser-chaos catchup --updates 1000000 --keys 10000
+//! target/release/hawser-chaos master-kill --trials 20
 //! ```
 
 mod catchup;
+mod master_kill;
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -41,6 +47,9 @@ enum Drill {
     /// Stop a subscriber, commit a backlog on the master, time the catch-up with RTL
     /// compilation and without.
     Catchup(catchup::CatchupArgs),
+    /// SIGKILL the master of a table under load repeatedly; time until the new master
+    /// takes a write, and check that no acknowledged write is lost.
+    MasterKill(master_kill::MasterKillArgs),
 }
 
 #[derive(clap::Args, Debug)]
@@ -416,6 +425,7 @@ fn main() -> ExitCode {
         match cli.drill {
             Drill::LeaderKill(args) => leader_kill(args).await,
             Drill::Catchup(args) => catchup::run(args).await,
+            Drill::MasterKill(args) => master_kill::run(args).await,
         }
     });
     match result {
