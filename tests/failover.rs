@@ -22,7 +22,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::{ddl, sql_json as sql, start_member, stderr, voters, wait_for, Node};
-use hawser_client::{Client, RowOp};
+use hawser_client::{Client, ClusterClient, RowOp};
 use hawser_core::Value as V;
 
 const WAIT: Duration = Duration::from_secs(30);
@@ -181,10 +181,31 @@ fn a_killed_master_is_replaced_by_its_twosafe_subscriber_with_every_acknowledged
     wait_for("some commits acknowledged", WAIT, || {
         (load.acked() >= 200).then_some(())
     });
+    // A client of the whole cluster, which knows n2 as the master of t.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let seeds = [&n1, &n2, &n3].map(|n| n.grpc.clone());
+    let mut client = rt
+        .block_on(ClusterClient::connect(&seeds, Duration::from_secs(5)))
+        .expect("the cluster answers");
+    assert_eq!(client.master_of("t"), Some(n2.grpc.as_str()));
     n2.kill9();
     let killed = Instant::now();
     let acked = load.finish();
     assert!(acked.len() >= 200, "{}", acked.len());
+    // The same write goes through once the cluster has a new master.
+    let row = vec![V::Int(-4), V::Text("follows".into())];
+    let out = rt.block_on(client.write(vec![RowOp::Insert {
+        table: "t".into(),
+        row,
+    }]));
+    let followed = killed.elapsed();
+    let out = out.expect("the write follows the master");
+    assert!(out.warnings.is_empty(), "{out:?}");
+    assert_eq!(client.master_of("t"), Some(n3.grpc.as_str()));
+    eprintln!("failover: SIGKILL to a write acknowledged by the new master, as the client library sees it: {followed:?}");
 
     // No command: the leader sees n2 silent past the failover timeout and promotes n3.
     let (store, epoch) = wait_for("a new master", WAIT, || {

@@ -12,8 +12,11 @@
 //! Every call has a deadline (the `timeout` given at connect, 30 s by default): a dead
 //! or partitioned node gives an error instead of a hang.
 
+pub mod cluster;
+
 use std::time::Duration;
 
+pub use cluster::ClusterClient;
 use hawser_core::{Row, Value};
 use hawser_proto::v1::{self, admin_client::AdminClient, client_client::ClientClient};
 use hawser_proto::{row_from_pb, row_to_pb, ConvertError};
