@@ -96,6 +96,11 @@ pub struct EpochRecord {
     /// The high-water of the old master's origin that the new master had when it took
     /// over; `None` for the first epoch and for changes made by DDL.
     pub fork_point: Option<Gtid>,
+    /// For a failover (with a fork point): the cluster's failover era it started
+    /// ([`ClusterState::era`]). The deposed master's commits past the fork point carry
+    /// an older era: that is what tells them from its later ones.
+    #[serde(default)]
+    pub era: Option<u64>,
 }
 
 /// The roles of one element beyond what its AST says.
@@ -183,6 +188,13 @@ pub struct ClusterState {
     /// reported (and in states written before reports existed).
     #[serde(default, with = "pairs")]
     pub catalogs: BTreeMap<Ident, StoreCatalog>,
+    /// The failover era: grows by one with every failover (a [`Command::SetMaster`]
+    /// with a fork point), whatever the element. Every node stamps the log records of
+    /// its own commits with the era it has applied, so a commit made by a master that
+    /// had not yet heard of the failover that deposed it carries an older era than any
+    /// commit made since, by anyone.
+    #[serde(default)]
+    pub era: u64,
 }
 
 impl ClusterState {
@@ -401,6 +413,8 @@ enum Change {
     PutNode(NodeInfo),
     RemoveNode(NodeId),
     PutScheme(SchemeState),
+    /// A failover: the scheme, and the next era.
+    Failover(SchemeState),
     DropScheme(QualName),
     PutCatalog(Ident, StoreCatalog),
 }
@@ -420,6 +434,10 @@ impl Change {
                 state.catalogs.insert(store, catalog);
             }
             Change::PutScheme(s) => {
+                state.schemes.insert(s.scheme.name.clone(), s);
+            }
+            Change::Failover(s) => {
+                state.era += 1;
                 state.schemes.insert(s.scheme.name.clone(), s);
             }
             Change::DropScheme(name) => {
@@ -576,6 +594,7 @@ fn alter_scheme(state: &ClusterState, alter: &AlterReplication) -> Result<Change
                     master: owner.clone(),
                     node: state.node_by_store(owner).map(|n| n.id),
                     fork_point: None,
+                    era: None,
                 });
                 es
             }
@@ -678,9 +697,13 @@ fn set_master(
             master: info.store.clone(),
             node: Some(node),
             fork_point,
+            era: fork_point.map(|_| state.era + 1),
         });
     }
-    Ok(Change::PutScheme(s))
+    Ok(match fork_point {
+        Some(_) => Change::Failover(s),
+        None => Change::PutScheme(s),
+    })
 }
 
 fn scheme<'a>(state: &'a ClusterState, name: &QualName) -> Result<&'a SchemeState, ControlError> {
@@ -714,6 +737,7 @@ fn first_epoch(state: &ClusterState, owner: &Ident) -> ElementState {
             master: owner.clone(),
             node: state.node_by_store(owner).map(|n| n.id),
             fork_point: None,
+            era: None,
         }],
     }
 }
@@ -851,6 +875,11 @@ mod tests {
         let history = &s.elements[&e()].history;
         assert_eq!(history.len(), 2);
         assert_eq!(history[1].fork_point, fork);
+        assert_eq!(
+            (history[1].era, st.era),
+            (Some(1), 1),
+            "a failover starts an era"
+        );
         assert_eq!(history[0].master.as_str(), "masterds");
         // The effective scheme shows the new master, the old one now subscribes.
         let text = s.ddl();
@@ -881,6 +910,7 @@ mod tests {
         );
         let s = &st.schemes[&r1()];
         assert!(s.receivers.is_empty() && s.return_services.is_empty());
+        assert_eq!(st.era, 0, "no failover, no new era");
     }
 
     #[test]

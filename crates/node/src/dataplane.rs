@@ -751,7 +751,8 @@ fn wanted_links(
 }
 
 /// What every failover in the cluster state forked off: per element history record
-/// with a fork point, the deposed origin's commits past it under an older epoch.
+/// with a fork point, the deposed origin's commits past it stamped with an older
+/// failover era (the `epoch` of log records is the era their committer knew).
 fn forked_ranges(state: &ClusterState) -> Vec<ForkedRange> {
     let ranges: BTreeSet<ForkedRange> = state
         .schemes
@@ -763,7 +764,7 @@ fn forked_ranges(state: &ClusterState) -> Vec<ForkedRange> {
             Some(ForkedRange {
                 origin: fork.origin,
                 after_seq: fork.seq,
-                before_epoch: r.epoch,
+                before_epoch: Epoch(r.era?),
             })
         })
         .collect();
@@ -845,14 +846,14 @@ fn past_fork_points(
                 continue;
             }
             for record in &es.history {
-                let Some(fork) = record.fork_point else {
+                let (Some(fork), Some(era)) = (record.fork_point, record.era) else {
                     continue;
                 };
                 let holds = held.get(&fork.origin).copied().unwrap_or(0);
                 let range = ForkedRange {
                     origin: fork.origin,
                     after_seq: fork.seq,
-                    before_epoch: record.epoch,
+                    before_epoch: Epoch(era),
                 };
                 if holds > fork.seq && in_log(range) != Some(false) {
                     out.push(format!(

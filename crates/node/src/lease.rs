@@ -31,17 +31,13 @@ use tracing::{debug, info, warn};
 /// Silent masters the leader cannot fail over now, with why, for status.
 pub(crate) type Blocked = Arc<Mutex<Vec<String>>>;
 
-/// Which client writes need a master lease on `store`, and the epoch its own commits
-/// are stamped with: the tables of the TABLE elements it masters (every table for a
-/// DATASTORE element it masters); `None` when it masters nothing or is not
-/// registered in the cluster.
-pub(crate) fn lease_scope(state: &ClusterState, store: &Ident) -> (Option<LeaseScope>, Epoch) {
+/// Which client writes need a master lease on `store`: the tables of the TABLE
+/// elements it masters (every table for a DATASTORE element it masters); `None` when
+/// it masters nothing or is not registered in the cluster.
+pub(crate) fn lease_scope(state: &ClusterState, store: &Ident) -> Option<LeaseScope> {
     let mut scope = LeaseScope::default();
     let mut elements = Vec::new();
-    let mut epoch = Epoch(0);
-    if state.node_by_store(store).is_none() {
-        return (None, epoch);
-    }
+    state.node_by_store(store)?;
     for (name, s) in &state.schemes {
         for el in &s.scheme.elements {
             let owns = matches!(&el.owner.name, StoreName::Named(n) if n == store);
@@ -55,14 +51,11 @@ pub(crate) fn lease_scope(state: &ClusterState, store: &Ident) -> (Option<LeaseS
                 ElementKind::Datastore => scope.every_table = true,
                 ElementKind::Sequence { .. } => continue,
             }
-            if let Some(es) = s.elements.get(&el.name) {
-                epoch = epoch.max(es.epoch);
-            }
             elements.push(format!("{name}.{}", el.name));
         }
     }
     if scope.tables.is_empty() && !scope.every_table {
-        return (None, epoch);
+        return None;
     }
     scope.refusal = format!(
         "{store} masters it (elements {}) but holds no master lease now: the Raft leader \
@@ -70,17 +63,18 @@ pub(crate) fn lease_scope(state: &ClusterState, store: &Ident) -> (Option<LeaseS
          over; retry, here or on the master `hawser status` names",
         elements.join(", ")
     );
-    (Some(scope), epoch)
+    Some(scope)
 }
 
 /// Sets the gate's scope and the commit epoch from the latest applied state.
 fn rescope(plane: &ControlPlane, db: &Database, store: &Ident) -> Arc<ClusterState> {
     let state = plane.state();
-    let (scope, epoch) = lease_scope(&state, store);
-    db.lease().set_scope(scope);
-    // Log records carry the epoch their master committed them under.
-    if db.epoch() != epoch {
-        db.set_epoch(epoch);
+    db.lease().set_scope(lease_scope(&state, store));
+    // This node's commits carry the failover era it knows: a deposed master's commits
+    // made before it heard of the failover carry an older one than any made since.
+    let era = Epoch(state.era);
+    if db.epoch() != era {
+        db.set_epoch(era);
     }
     state
 }
@@ -253,42 +247,37 @@ mod tests {
             "CREATE REPLICATION r ELEMENT e1 TABLE t1 MASTER a SUBSCRIBER b \
              ELEMENT e2 TABLE t2 MASTER b SUBSCRIBER a",
         );
-        let (scope, epoch) = lease_scope(&st, &Ident::unquoted("a"));
-        let scope = scope.expect("a masters e1");
+        let scope = lease_scope(&st, &Ident::unquoted("a")).expect("a masters e1");
         assert_eq!(
             scope.tables.into_iter().collect::<Vec<_>>(),
             [QualName::bare("t1")]
         );
         assert!(!scope.every_table);
         assert!(scope.refusal.contains("r.e1"), "{}", scope.refusal);
-        assert_eq!(epoch, Epoch(0));
-        let (none, _) = lease_scope(&st, &Ident::unquoted("unregistered"));
-        assert!(none.is_none());
+        assert!(lease_scope(&st, &Ident::unquoted("unregistered")).is_none());
     }
 
     #[test]
     fn a_datastore_master_needs_it_for_every_table_and_a_propagator_for_none() {
         let st = cluster("CREATE REPLICATION r ELEMENT d DATASTORE MASTER a SUBSCRIBER b");
-        let (scope, _) = lease_scope(&st, &Ident::unquoted("a"));
-        assert!(scope.unwrap().every_table);
-        let (none, _) = lease_scope(&st, &Ident::unquoted("b"));
+        assert!(lease_scope(&st, &Ident::unquoted("a")).unwrap().every_table);
+        let none = lease_scope(&st, &Ident::unquoted("b"));
         assert!(none.is_none(), "a subscriber masters nothing");
     }
 
     #[test]
-    fn the_commit_epoch_follows_a_failover() {
+    fn the_lease_scope_follows_a_failover() {
         let mut st = cluster("CREATE REPLICATION r ELEMENT e TABLE t MASTER a SUBSCRIBER b");
         let cmd = Command::SetMaster {
             scheme: QualName::bare("r"),
             element: Ident::unquoted("e"),
             node: NodeId(2),
             epoch: Epoch(1),
-            fork_point: None,
+            fork_point: Some(hawser_core::Gtid::new(NodeId(1), 5)),
         };
         assert!(matches!(apply(&mut st, &cmd), Response::Applied { .. }));
-        let (scope, epoch) = lease_scope(&st, &Ident::unquoted("b"));
-        assert!(scope.is_some());
-        assert_eq!(epoch, Epoch(1));
-        assert!(lease_scope(&st, &Ident::unquoted("a")).0.is_none());
+        assert!(lease_scope(&st, &Ident::unquoted("b")).is_some());
+        assert!(lease_scope(&st, &Ident::unquoted("a")).is_none());
+        assert_eq!(st.era, 1);
     }
 }

@@ -155,9 +155,10 @@ pub struct LinkConfig {
 }
 
 /// The transactions a failover forked off: those of `origin` after `after_seq` (the
-/// fork point: what the promoted subscriber had of it) committed under an epoch before
-/// `before_epoch` (the failover's), by the deposed master while it still held its
-/// lease. No survivor that took over has them; the deposed store keeps them in its log
+/// fork point: what the promoted subscriber had of it) whose log record carries an
+/// epoch before `before_epoch` — records carry the cluster's failover era their
+/// committer knew, and this is the era the failover started — committed by the deposed
+/// master before it heard of the failover. No survivor that took over has them; the deposed store keeps them in its log
 /// even once rebuilt, and must never ship them if it masters again: receivers would
 /// take them as new.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
