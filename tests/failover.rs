@@ -381,3 +381,39 @@ fn alter_set_master_is_a_planned_switchover_that_loses_nothing() {
         (keys(&n2).as_ref() == Some(&on_n3)).then_some(())
     });
 }
+
+#[test]
+fn a_propagators_master_fails_over_to_the_propagator_and_its_subscriber_follows() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    // The demo's shape: n2 masters t to n3 (TWOSAFE), which relays it to n1.
+    let (n1, mut n2, n3) = cluster_with(
+        d,
+        "CREATE REPLICATION r \
+         ELEMENT a TABLE t MASTER n2 SUBSCRIBER n3 RETURN TWOSAFE \
+         ELEMENT b TABLE t PROPAGATOR n3 SUBSCRIBER n1 \
+         STORE n2 RETURN WAIT TIME 10",
+    );
+    wait_for("n2 takes writes", WAIT, || insert(&n2, -1).ok());
+    let load = Load::start(&n2.grpc, 2);
+    wait_for("some commits acknowledged", WAIT, || {
+        (load.acked() >= 100).then_some(())
+    });
+    n2.kill9();
+    let acked = load.finish();
+    let (store, epoch) = wait_for("a new master", WAIT, || {
+        master(&n1).filter(|(s, _)| s != "n2")
+    });
+    assert_eq!((store.as_str(), epoch), ("n3", 1));
+    // The propagator's element is folded into the master's: n1 subscribes to n3.
+    let status = n1.status();
+    let elements = &status["cluster"]["schemes"][0]["elements"];
+    assert_eq!(elements.as_array().map(Vec::len), Some(1), "{elements}");
+    wait_for("n3 takes writes", WAIT, || insert(&n3, -2).ok());
+    let on_n3 = keys(&n3).expect("n3 answers");
+    let lost: Vec<_> = acked.iter().filter(|k| !on_n3.contains(k)).collect();
+    assert!(lost.is_empty(), "acknowledged but not on n3: {lost:?}");
+    wait_for("n1 equal to n3", WAIT, || {
+        (keys(&n1).as_ref() == Some(&on_n3)).then_some(())
+    });
+}

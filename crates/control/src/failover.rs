@@ -1711,3 +1711,69 @@ mod tests {
         }
     }
 }
+
+#[cfg(test)]
+mod propagated {
+    use super::*;
+    use crate::state::{apply, Command, NodeInfo, Response};
+
+    /// The demo's shape: masterds masters `tab` to sub1 (TWOSAFE), which propagates it
+    /// to sub2. masterds dies: sub1 takes over, and sub2 subscribes to it directly.
+    #[test]
+    fn a_propagators_master_fails_over_to_the_propagator() {
+        let mut st = ClusterState::default();
+        for (id, store) in [(1, "masterds"), (2, "sub1"), (3, "sub2")] {
+            let cmd = Command::RegisterNode(NodeInfo {
+                id: NodeId(id),
+                store: Ident::unquoted(store),
+                host: "h".into(),
+                grpc_addr: format!("h:{id}"),
+                http_addr: format!("h:{id}0"),
+                voter: true,
+            });
+            assert!(matches!(apply(&mut st, &cmd), Response::Applied { .. }));
+        }
+        let ddl = "CREATE REPLICATION r
+            ELEMENT a TABLE tab MASTER masterds SUBSCRIBER sub1 RETURN TWOSAFE
+            ELEMENT b TABLE tab PROPAGATOR sub1 SUBSCRIBER sub2";
+        for cmd in Command::from_ddl(ddl).unwrap() {
+            let r = apply(&mut st, &cmd);
+            assert!(matches!(r, Response::Applied { .. }), "{r:?}");
+        }
+        let mut view = HealthView::new(Duration::ZERO);
+        for (node, hw) in [(2, 50), (3, 40)] {
+            view.record(
+                Duration::from_secs(10),
+                HealthReport {
+                    node: NodeId(node),
+                    own_seq: 0,
+                    high_water: BTreeMap::from([(NodeId(1), hw)]),
+                    state_version: 1,
+                },
+            );
+        }
+        let plan = decide(
+            &st,
+            &view,
+            Duration::from_secs(10),
+            &FailoverSettings::new(Duration::from_secs(1), Duration::from_millis(500)),
+        );
+        assert!(plan.blocked.is_empty(), "{:?}", plan.blocked);
+        assert_eq!(plan.commands.len(), 1, "{plan:?}");
+        let Command::SetMaster { node, .. } = &plan.commands[0] else {
+            panic!("{plan:?}");
+        };
+        assert_eq!(*node, NodeId(2), "the TWOSAFE propagator");
+        let r = apply(&mut st, &plan.commands[0]);
+        assert!(matches!(r, Response::Applied { .. }), "{r:?}");
+        // The propagator's element is folded into the master's: sub2 now subscribes
+        // to sub1 directly; masterds sits in sub1's TWOSAFE slot, stopped.
+        let s = &st.schemes[&QualName::bare("r")];
+        let text = s.ddl();
+        assert!(!text.contains("ELEMENT b"), "{text}");
+        assert!(text.contains("MASTER sub1"), "{text}");
+        assert!(text.contains("sub2"), "{text}");
+        assert!(!s.elements.contains_key(&Ident::unquoted("b")));
+        assert_eq!(st.era, 1);
+    }
+}

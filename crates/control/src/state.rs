@@ -27,8 +27,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use hawser_core::{Epoch, Gtid, Ident, NodeId, QualName};
 use hawser_scheme::ast::{
-    AlterOp, AlterReplication, Element, ElementAction, ElementTarget, OwnerRole, Scheme, StoreName,
-    StoreRef,
+    AlterOp, AlterReplication, Element, ElementAction, ElementKind, ElementTarget, OwnerRole,
+    Scheme, StoreName, StoreRef,
 };
 use hawser_scheme::route::StoreCatalog;
 use hawser_scheme::{SchemeError, Span};
@@ -662,23 +662,71 @@ fn set_master(
         OwnerRole::Master => ElementAction::SetMaster(store),
         OwnerRole::Propagator => ElementAction::SetPropagator(store),
     };
+    let named_target = |name: &Ident| ElementTarget::Named {
+        name: name.clone(),
+        span: Span::default(),
+    };
+    // A new master that propagated the same table in another element (the master's
+    // TWOSAFE subscriber relaying to the others) cannot also own it there: that element
+    // is folded into this one, its subscribers now subscribing to the new master
+    // directly, with their return services.
+    let mut ops = Vec::new();
+    let mut folded = Vec::new();
+    let mut dropped = Vec::new();
+    if let (OwnerRole::Master, ElementKind::Table { table, .. }) = (el.owner_role, &el.kind) {
+        for other in &old.scheme.elements {
+            let same_table =
+                matches!(&other.kind, ElementKind::Table { table: t, .. } if t == table);
+            if other.name == *element
+                || other.owner_role != OwnerRole::Propagator
+                || named(&other.owner) != Some(&info.store)
+                || !same_table
+            {
+                continue;
+            }
+            ops.push(AlterOp::DropElement {
+                target: named_target(&other.name),
+                span: Span::default(),
+            });
+            dropped.push(other.name.clone());
+            for clause in &other.subscribers {
+                let mut clause = clause.clone();
+                clause.stores.retain(|r| {
+                    named(r).is_some_and(|n| {
+                        Some(n) != named(&el.owner)
+                            && *n != info.store
+                            && !el.subscriber_stores().any(|x| named(x) == Some(n))
+                    })
+                });
+                if !clause.stores.is_empty() {
+                    folded.push(clause);
+                }
+            }
+        }
+    }
+    ops.push(AlterOp::AlterElement {
+        target: named_target(element),
+        action,
+        span: Span::default(),
+    });
+    for clause in folded {
+        ops.push(AlterOp::AlterElement {
+            target: named_target(element),
+            action: ElementAction::AddSubscriber(clause),
+            span: Span::default(),
+        });
+    }
     let alter = AlterReplication {
         name: name.clone(),
         name_span: Span::default(),
-        ops: vec![AlterOp::AlterElement {
-            target: ElementTarget::Named {
-                name: element.clone(),
-                span: Span::default(),
-            },
-            action,
-            span: Span::default(),
-        }],
+        ops,
         span: Span::default(),
     };
     let next =
         hawser_scheme::apply(&old.scheme, &alter).map_err(|e| ControlError::Invalid(vec![e]))?;
     let mut s = old.clone();
     s.scheme = next;
+    s.elements.retain(|n, _| !dropped.contains(n));
     s.version += 1;
     if fork_point.is_some() {
         // A failover: the deposed master now sits in its successor's subscriber slot,
