@@ -417,3 +417,57 @@ fn a_propagators_master_fails_over_to_the_propagator_and_its_subscriber_follows(
         (keys(&n1).as_ref() == Some(&on_n3)).then_some(())
     });
 }
+
+#[test]
+fn a_deposed_master_sets_aside_what_it_alone_committed_and_receives_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    // n2 masters t to n3 asynchronously; n1 is a voter outside the scheme.
+    let (_n1, mut n2, n3) = cluster_with(
+        d,
+        "CREATE REPLICATION r ELEMENT e TABLE t MASTER n2 SUBSCRIBER n3",
+    );
+    wait_for("n2 takes writes", WAIT, || insert(&n2, 1).ok());
+    wait_for("n3 has the first row", WAIT, || {
+        keys(&n3).filter(|k| k.contains(&1)).map(|_| ())
+    });
+    // n3 stops receiving: what n2 commits now, only n2 has.
+    let out = n2.cli(&["receiver", "--subscriber", "n3", "--state", "pause"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    for k in 2..=4 {
+        wait_for("n2 takes a write", WAIT, || insert(&n2, k).ok());
+    }
+    let n2_grpc = n2.grpc.clone();
+    n2.kill9();
+    let (store, epoch) = wait_for("a new master", WAIT, || {
+        master(&n3).filter(|(s, _)| s != "n2")
+    });
+    assert_eq!((store.as_str(), epoch), ("n3", 1));
+    wait_for("n3 takes writes", WAIT, || insert(&n3, 10).ok());
+
+    // n2 comes back: its three commits past the fork point are undone and kept, and it
+    // receives from n3 again, without a command.
+    drop(n2);
+    let n2 = start_member("n2", d, &n2_grpc, Some(&n3.grpc), &[]);
+    let on_n3 = keys(&n3).expect("n3 answers");
+    assert_eq!(on_n3, BTreeSet::from([1, 10]));
+    wait_for("n2 equal to n3", WAIT, || {
+        (keys(&n2).as_ref() == Some(&on_n3)).then_some(())
+    });
+    let (ok, results, err) = sql(
+        &n2,
+        "select seq, table_name, op, row_key, undone from hawser_lost order by seq",
+    );
+    assert!(ok, "{err}");
+    let lost = results[0]["rows"].as_array().cloned().unwrap_or_default();
+    assert_eq!(lost.len(), 3, "{lost:?}");
+    for (row, k) in lost.iter().zip(2..=4) {
+        assert_eq!(row[1], "t", "{row}");
+        assert_eq!(row[2], "insert", "{row}");
+        assert_eq!(row[3], k.to_string(), "{row}");
+        assert_eq!(row[4], true, "{row}");
+    }
+    // Nothing of it is flagged any more; n2 is a subscriber, receiving.
+    let receivers = n3.status()["cluster"]["schemes"][0]["receivers"].to_string();
+    assert!(!receivers.contains("n2="), "{receivers}");
+}

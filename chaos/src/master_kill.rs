@@ -10,9 +10,10 @@
 //!          a new store masters e under a higher epoch, and write to it: the first write
 //!          it acknowledges without a warning ends the measurement
 //!          ──► every acknowledged key must be on the new master
-//!  rebuild: the killed node restarted on its data and addresses (it is deposed: its
-//!          receiver is STOP) ──► duplicate from the new master ──► receiver START
-//!          ──► wait for three equal copies (the same keys on every node)
+//!  rejoin: the killed node restarted on its data and addresses: deposed, it sets
+//!          aside what it alone committed past the fork point (into hawser_lost) and
+//!          starts its receiver again by itself ──► wait for three equal copies (the
+//!          same keys on every node)
 //! ```
 //!
 //! The roles move with every failover (the new master takes the old one's place in the
@@ -141,7 +142,7 @@ struct Sample {
     acked: usize,
     missing: usize,
     /// From the restart of the killed node to three equal copies.
-    rebuild_ms: u64,
+    rejoin_ms: u64,
 }
 
 /// The element's placement as one node's status shows it.
@@ -317,7 +318,7 @@ async fn drill(args: &MasterKillArgs, bin: &Path, root: &Path) -> anyhow::Result
             .with_context(|| format!("trial {trial}"))?;
         eprintln!(
             "trial {trial:>2}/{}: master {}{} killed → {} (epoch {}) took a write after {} ms; \
-             {} acknowledged, {} missing; rebuilt in {} ms",
+             {} acknowledged, {} missing; rejoined in {} ms",
             args.trials,
             s.old_master,
             if s.was_raft_leader {
@@ -330,7 +331,7 @@ async fn drill(args: &MasterKillArgs, bin: &Path, root: &Path) -> anyhow::Result
             s.failover_ms,
             s.acked,
             s.missing,
-            s.rebuild_ms
+            s.rejoin_ms
         );
         samples.push(s);
     }
@@ -615,10 +616,10 @@ async fn trial_once(d: &mut Drill<'_>, trial: u32) -> anyhow::Result<Sample> {
 
     d.acked_all.extend(acked.iter().copied());
 
-    let rebuilt = Instant::now();
-    rebuild(d, victim, &new, &new_name)
+    let rejoined = Instant::now();
+    rejoin(d, victim, &new, &new_name)
         .await
-        .with_context(|| format!("rebuild {old_name} from {new_name}"))?;
+        .with_context(|| format!("{old_name} rejoining under {new_name}"))?;
     Ok(Sample {
         trial,
         old_master: old_name,
@@ -628,7 +629,7 @@ async fn trial_once(d: &mut Drill<'_>, trial: u32) -> anyhow::Result<Sample> {
         failover_ms: failover.as_millis() as u64,
         acked: acked.len(),
         missing: missing.len(),
-        rebuild_ms: rebuilt.elapsed().as_millis() as u64,
+        rejoin_ms: rejoined.elapsed().as_millis() as u64,
     })
 }
 
@@ -674,11 +675,11 @@ fn describe(k: i64, acked: &HashSet<i64>) -> String {
     )
 }
 
-/// Restarts the killed node `victim` on its data and addresses, rebuilds it from the
-/// new master with a duplicate, sees its receiver in START, and waits for three equal
+/// Restarts the killed node `victim` on its data and addresses, sees it rejoin (its
+/// receiver in START again, with nothing a command did), and waits for three equal
 /// copies: the same keys on every node. A copy with keys the master does not have never
 /// gets equal: the drill fails and names them.
-async fn rebuild(
+async fn rejoin(
     d: &mut Drill<'_>,
     victim: usize,
     new: &View,
@@ -701,11 +702,11 @@ async fn rebuild(
     let back = d.start(&name, &data, Some(&join), (&grpc, &http))?;
     d.nodes[victim] = back;
 
-    // It learns from Raft that it is deposed: the new epoch, and its receiver in STOP
-    // (which the failover set; a duplicate needs it).
+    // It learns from Raft that it is deposed, sets aside what it alone committed past
+    // the fork point, and starts its receiver again by itself (the failover stopped it).
     let addr = grpc.clone();
     let (store, epoch) = (new.master_store.clone(), new.epoch);
-    let seen = wait_for(WAIT, "the restarted node to see the new master", || {
+    wait_for(WAIT, "the restarted node to see the new master", || {
         let (addr, store) = (addr.clone(), store.clone());
         async move {
             let v = view(&addr).await?;
@@ -714,78 +715,15 @@ async fn rebuild(
         }
     })
     .await?;
-    let state = receiver_state(&seen, &name);
-    ensure!(
-        state == "STOP",
-        "the deposed {name}'s receiver is {state}, not STOP (receivers {:?})",
-        seen.receivers
-    );
-
-    // The duplicate: copies t from the new master, deletes what the fork left here,
-    // takes the new master's marks and starts the receiver. A failed attempt is tried
-    // again until the deadline (the node may still be settling in after its restart).
-    let deadline = Instant::now() + WAIT;
-    let mut last = String::new();
-    let done = loop {
-        let attempt = tokio::time::timeout_at(tokio::time::Instant::from_std(deadline), async {
-            let mut c = Client::connect(&addr).await.map_err(|e| e.to_string())?;
-            let mut progress = c.duplicate(None, None).await.map_err(|e| e.to_string())?;
-            let mut end = None;
-            while let Some(p) = progress.message().await.map_err(|e| e.to_string())? {
-                end = Some(p);
-            }
-            match end {
-                Some(p) if p.done => Ok(p),
-                _ => Err("the node ended the duplicate without finishing".to_string()),
-            }
-        })
-        .await;
-        match attempt {
-            Ok(Ok(p)) => break p,
-            Ok(Err(e)) => {
-                eprintln!("  duplicate on {name} failed: {e}");
-                last = e;
-            }
-            Err(_) => bail!("the duplicate on {name} did not finish within {WAIT:?} ({last})"),
-        }
-        if Instant::now() > deadline {
-            bail!("no duplicate on {name} succeeded within {WAIT:?}: {last}");
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
-    if done.from.is_empty() || !done.from.eq_ignore_ascii_case(new_name) {
-        eprintln!(
-            "  note: {name} duplicated from {:?}, not {new_name}",
-            done.from
-        );
-    }
-
-    // The duplicate says it starts the receiver; see that in the cluster state, and
-    // start it here if it did not.
     let addrs = d.live_addrs();
-    let started = wait_for(Duration::from_secs(5), "the receiver in START", || {
+    wait_for(WAIT, "the deposed node's receiver in START again", || {
         let (addrs, name) = (addrs.clone(), name.clone());
         async move {
             let v = newest_view(&addrs).await?;
             (receiver_state(&v, &name) == "START").then_some(())
         }
     })
-    .await;
-    if started.is_err() {
-        eprintln!("  note: {name}'s receiver not START after the duplicate; starting it");
-        let mut c = Client::connect(&addr).await?;
-        c.set_receiver_state(None, &name, "start")
-            .await
-            .with_context(|| format!("start {name}'s receiver"))?;
-        wait_for(WAIT, "the receiver in START", || {
-            let (addrs, name) = (addrs.clone(), name.clone());
-            async move {
-                let v = newest_view(&addrs).await?;
-                (receiver_state(&v, &name) == "START").then_some(())
-            }
-        })
-        .await?;
-    }
+    .await?;
 
     // Three equal copies before the next kill: the same keys everywhere (a stronger
     // check than the row count).
@@ -891,7 +829,7 @@ fn report(args: &MasterKillArgs, samples: &[Sample]) -> anyhow::Result<()> {
                     "failover_ms": s.failover_ms,
                     "acknowledged": s.acked,
                     "missing": s.missing,
-                    "rebuild_ms": s.rebuild_ms,
+                    "rejoin_ms": s.rejoin_ms,
                 })
             })
             .collect();
@@ -946,7 +884,7 @@ fn report(args: &MasterKillArgs, samples: &[Sample]) -> anyhow::Result<()> {
         "failover ms",
         "acked",
         "missing",
-        "rebuild ms"
+        "rejoin ms"
     );
     for s in samples {
         println!(
@@ -959,7 +897,7 @@ fn report(args: &MasterKillArgs, samples: &[Sample]) -> anyhow::Result<()> {
             s.failover_ms,
             s.acked,
             s.missing,
-            s.rebuild_ms
+            s.rejoin_ms
         );
     }
     let line = |what: &str, j: &Json| {

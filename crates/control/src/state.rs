@@ -727,6 +727,12 @@ fn set_master(
     let mut s = old.clone();
     s.scheme = next;
     s.elements.retain(|n, _| !dropped.contains(n));
+    // The new master no longer receives what it now masters; a state kept for it as a
+    // receiver of nothing would only mislead.
+    let subscribers = s.subscriber_stores();
+    s.receivers.retain(|store, _| subscribers.contains(store));
+    s.return_services
+        .retain(|store, _| subscribers.contains(store));
     s.version += 1;
     if fork_point.is_some() {
         // A failover: the deposed master now sits in its successor's subscriber slot,

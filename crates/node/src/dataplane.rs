@@ -58,7 +58,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tonic::transport::Endpoint;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use crate::returns::{Returns, SubscriberWait};
 
@@ -328,6 +328,7 @@ pub(crate) async fn run(task: DataPlaneTask) {
         }
         problems = now;
         reconcile(&task, &mut running, wanted, &positions);
+        rejoin(&task, &state, &mut forks).await;
         check_restart_fence(&task, &state, &running);
         metrics::gauge!("hawser_writes_paused")
             .set(f64::from(u8::from(task.db.writes_paused().is_some())));
@@ -743,7 +744,7 @@ fn wanted_links(
     }
     match db.high_waters() {
         Ok(held) => problems.extend(past_fork_points(state, store, &held, |f| {
-            forks.holds(db, f)
+            forks.holds(db, &f)
         })),
         Err(e) => warn!(error = %e, "cannot read the high-water marks"),
     }
@@ -757,18 +758,36 @@ fn forked_ranges(state: &ClusterState) -> Vec<ForkedRange> {
     let ranges: BTreeSet<ForkedRange> = state
         .schemes
         .values()
-        .flat_map(|s| s.elements.values())
-        .flat_map(|e| e.history.iter())
-        .filter_map(|r| {
-            let fork = r.fork_point?;
-            Some(ForkedRange {
-                origin: fork.origin,
-                after_seq: fork.seq,
-                before_epoch: Epoch(r.era?),
+        .flat_map(|s| {
+            s.scheme.elements.iter().flat_map(move |el| {
+                s.elements
+                    .get(&el.name)
+                    .into_iter()
+                    .flat_map(|e| e.history.iter())
+                    .filter_map(move |r| fork_range(el, r))
             })
         })
         .collect();
     ranges.into_iter().collect()
+}
+
+/// What the failover of element `el` recorded in `record` forked off, if it was one.
+fn fork_range(
+    el: &hawser_scheme::ast::Element,
+    record: &hawser_control::state::EpochRecord,
+) -> Option<ForkedRange> {
+    let fork = record.fork_point?;
+    let tables = match &el.kind {
+        hawser_scheme::ast::ElementKind::Table { table, .. } => Some(vec![table.clone()]),
+        hawser_scheme::ast::ElementKind::Datastore => None,
+        hawser_scheme::ast::ElementKind::Sequence { .. } => Some(Vec::new()),
+    };
+    Some(ForkedRange {
+        origin: fork.origin,
+        after_seq: fork.seq,
+        before_epoch: Epoch(record.era?),
+        tables,
+    })
 }
 
 /// Whether this store's log holds a commit of a [`ForkedRange`], found once and kept:
@@ -791,7 +810,7 @@ impl ForkVerdicts {
 
     /// `Some(found)`, or `None` when the log cannot tell (released past the fork
     /// point, or too long to read back through).
-    fn holds(&mut self, db: &Database, f: ForkedRange) -> Option<bool> {
+    fn holds(&mut self, db: &Database, f: &ForkedRange) -> Option<bool> {
         match db.rebuilt_through() {
             Ok(r) if r != self.rebuilt => {
                 self.rebuilt = r;
@@ -800,14 +819,11 @@ impl ForkVerdicts {
             Ok(_) => {}
             Err(e) => warn!(error = %e, "cannot read when this store was last rebuilt"),
         }
-        if let Some(v) = self.known.get(&f) {
+        if let Some(v) = self.known.get(f) {
             return *v;
         }
-        let rebuilt = self.rebuilt;
-        let verdict = match db.commits_after(f.origin, f.after_seq, u64::MAX, usize::MAX, |r| {
-            r.epoch < f.before_epoch && r.lsn > rebuilt
-        }) {
-            Ok((forked, _)) if forked.iter().any(|x| *x) => Some(true),
+        let verdict = match forked_records(db, f, self.rebuilt) {
+            Ok((found, _)) if !found.is_empty() => Some(true),
             Ok((_, true)) => Some(false),
             Ok((_, false)) => None,
             Err(e) => {
@@ -815,8 +831,103 @@ impl ForkVerdicts {
                 return None;
             }
         };
-        self.known.insert(f, verdict);
+        self.known.insert(f.clone(), verdict);
         verdict
+    }
+
+    /// The ranges found in this store's log (since it was last rebuilt).
+    fn found(&self) -> Vec<ForkedRange> {
+        self.known
+            .iter()
+            .filter(|(_, v)| **v == Some(true))
+            .map(|(f, _)| f.clone())
+            .collect()
+    }
+
+    /// Whether every range of `origin` is known to be absent from the log.
+    fn none_of(&self, origin: NodeId) -> bool {
+        self.known
+            .iter()
+            .filter(|(f, _)| f.origin == origin)
+            .all(|(_, v)| *v == Some(false))
+    }
+}
+
+/// The records of range `f` in `db`'s log after LSN `rebuilt`, oldest first, and
+/// whether the log could say (see [`Database::commits_after`]).
+fn forked_records(
+    db: &Database,
+    f: &ForkedRange,
+    rebuilt: Lsn,
+) -> Result<(Vec<hawser_store::LogRecord>, bool), hawser_store::StoreError> {
+    let (records, complete) =
+        db.commits_after(f.origin, f.after_seq, u64::MAX, usize::MAX, |r| {
+            (r.lsn > rebuilt && f.holds(r.epoch, &r.entry)).then_some(r)
+        })?;
+    Ok((records.into_iter().flatten().collect(), complete))
+}
+
+/// Sets aside what this store holds of the ranges `forks` found (docs/control.md,
+/// "Rejoin"), and starts this store's receiver again where a failover stopped it as
+/// the deposed master and nothing of it is left to set aside.
+async fn rejoin(task: &DataPlaneTask, state: &ClusterState, forks: &mut ForkVerdicts) {
+    let found = forks.found();
+    if !found.is_empty() {
+        let rebuilt = forks.rebuilt;
+        let mut records: BTreeMap<Lsn, hawser_store::LogRecord> = BTreeMap::new();
+        for f in &found {
+            match forked_records(&task.db, f, rebuilt) {
+                Ok((rs, _)) => records.extend(rs.into_iter().map(|r| (r.lsn, r))),
+                Err(e) => {
+                    warn!(error = %e, "cannot read the commits a failover forked off");
+                    return;
+                }
+            }
+        }
+        let records: Vec<_> = records.into_values().collect();
+        match task.db.set_aside(&records).await {
+            Ok(counts) => {
+                metrics::counter!("hawser_set_aside_commits_total").increment(counts.commits);
+                warn!(
+                    commits = counts.commits,
+                    changes = counts.changes,
+                    undone = counts.undone,
+                    "set aside commits a failover forked off: undone where their rows still \
+                     held them, and kept in hawser_lost"
+                );
+            }
+            Err(e) => warn!(error = %e, "cannot set aside the commits a failover forked off"),
+        }
+        return;
+    }
+    let me = task.db.node_id();
+    if !forks.none_of(me) {
+        return;
+    }
+    for (name, s) in &state.schemes {
+        let deposed = s.receiver_state(&task.store) == ReceiverState::Stop
+            && s.return_service_state(&task.store)
+                == hawser_control::state::ReturnServiceState::Disabled
+            && s.elements.values().any(|e| {
+                e.history
+                    .iter()
+                    .any(|r| r.fork_point.is_some_and(|f| f.origin == me))
+            });
+        if !deposed {
+            continue;
+        }
+        let cmd = hawser_control::Command::SetReceiverState {
+            scheme: name.clone(),
+            store: task.store.clone(),
+            state: ReceiverState::Start,
+        };
+        match task.plane.propose(cmd).await {
+            Ok(_) => info!(
+                scheme = %name,
+                "this deposed master holds nothing past its fork point: receiving again"
+            ),
+            Err(e) => debug!(error = %e, "cannot start this node's receiver yet"),
+        }
     }
 }
 
@@ -846,22 +957,18 @@ fn past_fork_points(
                 continue;
             }
             for record in &es.history {
-                let (Some(fork), Some(era)) = (record.fork_point, record.era) else {
+                let (Some(range), Some(fork)) = (fork_range(el, record), record.fork_point) else {
                     continue;
                 };
                 let holds = held.get(&fork.origin).copied().unwrap_or(0);
-                let range = ForkedRange {
-                    origin: fork.origin,
-                    after_seq: fork.seq,
-                    before_epoch: Epoch(era),
-                };
                 if holds > fork.seq && in_log(range) != Some(false) {
                     out.push(format!(
                         "scheme {name}, element {}: this store holds commits of node {} \
                          through seq {holds}, past the fork point {fork} of the failover to \
-                         {} (epoch {}); the new master does not have them, so this copy \
-                         differs from it: rebuild this store with `hawser duplicate` (its \
-                         receiver stopped first)",
+                         {} (epoch {}), which the new master does not have: they are set \
+                         aside into hawser_lost once its log shows them; if this stays, \
+                         its log does not reach the fork point: rebuild this store with \
+                         `hawser duplicate` (its receiver stopped first)",
                         el.name, fork.origin, record.master, record.epoch.0
                     ));
                 }
@@ -1573,15 +1680,14 @@ mod tests {
             Some(false)
         };
         assert!(super::past_fork_points(&st, &ds3, &held(101), later).is_empty());
-        assert_eq!(
-            asked.get(),
-            Some(hawser_stream::ForkedRange {
-                origin: NodeId(1),
-                after_seq: 100,
-                before_epoch: Epoch(1),
-            })
-        );
-        assert_eq!(super::forked_ranges(&st), [asked.get().unwrap()]);
+        let range = hawser_stream::ForkedRange {
+            origin: NodeId(1),
+            after_seq: 100,
+            before_epoch: Epoch(1),
+            tables: Some(vec![QualName::bare("t")]),
+        };
+        assert_eq!(asked.take(), Some(range.clone()));
+        assert_eq!(super::forked_ranges(&st), [range]);
         // A store that takes no part in the element is not concerned.
         let other = Ident::unquoted("ds9");
         assert!(super::past_fork_points(&st, &other, &held(500), unknown).is_empty());

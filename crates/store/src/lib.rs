@@ -19,6 +19,7 @@
 //! * [`db`]: [`Database`], the catalog, committed reads, commit and group flush.
 //! * [`txn`]: [`Txn`], buffered writes under exclusive row locks.
 //! * [`log`]: what a commit log record holds.
+//! * [`aside`]: commits a failover forked off, undone and kept in `hawser_lost`.
 //! * [`apply`]: transactions from other origins, applied in log order or as the net
 //!   operations of an RTL compilation, idempotently and with the DB2 exception rules.
 //! * [`sequence`]: CREATE SEQUENCE semantics.
@@ -26,6 +27,7 @@
 //! * [`error`]: [`StoreError`] with SQLSTATE codes.
 
 pub mod apply;
+pub mod aside;
 mod codec;
 pub mod copy;
 pub mod db;

@@ -157,22 +157,40 @@ pub struct LinkConfig {
 /// The transactions a failover forked off: those of `origin` after `after_seq` (the
 /// fork point: what the promoted subscriber had of it) whose log record carries an
 /// epoch before `before_epoch` — records carry the cluster's failover era their
-/// committer knew, and this is the era the failover started — committed by the deposed
-/// master before it heard of the failover. No survivor that took over has them; the deposed store keeps them in its log
-/// even once rebuilt, and must never ship them if it masters again: receivers would
-/// take them as new.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+/// committer knew, and this is the era the failover started — committed by the
+/// deposed master before it heard of the failover, that touch the failed-over
+/// element's `tables` (`None`: a DATASTORE element, any table). No survivor that took
+/// over has them; the deposed store keeps them in its log even once rebuilt, and must
+/// never ship them if it masters again: receivers would take them as new.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub struct ForkedRange {
     pub origin: NodeId,
     pub after_seq: u64,
     pub before_epoch: Epoch,
+    pub tables: Option<Vec<QualName>>,
 }
 
 impl ForkedRange {
-    /// Whether the record of `entry`, committed under `epoch`, is one of these.
+    /// Whether the record of `entry`, committed under `epoch`, is one of these. A
+    /// transaction that also wrote tables of an element the deposed master kept is
+    /// one of these whole.
     pub fn holds(&self, epoch: Epoch, entry: &LogEntry) -> bool {
         let gtid = entry.gtid();
-        gtid.origin == self.origin && gtid.seq > self.after_seq && epoch < self.before_epoch
+        if gtid.origin != self.origin || gtid.seq <= self.after_seq || epoch >= self.before_epoch {
+            return false;
+        }
+        match (&self.tables, entry) {
+            (None, _) => true,
+            (Some(tables), LogEntry::Txn(t)) => t.changes.iter().any(|c| tables.contains(&c.table)),
+            (Some(tables), LogEntry::Ddl { op, .. }) => match op {
+                DdlOp::CreateTable(def) => tables.contains(&def.name),
+                DdlOp::DropTable(name) | DdlOp::AddColumn { table: name, .. } => {
+                    tables.contains(name)
+                }
+                DdlOp::CreateSequence(_) | DdlOp::DropSequence(_) => false,
+            },
+            (Some(_), LogEntry::SequenceBlock { .. }) => false,
+        }
     }
 }
 
@@ -737,6 +755,7 @@ mod tests {
             origin: x,
             after_seq: 10,
             before_epoch: Epoch(1),
+            tables: Some(vec![QualName::bare("t")]),
         }];
         // The deposed master's commit past the fork, under its old epoch: forked off.
         assert!(link.forked_off(Epoch(0), &txn(x, 11, &["t"])));
@@ -745,6 +764,9 @@ mod tests {
         assert!(!link.forked_off(Epoch(0), &txn(x, 10, &["t"])));
         assert!(!link.forked_off(Epoch(2), &txn(x, 12, &["t"])));
         assert!(!link.forked_off(Epoch(0), &txn(y, 11, &["t"])));
+        // A table of an element the deposed master kept is not forked off.
+        assert!(!link.forked_off(Epoch(0), &txn(x, 11, &["u"])));
+        assert!(link.forked_off(Epoch(0), &txn(x, 11, &["u", "t"])));
     }
 
     #[test]
