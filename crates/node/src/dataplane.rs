@@ -1587,14 +1587,12 @@ mod tests {
             .links
     }
 
-    #[test]
-    fn after_a_failover_the_new_master_relays_its_predecessors_transactions() {
+    /// ds1, ds2, ds3 registered, the scheme of `ddl` (element `e` mastered by ds1), and
+    /// a failover of `e` to ds2 with ds1's fork point at `fork_seq`.
+    fn failed_over(ddl: &str, fork_seq: u64) -> hawser_control::ClusterState {
         use hawser_control::state::{apply, Response};
         use hawser_control::{ClusterState, Command, NodeInfo};
-        use hawser_core::Epoch;
         let mut st = ClusterState::default();
-        let ddl = "CREATE REPLICATION r ELEMENT e TABLE t \
-                   MASTER ds1 SUBSCRIBER ds2 RETURN TWOSAFE SUBSCRIBER ds3";
         let mut cmds: Vec<Command> = (1..=3)
             .map(|i| {
                 Command::RegisterNode(NodeInfo {
@@ -1607,17 +1605,27 @@ mod tests {
                 })
             })
             .collect();
-        cmds.extend(Command::from_ddl(ddl).unwrap());
+        cmds.extend(hawser_control::Command::from_ddl(ddl).unwrap());
         cmds.push(Command::SetMaster {
             scheme: QualName::bare("r"),
             element: Ident::unquoted("e"),
             node: NodeId(2),
-            epoch: Epoch(1),
-            fork_point: Some(hawser_core::Gtid::new(NodeId(1), 9)),
+            epoch: hawser_core::Epoch(1),
+            fork_point: Some(hawser_core::Gtid::new(NodeId(1), fork_seq)),
         });
         for cmd in &cmds {
             assert!(matches!(apply(&mut st, cmd), Response::Applied { .. }));
         }
+        st
+    }
+
+    #[test]
+    fn after_a_failover_the_new_master_relays_its_predecessors_transactions() {
+        let st = failed_over(
+            "CREATE REPLICATION r ELEMENT e TABLE t \
+             MASTER ds1 SUBSCRIBER ds2 RETURN TWOSAFE SUBSCRIBER ds3",
+            9,
+        );
         let s = &st.schemes[&QualName::bare("r")];
         let mut links = planned(&hawser_scheme::print_scheme(&s.scheme));
         super::add_relays(&mut links, s);
@@ -1632,39 +1640,12 @@ mod tests {
 
     #[test]
     fn a_store_holding_commits_past_a_fork_point_says_so() {
-        use hawser_control::state::{apply, Response};
-        use hawser_control::{ClusterState, Command, NodeInfo};
-        use hawser_core::{Epoch, Gtid};
+        use hawser_core::Epoch;
         use std::collections::BTreeMap;
-        let mut st = ClusterState::default();
-        let mut cmds: Vec<Command> = (1..=3)
-            .map(|i| {
-                Command::RegisterNode(NodeInfo {
-                    id: NodeId(i),
-                    store: Ident::unquoted(&format!("ds{i}")),
-                    host: "h".into(),
-                    grpc_addr: format!("h:{i}"),
-                    http_addr: format!("h:{i}0"),
-                    voter: true,
-                })
-            })
-            .collect();
-        cmds.extend(
-            Command::from_ddl(
-                "CREATE REPLICATION r ELEMENT e TABLE t MASTER ds1 SUBSCRIBER ds2, ds3",
-            )
-            .unwrap(),
+        let st = failed_over(
+            "CREATE REPLICATION r ELEMENT e TABLE t MASTER ds1 SUBSCRIBER ds2, ds3",
+            100,
         );
-        cmds.push(Command::SetMaster {
-            scheme: QualName::bare("r"),
-            element: Ident::unquoted("e"),
-            node: NodeId(2),
-            epoch: Epoch(1),
-            fork_point: Some(Gtid::new(NodeId(1), 100)),
-        });
-        for cmd in &cmds {
-            assert!(matches!(apply(&mut st, cmd), Response::Applied { .. }));
-        }
         let held = |seq| BTreeMap::from([(NodeId(1), seq)]);
         let ds3 = Ident::unquoted("ds3");
         let unknown = |_| None;
