@@ -21,7 +21,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{ddl, sql_json as sql, start_member, stderr, voters, wait_for, Node};
+use common::{ddl, sql_json as sql, start_member, stderr, stdout, voters, wait_for, Node};
 use hawser_client::{Client, ClusterClient, RowOp};
 use hawser_core::Value as V;
 
@@ -470,4 +470,42 @@ fn a_deposed_master_sets_aside_what_it_alone_committed_and_receives_again() {
     // Nothing of it is flagged any more; n2 is a subscriber, receiving.
     let receivers = n3.status()["cluster"]["schemes"][0]["receivers"].to_string();
     assert!(!receivers.contains("n2="), "{receivers}");
+}
+
+#[test]
+fn a_failover_that_cannot_happen_is_shown_with_its_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    // Automatic failover off on every node: a dead master is only reported.
+    let manual = ["--auto-failover", "false"];
+    let n1 = start_member("n1", d, "127.0.0.1:0", None, &manual);
+    let out = n1.cli(&["init"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let mut n2 = start_member("n2", d, "127.0.0.1:0", Some(&n1.grpc), &manual);
+    let n3 = start_member("n3", d, "127.0.0.1:0", Some(&n1.grpc), &manual);
+    for n in [&n1, &n2, &n3] {
+        wait_for("three voters", WAIT, || (voters(n) == 3).then_some(()));
+        let (ok, _, err) = sql(n, "create table t (k bigint primary key, v varchar(40))");
+        assert!(ok, "{err}");
+    }
+    ddl(
+        &n1,
+        "CREATE REPLICATION r ELEMENT e TABLE t MASTER n2 SUBSCRIBER n3",
+    );
+    wait_for("n2 takes writes", WAIT, || insert(&n2, 1).ok());
+    n2.kill9();
+    let blocked = wait_for("the blocked failover in the leader's status", WAIT, || {
+        let s = n1.try_status()?;
+        let b = s["cluster"]["blocked_failovers"]
+            .as_array()?
+            .first()?
+            .as_str()?
+            .to_string();
+        Some(b)
+    });
+    assert!(blocked.contains("element e"), "{blocked}");
+    assert!(blocked.contains("automatic failover is off"), "{blocked}");
+    assert_eq!(master(&n1), Some(("n2".into(), 0)), "nothing moved");
+    let text = stdout(&n1.cli(&["status"]));
+    assert!(text.contains("failover    blocked"), "{text}");
 }
