@@ -27,10 +27,6 @@ use hawser_core::Value as V;
 
 const WAIT: Duration = Duration::from_secs(30);
 
-fn start(name: &str, dir: &Path, join: Option<&str>) -> Node {
-    start_member(name, dir, "127.0.0.1:0", join, &[])
-}
-
 /// n1 (initialized first: the Raft leader), n2 and n3, with `t` on each and the
 /// scheme: n2 masters `t`, n3 subscribes with RETURN TWOSAFE, n1 asynchronously.
 fn cluster(d: &Path) -> (Node, Node, Node) {
@@ -44,11 +40,16 @@ fn cluster(d: &Path) -> (Node, Node, Node) {
 
 /// n1 (the Raft leader), n2 and n3 with `t` on each, and `scheme`.
 fn cluster_with(d: &Path, scheme: &str) -> (Node, Node, Node) {
-    let n1 = start("n1", d, None);
+    cluster_args(d, scheme, &[])
+}
+
+/// [`cluster_with`], every node started with `args` too.
+fn cluster_args(d: &Path, scheme: &str, args: &[&str]) -> (Node, Node, Node) {
+    let n1 = start_member("n1", d, "127.0.0.1:0", None, args);
     let out = n1.cli(&["init"]);
     assert!(out.status.success(), "{}", stderr(&out));
-    let n2 = start("n2", d, Some(&n1.grpc));
-    let n3 = start("n3", d, Some(&n1.grpc));
+    let n2 = start_member("n2", d, "127.0.0.1:0", Some(&n1.grpc), args);
+    let n3 = start_member("n3", d, "127.0.0.1:0", Some(&n1.grpc), args);
     for n in [&n1, &n2, &n3] {
         wait_for("three voters", WAIT, || (voters(n) == 3).then_some(()));
         let (ok, _, err) = sql(n, "create table t (k bigint primary key, v varchar(40))");
@@ -253,10 +254,18 @@ fn a_killed_master_is_replaced_by_its_twosafe_subscriber_with_every_acknowledged
 fn a_short_pause_of_the_master_changes_nothing_and_a_long_one_fails_it_over() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    let (n1, n2, n3) = cluster(d);
+    // A 1 s lease and a 3 s failover timeout: a pause of under half a lease stays far
+    // from the timeout even on a loaded machine.
+    let (n1, n2, n3) = cluster_args(
+        d,
+        "CREATE REPLICATION r ELEMENT e TABLE t \
+           MASTER n2 SUBSCRIBER n3 RETURN TWOSAFE SUBSCRIBER n1 \
+         STORE n2 RETURN WAIT TIME 10",
+        &["--master-lease", "1s", "--failover-timeout", "3s"],
+    );
     wait_for("n2 takes writes", WAIT, || insert(&n2, 1).ok());
 
-    // Under half a lease (500 ms by default): no failover, writes go on.
+    // Under half a lease: no failover, writes go on.
     let pid = n2.pid().to_string();
     let signal = |sig: &str| {
         let ok = std::process::Command::new("kill")
@@ -274,7 +283,7 @@ fn a_short_pause_of_the_master_changes_nothing_and_a_long_one_fails_it_over() {
     for _ in 0..3 {
         signal("-STOP");
         // The fault itself: the process stays stopped this long.
-        std::thread::sleep(Duration::from_millis(200));
+        std::thread::sleep(Duration::from_millis(400));
         signal("-CONT");
         wait_for("n2 takes writes after a short pause", WAIT, || write(&n2));
         assert_eq!(master(&n1), Some(("n2".into(), 0)), "no failover");
