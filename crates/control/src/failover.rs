@@ -242,6 +242,8 @@ pub struct Blocked {
 pub enum BlockReason {
     /// Automatic failover is off ([`FailoverSettings::enabled`]).
     Disabled,
+    /// The scheme says `STORE master FAILOVER OFF`.
+    OffForStore,
     /// No subscriber of the element is registered, in START or PAUSE, and fresh.
     NoLiveSubscriber,
     /// Every live candidate trails the master by more than max_lag: (best candidate
@@ -262,6 +264,11 @@ impl fmt::Display for BlockReason {
                 "automatic failover is off: bring the master back, or promote a subscriber by \
                  hand with ALTER REPLICATION ... ALTER ELEMENT * IN <master> SET MASTER \
                  <subscriber>",
+            ),
+            BlockReason::OffForStore => f.write_str(
+                "the scheme turns automatic failover off for this master (STORE ... FAILOVER \
+                 OFF): bring the master back, or promote a subscriber by hand with ALTER \
+                 REPLICATION ... ALTER ELEMENT * IN <master> SET MASTER <subscriber>",
             ),
             BlockReason::NoLiveSubscriber => f.write_str(
                 "no subscriber can take over: none is registered, receiving (START or PAUSE) \
@@ -358,6 +365,9 @@ impl Decider<'_> {
         };
         if !self.settings.enabled {
             return Some(Err(blocked(BlockReason::Disabled)));
+        }
+        if !hawser_scheme::route::StoreSettings::of(&scheme.scheme, master.store).failover {
+            return Some(Err(blocked(BlockReason::OffForStore)));
         }
         let candidates = self.candidates(scheme, el, master_node);
         let Some(best) = candidates.first() else {
@@ -1648,6 +1658,8 @@ mod tests {
                 assert_eq!(m.store, &b.master);
                 match &b.reason {
                     BlockReason::Disabled => assert!(!settings.enabled),
+                    // The simulated schemes never turn failover off for a store.
+                    BlockReason::OffForStore => panic!("{b:?}"),
                     BlockReason::NoLiveSubscriber | BlockReason::TooFarBehind { .. } => {
                         let master = m.node.unwrap();
                         let eligible =
@@ -1775,5 +1787,42 @@ mod propagated {
         assert!(text.contains("sub2"), "{text}");
         assert!(!s.elements.contains_key(&Ident::unquoted("b")));
         assert_eq!(st.era, 1);
+    }
+
+    #[test]
+    fn a_store_whose_scheme_turns_failover_off_is_only_reported() {
+        let mut st = ClusterState::default();
+        for (id, store) in [(1, "m"), (2, "s")] {
+            let cmd = Command::RegisterNode(NodeInfo {
+                id: NodeId(id),
+                store: Ident::unquoted(store),
+                host: "h".into(),
+                grpc_addr: format!("h:{id}"),
+                http_addr: format!("h:{id}0"),
+                voter: true,
+            });
+            assert!(matches!(apply(&mut st, &cmd), Response::Applied { .. }));
+        }
+        let ddl = "CREATE REPLICATION r ELEMENT e TABLE t MASTER m SUBSCRIBER s \
+                   STORE m FAILOVER OFF";
+        for cmd in Command::from_ddl(ddl).unwrap() {
+            assert!(matches!(apply(&mut st, &cmd), Response::Applied { .. }));
+        }
+        let mut view = HealthView::new(Duration::ZERO);
+        view.record(
+            Duration::from_secs(10),
+            HealthReport {
+                node: NodeId(2),
+                own_seq: 0,
+                high_water: BTreeMap::new(),
+                state_version: 1,
+            },
+        );
+        let settings = FailoverSettings::new(Duration::from_secs(1), Duration::from_millis(500));
+        let plan = decide(&st, &view, Duration::from_secs(10), &settings);
+        assert!(plan.commands.is_empty(), "{plan:?}");
+        assert_eq!(plan.blocked.len(), 1);
+        assert_eq!(plan.blocked[0].reason, BlockReason::OffForStore);
+        assert!(plan.blocked[0].reason.to_string().contains("FAILOVER OFF"));
     }
 }

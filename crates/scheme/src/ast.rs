@@ -291,6 +291,9 @@ pub enum StoreAttr {
     LocalCommitAction(LocalAction),
     /// `COMPRESS TRAFFIC ON|OFF`.
     CompressTraffic(bool),
+    /// `FAILOVER ON|OFF` (hawser's extension): whether the cluster fails over the
+    /// elements this store masters when it goes silent (default ON).
+    Failover(bool),
     /// `PORT n`.
     Port(u16),
     /// `TIMEOUT s`.
@@ -316,6 +319,7 @@ impl StoreAttr {
             StoreAttr::ReturnWaitTime(_) => "RETURN WAIT TIME",
             StoreAttr::LocalCommitAction(_) => "LOCAL COMMIT ACTION",
             StoreAttr::CompressTraffic(_) => "COMPRESS TRAFFIC",
+            StoreAttr::Failover(_) => "FAILOVER",
             StoreAttr::Port(_) => "PORT",
             StoreAttr::Timeout(_) => "TIMEOUT",
             StoreAttr::FailThreshold(_) => "FAILTHRESHOLD",

@@ -823,6 +823,7 @@ impl Parser<'_> {
             "RESUME",
             "LOCAL",
             "COMPRESS",
+            "FAILOVER",
             "PORT",
             "TIMEOUT",
             "FAILTHRESHOLD",
@@ -906,6 +907,9 @@ impl Parser<'_> {
         if self.eat_kw("COMPRESS").is_some() {
             self.expect_kw("TRAFFIC")?;
             return Ok(StoreAttr::CompressTraffic(self.on_off()?));
+        }
+        if self.eat_kw("FAILOVER").is_some() {
+            return Ok(StoreAttr::Failover(self.on_off()?));
         }
         if self.eat_kw("PORT").is_some() {
             let port = self.u32_in("PORT", u16::MAX as u64)?;

@@ -47,6 +47,7 @@ pub const KEYWORDS: &[&str] = &[
     "EXACT",
     "EXCEPTION",
     "EXCLUDE",
+    "FAILOVER",
     "FAILTHRESHOLD",
     "FORMAT",
     "GROUP",
@@ -183,6 +184,7 @@ pub fn store_attr(attr: &StoreAttr) -> String {
         }
         StoreAttr::LocalCommitAction(LocalAction::Commit) => "LOCAL COMMIT ACTION COMMIT".into(),
         StoreAttr::CompressTraffic(on) => format!("COMPRESS TRAFFIC {}", on_off(*on)),
+        StoreAttr::Failover(on) => format!("FAILOVER {}", on_off(*on)),
         StoreAttr::Port(p) => format!("PORT {p}"),
         StoreAttr::Timeout(s) => format!("TIMEOUT {s}"),
         StoreAttr::FailThreshold(n) => format!("FAILTHRESHOLD {n}"),

@@ -67,6 +67,8 @@ pub struct StoreSettings {
     pub local_commit_action: LocalAction,
     /// Default OFF.
     pub compress_traffic: bool,
+    /// Default ON: the cluster fails over what this store masters when it goes silent.
+    pub failover: bool,
     /// `None`: assigned automatically.
     pub port: Option<u16>,
     /// Default 120 s.
@@ -90,6 +92,7 @@ impl Default for StoreSettings {
             return_wait_time_s: 10,
             local_commit_action: LocalAction::NoAction,
             compress_traffic: false,
+            failover: true,
             port: None,
             timeout_s: 120,
             fail_threshold: 0,
@@ -119,6 +122,7 @@ impl StoreSettings {
                     StoreAttr::ReturnWaitTime(t) => s.return_wait_time_s = t,
                     StoreAttr::LocalCommitAction(a) => s.local_commit_action = a,
                     StoreAttr::CompressTraffic(on) => s.compress_traffic = on,
+                    StoreAttr::Failover(on) => s.failover = on,
                     StoreAttr::Port(p) => s.port = Some(p),
                     StoreAttr::Timeout(t) => s.timeout_s = t,
                     StoreAttr::FailThreshold(n) => s.fail_threshold = n,

@@ -237,6 +237,7 @@ fn store_attr() -> impl Strategy<Value = StoreAttr> {
         prop_oneof![Just(LocalAction::NoAction), Just(LocalAction::Commit)]
             .prop_map(StoreAttr::LocalCommitAction),
         any::<bool>().prop_map(StoreAttr::CompressTraffic),
+        any::<bool>().prop_map(StoreAttr::Failover),
         any::<u16>().prop_map(StoreAttr::Port),
         any::<u32>().prop_map(StoreAttr::Timeout),
         any::<u32>().prop_map(StoreAttr::FailThreshold),
