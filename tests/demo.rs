@@ -204,3 +204,30 @@ fn demo_refuses_a_data_directory_in_use_and_starts_nothing() {
     assert!(stderr.contains("not empty"), "{stderr}");
     assert!(!data.join("ds1.log").exists());
 }
+
+#[test]
+fn demo_failover_moves_the_master_and_brings_the_old_one_back_equal() {
+    let dir = tempfile::tempdir().unwrap();
+    let (status, stdout, stderr) = demo(
+        &["--exit-after", "--writes", "200", "--failover"],
+        dir.path(),
+    );
+    assert!(status.success(), "stdout:\n{stdout}\nstderr:\n{stderr}");
+    let summary: Value = serde_json::from_str(stdout.trim()).expect("one JSON object on stdout");
+    let f = &summary["failover"];
+    assert_eq!(f["killed"], "ds1", "{f}");
+    // ds2 is ds1's RETURN TWOSAFE subscriber: it holds every acknowledged commit.
+    assert_eq!(f["new_master"], "ds2", "{f}");
+    assert!(f["write_after_ms"].as_u64().is_some_and(|ms| ms > 0), "{f}");
+    assert_eq!(f["copies_equal"], true, "{f}");
+    // The write made after the kill is on every node, ds1 (rejoined) included.
+    for table in f["checksums"].as_array().unwrap() {
+        if table[0] == "events" {
+            for (_, sum) in table[1].as_array().unwrap().iter().map(|p| (&p[0], &p[1])) {
+                assert_eq!(sum["rows"], 202, "{table}");
+            }
+        }
+    }
+    assert_eq!(summary["all_match"], true);
+    assert!(stderr.contains("FAILOVER"), "{stderr}");
+}

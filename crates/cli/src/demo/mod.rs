@@ -6,7 +6,9 @@
 //! TimesTen language, runs a short write workload on the master, waits for the
 //! subscribers to catch up, and shows the cluster, the roles, the streams (lag,
 //! acknowledged high-water, raw and wire bytes), the return services and a checksum of
-//! every table on every node. Then it opens the SQL shell against the master — or, with
+//! every table on every node. With `--failover` it then SIGKILLs the master, times the
+//! failover as a client sees it, starts the old master again and shows it rejoin
+//! ([`failover`]). Then it opens the SQL shell against the master — or, with
 //! `--exit-after`, prints the same summary as one JSON object on stdout and stops.
 //!
 //! ```text
@@ -22,9 +24,11 @@
 //! order), and — through [`node::ChildNode`]'s `Drop` — on a panic. Every wait has a
 //! deadline. The module is split by concern: [`node`] (a child process), [`steps`]
 //! (what happens, in order), [`scheme`] (the data and the scheme), [`summary`] (what is
-//! shown), [`checksum`] and [`probe`] (how the nodes are looked at).
+//! shown), [`failover`] (the `--failover` drill), [`checksum`] and [`probe`] (how the
+//! nodes are looked at).
 
 mod checksum;
+mod failover;
 mod node;
 mod probe;
 mod scheme;
@@ -58,6 +62,11 @@ pub struct DemoArgs {
     /// Commits in the demo write workload (one row each, on the master).
     #[arg(long, default_value_t = 2000)]
     writes: u32,
+    /// After the summary, SIGKILL ds1 (the master of every element and the Raft
+    /// leader): show how long until ds2 takes a write, start ds1 again and show it
+    /// rejoin as a subscriber, and compare every copy.
+    #[arg(long)]
+    failover: bool,
 }
 
 /// How long the nodes get to stop after SIGTERM before they are killed.
@@ -87,6 +96,8 @@ pub(crate) struct Demo {
     /// Whether every stream acknowledged its sender's whole log.
     pub(crate) caught_up: bool,
     pub(crate) started: Instant,
+    /// The store that masters the demo's tables now (ds1 until a failover).
+    pub(crate) master: String,
 }
 
 impl Demo {
@@ -105,14 +116,21 @@ impl Demo {
 
     /// Runs the steps and the summary, then the shell or the JSON; returns the exit
     /// status.
-    async fn play(&mut self, exit_after: bool) -> anyhow::Result<ExitCode> {
+    async fn play(&mut self, exit_after: bool, failover: bool) -> anyhow::Result<ExitCode> {
         for step in STEPS {
             self.progress(&step.describe(self));
             if let Err(e) = step.run(self).await {
                 return Err(self.explain(e.context(format!("demo step {step:?}"))));
             }
         }
-        let summary = Summary::gather(self).await;
+        let mut summary = Summary::gather(self).await;
+        if failover {
+            let report = failover::drill(self)
+                .await
+                .map_err(|e| self.explain(e.context("the failover drill")))?;
+            summary.all_match &= report.copies_equal;
+            summary.failover = Some(report);
+        }
         let text = summary.render();
         if exit_after {
             eprint!("{text}");
@@ -135,7 +153,7 @@ impl Demo {
 
     /// The addresses, as commands to run from another terminal.
     fn print_commands(&self) {
-        let Some(master) = self.nodes.first() else {
+        let Ok(master) = self.node(&self.master) else {
             return;
         };
         let mut commands = vec![(
@@ -174,9 +192,8 @@ impl Demo {
         println!();
         println!(
             "Write on {}: it masters every table, and the scheme carries what you write \
-             to {}.",
-            master.name,
-            NODES[1..].join(" and ")
+             to the others.",
+            master.name
         );
         println!();
     }
@@ -184,7 +201,7 @@ impl Demo {
     /// The SQL shell against the master, as `hawser sql --host ...` runs it; when
     /// standard input is not a terminal, the script it carries instead.
     async fn shell(&self) -> anyhow::Result<ExitCode> {
-        let master = self.node(NODES[0])?;
+        let master = self.node(&self.master)?;
         let mut argv = vec![
             "hawser".to_string(),
             "sql".into(),
@@ -268,11 +285,12 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
         workload: None,
         caught_up: false,
         started,
+        master: NODES[0].to_string(),
     };
     let outcome = tokio::select! {
         biased;
         signal = interrupts.recv() => Err(Stop::Signal(signal)),
-        outcome = demo.play(args.exit_after) => outcome.map_err(Stop::Failed),
+        outcome = demo.play(args.exit_after, args.failover) => outcome.map_err(Stop::Failed),
     };
     demo.stop().await;
     match outcome {

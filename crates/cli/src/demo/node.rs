@@ -40,14 +40,29 @@ impl ChildNode {
     /// Starts `hawser start --name NAME` with its data in `data_dir` (joining the
     /// cluster through `join` unless empty) and waits, bounded, for its ready line.
     pub(crate) async fn start(name: &str, data_dir: &Path, join: &[&str]) -> anyhow::Result<Self> {
+        Self::start_at(name, data_dir, join, "127.0.0.1:0").await
+    }
+
+    /// [`ChildNode::start`] with the gRPC server on `listen`: a node started again on
+    /// its data keeps its address, which the Raft membership names. Its log is
+    /// appended to.
+    pub(crate) async fn start_at(
+        name: &str,
+        data_dir: &Path,
+        join: &[&str],
+        listen: &str,
+    ) -> anyhow::Result<Self> {
         let exe = std::env::current_exe().context("locate the hawser binary")?;
         let log = data_dir.with_extension("log");
-        let log_file = std::fs::File::create(&log)
-            .with_context(|| format!("create the log file {}", log.display()))?;
+        let log_file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log)
+            .with_context(|| format!("open the log file {}", log.display()))?;
         let mut cmd = Command::new(exe);
         // --exit-with-parent: the nodes stop even if the demo itself is SIGKILLed.
         cmd.args(["start", "--name", name, "--exit-with-parent"])
-            .args(["--listen", "127.0.0.1:0", "--http", "127.0.0.1:0"])
+            .args(["--listen", listen, "--http", "127.0.0.1:0"])
             .arg("--data")
             .arg(data_dir);
         if !join.is_empty() {
@@ -115,6 +130,14 @@ impl ChildNode {
     /// How the process ended, if it has.
     pub(crate) fn exit_status(&mut self) -> Option<std::process::ExitStatus> {
         self.child.as_mut()?.try_wait().ok().flatten()
+    }
+
+    /// SIGKILL, as a crash would: no flush, no goodbye to the peers.
+    pub(crate) async fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            // kill() also reaps the process.
+            let _ = child.kill().await;
+        }
     }
 
     /// Sends SIGTERM, so the node stops cleanly (flushes, leaves its ports).

@@ -6,9 +6,9 @@
 //! ```
 //!
 //! Each step says what it does on stderr before it starts, waits only with deadlines,
-//! and leaves what later steps and the summary need in the [`Demo`]. A new step — the
-//! failover drill, once failover lands — is one more variant here and one more entry
-//! in [`STEPS`].
+//! and leaves what later steps and the summary need in the [`Demo`]. A new step is one
+//! more variant here and one more entry in [`STEPS`]; the failover drill
+//! (`--failover`, [`super::failover`]) runs after the summary is gathered.
 
 use std::time::{Duration, Instant};
 

@@ -49,6 +49,9 @@ pub(crate) struct Summary {
     pub(crate) problems: Vec<String>,
     pub(crate) data_dir: String,
     pub(crate) elapsed_ms: u64,
+    /// What `--failover` did, after everything above was gathered.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) failover: Option<super::failover::FailoverReport>,
 }
 
 /// One node.
@@ -273,6 +276,7 @@ impl Summary {
             problems,
             data_dir: demo.root.display().to_string(),
             elapsed_ms: demo.started.elapsed().as_millis() as u64,
+            failover: None,
         }
     }
 
@@ -485,6 +489,9 @@ impl Summary {
                 "\nWORKLOAD — {} commits into {} on {} by {} writers in {:.2} s ({:.0} commits/s)",
                 w.commits, w.table, w.node, w.writers, w.seconds, w.commits_per_sec
             );
+        }
+        if let Some(f) = &self.failover {
+            out.push_str(&f.render());
         }
         out
     }
