@@ -71,7 +71,12 @@ fn master(node: &Node) -> Option<(String, u64)> {
 
 /// The keys of `t` on `node`.
 fn keys(node: &Node) -> Option<BTreeSet<i64>> {
-    let (ok, results, _) = sql(node, "select k from t");
+    keys_of(node, "t")
+}
+
+/// The keys of `table` on `node`.
+fn keys_of(node: &Node, table: &str) -> Option<BTreeSet<i64>> {
+    let (ok, results, _) = sql(node, &format!("select k from {table}"));
     if !ok {
         return None;
     }
@@ -119,6 +124,11 @@ struct Load {
 
 impl Load {
     fn start(addr: &str, writers: i64) -> Load {
+        Self::start_on(addr, "t", writers)
+    }
+
+    /// Writers into `table` (keys `w * 1_000_000 + i`, `w` from 0).
+    fn start_on(addr: &str, table: &str, writers: i64) -> Load {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
@@ -128,6 +138,7 @@ impl Load {
         let writers = (0..writers)
             .map(|w| {
                 let addr = addr.to_string();
+                let table = table.to_string();
                 let acked = acked.clone();
                 rt.spawn(async move {
                     let Ok(mut c) = Client::connect(&addr).await else {
@@ -136,7 +147,7 @@ impl Load {
                     for i in 0.. {
                         let k = w * 1_000_000 + i;
                         let op = RowOp::Insert {
-                            table: "t".into(),
+                            table: table.clone(),
                             row: vec![V::Int(k), V::Text(format!("w{w}"))],
                         };
                         match c.write(vec![op]).await {
@@ -517,4 +528,92 @@ fn a_failover_that_cannot_happen_is_shown_with_its_reason() {
     assert_eq!(master(&n1), Some(("n2".into(), 0)), "nothing moved");
     let text = stdout(&n1.cli(&["status"]));
     assert!(text.contains("failover    blocked"), "{text}");
+}
+
+#[test]
+fn under_a_mixed_load_every_acknowledged_commit_survives_or_is_set_aside_never_both() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    // n2 masters t (n3 RETURN TWOSAFE, n1 asynchronous) and u (both asynchronous).
+    let (n1, mut n2, n3) = cluster_with(
+        d,
+        "CREATE REPLICATION r \
+         ELEMENT e TABLE t MASTER n2 SUBSCRIBER n3 RETURN TWOSAFE SUBSCRIBER n1 \
+         ELEMENT f TABLE u MASTER n2 SUBSCRIBER n3, n1 \
+         STORE n2 RETURN WAIT TIME 10",
+    );
+    for n in [&n1, &n2, &n3] {
+        let (ok, _, err) = sql(n, "create table u (k bigint primary key, v varchar(40))");
+        assert!(ok, "{err}");
+    }
+    wait_for("n2 takes writes", WAIT, || insert(&n2, -1).ok());
+    let twosafe = Load::start_on(&n2.grpc, "t", 2);
+    let asynchronous = Load::start_on(&n2.grpc, "u", 2);
+    wait_for("both loads acknowledged", WAIT, || {
+        (twosafe.acked() >= 100 && asynchronous.acked() >= 100).then_some(())
+    });
+    let n2_grpc = n2.grpc.clone();
+    n2.kill9();
+    let acked_t = twosafe.finish();
+    let acked_u = asynchronous.finish();
+    let moved = |element: usize| {
+        let s = n1.try_status()?;
+        let e = &s["cluster"]["schemes"][0]["elements"][element];
+        (e["master_store"] != "n2").then(|| e["master_store"].as_str().map(String::from))?
+    };
+    let master_t = wait_for("a new master of t", WAIT, || moved(0));
+    let master_u = wait_for("a new master of u", WAIT, || moved(1));
+    assert_eq!(master_t, "n3", "the TWOSAFE subscriber");
+    let by_name = |name: &str| [&n1, &n3].into_iter().find(|n| n.name == name).unwrap();
+
+    // TWOSAFE: every acknowledged commit is on the new master.
+    let on_t = keys_of(by_name(&master_t), "t").expect("answers");
+    let lost: Vec<_> = acked_t.iter().filter(|k| !on_t.contains(k)).collect();
+    assert!(
+        lost.is_empty(),
+        "TWOSAFE-acknowledged but not on {master_t}: {lost:?}"
+    );
+
+    // n2 comes back: it sets aside what only it had, and receives again.
+    drop(n2);
+    let n2 = start_member("n2", d, &n2_grpc, Some(&n1.grpc), &[]);
+    for table in ["t", "u"] {
+        let master = by_name(if table == "t" { &master_t } else { &master_u });
+        wait_for("every copy equal", WAIT, || {
+            let want = keys_of(master, table)?;
+            [&n1, &n2, &n3]
+                .iter()
+                .all(|n| keys_of(n, table).as_ref() == Some(&want))
+                .then_some(())
+        });
+    }
+    // Asynchronous: every acknowledged commit is on the new master or set aside — in
+    // some node's hawser_lost — never both, never neither.
+    let on_u = keys_of(by_name(&master_u), "u").expect("answers");
+    let mut set_aside = BTreeSet::new();
+    for n in [&n1, &n2, &n3] {
+        let (ok, results, _) = sql(
+            n,
+            "select row_key from hawser_lost where table_name = 'u' and op = 'insert'",
+        );
+        if ok {
+            for row in results[0]["rows"].as_array().cloned().unwrap_or_default() {
+                set_aside.insert(row[0].as_str().unwrap().parse::<i64>().unwrap());
+            }
+        }
+    }
+    eprintln!(
+        "mixed load: {} TWOSAFE and {} asynchronous commits acknowledged; {} of u's set aside",
+        acked_t.len(),
+        acked_u.len(),
+        set_aside.len()
+    );
+    for k in &acked_u {
+        let kept = on_u.contains(k);
+        let aside = set_aside.contains(k);
+        assert!(
+            kept != aside,
+            "key {k}: on {master_u} {kept}, set aside {aside}"
+        );
+    }
 }
