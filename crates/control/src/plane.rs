@@ -117,11 +117,14 @@ impl ControlConfig {
     }
 
     /// The longest a leader may have gone without hearing from a quorum and still
-    /// grant a lease: half the minimum election timeout, so any lease it grants ends
-    /// before a successor elected without it could fail the master over
-    /// (docs/control.md, "Failover timing").
+    /// grant a lease: the minimum election timeout. Any lease it grants then ends
+    /// before a successor elected without it can fail the master over, because the
+    /// successor's takeover credit is computed from it
+    /// ([`ControlConfig::takeover_credit`]; docs/control.md, "Failover timing"). Half of
+    /// it left too little room over the heartbeat on a loaded machine: grants stopped
+    /// while the quorum was fine.
     pub fn lease_quorum_age(&self) -> Duration {
-        self.election_timeout_min / 2
+        self.election_timeout_min
     }
 
     /// How much of the failover timeout a newly elected leader may count as already
