@@ -600,10 +600,16 @@ async fn trial_once(d: &mut Drill<'_>, trial: u32) -> anyhow::Result<Sample> {
         .filter(|k| !there.contains(k))
         .collect();
     if !missing.is_empty() {
-        // Tell lost from late: look again once the new master has had a moment.
-        tokio::time::sleep(Duration::from_secs(5)).await;
-        let later = keys_in(&new_addr, range).await?;
-        let still = missing.iter().filter(|k| !later.contains(k)).count();
+        // Tell lost from late: wait (at most 5 s) for the missing keys to arrive.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let still = loop {
+            let later = keys_in(&new_addr, range).await?;
+            let still = missing.iter().filter(|k| !later.contains(k)).count();
+            if still == 0 || Instant::now() >= deadline {
+                break still;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
         bail!(
             "{} of {} acknowledged keys were not on the new master {new_name} when it took \
              its first write ({} still missing 5 s later); first missing: {:?}",
