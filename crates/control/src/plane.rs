@@ -120,9 +120,9 @@ impl ControlConfig {
     /// grant a lease: the minimum election timeout. Any lease it grants then ends
     /// before a successor elected without it can fail the master over, because the
     /// successor's takeover credit is computed from it
-    /// ([`ControlConfig::takeover_credit`]; docs/control.md, "Failover timing"). Half of
-    /// it left too little room over the heartbeat on a loaded machine: grants stopped
-    /// while the quorum was fine.
+    /// ([`ControlConfig::takeover_credit`]; docs/control.md, "Failover timing"). A
+    /// window close to the heartbeat would stop grants on a loaded machine while the
+    /// quorum is fine.
     pub fn lease_quorum_age(&self) -> Duration {
         self.election_timeout_min
     }
