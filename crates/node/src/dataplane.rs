@@ -260,6 +260,8 @@ pub(crate) struct DataPlaneTask {
     pub(crate) store: Ident,
     /// Fed with the elements this store subscribes to; the receiver checks epochs on it.
     pub(crate) epochs: watch::Sender<BTreeMap<Ident, Epoch>>,
+    /// Fed with what failovers forked off; the receiver refuses records of it.
+    pub(crate) forked: watch::Sender<Vec<ForkedRange>>,
     pub(crate) senders: Senders,
     pub(crate) problems: Problems,
     pub(crate) tracker: TaskTracker,
@@ -303,6 +305,8 @@ pub(crate) async fn run(task: DataPlaneTask) {
         task.epochs.send_if_modified(|current| {
             replace_if_changed(current, subscribed(&state, &task.store))
         });
+        task.forked
+            .send_if_modified(|current| replace_if_changed(current, forked_ranges(&state)));
         let (mut wanted, now) = wanted_links(
             &state,
             &task.db,

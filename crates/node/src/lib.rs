@@ -340,6 +340,7 @@ pub async fn run(
     let tasks = TaskTracker::new();
     let node_shutdown = shutdown.child_token();
     let (epochs, epochs_rx) = tokio::sync::watch::channel(std::collections::BTreeMap::new());
+    let (forked, forked_rx) = tokio::sync::watch::channel(Vec::new());
     let receiver = hawser_stream::ReceiverService::new(
         db.clone(),
         config.receiver_config(store.clone()),
@@ -347,6 +348,7 @@ pub async fn run(
         tasks.clone(),
         node_shutdown.clone(),
     )
+    .with_forked(forked_rx)
     .with_copy_plan(duplicate::copy_plan(
         plane.clone(),
         db.clone(),
@@ -483,6 +485,7 @@ pub async fn run(
         db: state.db.clone(),
         store,
         epochs,
+        forked,
         senders: state.senders.clone(),
         problems: state.problems.clone(),
         tracker: state.tasks.clone(),

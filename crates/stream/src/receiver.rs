@@ -53,7 +53,7 @@ use tonic::{Request, Response, Status, Streaming};
 use tracing::{debug, info, warn};
 
 use crate::codec::{self, decode_records, decompress};
-use crate::link::check_table;
+use crate::link::{check_table, ForkedRange};
 use crate::paths::DecidedMarks;
 use crate::pb::{self, receiver_message, sender_message, RefuseCode};
 use crate::PROTOCOL_VERSION;
@@ -183,6 +183,9 @@ pub struct ReceiverService {
     config: ReceiverConfig,
     /// The elements this node subscribes to, with the epochs the control plane gives.
     epochs: watch::Receiver<BTreeMap<Ident, Epoch>>,
+    /// What failovers forked off ([`ForkedRange`]): a record of one is refused, whoever
+    /// sends it — a deposed master's commit past the fork point is never applied.
+    forked: watch::Receiver<Vec<ForkedRange>>,
     status: watch::Sender<BTreeMap<Ident, InboundStatus>>,
     /// Per (origin, sender node), how far the sender's streams to this node have
     /// decided about the origin's transactions (`Batch.decided` for the sender's own,
@@ -218,6 +221,7 @@ impl ReceiverService {
             db,
             config,
             epochs,
+            forked: watch::channel(Vec::new()).1,
             status: watch::Sender::new(BTreeMap::new()),
             decided: DecidedMarks::default(),
             applied: Arc::new(watch::Sender::new(0)),
@@ -269,6 +273,13 @@ impl ReceiverService {
     /// Lets copies for a scheme (`CopyRequest.scheme`) find what they carry with `plan`.
     pub fn with_copy_plan(mut self, plan: crate::copy::CopyPlan) -> Self {
         self.copy_plan = Some(plan);
+        self
+    }
+
+    /// Refuses the records of what failovers forked off, as `forked` says from time to
+    /// time (the node feeds it from the cluster state).
+    pub fn with_forked(mut self, forked: watch::Receiver<Vec<ForkedRange>>) -> Self {
+        self.forked = forked;
         self
     }
 
@@ -899,9 +910,20 @@ impl ReceiverService {
         // The highest seq of each origin in the backlog: applied (or found here
         // already) once every run below has returned.
         let mut received: BTreeMap<NodeId, u64> = BTreeMap::new();
+        let forked = self.forked.borrow().clone();
         for batch in backlog {
             for r in decode_batch(batch)? {
                 let gtid = r.entry.gtid();
+                if let Some(f) = forked.iter().find(|f| f.holds(r.epoch, &r.entry)) {
+                    return Err((
+                        RefuseCode::StaleEpoch,
+                        format!(
+                            "record {gtid} was committed under failover era {} by a deposed \
+                             master after the fork point (seq {}, era {}): a failover forked it off",
+                            r.epoch, f.after_seq, f.before_epoch
+                        ),
+                    ));
+                }
                 let seq = received.entry(gtid.origin).or_insert(0);
                 *seq = (*seq).max(gtid.seq);
                 match r.entry {

@@ -17,8 +17,8 @@ use hawser_store::{Database, DbOptions, KeyRange};
 use hawser_stream::codec::{encode_records, WireRecord};
 use hawser_stream::pb::{self, receiver_message, sender_message};
 use hawser_stream::{
-    Compression, LinkConfig, ReceiverConfig, ReceiverService, SenderHandle, SenderStart,
-    SenderState, SenderStatus, SenderTuning, StreamSender,
+    Compression, ForkedRange, LinkConfig, ReceiverConfig, ReceiverService, SenderHandle,
+    SenderStart, SenderState, SenderStatus, SenderTuning, StreamSender,
 };
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -110,6 +110,17 @@ impl Receiver {
         epochs: watch::Receiver<BTreeMap<Ident, Epoch>>,
         addr: Option<SocketAddr>,
     ) -> Result<Receiver> {
+        Self::start_forked(db, config, epochs, Vec::new(), addr).await
+    }
+
+    /// A receiver that refuses what `forked` says failovers forked off.
+    async fn start_forked(
+        db: &Database,
+        config: ReceiverConfig,
+        epochs: watch::Receiver<BTreeMap<Ident, Epoch>>,
+        forked: Vec<ForkedRange>,
+        addr: Option<SocketAddr>,
+    ) -> Result<Receiver> {
         let listener = TcpListener::bind(addr.unwrap_or_else(|| "127.0.0.1:0".parse().unwrap()))
             .await
             .context("bind receiver")?;
@@ -122,7 +133,8 @@ impl Receiver {
             epochs,
             tracker.clone(),
             shutdown.clone(),
-        );
+        )
+        .with_forked(watch::channel(forked).1);
         let router = Server::builder().add_service(service.clone().into_server());
         let server = tokio::spawn(async move {
             let _ = router
@@ -863,6 +875,54 @@ async fn a_batch_received_twice_changes_nothing() -> Result<()> {
     assert_eq!((rows(&sub)?, sub.last_lsn()), after_first);
     assert_eq!(first.applied, second.applied);
     assert_eq!(rows(&sub)?, rows(&master)?);
+    drop(stream);
+    r.stop().await;
+    Ok(())
+}
+
+/// A deposed master's commits past a failover's fork point are refused by the receiver
+/// whoever sends them, and nothing of the batch that holds one is applied.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_a_failover_forked_off_is_refused() -> Result<()> {
+    let master = open(1).await?;
+    let sub = open(2).await?;
+    write(&master, 0..10, "x").await?;
+    let view = epochs(1);
+    let seq_of = |lsn: Lsn| -> Result<u64> { Ok(master.log_range(lsn, 1)?[0].entry.gtid().seq) };
+    let first = master.log_range(Lsn(1), 100)?;
+    let fifth_txn = first
+        .iter()
+        .filter(|r| matches!(r.entry, hawser_store::LogEntry::Txn(_)))
+        .nth(4)
+        .context("five transactions")?
+        .lsn;
+    let forked = ForkedRange {
+        origin: NodeId(1),
+        after_seq: seq_of(fifth_txn)?,
+        before_epoch: Epoch(1),
+        tables: Some(vec![tab()]),
+    };
+    let r = Receiver::start_forked(
+        &sub,
+        ReceiverConfig::new(id("s1")),
+        view.subscribe(),
+        vec![forked],
+        None,
+    )
+    .await?;
+    let mut stream = ByHand::open(&r, common::hello(&tab_def())).await?;
+    stream.send(batch_of(&master, Lsn(1)..=fifth_txn)?).await?;
+    assert_eq!(rows(&sub)?.len(), 5);
+    let refused = stream
+        .send(batch_of(&master, Lsn(fifth_txn.0 + 1)..=master.last_lsn())?)
+        .await
+        .expect_err("a forked-off commit is refused");
+    assert!(refused.to_string().contains("forked it off"), "{refused:#}");
+    assert_eq!(
+        rows(&sub)?.len(),
+        5,
+        "nothing of the refused batch is applied"
+    );
     drop(stream);
     r.stop().await;
     Ok(())
