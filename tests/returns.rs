@@ -172,6 +172,47 @@ fn return_services_hold_commits_until_acknowledged_and_fail_over_to_8170() {
     assert!(!ok && err.contains("master n1"), "{err}");
     // ... but n2 may write u, which it does not receive.
     sql_ok(&n2, "insert into u values (100, 'local')");
+    // With --follow-master the session moves to the master named by the refusal and
+    // goes on there from the refused statement; what ran before it stays on n2.
+    let out = n2.cli(&[
+        "sql",
+        "--follow-master",
+        "--format",
+        "json",
+        "-e",
+        "insert into u values (101, 'local'); insert into t values (101, 'followed'); \
+         select v from t where k = 101",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("moves from") && stderr(&out).contains(&n1.grpc),
+        "{}",
+        stderr(&out)
+    );
+    let results: Vec<Value> = stdout(&out)
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    assert_eq!(results.len(), 3, "{results:?}");
+    assert_eq!(results[2]["rows"], serde_json::json!([["followed"]]));
+    let (on_n1, _) = sql_ok(&n1, "select count(*) from t where k = 101");
+    assert_eq!(on_n1[0]["rows"], serde_json::json!([[1]]));
+    let (on_n2, _) = sql_ok(&n2, "select count(*) from u where k = 101");
+    assert_eq!(on_n2[0]["rows"], serde_json::json!([[1]]));
+    // TWOSAFE: gone from n2 too when the delete returns; the counts below stay.
+    sql_ok(&n1, "delete from t where k = 101");
+    // Inside a transaction the session stays, and the refusal is the answer.
+    let out = n2.cli(&[
+        "sql",
+        "--follow-master",
+        "-e",
+        "begin; insert into t values (102, 'no'); commit",
+    ]);
+    assert!(
+        !out.status.success() && stderr(&out).contains("25006"),
+        "{}",
+        stderr(&out)
+    );
 
     // n2 killed: a TWOSAFE commit times out after RETURN WAIT TIME with TT8170, and
     // stands on n1.

@@ -8,6 +8,14 @@
 //! statement error stops the run with exit status 1. A script over [`MAX_REQUEST_SQL`]
 //! goes in pieces of whole statements ([`pieces`]).
 //!
+//! A write refused because the node receives the table (25006) names the table's master.
+//! With `--follow-master`, while the session holds nothing that would not move with it
+//! (no transaction, no `CALL` setting), the session moves there and the script goes on
+//! from the refused statement, which did nothing where it was refused
+//! ([`follow_master`]): `hawser sql` pointed at any node writes through whichever node
+//! masters the table, also after a failover. Without it the refusal is the answer, as
+//! TimesTen gives it.
+//!
 //! The shell's line editing (rustyline) blocks, so it runs on a thread of its own that hands
 //! complete statements to the async side and waits for the answer before it prompts again:
 //!
@@ -54,6 +62,12 @@ pub struct SqlArgs {
     /// How to print results.
     #[arg(long, value_enum, default_value_t = Format::Table)]
     pub format: Format,
+    /// When a write is refused because this node receives the table (25006), move the
+    /// session to the table's master (the node names it) and go on there from that
+    /// statement — only while no transaction or CALL setting ties the session to its
+    /// node. Statements after the move, reads included, run on the master.
+    #[arg(long, env = "HAWSER_FOLLOW_MASTER")]
+    pub follow_master: bool,
 }
 
 /// A script and where it came from, for error messages.
@@ -95,8 +109,8 @@ pub async fn run(args: SqlArgs) -> anyhow::Result<ExitCode> {
         });
     }
 
-    let mut session = match open_session(&args.host).await {
-        Ok(session) => session,
+    let mut conn = match open_session(&args.host).await {
+        Ok(session) => Conn::new(session, &args.host, args.follow_master),
         Err(e) => {
             eprintln!("error: {}", connect_error_text(&args.host, &e));
             return Ok(ExitCode::FAILURE);
@@ -108,7 +122,7 @@ pub async fn run(args: SqlArgs) -> anyhow::Result<ExitCode> {
     };
 
     if interactive {
-        return shell(&mut session, &mut printer, &args.host).await;
+        return shell(&mut conn, &mut printer).await;
     }
     let numbered = scripts.len() > 1;
     let (mut in_transaction, mut left_open) = (false, false);
@@ -116,10 +130,10 @@ pub async fn run(args: SqlArgs) -> anyhow::Result<ExitCode> {
         // A long script (a dump to load) goes in pieces of whole statements, one after
         // the other in the same session: errors still name their place in the script.
         for piece in pieces(&script.sql, MAX_REQUEST_SQL) {
-            let mut outcome = match session.execute(piece.sql).await {
+            let mut outcome = match conn.execute(piece.sql).await {
                 Ok(outcome) => outcome,
                 Err(e) => {
-                    eprintln!("{}", session_failure_text(&args.host, &e));
+                    eprintln!("{}", session_failure_text(&conn.host, &e));
                     return Ok(ExitCode::FAILURE);
                 }
             };
@@ -147,6 +161,130 @@ pub async fn run(args: SqlArgs) -> anyhow::Result<ExitCode> {
 
 async fn open_session(host: &str) -> Result<Session, ClientError> {
     Client::connect(host).await?.session().await
+}
+
+/// The most times one request's session moves to a table's master: a cluster in the
+/// middle of a failover may name a master that has just lost the role.
+const MAX_MOVES: usize = 3;
+
+/// The session and the node it is on; it moves to a table's master after a refused
+/// write where nothing ties it to its node ([`follow_master`]).
+struct Conn {
+    session: Session,
+    host: String,
+    /// Whether the session holds state that would not move with it: a transaction, or
+    /// a setting a `CALL` made (ttRepSyncSet). Without `--follow-master` it never moves.
+    pinned: bool,
+}
+
+impl Conn {
+    fn new(session: Session, host: &str, follow: bool) -> Self {
+        Conn {
+            session,
+            host: host.to_string(),
+            pinned: !follow,
+        }
+    }
+
+    /// Runs `sql`, moving to a table's master (and going on there from the refused
+    /// statement) when [`follow_master`] says so. Statements and lines are numbered
+    /// from the start of `sql` wherever they ran.
+    async fn execute(&mut self, sql: &str) -> Result<ScriptOutcome, ClientError> {
+        let mut done: Vec<StatementResult> = Vec::new();
+        let (mut rest, mut statements_before) = (sql.to_string(), 0u32);
+        for moves in 0..=MAX_MOVES {
+            let mut outcome = self.session.execute(&rest).await?;
+            self.pinned |= outcome.in_transaction
+                || outcome
+                    .results
+                    .iter()
+                    .any(|r| matches!(r.tag.as_str(), "BEGIN" | "CALL"));
+            let target = (moves < MAX_MOVES)
+                .then(|| follow_master(outcome.error.as_ref(), self.pinned))
+                .flatten()
+                .and_then(|(addr, statement)| {
+                    Some((addr, statement, from_statement(&rest, statement)?))
+                });
+            if let Some((addr, statement, resumed)) = target {
+                let e = outcome.error.as_ref().expect("follow_master saw an error");
+                match open_session(&addr).await {
+                    Ok(session) => {
+                        eprintln!(
+                            "note: statement {} writes a table store {} masters (epoch {}); \
+                             the session moves from {} to {addr} and goes on there",
+                            statements_before + statement,
+                            e.master_store,
+                            e.master_epoch,
+                            self.host
+                        );
+                        done.append(&mut outcome.results);
+                        statements_before += statement - 1;
+                        rest = resumed;
+                        self.session = session;
+                        self.host = addr;
+                        continue;
+                    }
+                    Err(err) => eprintln!(
+                        "note: store {} masters the table, but {}",
+                        e.master_store,
+                        connect_error_text(&addr, &err)
+                    ),
+                }
+            }
+            if let Some(e) = &mut outcome.error {
+                if e.statement > 0 {
+                    e.statement += statements_before;
+                }
+            }
+            done.append(&mut outcome.results);
+            outcome.results = done;
+            return Ok(outcome);
+        }
+        unreachable!("the last try never moves")
+    }
+}
+
+/// Where the rest of a request goes after `error`: the address of the table's master
+/// and the (1-based) statement to go on from there, when the statement was a write
+/// refused because this node receives the table (25006, which did nothing here), the
+/// node named the master, and the session is not `pinned` (nothing of it would be lost
+/// by moving: each statement before the refused one ran and committed on its own).
+fn follow_master(error: Option<&v1::SqlError>, pinned: bool) -> Option<(String, u32)> {
+    let e = error?;
+    (e.code == "25006" && !e.master_addr.is_empty() && e.statement > 0 && !pinned)
+        .then(|| (e.master_addr.clone(), e.statement))
+}
+
+/// `sql` from its `statement`-th statement (1-based, counting statements that hold
+/// code, as a node does), with what comes before it blanked to newlines and spaces so
+/// that a node numbers its lines and columns as in `sql`. `None` when `sql` has fewer
+/// statements.
+fn from_statement(sql: &str, statement: u32) -> Option<String> {
+    let mut ends: Vec<usize> = Vec::new();
+    let mut has_code = false;
+    walk_code(sql, |i, c| {
+        if c == ';' {
+            if has_code {
+                ends.push(i + 1);
+            }
+            has_code = false;
+        } else if !c.is_whitespace() {
+            has_code = true;
+        }
+    });
+    let statements = ends.len() + usize::from(has_code);
+    if statement == 0 || statement as usize > statements {
+        return None;
+    }
+    let start = match statement {
+        1 => 0,
+        k => *ends.get(k as usize - 2)?,
+    };
+    let blanked: String = sql[..start]
+        .chars()
+        .map(|c| if c == '\n' { '\n' } else { ' ' })
+        .collect();
+    Some(blanked + &sql[start..])
 }
 
 /// Why a session call failed. Any failure ends the session's stream, and with it the
@@ -306,12 +444,11 @@ fn meta_command(line: &str) -> Option<Meta> {
 }
 
 /// Runs the interactive shell until the user leaves or the connection is lost.
-async fn shell<W: Write>(
-    session: &mut Session,
-    printer: &mut Printer<W>,
-    host: &str,
-) -> anyhow::Result<ExitCode> {
-    eprintln!("connected to hawser at {host}; \\? for help, \\q to leave");
+async fn shell<W: Write>(conn: &mut Conn, printer: &mut Printer<W>) -> anyhow::Result<ExitCode> {
+    eprintln!(
+        "connected to hawser at {}; \\? for help, \\q to leave",
+        conn.host
+    );
     let (inputs_tx, mut inputs) = mpsc::channel::<String>(1);
     let (states, states_rx) = std_mpsc::channel::<bool>();
     let editor = std::thread::Builder::new()
@@ -322,14 +459,14 @@ async fn shell<W: Write>(
     let mut lost = false;
     let (mut in_transaction, mut left_open) = (false, false);
     while let Some(sql) = inputs.recv().await {
-        match session.execute(&sql).await {
+        match conn.execute(&sql).await {
             Ok(outcome) => {
                 in_transaction = outcome.in_transaction;
                 left_open = outcome.left_open;
                 printer.outcome(&outcome, None)?;
             }
             Err(e) => {
-                eprintln!("{}", session_failure_text(host, &e));
+                eprintln!("{}", session_failure_text(&conn.host, &e));
                 lost = true;
                 break;
             }
@@ -646,6 +783,54 @@ mod tests {
     }
 
     #[test]
+    fn a_refused_write_moves_the_session_to_the_master_unless_something_pins_it() {
+        let refused = v1::SqlError {
+            code: "25006".into(),
+            message: "table t is received here".into(),
+            statement: 2,
+            master_addr: "10.0.0.2:7420".into(),
+            master_store: "ds2".into(),
+            master_epoch: 3,
+            ..Default::default()
+        };
+        assert_eq!(
+            follow_master(Some(&refused), false),
+            Some(("10.0.0.2:7420".into(), 2))
+        );
+        assert_eq!(follow_master(Some(&refused), true), None, "pinned");
+        let unknown = v1::SqlError {
+            master_addr: String::new(),
+            ..refused.clone()
+        };
+        assert_eq!(
+            follow_master(Some(&unknown), false),
+            None,
+            "no master known"
+        );
+        let other = v1::SqlError {
+            code: "23505".into(),
+            ..refused
+        };
+        assert_eq!(follow_master(Some(&other), false), None);
+        assert_eq!(follow_master(None, false), None);
+    }
+
+    #[test]
+    fn the_rest_of_a_script_keeps_its_lines_and_columns() {
+        let sql = "insert into a values (1);\n -- x;\n insert into t values ('a;b'); insert into t values (3);";
+        assert_eq!(from_statement(sql, 1).as_deref(), Some(sql));
+        let second = from_statement(sql, 2).expect("two statements");
+        assert_eq!(second.len(), sql.len());
+        assert_eq!(second.lines().count(), sql.lines().count());
+        assert_eq!(second.trim_start(), &sql[sql.find("-- x").unwrap()..]);
+        let third = from_statement(sql, 3).expect("three statements");
+        assert_eq!(third.trim_start(), "insert into t values (3);");
+        assert_eq!(third.find("insert"), sql.rfind("insert"));
+        assert_eq!(from_statement(sql, 4), None);
+        assert_eq!(from_statement(sql, 0), None);
+    }
+
+    #[test]
     fn meta_commands_are_recognised() {
         assert_eq!(meta_command("\\q"), Some(Meta::Quit));
         assert_eq!(meta_command("  QUIT; "), Some(Meta::Quit));
@@ -742,6 +927,7 @@ mod tests {
             statement: 2,
             line: Some(3),
             column: Some(7),
+            ..Default::default()
         };
         assert_eq!(
             error_line(&e, None),
@@ -775,6 +961,7 @@ mod tests {
                 statement: 2,
                 line: None,
                 column: None,
+                ..Default::default()
             }),
             in_transaction: false,
             left_open: false,

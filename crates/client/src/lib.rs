@@ -130,9 +130,9 @@ impl ScriptOutcome {
     }
 
     /// Turns a statement error into `Err`, for callers that treat any failure alike.
-    pub fn into_result(self) -> Result<Vec<StatementResult>, v1::SqlError> {
+    pub fn into_result(self) -> Result<Vec<StatementResult>, Box<v1::SqlError>> {
         match self.error {
-            Some(e) => Err(e),
+            Some(e) => Err(Box::new(e)),
             None => Ok(self.results),
         }
     }

@@ -118,19 +118,32 @@ fn pb_result(r: &hawser_sql::StatementResult) -> v1::StatementResult {
     }
 }
 
+/// A script's outcome as a response; a write refused because this node receives the
+/// table names where the table's master is in `state`.
 fn pb_outcome(
     o: &hawser_sql::ScriptOutcome,
     in_transaction: bool,
     left_open: bool,
+    state: &hawser_control::ClusterState,
 ) -> v1::ExecuteResponse {
     v1::ExecuteResponse {
         results: o.results.iter().map(pb_result).collect(),
-        error: o.error.as_ref().map(|e| v1::SqlError {
-            code: e.code.clone(),
-            message: e.message.clone(),
-            statement: e.statement as u32,
-            line: e.line,
-            column: e.column,
+        error: o.error.as_ref().map(|e| {
+            let (master_store, master_addr, master_epoch) = e
+                .received_table
+                .as_ref()
+                .and_then(|t| crate::cluster::master_of_table(state, t))
+                .unwrap_or_default();
+            v1::SqlError {
+                code: e.code.clone(),
+                message: e.message.clone(),
+                statement: e.statement as u32,
+                line: e.line,
+                column: e.column,
+                master_addr,
+                master_store,
+                master_epoch,
+            }
         }),
         in_transaction,
         left_open,
@@ -312,7 +325,7 @@ impl Client for Services {
         let mut session = self.state.sql.session();
         let outcome = session.execute(&sql).await;
         crate::dataplane::wake_all(&self.state.senders);
-        let mut resp = pb_outcome(&outcome, false, false);
+        let mut resp = pb_outcome(&outcome, false, false, &self.state.plane.state());
         if session.left_open() {
             // Dropping the session below ends the wait: the commit stands here.
             resp.results.last_mut().into_iter().for_each(|r| {
@@ -370,7 +383,12 @@ impl Client for Services {
                 };
                 let outcome = session.execute(&req.sql).await;
                 crate::dataplane::wake_all(&state.senders);
-                let resp = pb_outcome(&outcome, session.in_transaction(), session.left_open());
+                let resp = pb_outcome(
+                    &outcome,
+                    session.in_transaction(),
+                    session.left_open(),
+                    &state.plane.state(),
+                );
                 if tx.send(Ok(resp)).await.is_err() {
                     break;
                 }

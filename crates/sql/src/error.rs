@@ -168,11 +168,19 @@ pub struct SqlError {
     pub line: Option<u64>,
     /// 1-based column in the script, when the parser or the AST gave one.
     pub column: Option<u64>,
+    /// The table a write was refused on because this node receives it (25006): the
+    /// node tells the client where the table's master is.
+    pub received_table: Option<QualName>,
 }
 
 impl SqlError {
     pub(crate) fn from_error(err: Error, statement: usize) -> Self {
+        let received_table = match &*err.kind {
+            ErrorKind::Store(StoreError::ReceivedTable { table, .. }) => Some(table.clone()),
+            _ => None,
+        };
         SqlError {
+            received_table,
             code: err.kind.code().to_string(),
             message: err.kind.to_string(),
             statement,
