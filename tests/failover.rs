@@ -402,6 +402,102 @@ fn alter_set_master_is_a_planned_switchover_that_loses_nothing() {
     });
 }
 
+/// `hawser bench` running in the background; SIGKILLed on drop if still running.
+struct Background(std::process::Child);
+
+impl Background {
+    /// Waits (bounded) for the command to end; its exit status and output.
+    fn finish(mut self, timeout: Duration) -> (bool, String, String) {
+        let status = wait_for("the command to end", timeout, || {
+            self.0.try_wait().expect("wait for the command")
+        });
+        let read = |r: Option<&mut dyn std::io::Read>| {
+            let mut text = String::new();
+            if let Some(r) = r {
+                r.read_to_string(&mut text).expect("read the output");
+            }
+            text
+        };
+        let out = read(self.0.stdout.as_mut().map(|r| r as &mut dyn std::io::Read));
+        let err = read(self.0.stderr.as_mut().map(|r| r as &mut dyn std::io::Read));
+        (status.success(), out, err)
+    }
+}
+
+impl Drop for Background {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn bench_following_the_master_keeps_writing_through_a_switchover() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let (n1, n2, n3) = cluster(d);
+    wait_for("n2 takes writes", WAIT, || insert(&n2, -1).ok());
+    // Pointed at n1, a subscriber: it learns that n2 masters t and writes there.
+    let bench = Background(
+        std::process::Command::new(common::hawser_bin())
+            .args([
+                "bench",
+                "--host",
+                &n1.grpc,
+                "--follow-master",
+                "--table",
+                "t",
+                "--value-size",
+                "20",
+                "--clients",
+                "4",
+                "--warmup",
+                "0s",
+                "--duration",
+                "8s",
+                "--format",
+                "json",
+            ])
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("run hawser bench"),
+    );
+    let commits = |n: &Node| n.try_status().and_then(|s| s["commits"].as_u64());
+    let before = commits(&n2).unwrap_or(0);
+    wait_for("bench commits on n2", WAIT, || {
+        (commits(&n2)? > before + 100).then_some(())
+    });
+    ddl(
+        &n1,
+        "ALTER REPLICATION r ALTER ELEMENT * IN n2 SET MASTER n3",
+    );
+    let on_n3 = commits(&n3).unwrap_or(0);
+    let (ok, out, err) = bench.finish(WAIT);
+    assert!(ok, "bench failed: {err}\n{out}");
+    let report: serde_json::Value = serde_json::from_str(out.trim()).expect("a JSON report");
+    // The longest latency is the write pause the switchover caused, as a client saw it.
+    eprintln!("bench through the switchover: {report}\n{err}");
+    assert!(report["retries"].as_u64() > Some(0), "{report}");
+    assert!(report["commits"].as_u64() > Some(0), "{report}");
+    assert!(
+        err.contains(&format!("following the master of t to {}", n3.grpc)),
+        "{err}"
+    );
+    assert!(
+        commits(&n3).unwrap_or(0) > on_n3 + 100,
+        "bench wrote little on n3 after the switchover: {report}"
+    );
+    // Every copy ends equal.
+    let on_n3 = keys(&n3).expect("n3 answers");
+    for n in [&n1, &n2] {
+        wait_for("copies equal to n3", WAIT, || {
+            (keys(n).as_ref() == Some(&on_n3)).then_some(())
+        });
+    }
+}
+
 #[test]
 fn a_propagators_master_fails_over_to_the_propagator_and_its_subscriber_follows() {
     let dir = tempfile::tempdir().unwrap();

@@ -34,6 +34,14 @@
 //! An error that carries no SQLSTATE may mean the server is gone: the client then tries a
 //! fresh connection, and if that fails too the whole run stops and exits with status 1.
 //!
+//! With `--follow-master` (for failover drills) the clients write to the node that
+//! masters the table, learned from the cluster status, and follow it: a write refused
+//! where nothing was committed (`25006` not the master, `57P03` no master lease, a
+//! connection refused) is sent again to the master the cluster then names, for up to
+//! [`FOLLOW_FOR`]; its latency counts the whole wait, so the longest latencies show the
+//! write pause a failover or switchover caused. A write whose outcome is unknown (the
+//! connection lost mid-call) is an error, never sent twice.
+//!
 //! With `--mode`, the master's `/replication` view of the scheme's streams (through the
 //! admin `Status` call) is sampled every 250 ms while measuring: replication lag at
 //! steady load (mean and max of `lag_micros`, max `lag_records`) and the smoothed ack
@@ -52,7 +60,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use hawser_client::{Client, ClientError, RowOp, Writer};
+use hawser_client::cluster::{classify, Retry};
+use hawser_client::{Client, ClientError, ClusterClient, RowOp, WriteOutcome, Writer};
 use hawser_core::Value;
 use hawser_proto::v1;
 use hdrhistogram::Histogram;
@@ -154,6 +163,13 @@ pub struct BenchArgs {
     /// after the run, so the file's writing does not load the machine being measured.
     #[arg(long, value_name = "FILE")]
     pub log: Option<std::path::PathBuf>,
+    /// Write to the table's master, wherever the cluster says it is, and follow it
+    /// through failovers and switchovers: a write refused before it committed (not the
+    /// master, no master lease, connection refused) is sent again to the new master,
+    /// for up to 30 s, its latency counting the wait; the report counts these retries.
+    /// A write whose outcome is unknown (connection lost mid-call) counts as an error.
+    #[arg(long)]
+    pub follow_master: bool,
 }
 
 /// How long the fsync probe runs.
@@ -210,6 +226,12 @@ const ERRORS_KEPT_PER_CLIENT: usize = 3;
 const ERRORS_REPORTED: usize = 5;
 /// How long a client waits for a fresh connection before declaring the server gone.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+/// With `--follow-master`: how long a write keeps following the table's master, and
+/// how long a client looks for a master it can reach before declaring the cluster gone.
+const FOLLOW_FOR: Duration = Duration::from_secs(30);
+/// With `--follow-master`: the pause between two looks for the master (about one
+/// liveness report interval of the nodes).
+const FOLLOW_PAUSE: Duration = Duration::from_millis(50);
 /// Highest latency the histograms hold exactly (one hour, in µs); higher ones saturate.
 const MAX_LATENCY_US: u64 = 3_600_000_000;
 
@@ -322,11 +344,39 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
         0 => args.clients,
         n => n.min(args.clients),
     };
+    // With --follow-master the clients go to the table's master, wherever it is.
+    let follow = match args.follow_master {
+        true => {
+            let cluster = ClusterClient::connect(std::slice::from_ref(&args.host), PROBE_TIMEOUT)
+                .await
+                .with_context(|| format!("cannot learn the cluster from {}", args.host))?;
+            Some(Arc::new(Follow {
+                cluster: tokio::sync::Mutex::new(cluster),
+                current: std::sync::Mutex::new(String::new()),
+            }))
+        }
+        false => None,
+    };
+    let target = follow
+        .as_ref()
+        .and_then(|f| {
+            let cluster = f.cluster.try_lock().ok()?;
+            cluster.master_of(&args.table).map(String::from)
+        })
+        .unwrap_or_else(|| args.host.clone());
+    if let Some(follow) = &follow {
+        eprintln!("writing to {target}, the master of {}", args.table);
+        follow
+            .current
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone_from(&target);
+    }
     let mut opened = Vec::with_capacity(connections as usize);
     for _ in 0..connections {
-        let client = Client::connect(&args.host)
+        let client = Client::connect(&target)
             .await
-            .with_context(|| format!("cannot open client connections to {}", args.host))?;
+            .with_context(|| format!("cannot open client connections to {target}"))?;
         opened.push(client);
     }
     let clients: Vec<Client> = (0..args.clients as usize)
@@ -347,6 +397,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
             .rate
             .map(|rate| Duration::from_secs_f64(f64::from(args.clients) / rate)),
         log: log_file.is_some(),
+        follow,
     });
     let start_unix_us = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -422,6 +473,10 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
     let measured = finished.saturating_duration_since(workload.measure_from);
     let mut report = Report::merge(args.clients, measured, &runs)?;
     report.connections = connections;
+    report.retries = workload
+        .follow
+        .as_ref()
+        .map(|_| runs.iter().map(|r| r.retries).sum());
     report.rate = args.rate;
     report.steal_pct = steal_at_start
         .flatten()
@@ -566,6 +621,53 @@ struct Workload {
     mean_gap: Option<Duration>,
     /// With `--log`: every measured commit is kept as a [`LogLine`].
     log: bool,
+    /// With `--follow-master`: where the table's master is.
+    follow: Option<Arc<Follow>>,
+}
+
+/// What `--follow-master` clients share: the cluster's view of who masters what.
+struct Follow {
+    cluster: tokio::sync::Mutex<ClusterClient>,
+    /// The master the clients last went to, to say once when it moves.
+    current: std::sync::Mutex<String>,
+}
+
+impl Follow {
+    /// A connection to the master of `table` as the cluster names it now, looking again
+    /// every [`FOLLOW_PAUSE`] until `until`; the last error if none could be had.
+    async fn master(&self, table: &str, until: Instant) -> Result<Client, ClientError> {
+        loop {
+            let addr = {
+                let mut cluster = self.cluster.lock().await;
+                let learned = cluster.refresh().await;
+                match (cluster.master_of(table), learned) {
+                    (Some(addr), _) => Ok(addr.to_string()),
+                    (None, Err(e)) => Err(e),
+                    (None, Ok(())) => Err(ClientError::Status(tonic::Status::unavailable(
+                        format!("the cluster names no master of {table}"),
+                    ))),
+                }
+            };
+            let err = match addr {
+                Ok(addr) => match Client::connect_with_timeout(&addr, PROBE_TIMEOUT).await {
+                    Ok(client) => {
+                        let mut current = self.current.lock().unwrap_or_else(|p| p.into_inner());
+                        if *current != addr {
+                            eprintln!("following the master of {table} to {addr}");
+                            *current = addr;
+                        }
+                        return Ok(client);
+                    }
+                    Err(e) => e,
+                },
+                Err(e) => e,
+            };
+            if Instant::now() + FOLLOW_PAUSE >= until {
+                return Err(err);
+            }
+            tokio::time::sleep(FOLLOW_PAUSE).await;
+        }
+    }
 }
 
 /// Live totals over all clients and phases, for the progress line.
@@ -582,6 +684,9 @@ struct ClientRun {
     schedule_lag_us: Histogram<u64>,
     commits: u64,
     errors: u64,
+    /// With `--follow-master`: writes sent again after a refusal that proved nothing
+    /// was committed (warm-up included).
+    retries: u64,
     not_durable: u64,
     /// Measured commits by return-service outcome.
     returns: ReturnCounts,
@@ -705,6 +810,7 @@ async fn client_loop(
         schedule_lag_us: new_histogram(),
         commits: 0,
         errors: 0,
+        retries: 0,
         not_durable: 0,
         returns: ReturnCounts::default(),
         first_errors: Vec::new(),
@@ -753,17 +859,25 @@ async fn client_loop(
             }
         };
         // Each client commits over one write stream (what a continuously writing
-        // application uses), opened again after an error closed it.
+        // application uses), opened again after an error closed it. With
+        // --follow-master, a write the error proves was not committed goes again to the
+        // master the cluster names then.
+        let retries = &mut run.retries;
         let commit = async {
-            if writer.is_none() {
-                writer = Some(client.writer().await?);
-            }
-            let w = writer.as_mut().expect("opened above");
-            let result = w.write(vec![op]).await;
-            if matches!(&result, Err(ClientError::SessionClosed)) {
+            let until = Instant::now() + FOLLOW_FOR;
+            loop {
+                let result = commit_once(&mut client, &mut writer, op.clone()).await;
+                let Some(follow) = &work.follow else {
+                    return result;
+                };
+                match &result {
+                    Err(e) if classify(e) != Retry::Never && Instant::now() < until => {}
+                    _ => return result,
+                }
+                *retries += 1;
                 writer = None;
+                client = follow.master(&work.table, until).await?;
             }
-            result
         };
         let result = tokio::select! {
             // Checked first so that a stopped run does not start one more commit.
@@ -807,7 +921,15 @@ async fn client_loop(
                 }
                 if may_mean_server_gone(&e) {
                     writer = None;
-                    match Client::connect_with_timeout(&work.host, PROBE_TIMEOUT).await {
+                    let fresh = match &work.follow {
+                        Some(follow) => {
+                            follow
+                                .master(&work.table, Instant::now() + FOLLOW_FOR)
+                                .await
+                        }
+                        None => Client::connect_with_timeout(&work.host, PROBE_TIMEOUT).await,
+                    };
+                    match fresh {
                         Ok(fresh) => client = fresh,
                         Err(probe) => {
                             run.fatal = Some(error_text(&probe));
@@ -819,6 +941,24 @@ async fn client_loop(
         }
     }
     run
+}
+
+/// One write over the client's write stream, opened first if there is none; an error
+/// that closed the stream drops it.
+async fn commit_once(
+    client: &mut Client,
+    writer: &mut Option<Writer>,
+    op: RowOp,
+) -> Result<WriteOutcome, ClientError> {
+    if writer.is_none() {
+        *writer = Some(client.writer().await?);
+    }
+    let w = writer.as_mut().expect("opened above");
+    let result = w.write(vec![op]).await;
+    if matches!(&result, Err(ClientError::SessionClosed)) {
+        *writer = None;
+    }
+    result
 }
 
 /// Errors the server itself reports carry a SQLSTATE; one without may be a dead
@@ -839,6 +979,8 @@ struct Report {
     measured: Duration,
     commits: u64,
     errors: u64,
+    /// With `--follow-master`: writes sent again to the master; `None` without.
+    retries: Option<u64>,
     not_durable: u64,
     latency_us: Histogram<u64>,
     /// The `--rate` the clients were held to, and how late they sent on its schedule.
@@ -1110,6 +1252,7 @@ impl Report {
             measured,
             commits: 0,
             errors: 0,
+            retries: None,
             not_durable: 0,
             latency_us: new_histogram(),
             rate: None,
@@ -1179,6 +1322,7 @@ impl Report {
             "duration_s": self.measured.as_secs_f64(),
             "commits": self.commits,
             "errors": self.errors,
+            "retries": self.retries,
             "commits_per_sec": self.commits_per_sec(),
             "durable": self.commits > 0 && self.not_durable == 0,
             "latency_us": {"p50": p50, "p99": p99, "p999": p999, "max": max, "mean": mean},
@@ -1334,7 +1478,7 @@ impl Report {
              {keys} keys\n\
              commits        {commits}\n\
              commits/s      {rate:.1}\n\
-             errors         {errors}\n\
+             errors         {errors}{retries}\n\
              durable        {durable}\n\
              latency (µs)   p50 {p50}  p99 {p99}  p999 {p999}  max {max}  mean {mean:.0}\n\
              {extra}",
@@ -1350,6 +1494,9 @@ impl Report {
             commits = self.commits,
             rate = self.commits_per_sec(),
             errors = self.errors,
+            retries = self
+                .retries
+                .map_or(String::new(), |r| format!("  (retried at the master: {r})")),
         )
     }
 }
@@ -1495,6 +1642,7 @@ mod tests {
             schedule_lag_us: new_histogram(),
             commits: latencies.len() as u64,
             errors,
+            retries: 0,
             not_durable,
             returns: ReturnCounts::default(),
             first_errors: (0..errors).map(|i| format!("e{i}")).collect(),
