@@ -1439,7 +1439,7 @@ fn a_subscriber_past_the_released_log_is_rebuilt_by_a_duplicate_under_load() {
     wait_for("the load to start", WAIT, || {
         (commits(ds1) > before || load.ended()).then_some(())
     });
-    let out = ds2.cli(&["duplicate", "--format", "json"]);
+    let out = ds2.cli(&["duplicate", "--keep-replaced", "--format", "json"]);
     assert!(
         out.status.success(),
         "duplicate: {}\n{}",
@@ -1459,6 +1459,15 @@ fn a_subscriber_past_the_released_log_is_rebuilt_by_a_duplicate_under_load() {
     assert_eq!(done["rows_deleted"], 10, "{text}");
     let unchanged = done["rows_unchanged"].as_u64().unwrap();
     assert!(unchanged > 0 && unchanged <= 40, "{text}");
+    // --keep-replaced: every one of ds2's 100 rows the copy did not find as it was
+    // is kept in hawser_lost first, under origin 0 and the first rebuild's number.
+    assert_eq!(done["rows_kept"].as_u64(), Some(100 - unchanged), "{text}");
+    assert_eq!(done["rebuild"], 1, "{text}");
+    let kept = sql_ok(
+        ds2,
+        "select count(*) from hawser_lost where origin = 0 and seq = 1",
+    );
+    assert_eq!(kept[0]["rows"], json!([[100 - unchanged]]));
     assert_eq!(
         done["rows_written"].as_u64().unwrap() + unchanged,
         copied,

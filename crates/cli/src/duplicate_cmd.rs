@@ -28,6 +28,12 @@ pub struct DuplicateArgs {
     /// The store to copy from [default: the master of the tables it receives].
     #[arg(long, value_name = "STORE")]
     from: Option<String>,
+    /// Keep every row of the subscriber that the copy replaces or removes in its
+    /// hawser_lost table first (origin 0, seq the rebuild's number): for a store that
+    /// may hold commits no other store has — a deposed master whose log no longer
+    /// reaches a failover's fork point — so that nothing is dropped unseen.
+    #[arg(long)]
+    keep_replaced: bool,
     /// Output: progress and a summary for a person, or JSON lines (one per progress
     /// message, the last with "done": true).
     #[arg(long, value_enum, default_value_t = Format::Table)]
@@ -39,7 +45,11 @@ pub async fn run(args: DuplicateArgs) -> anyhow::Result<ExitCode> {
         .await
         .with_context(|| format!("connect to {}", args.host))?;
     let mut progress = match client
-        .duplicate(args.scheme.as_deref(), args.from.as_deref())
+        .duplicate(
+            args.scheme.as_deref(),
+            args.from.as_deref(),
+            args.keep_replaced,
+        )
         .await
     {
         Ok(p) => p,
@@ -100,6 +110,13 @@ pub async fn run(args: DuplicateArgs) -> anyhow::Result<ExitCode> {
             p.rows_deleted,
             p.copy_lsn
         );
+        if args.keep_replaced {
+            println!(
+                "kept {} of this store's rows the copy replaced or removed in hawser_lost \
+                 (origin 0, seq {})",
+                p.rows_kept, p.rebuild
+            );
+        }
         if !p.sequences.is_empty() {
             println!(
                 "set {} at least as far ahead as {}'s",
@@ -149,6 +166,8 @@ fn progress_json(p: &v1::DuplicateProgress) -> serde_json::Value {
         "rows_written": p.rows_written,
         "rows_unchanged": p.rows_unchanged,
         "rows_deleted": p.rows_deleted,
+        "rows_kept": p.rows_kept,
+        "rebuild": p.rebuild,
         "tables_created": p.tables_created,
         "sequences": p.sequences,
         "sequences_created": p.sequences_created,

@@ -383,15 +383,18 @@ impl Client {
     /// Rebuilds what this node receives in `scheme` (None: the one it receives in) by
     /// copying the tables from `from` (None: their master); see `hawser duplicate`.
     /// Progress messages follow, the last with `done`; no timeout applies (a copy takes
-    /// as long as the tables need).
+    /// as long as the tables need). With `keep_replaced`, the node keeps every row the
+    /// copy replaces or removes in `hawser_lost` first.
     pub async fn duplicate(
         &mut self,
         scheme: Option<&str>,
         from: Option<&str>,
+        keep_replaced: bool,
     ) -> Result<tonic::Streaming<v1::DuplicateProgress>, ClientError> {
         let req = tonic::Request::new(v1::DuplicateRequest {
             scheme: scheme.unwrap_or_default().into(),
             from: from.unwrap_or_default().into(),
+            keep_replaced,
         });
         Ok(self.admin.duplicate(req).await?.into_inner())
     }

@@ -262,6 +262,9 @@ pub(crate) struct DataPlaneTask {
     pub(crate) epochs: watch::Sender<BTreeMap<Ident, Epoch>>,
     /// Fed with what failovers forked off; the receiver refuses records of it.
     pub(crate) forked: watch::Sender<Vec<ForkedRange>>,
+    /// Fed with the schemes this store must be rebuilt in, keeping what the copy
+    /// replaces: it holds commits past a fork point its log no longer shows.
+    pub(crate) rebuilds: watch::Sender<BTreeSet<QualName>>,
     pub(crate) senders: Senders,
     pub(crate) problems: Problems,
     pub(crate) tracker: TaskTracker,
@@ -801,21 +804,22 @@ fn fork_range(
 /// before it says: the answers start again.
 pub(crate) struct ForkVerdicts {
     known: BTreeMap<ForkedRange, Option<bool>>,
-    rebuilt: Lsn,
+    rebuilt: hawser_store::Rebuilt,
 }
 
 impl ForkVerdicts {
     fn new() -> Self {
         Self {
             known: BTreeMap::new(),
-            rebuilt: Lsn(0),
+            rebuilt: hawser_store::Rebuilt::default(),
         }
     }
 
     /// `Some(found)`, or `None` when the log cannot tell (released past the fork
-    /// point, or too long to read back through).
+    /// point, or too long to read back through). A store rebuilt whole since it heard
+    /// of the failover holds none: they all precede the rebuild.
     fn holds(&mut self, db: &Database, f: &ForkedRange) -> Option<bool> {
-        match db.rebuilt_through() {
+        match db.rebuilt() {
             Ok(r) if r != self.rebuilt => {
                 self.rebuilt = r;
                 self.known.clear();
@@ -823,10 +827,13 @@ impl ForkVerdicts {
             Ok(_) => {}
             Err(e) => warn!(error = %e, "cannot read when this store was last rebuilt"),
         }
+        if self.rebuilt.era >= f.before_epoch {
+            return Some(false);
+        }
         if let Some(v) = self.known.get(f) {
             return *v;
         }
-        let verdict = match forked_records(db, f, self.rebuilt) {
+        let verdict = match forked_records(db, f, self.rebuilt.through) {
             Ok((found, _)) if !found.is_empty() => Some(true),
             Ok((_, true)) => Some(false),
             Ok((_, false)) => None,
@@ -877,7 +884,7 @@ fn forked_records(
 async fn rejoin(task: &DataPlaneTask, state: &ClusterState, forks: &mut ForkVerdicts) {
     let found = forks.found();
     if !found.is_empty() {
-        let rebuilt = forks.rebuilt;
+        let rebuilt = forks.rebuilt.through;
         let mut records: BTreeMap<Lsn, hawser_store::LogRecord> = BTreeMap::new();
         for f in &found {
             match forked_records(&task.db, f, rebuilt) {
@@ -904,6 +911,18 @@ async fn rejoin(task: &DataPlaneTask, state: &ClusterState, forks: &mut ForkVerd
         }
         return;
     }
+    // Where the log cannot tell what this store holds past a fork point: rebuilt
+    // from the master, what the copy replaces kept (`duplicate::auto_rebuild`).
+    let rebuild: BTreeSet<QualName> = match task.db.high_waters() {
+        Ok(held) => past_forks(state, &task.store, &held, |f| forks.holds(&task.db, &f))
+            .into_iter()
+            .filter(|p| p.log_cannot_tell)
+            .map(|p| p.scheme)
+            .collect(),
+        Err(_) => BTreeSet::new(),
+    };
+    task.rebuilds
+        .send_if_modified(|current| replace_if_changed(current, rebuild));
     let me = task.db.node_id();
     if !forks.none_of(me) {
         return;
@@ -946,8 +965,31 @@ fn past_fork_points(
     state: &ClusterState,
     store: &Ident,
     held: &BTreeMap<NodeId, u64>,
-    mut in_log: impl FnMut(ForkedRange) -> Option<bool>,
+    in_log: impl FnMut(ForkedRange) -> Option<bool>,
 ) -> Vec<String> {
+    past_forks(state, store, held, in_log)
+        .into_iter()
+        .map(|p| p.text)
+        .collect()
+}
+
+/// A failover's fork point this store holds commits past ([`past_forks`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct PastFork {
+    scheme: QualName,
+    /// What to tell the operator.
+    text: String,
+    /// The log cannot say which commits they are: the store must be rebuilt.
+    log_cannot_tell: bool,
+}
+
+/// [`past_fork_points`], with the scheme of each and whether the log can tell.
+fn past_forks(
+    state: &ClusterState,
+    store: &Ident,
+    held: &BTreeMap<NodeId, u64>,
+    mut in_log: impl FnMut(ForkedRange) -> Option<bool>,
+) -> Vec<PastFork> {
     let mut out = Vec::new();
     for (name, s) in &state.schemes {
         for el in &s.scheme.elements {
@@ -965,17 +1007,29 @@ fn past_fork_points(
                     continue;
                 };
                 let holds = held.get(&fork.origin).copied().unwrap_or(0);
-                if holds > fork.seq && in_log(range) != Some(false) {
-                    out.push(format!(
+                if holds <= fork.seq {
+                    continue;
+                }
+                let verdict = in_log(range);
+                let then = match verdict {
+                    Some(false) => continue,
+                    Some(true) => "they are set aside into hawser_lost",
+                    None => {
+                        "its log no longer shows which they are: this store is rebuilt \
+                         from the master by a duplicate that keeps every row it replaces \
+                         in hawser_lost (origin 0)"
+                    }
+                };
+                out.push(PastFork {
+                    scheme: name.clone(),
+                    text: format!(
                         "scheme {name}, element {}: this store holds commits of node {} \
                          through seq {holds}, past the fork point {fork} of the failover to \
-                         {} (epoch {}), which the new master does not have: they are set \
-                         aside into hawser_lost once its log shows them; if this stays, \
-                         its log does not reach the fork point: rebuild this store with \
-                         `hawser duplicate` (its receiver stopped first)",
+                         {} (epoch {}), which the new master does not have: {then}",
                         el.name, fork.origin, record.master, record.epoch.0
-                    ));
-                }
+                    ),
+                    log_cannot_tell: verdict.is_none(),
+                });
             }
         }
     }
@@ -1657,7 +1711,18 @@ mod tests {
         let found = super::past_fork_points(&st, &ds3, &held(101), unknown);
         assert_eq!(found.len(), 1);
         assert!(found[0].contains("through seq 101"), "{}", found[0]);
-        assert!(found[0].contains("hawser duplicate"), "{}", found[0]);
+        assert!(found[0].contains("rebuilt from the master"), "{}", found[0]);
+        // The log cannot tell which commits they are: the store is to be rebuilt in
+        // the scheme; where it can, they are set aside, no rebuild.
+        let rebuild = |in_log: fn(hawser_stream::ForkedRange) -> Option<bool>| {
+            super::past_forks(&st, &ds3, &held(101), in_log)
+                .into_iter()
+                .map(|p| (p.scheme.to_string(), p.log_cannot_tell))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(rebuild(|_| None), [("r".to_string(), true)]);
+        assert_eq!(rebuild(|_| Some(true)), [("r".to_string(), false)]);
+        assert_eq!(rebuild(|_| Some(false)), []);
         // Its log says the commits past the fork are later ones (ds1 master again).
         let asked = std::cell::Cell::new(None);
         let later = |f| {
@@ -1676,6 +1741,56 @@ mod tests {
         // A store that takes no part in the element is not concerned.
         let other = Ident::unquoted("ds9");
         assert!(super::past_fork_points(&st, &other, &held(500), unknown).is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_store_rebuilt_since_it_heard_of_the_failover_holds_nothing_it_forked_off() {
+        use hawser_core::{ColumnDef, DataType, Epoch, TableDef, Value};
+        let db =
+            hawser_store::Database::open_memory(hawser_store::DbOptions::new(NodeId(1))).unwrap();
+        let t = QualName::bare("t");
+        db.create_table(TableDef {
+            name: t.clone(),
+            columns: vec![ColumnDef {
+                name: Ident::unquoted("k"),
+                data_type: DataType::BigInt,
+                nullable: false,
+                default: None,
+            }],
+            primary_key: vec![0],
+            explicit_key: true,
+        })
+        .await
+        .unwrap();
+        let fork = db.high_water(NodeId(1)).unwrap();
+        // Committed under era 0, past the fork point of a failover of era 1.
+        let mut x = db.begin();
+        x.insert(&t, vec![Value::Int(1)]).await.unwrap();
+        x.commit().await.unwrap();
+        let range = hawser_stream::ForkedRange {
+            origin: NodeId(1),
+            after_seq: fork,
+            before_epoch: Epoch(1),
+            tables: Some(vec![t]),
+        };
+        let mut forks = super::ForkVerdicts::new();
+        assert_eq!(forks.holds(&db, &range), Some(true));
+        // Rebuilt while it stamped era 1: whatever the log says, none is left.
+        db.set_epoch(Epoch(1));
+        db.copy_marks(&Default::default(), &Default::default())
+            .await
+            .unwrap();
+        assert_eq!(forks.holds(&db, &range), Some(false));
+        // A rebuild under an older era proves nothing of a later failover's fork.
+        let later = hawser_stream::ForkedRange {
+            before_epoch: Epoch(2),
+            ..range
+        };
+        assert_eq!(
+            forks.holds(&db, &later),
+            Some(false),
+            "the log since says none"
+        );
     }
 
     #[test]

@@ -28,7 +28,7 @@ use hawser_stream::pb as peer;
 use tokio::sync::mpsc;
 use tonic::transport::Endpoint;
 use tonic::Status;
-use tracing::info;
+use tracing::{info, warn};
 
 use crate::NodeState;
 
@@ -68,14 +68,85 @@ impl Target {
     }
 }
 
+/// How long an automatic rebuild that failed waits before it is tried again.
+const REBUILD_RETRY: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Rebuilds this store in each scheme `wanted` names (the data plane names those where
+/// it holds commits past a failover's fork point that its log no longer shows: no
+/// other way to tell them apart from what the cluster agreed on): its receiver
+/// stopped, a duplicate from the master that keeps every row it replaces in
+/// `hawser_lost`, the receiver started again. A failure is logged and tried again
+/// while the scheme is still wanted.
+pub(crate) async fn auto_rebuild(
+    state: Arc<NodeState>,
+    mut wanted: tokio::sync::watch::Receiver<BTreeSet<QualName>>,
+) {
+    let store = state.config.name.clone();
+    loop {
+        let schemes = wanted.borrow_and_update().clone();
+        for scheme in &schemes {
+            let name = scheme.to_string();
+            warn!(
+                scheme = %name,
+                "this store holds commits past a failover's fork point that its log no \
+                 longer shows: rebuilding it from the master, keeping every row the copy \
+                 replaces in hawser_lost"
+            );
+            if let Err(s) =
+                crate::cluster::set_receiver_state(&state.plane, &name, &store, "stop").await
+            {
+                warn!(scheme = %name, error = %s.message(), "cannot stop this store's receiver to rebuild it");
+                continue;
+            }
+            let (tx, mut rx) = mpsc::channel(16);
+            let last = tokio::spawn(async move {
+                let mut last = None;
+                while let Some(Ok(p)) = rx.recv().await {
+                    last = Some(p);
+                }
+                last
+            });
+            let result = run(state.clone(), name.clone(), String::new(), true, tx).await;
+            let last: Option<v1::DuplicateProgress> = last.await.ok().flatten();
+            match result {
+                Ok(()) => warn!(
+                    scheme = %name,
+                    rows = last.as_ref().map_or(0, |p| p.rows),
+                    kept = last.as_ref().map_or(0, |p| p.rows_kept),
+                    rebuild = last.as_ref().map_or(0, |p| p.rebuild),
+                    "rebuilt from the master; the rows it replaced are in hawser_lost \
+                     (origin 0, seq = rebuild)"
+                ),
+                Err(s) => {
+                    warn!(scheme = %name, error = %s.message(), "the rebuild failed; it is tried again")
+                }
+            }
+        }
+        let retry = tokio::time::sleep(REBUILD_RETRY);
+        tokio::select! {
+            _ = state.shutdown.cancelled() => return,
+            changed = wanted.changed() => if changed.is_err() { return },
+            _ = retry, if !schemes.is_empty() => {}
+        }
+    }
+}
+
 /// Runs a duplicate of `scheme` (empty: the one this store receives in) from `from`
-/// (empty: the tables' master), reporting progress on `tx`.
+/// (empty: the tables' master), reporting progress on `tx`. With `keep_replaced`,
+/// every row of this node the copy replaces or removes is kept in `hawser_lost` first
+/// ([`hawser_store::KeepReplaced`]).
 pub(crate) async fn run(
     state: Arc<NodeState>,
     scheme: String,
     from: String,
+    keep_replaced: bool,
     tx: Progress,
 ) -> Result<(), Status> {
+    let Ok(_one_at_a_time) = state.duplicating.try_lock() else {
+        return Err(Status::failed_precondition(
+            "a duplicate is already running on this node; wait for it to end",
+        ));
+    };
     let store = Ident::unquoted(&state.config.name);
     // `hawser receiver ... --state stop` returns once the leader applied it; this node
     // may apply it a moment later.
@@ -139,6 +210,13 @@ pub(crate) async fn run(
         ..Default::default()
     };
     let db = &state.db;
+    let mut keep = match keep_replaced {
+        true => Some(db.keep_replaced().await.map_err(|e| {
+            Status::internal(format!("cannot keep the rows the copy replaces: {e}"))
+        })?),
+        false => None,
+    };
+    progress.rebuild = keep.as_ref().map_or(0, |k| k.rebuild());
     let mut point = None;
     let mut current: Option<(QualName, ColumnMap, CopyCursor)> = None;
     let end_marks = loop {
@@ -154,7 +232,15 @@ pub(crate) async fn run(
         match msg.msg {
             Some(peer::copy_message::Msg::Start(start)) => {
                 let marks = target.own(from_pb(&start.marks));
-                check_marks(&state, &marks, target.origins.as_ref())?;
+                if keep.is_some() {
+                    // What this store holds past the source is what the copy is to keep
+                    // (commits a failover forked off): said, not refused.
+                    if let Err(ahead) = check_marks(&state, &marks, target.origins.as_ref()) {
+                        warn!(reason = %ahead.message(), "rebuilding a store ahead of its source; the rows the copy replaces are kept in hawser_lost");
+                    }
+                } else {
+                    check_marks(&state, &marks, target.origins.as_ref())?;
+                }
                 if !start.tables.is_empty() || !start.sequences.is_empty() {
                     progress.tables = start.tables.clone();
                     progress.sequences = start.sequences.clone();
@@ -182,7 +268,7 @@ pub(crate) async fn run(
                 let chunk = decode_rows(&rows)
                     .map_err(|e| Status::internal(format!("a copy chunk from {from}: {e}")))?;
                 if let Some((def, restart_at)) = chunk.sequence {
-                    finish_table(db, current.take(), &mut progress).await?;
+                    finish_table(db, current.take(), keep.as_mut(), &mut progress).await?;
                     let name = def.name.clone();
                     let created = db.copy_sequence(def, restart_at).await.map_err(|e| {
                         Status::internal(format!("setting sequence {name} as {from} has it: {e}"))
@@ -193,7 +279,7 @@ pub(crate) async fn run(
                     continue;
                 }
                 if let Some(def) = chunk.definition {
-                    finish_table(db, current.take(), &mut progress).await?;
+                    finish_table(db, current.take(), keep.as_mut(), &mut progress).await?;
                     if db.table(&def.name).is_none() {
                         // A subscriber seeded by its first duplicate: the table as the
                         // source has it.
@@ -217,17 +303,18 @@ pub(crate) async fn run(
                 let count = chunk.rows.len() as u64;
                 let rows: Vec<Row> = chunk.rows.into_iter().map(|r| map.apply(r)).collect();
                 let merged = db
-                    .copy_merge(table, rows, cursor)
+                    .copy_merge_keeping(table, rows, cursor, keep.as_mut())
                     .await
                     .map_err(|e| Status::internal(format!("writing rows of {table}: {e}")))?;
                 progress.rows += count;
                 progress.rows_written += merged.written;
                 progress.rows_unchanged += merged.unchanged;
                 progress.rows_deleted += merged.deleted;
+                progress.rows_kept = keep.as_ref().map_or(0, |k| k.kept);
                 send(&tx, &progress).await?;
             }
             Some(peer::copy_message::Msg::End(end)) => {
-                finish_table(db, current.take(), &mut progress).await?;
+                finish_table(db, current.take(), keep.as_mut(), &mut progress).await?;
                 if end.rows != progress.rows {
                     return Err(Status::internal(format!(
                         "{from} says it sent {} rows; {} came",
@@ -286,16 +373,18 @@ pub(crate) async fn run(
 async fn finish_table(
     db: &hawser_store::Database,
     current: Option<(QualName, ColumnMap, CopyCursor)>,
+    mut keep: Option<&mut hawser_store::KeepReplaced>,
     progress: &mut v1::DuplicateProgress,
 ) -> Result<(), Status> {
     let Some((table, _, cursor)) = current else {
         return Ok(());
     };
     progress.rows_deleted += db
-        .copy_trim(&table, &cursor)
+        .copy_trim_keeping(&table, &cursor, keep.as_deref_mut())
         .await
         .map_err(|e| Status::internal(format!("deleting rows of {table}: {e}")))?;
     progress.tables_done += 1;
+    progress.rows_kept = keep.map_or(0, |k| k.kept);
     Ok(())
 }
 
@@ -588,7 +677,7 @@ fn check_marks(
             return Err(Status::failed_precondition(format!(
                 "this node holds node {origin}'s commits through seq {mine}, the source only \
                  through {theirs}: it holds commits the source does not have; rebuild it \
-                 from an empty data directory instead"
+                 from an empty data directory instead, or keep them with --keep-replaced"
             )));
         }
     }

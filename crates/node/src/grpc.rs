@@ -629,7 +629,8 @@ impl Admin for Services {
         let state = self.state.clone();
         self.state.tasks.spawn(async move {
             if let Err(status) =
-                crate::duplicate::run(state, req.scheme, req.from, tx.clone()).await
+                crate::duplicate::run(state, req.scheme, req.from, req.keep_replaced, tx.clone())
+                    .await
             {
                 warn!(error = %status.message(), "duplicate failed");
                 let _ = tx.send(Err(status)).await;

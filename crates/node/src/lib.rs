@@ -104,6 +104,8 @@ pub(crate) struct NodeState {
     pub(crate) returns: Arc<returns::Returns>,
     /// On the Raft leader: silent masters it cannot fail over now, with why.
     pub(crate) blocked_failovers: lease::Blocked,
+    /// Held while a duplicate runs here: one at a time.
+    pub(crate) duplicating: tokio::sync::Mutex<()>,
 }
 
 impl NodeState {
@@ -386,6 +388,7 @@ pub async fn run(
         receiver,
         returns,
         blocked_failovers: Default::default(),
+        duplicating: Default::default(),
     });
 
     let services = grpc::Services {
@@ -468,6 +471,13 @@ pub async fn run(
         state.shutdown.clone(),
     ));
 
+    // Rebuilds the data plane asks for (commits past a fork point the log no longer
+    // shows), one at a time.
+    let (rebuilds, rebuilds_rx) = tokio::sync::watch::channel(Default::default());
+    state
+        .tasks
+        .spawn(duplicate::auto_rebuild(state.clone(), rebuilds_rx));
+
     // The data plane: senders for the links this store sends, epochs for its receiver.
     let timer = state.returns.clone();
     let timer_shutdown = state.shutdown.clone();
@@ -486,6 +496,7 @@ pub async fn run(
         store,
         epochs,
         forked,
+        rebuilds,
         senders: state.senders.clone(),
         problems: state.problems.clone(),
         tracker: state.tasks.clone(),

@@ -63,6 +63,31 @@ pub fn lost_table_def() -> TableDef {
     }
 }
 
+/// What a rebuild keeps of the rows it replaces or removes (a duplicate run with
+/// [`Database::keep_replaced`]): for a store whose log no longer tells which of its
+/// commits no survivor has, every row the copy changes is kept in [`LOST_TABLE`]
+/// before it goes — under origin 0 (no log record says which commit wrote it), `seq`
+/// the rebuild's number, one `change_no` per row, `op` `replaced` or `removed`, the
+/// row as it was here (`before_image`) and as the source has it (`after_image`), and
+/// `undone` true. Some of them are older versions the source changed since, not
+/// commits of this store's own: kept all the same, never silently dropped.
+#[derive(Debug)]
+pub struct KeepReplaced {
+    rebuild: i64,
+    next_change: i64,
+    era: i64,
+    micros: i64,
+    /// Rows kept so far.
+    pub kept: u64,
+}
+
+impl KeepReplaced {
+    /// The rebuild's number: `seq` of its rows in [`LOST_TABLE`] (origin 0).
+    pub fn rebuild(&self) -> u64 {
+        self.rebuild as u64
+    }
+}
+
 /// What [`Database::set_aside`] did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct SetAsideCounts {
@@ -157,15 +182,98 @@ impl Database {
                 self.put_lost(&mut batch, &lost, row)?;
             }
         }
-        batch.put(
-            layout::REBUILT_KEY.to_vec(),
-            self.last_lsn().0.to_be_bytes().to_vec(),
-        );
+        // Through the log's end, but under the era of the last whole rebuild: setting
+        // these commits aside says nothing of forked commits the log no longer shows.
+        let era = self.rebuilt()?.era;
+        batch.put(layout::REBUILT_KEY.to_vec(), self.rebuilt_value(era));
         let rows = batch.len() as u64;
         self.inner.engine.apply(batch)?;
         self.inner.engine.flush()?;
         self.inner.count_rows_written(rows);
         Ok(counts)
+    }
+
+    /// Starts keeping what a rebuild replaces ([`KeepReplaced`]); creates
+    /// [`LOST_TABLE`] if missing. Its rebuild number follows the last one kept there.
+    pub async fn keep_replaced(&self) -> Result<KeepReplaced, StoreError> {
+        let lost_name = QualName::bare(LOST_TABLE);
+        if self.table(&lost_name).is_none() {
+            self.create_table(lost_table_def()).await?;
+        }
+        let lost = self.table_ref(&lost_name)?;
+        // The highest rebuild number under origin 0: the first key of origin 1 bounds
+        // them from above, read backwards.
+        let from = layout::row_key(lost.id, &encode_key(&[Value::Int(0), Value::Int(0)]));
+        let to = layout::row_key(lost.id, &encode_key(&[Value::Int(1)]));
+        let last = match self
+            .inner
+            .engine
+            .scan(
+                (
+                    std::ops::Bound::Included(from),
+                    std::ops::Bound::Excluded(to),
+                ),
+                true,
+            )
+            .next()
+        {
+            Some(kv) => {
+                let (k, v) = kv?;
+                match decode_stored_row(&lost.def, &k, &v)?.get(1) {
+                    Some(Value::Int(n)) => *n,
+                    _ => 0,
+                }
+            }
+            None => 0,
+        };
+        Ok(KeepReplaced {
+            rebuild: last + 1,
+            next_change: 0,
+            era: self.epoch().0 as i64,
+            micros: crate::db::now_micros(),
+            kept: 0,
+        })
+    }
+
+    /// Puts into `batch` the [`LOST_TABLE`] row that keeps `here` (this store's row of
+    /// `table` at `key`, which a rebuild replaces with `source`, or removes).
+    pub(crate) fn keep_row(
+        &self,
+        batch: &mut WriteBatch,
+        keep: &mut KeepReplaced,
+        table: &TableRef,
+        key: &[u8],
+        here: &[u8],
+        source: Option<&[u8]>,
+    ) -> Result<(), StoreError> {
+        let lost = self.table_ref(&QualName::bare(LOST_TABLE))?;
+        let before = decode_stored_row(&table.def, key, here)?;
+        let after = source
+            .map(|bytes| decode_stored_row(&table.def, key, bytes))
+            .transpose()?;
+        let row = vec![
+            Value::Int(0),
+            Value::Int(keep.rebuild),
+            Value::Int(keep.next_change),
+            Value::Int(keep.era),
+            Value::Timestamp(keep.micros),
+            text(table.def.name.to_string()),
+            text(
+                if source.is_some() {
+                    "replaced"
+                } else {
+                    "removed"
+                }
+                .to_string(),
+            ),
+            text(key_text(&table.def.key_of(&before))),
+            image(&Some(before)),
+            image(&after),
+            Value::Bool(true),
+        ];
+        keep.next_change += 1;
+        keep.kept += 1;
+        self.put_lost(batch, &lost, row)
     }
 
     fn put_lost(
@@ -256,6 +364,81 @@ mod tests {
             .unwrap()
             .collect::<Result<_, _>>()
             .unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_rebuild_keeps_every_row_it_replaces_or_removes() {
+        let db = Database::open_memory(DbOptions::new(NodeId(1))).unwrap();
+        db.create_table(table()).await.unwrap();
+        let t = QualName::bare("t");
+        for k in 1..=4 {
+            commit(&db, async |x| {
+                x.insert(&t, vec![V::Int(k), V::Int(k)]).await.unwrap()
+            })
+            .await;
+        }
+        let source = |pairs: &[(i64, i64)]| -> Vec<Row> {
+            pairs
+                .iter()
+                .map(|(k, v)| vec![V::Int(*k), V::Int(*v)])
+                .collect()
+        };
+        for rebuild in 1..=2 {
+            let mut keep = db.keep_replaced().await.unwrap();
+            let mut cursor = crate::CopyCursor::default();
+            // The source has 1 as here, 2 changed, 3 not at all (within the chunk), 4
+            // not at all (past the last chunk: the trim's).
+            let merged = db
+                .copy_merge_keeping(
+                    &t,
+                    source(&[(1, 1), (2, 20 * rebuild)]),
+                    &mut cursor,
+                    Some(&mut keep),
+                )
+                .await
+                .unwrap();
+            assert_eq!((merged.written, merged.unchanged), (1, 1));
+            db.copy_trim_keeping(&t, &cursor, Some(&mut keep))
+                .await
+                .unwrap();
+            assert_eq!(
+                rows(&db, "t"),
+                [
+                    vec![V::Int(1), V::Int(1)],
+                    vec![V::Int(2), V::Int(20 * rebuild)]
+                ]
+            );
+            let kept: Vec<Row> = rows(&db, LOST_TABLE)
+                .into_iter()
+                .filter(|r| r[1] == V::Int(rebuild))
+                .collect();
+            // Rebuilt again: only row 2 differs from the source then.
+            let expect = if rebuild == 1 { 3 } else { 1 };
+            assert_eq!((kept.len(), keep.kept), (expect, expect as u64), "{kept:?}");
+            assert!(kept
+                .iter()
+                .all(|r| r[0] == V::Int(0) && r[10] == V::Bool(true)));
+            let replaced = &kept[0];
+            assert_eq!(replaced[6], V::Text("replaced".into()));
+            assert_eq!(
+                replaced[8],
+                V::Text(format!("(2, {})", if rebuild == 1 { 2 } else { 20 }))
+            );
+            assert_eq!(replaced[9], V::Text(format!("(2, {})", 20 * rebuild)));
+            if rebuild == 1 {
+                let ops: Vec<&V> = kept.iter().map(|r| &r[6]).collect();
+                assert_eq!(
+                    ops,
+                    [
+                        &V::Text("replaced".into()),
+                        &V::Text("removed".into()),
+                        &V::Text("removed".into())
+                    ]
+                );
+                assert_eq!(kept[2][8], V::Text("(4, 4)".into()));
+                assert_eq!(kept[2][9], V::Null);
+            }
+        }
     }
 
     #[tokio::test]

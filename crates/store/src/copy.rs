@@ -20,8 +20,9 @@ use std::collections::BTreeMap;
 use std::ops::Bound;
 
 use hawser_core::key::encode_key;
-use hawser_core::{Lsn, NodeId, QualName, Row};
+use hawser_core::{Epoch, Lsn, NodeId, QualName, Row};
 
+use crate::aside::KeepReplaced;
 use crate::db::{decode_stored_row, validate_row, Database, Origin};
 use crate::engine::WriteBatch;
 use crate::error::StoreError;
@@ -45,6 +46,18 @@ pub struct MergeCounts {
     pub unchanged: u64,
     /// Rows here the source does not have.
     pub deleted: u64,
+}
+
+/// When this store's tables were last rebuilt ([`Database::rebuilt`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Rebuilt {
+    /// The log's last LSN then (0: never rebuilt): its records up to it describe
+    /// tables the rebuild replaced.
+    pub through: Lsn,
+    /// The failover era this store stamped on its commits then. Every commit a
+    /// failover of a later era forked off this store precedes the rebuild: the
+    /// store had heard of that failover, and commits nothing under an older era since.
+    pub era: Epoch,
 }
 
 /// Where a copy starts: the source's last LSN and its high-water marks (its own last
@@ -96,6 +109,18 @@ impl Database {
         rows: Vec<Row>,
         cursor: &mut CopyCursor,
     ) -> Result<MergeCounts, StoreError> {
+        self.copy_merge_keeping(table, rows, cursor, None).await
+    }
+
+    /// [`Database::copy_merge`] that keeps every row it replaces or deletes in
+    /// `hawser_lost` first, in the same batch, when `keep` is given ([`KeepReplaced`]).
+    pub async fn copy_merge_keeping(
+        &self,
+        table: &QualName,
+        rows: Vec<Row>,
+        cursor: &mut CopyCursor,
+        mut keep: Option<&mut KeepReplaced>,
+    ) -> Result<MergeCounts, StoreError> {
         let t = self.table_ref(table)?;
         let mut incoming = BTreeMap::new();
         for row in rows {
@@ -129,8 +154,15 @@ impl Database {
                     incoming.remove(&k);
                     counts.unchanged += 1;
                 }
-                Some(_) => {}
+                Some(new) => {
+                    if let Some(keep) = keep.as_deref_mut() {
+                        self.keep_row(&mut batch, keep, &t, &k, &v, Some(new))?;
+                    }
+                }
                 None => {
+                    if let Some(keep) = keep.as_deref_mut() {
+                        self.keep_row(&mut batch, keep, &t, &k, &v, None)?;
+                    }
                     batch.delete(k);
                     counts.deleted += 1;
                 }
@@ -162,6 +194,17 @@ impl Database {
         table: &QualName,
         cursor: &CopyCursor,
     ) -> Result<u64, StoreError> {
+        self.copy_trim_keeping(table, cursor, None).await
+    }
+
+    /// [`Database::copy_trim`] that keeps every row it deletes in `hawser_lost` first
+    /// when `keep` is given ([`KeepReplaced`]).
+    pub async fn copy_trim_keeping(
+        &self,
+        table: &QualName,
+        cursor: &CopyCursor,
+        mut keep: Option<&mut KeepReplaced>,
+    ) -> Result<u64, StoreError> {
         let t = self.table_ref(table)?;
         let (_, upper) = layout::prefix_range(&layout::row_prefix(t.id));
         let lower = match &cursor.0 {
@@ -174,20 +217,24 @@ impl Database {
         loop {
             let mut batch = WriteBatch::new();
             let mut last = None;
+            let mut n = 0u64;
             for kv in self
                 .inner
                 .engine
                 .scan((lower.clone(), upper.clone()), false)
                 .take(BATCH_ROWS)
             {
-                let (k, _) = kv?;
+                let (k, v) = kv?;
                 last = Some(k.clone());
+                if let Some(keep) = keep.as_deref_mut() {
+                    self.keep_row(&mut batch, keep, &t, &k, &v, None)?;
+                }
                 batch.delete(k);
+                n += 1;
             }
             let Some(last) = last else {
                 return Ok(deleted);
             };
-            let n = batch.len() as u64;
             self.inner.engine.apply(batch)?;
             self.inner.count_rows_written(n);
             deleted += n;
@@ -272,7 +319,7 @@ impl Database {
         );
         batch.put(
             layout::REBUILT_KEY.to_vec(),
-            self.last_lsn().0.to_be_bytes().to_vec(),
+            self.rebuilt_value(self.epoch()),
         );
         self.inner.engine.apply(batch)?;
         self.inner.engine.flush()?;
@@ -289,14 +336,39 @@ impl Database {
     /// records up to it describe tables the copy has since replaced, such as commits a
     /// failover forked off this store before it was rebuilt.
     pub fn rebuilt_through(&self) -> Result<Lsn, StoreError> {
+        Ok(self.rebuilt()?.through)
+    }
+
+    /// When the tables were last rebuilt here (a duplicate, or commits set aside):
+    /// through which LSN, under which failover era ([`Rebuilt`]).
+    pub fn rebuilt(&self) -> Result<Rebuilt, StoreError> {
         let Some(v) = self.inner.engine.get(layout::REBUILT_KEY)? else {
-            return Ok(Lsn(0));
+            return Ok(Rebuilt::default());
         };
-        let bytes: [u8; 8] = v
-            .as_slice()
-            .try_into()
-            .map_err(|_| StoreError::corrupt(layout::REBUILT_KEY, "not a u64"))?;
-        Ok(Lsn(u64::from_be_bytes(bytes)))
+        let word = |b: &[u8]| u64::from_be_bytes(b.try_into().expect("8 bytes"));
+        match v.len() {
+            // Written before the era was kept: era 0 proves nothing.
+            8 => Ok(Rebuilt {
+                through: Lsn(word(&v)),
+                era: Epoch(0),
+            }),
+            16 => Ok(Rebuilt {
+                through: Lsn(word(&v[..8])),
+                era: Epoch(word(&v[8..])),
+            }),
+            _ => Err(StoreError::corrupt(
+                layout::REBUILT_KEY,
+                "not an LSN and an era",
+            )),
+        }
+    }
+
+    /// The value of [`layout::REBUILT_KEY`] for a rebuild that ends now: the log's end
+    /// and `era` (a whole rebuild's: the era this store stamps on its commits).
+    pub(crate) fn rebuilt_value(&self, era: Epoch) -> Vec<u8> {
+        let mut v = self.last_lsn().0.to_be_bytes().to_vec();
+        v.extend_from_slice(&era.0.to_be_bytes());
+        v
     }
 
     /// The seq of `origin` through which replicated transactions must be applied in

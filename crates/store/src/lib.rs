@@ -46,7 +46,8 @@ pub mod txn;
 mod wal;
 
 pub use apply::{ApplyInfo, ReplicatedTxn};
-pub use copy::{CopyCursor, CopyPoint, MergeCounts};
+pub use aside::KeepReplaced;
+pub use copy::{CopyCursor, CopyPoint, MergeCounts, Rebuilt};
 pub use db::{CommitInfo, Database, DbOptions, KeyRange, RowIter, StoreStats};
 pub use engine::{ByteRange, KvEngine, KvIter, MemEngine, SledEngine, WriteBatch};
 pub use error::StoreError;
