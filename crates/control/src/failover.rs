@@ -60,6 +60,11 @@ pub struct HealthReport {
     pub high_water: BTreeMap<NodeId, u64>,
     /// The cluster state version this node had applied when it sent the report.
     pub state_version: u64,
+    /// The node gave its master lease up before it sent the report, told that the
+    /// role of an element it masters is moving (a drained switchover): it takes no
+    /// write as master until a new grant, and `own_seq` is final until then.
+    #[serde(default)]
+    pub lease_released: bool,
 }
 
 impl HealthReport {
@@ -653,6 +658,7 @@ mod tests {
                 own_seq,
                 high_water: BTreeMap::from([(MASTER, of_master)]),
                 state_version: 0,
+                lease_released: false,
             },
         );
     }
@@ -928,6 +934,7 @@ mod tests {
                 own_seq: 0,
                 high_water: BTreeMap::new(),
                 state_version: 0,
+                lease_released: false,
             },
         );
         let plan = decide(&st, &view, now, &settings());
@@ -1415,6 +1422,7 @@ mod tests {
                             own_seq: self.own[i],
                             high_water: self.high_water[i].clone(),
                             state_version: self.state.version,
+                            lease_released: false,
                         };
                         if *to_stale {
                             self.stale_view.record(self.now, report.clone());
@@ -1761,6 +1769,7 @@ mod propagated {
                     own_seq: 0,
                     high_water: BTreeMap::from([(NodeId(1), hw)]),
                     state_version: 1,
+                    lease_released: false,
                 },
             );
         }
@@ -1816,6 +1825,7 @@ mod propagated {
                 own_seq: 0,
                 high_water: BTreeMap::new(),
                 state_version: 1,
+                lease_released: false,
             },
         );
         let settings = FailoverSettings::new(Duration::from_secs(1), Duration::from_millis(500));

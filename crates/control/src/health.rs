@@ -43,6 +43,11 @@ pub struct ReportReply {
     pub term: u64,
     /// A master lease, or why none was granted.
     pub lease: Result<LeaseGrant, String>,
+    /// No lease because a switchover or failover of an element the node masters is
+    /// being committed: the node takes no new transaction on the lease it still holds,
+    /// and finishes those under way before it runs out.
+    #[serde(default)]
+    pub draining: bool,
 }
 
 /// A master lease: valid for `millis` from when its holder sent the report that
@@ -187,6 +192,7 @@ mod tests {
             own_seq: 1,
             high_water: BTreeMap::new(),
             state_version: 1,
+            lease_released: false,
         }
     }
 

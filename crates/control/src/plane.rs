@@ -893,7 +893,15 @@ impl Inner {
         loop {
             let view = self.health.view(term);
             let now = self.health.now();
-            let leases_over = now >= fenced_at + self.cfg.master_lease + margin;
+            // An old master told to drain gives its lease up once its commits under
+            // way are acknowledged, and says so in a report sent after that.
+            let released = |node: NodeId| {
+                view.nodes
+                    .get(&node)
+                    .is_some_and(|n| n.last_report >= fenced_at && n.report.lease_released)
+            };
+            let leases_over = now >= fenced_at + self.cfg.master_lease + margin
+                || moves.iter().all(|m| released(m.from));
             // What each old master reported committing after its lease ran out is
             // final; its new master must hold it.
             let behind: Vec<String> = moves
@@ -912,7 +920,8 @@ impl Inner {
                         .nodes
                         .get(&to)
                         .map_or(0, |n| n.report.high_water_of(m.from));
-                    let final_report = old.last_report >= fenced_at + self.cfg.master_lease;
+                    let final_report =
+                        old.last_report >= fenced_at + self.cfg.master_lease || released(m.from);
                     (has < last || !final_report)
                         .then(|| format!("node {to} holds seq {has} of node {}'s {last}", m.from))
                 })
@@ -1084,10 +1093,12 @@ impl Inner {
         self.health.record(m.current_term, report.health);
         let state = self.sm.state();
         let lease = self.grant(&m, node, &state);
+        let draining = lease.is_err() && self.health.is_fenced(m.current_term, node, &state);
         Ok(ReportReply {
             leader: self.cfg.node_id,
             term: m.current_term,
             lease,
+            draining,
         })
     }
 

@@ -82,6 +82,12 @@ fn rescope(plane: &ControlPlane, db: &Database, store: &Ident) -> Arc<ClusterSta
 /// This node's report: its own last seq and every origin's high-water it holds.
 fn health_report(db: &Database, state_version: u64) -> Option<HealthReport> {
     let own = db.node_id();
+    // Given up while draining: every commit that passed the lease check before is in
+    // place, so the seq read below is final until a new grant.
+    let lease_released = db.lease().release_drained();
+    if lease_released {
+        db.commit_barrier();
+    }
     let high_water = match db.high_waters() {
         Ok(h) => h,
         Err(e) => {
@@ -94,6 +100,7 @@ fn health_report(db: &Database, state_version: u64) -> Option<HealthReport> {
         own_seq: high_water.get(&own).copied().unwrap_or(0),
         high_water,
         state_version,
+        lease_released,
     })
 }
 
@@ -134,7 +141,12 @@ pub(crate) async fn report_loop(
         // clock starts later, so this node's lease ends first.
         let sent = Instant::now();
         let grant = match plane.report(report).await {
-            Ok(reply) => reply.lease,
+            Ok(reply) => {
+                if reply.draining {
+                    db.lease().drain();
+                }
+                reply.lease
+            }
             Err(e) => Err(e.to_string()),
         };
         match grant {

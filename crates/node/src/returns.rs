@@ -233,7 +233,11 @@ impl Returns {
             && sync.return_wait != Some(ReturnWait::NoWait);
         let this = self.clone();
         let leased = txn.leased();
+        // Counted from before the commit to its acknowledgement: a master draining for
+        // a switchover gives its lease up only once no such commit is under way.
+        let lease_hold = leased.then(|| db.lease().hold());
         let holding = async move {
+            let _lease_hold = lease_hold;
             let lease_db = db.clone();
             let committed = txn
                 .commit_holding(hide, |info| async move {

@@ -1322,6 +1322,12 @@ impl Database {
         &self.inner.lease
     }
 
+    /// Returns once every commit that had taken the commit mutex has its seq and log
+    /// record in place: a seq read after it covers them.
+    pub fn commit_barrier(&self) {
+        drop(self.inner.commit.lock());
+    }
+
     /// Why this node's own commits are paused, if they are.
     pub fn writes_paused(&self) -> Option<String> {
         self.inner.paused.read().clone()

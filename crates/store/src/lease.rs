@@ -5,7 +5,11 @@
 //!  node: lease granted by the Raft leader ──► LeaseGate::extend(until)
 //!  node: elements this store masters     ──► LeaseGate::set_scope(scope)
 //!  Txn::pin (first write of a table)     ──► LeaseGate::check(table)   ─► NoMasterLease
+//!  Txn::commit, under the commit mutex   ──► LeaseGate::check_commit   ─► NoMasterLease
+//!  node, from commit to acknowledgement  ──► LeaseGate::hold (counted)
 //!  node, before acknowledging a commit   ──► LeaseGate::check_held
+//!  leader: the role is moving            ──► LeaseGate::drain ─► no new transaction;
+//!     once no commit is held ──► release_drained: the lease is given up early
 //! ```
 //!
 //! A master must stop taking writes once the cluster may have moved its role (DESIGN.md
@@ -16,6 +20,8 @@
 //! reads the clock only through the `now` its callers pass.
 
 use std::collections::HashSet;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Instant;
 
 use hawser_core::QualName;
@@ -48,12 +54,30 @@ struct Gate {
     scope: Option<LeaseScope>,
     /// The end of the lease held now, if any.
     until: Option<Instant>,
+    /// The role is moving ([`LeaseGate::drain`]): no new transaction until a grant.
+    draining: bool,
+    /// The lease was given up while draining ([`LeaseGate::release_drained`]).
+    released: bool,
 }
 
 /// See the module documentation. Shared by the store's clones.
 #[derive(Debug, Default)]
 pub struct LeaseGate {
     gate: RwLock<Gate>,
+    /// Leased commits between their commit and their acknowledgement
+    /// ([`LeaseGate::hold`]).
+    holds: Arc<AtomicU64>,
+}
+
+/// A leased commit on its way to being acknowledged ([`LeaseGate::hold`]); counted
+/// until dropped.
+#[derive(Debug)]
+pub struct LeaseHold(Arc<AtomicU64>);
+
+impl Drop for LeaseHold {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 impl LeaseGate {
@@ -72,6 +96,43 @@ impl LeaseGate {
         if gate.until.is_none_or(|u| u < until) {
             gate.until = Some(until);
         }
+        gate.draining = false;
+        gate.released = false;
+    }
+
+    /// Counts a leased commit from before it commits until it is acknowledged (or
+    /// refused): a draining master gives its lease up early only once none is.
+    pub fn hold(&self) -> LeaseHold {
+        self.holds.fetch_add(1, Ordering::AcqRel);
+        LeaseHold(self.holds.clone())
+    }
+
+    /// While draining and no leased commit is held: gives the lease up now, so the
+    /// switchover need not wait for it to run out. Whether it is given up (now or
+    /// before). Commits whose writes needed the lease are refused at commit from then
+    /// on ([`LeaseGate::check_commit`]); the caller waits for any commit that passed
+    /// that check just before ([`crate::Database::commit_barrier`]) before it reports
+    /// the release.
+    pub fn release_drained(&self) -> bool {
+        let mut gate = self.gate.write();
+        if gate.draining && !gate.released && self.holds.load(Ordering::Acquire) == 0 {
+            gate.until = None;
+            gate.released = true;
+        }
+        gate.released
+    }
+
+    /// Whether the lease was given up while draining and no grant came since.
+    pub fn released(&self) -> bool {
+        self.gate.read().released
+    }
+
+    /// Takes no new transaction on the lease held now (a switchover of this master is
+    /// being committed): those under way may still be acknowledged until it runs out,
+    /// so a planned switchover does not leave them with an unknown outcome. A new
+    /// grant ends it.
+    pub fn drain(&self) {
+        self.gate.write().draining = true;
     }
 
     /// Gives the lease up at once (the node learned its role moved, or it shuts down).
@@ -96,7 +157,16 @@ impl LeaseGate {
         let gate = self.gate.read();
         match &gate.scope {
             Some(scope) if scope.covers(table) => {
-                if gate.until.is_some_and(|u| u > now) {
+                if gate.draining {
+                    Err(StoreError::NoMasterLease {
+                        table: table.clone(),
+                        reason: format!(
+                            "the role of this master is moving (a switchover or failover \
+                             is being committed): try again on the new master; {}",
+                            scope.refusal
+                        ),
+                    })
+                } else if gate.until.is_some_and(|u| u > now) {
                     Ok(true)
                 } else {
                     Err(StoreError::NoMasterLease {
@@ -107,6 +177,23 @@ impl LeaseGate {
             }
             _ => Ok(false),
         }
+    }
+
+    /// Whether a transaction whose writes needed the lease may commit at `now` (called
+    /// under the commit mutex, before it takes a seq): a lease given up or run out
+    /// since its first write refuses it — nothing is committed, so it is retryable.
+    pub fn check_commit(&self, table: &QualName, now: Instant) -> Result<(), StoreError> {
+        let gate = self.gate.read();
+        if gate.until.is_some_and(|u| u > now) {
+            return Ok(());
+        }
+        Err(StoreError::NoMasterLease {
+            table: table.clone(),
+            reason: gate.scope.as_ref().map_or_else(
+                || "this node no longer masters it".to_string(),
+                |s| s.refusal.clone(),
+            ),
+        })
     }
 
     /// Whether a lease is still held at `now`, for a commit whose writes needed one.
@@ -186,5 +273,23 @@ mod tests {
         gate.set_scope(None);
         assert!(gate.check_held(now + Duration::from_secs(2)).is_err());
         assert_eq!(gate.held_until(now), Some(now + Duration::from_secs(1)));
+    }
+
+    #[test]
+    fn a_draining_master_takes_no_new_transaction_but_acknowledges_those_under_way() {
+        let gate = LeaseGate::default();
+        let now = Instant::now();
+        let t = QualName::bare("t");
+        gate.set_scope(Some(scope(&["t"])));
+        gate.extend(now + Duration::from_millis(500));
+        gate.drain();
+        let err = gate.check(&t, now).unwrap_err();
+        assert_eq!(err.code(), "57P03");
+        assert!(err.to_string().contains("moving"), "{err}");
+        assert!(gate.check_held(now).is_ok(), "those under way are acknowledged");
+        assert!(gate.check_held(now + Duration::from_millis(500)).is_err());
+        // A new grant (the switchover was refused, the fence lifted) ends the drain.
+        gate.extend(now + Duration::from_millis(600));
+        assert!(gate.check(&t, now).unwrap());
     }
 }

@@ -51,7 +51,7 @@ pub use copy::{CopyCursor, CopyPoint, MergeCounts, Rebuilt};
 pub use db::{CommitInfo, Database, DbOptions, KeyRange, RowIter, StoreStats};
 pub use engine::{ByteRange, KvEngine, KvIter, MemEngine, SledEngine, WriteBatch};
 pub use error::StoreError;
-pub use lease::{LeaseGate, LeaseScope};
+pub use lease::{LeaseGate, LeaseHold, LeaseScope};
 pub use log::{DdlOp, LogEntry, LogRecord};
 pub use pace::Pacer;
 pub use restart::{

@@ -420,12 +420,20 @@ impl Txn {
             keys: held.iter().map(|(k, _)| k.clone()).collect(),
         };
         inner.held.hold(held);
+        let leased = self.leased;
         let appended = inner.append(
             |_, gtid, micros| {
                 // DDL takes the commit mutex too, so the catalog cannot change between
                 // this check and the apply.
                 for t in &pinned {
                     inner.check_table_current(t)?;
+                }
+                // A lease given up or run out since the first write: nothing commits
+                // (a master draining for a switchover reports its last seq after this).
+                if leased {
+                    if let Some(t) = pinned.first() {
+                        inner.lease.check_commit(&t.def.name, Instant::now())?;
+                    }
                 }
                 let mut batch = WriteBatch::new();
                 for (table_id, versions) in writes {
