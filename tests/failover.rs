@@ -567,25 +567,81 @@ fn a_deposed_master_sets_aside_what_it_alone_committed_and_receives_again() {
     let n2 = start_member("n2", d, &n2_grpc, Some(&n3.grpc), &[]);
     let on_n3 = keys(&n3).expect("n3 answers");
     assert_eq!(on_n3, BTreeSet::from([1, 10]));
-    wait_for("n2 equal to n3", WAIT, || {
-        (keys(&n2).as_ref() == Some(&on_n3)).then_some(())
+    rejoined_with_inserts_set_aside(&n2, &n3, &on_n3, 2..=4);
+}
+
+/// `deposed` ends equal to `master` (`on_master`), with its inserts of `keys` undone
+/// and kept in hawser_lost, and receives again.
+fn rejoined_with_inserts_set_aside(
+    deposed: &Node,
+    master: &Node,
+    on_master: &BTreeSet<i64>,
+    keys_set_aside: std::ops::RangeInclusive<i64>,
+) {
+    wait_for("the deposed master equal to the new one", WAIT, || {
+        (keys(deposed).as_ref() == Some(on_master)).then_some(())
     });
     let (ok, results, err) = sql(
-        &n2,
+        deposed,
         "select seq, table_name, op, row_key, undone from hawser_lost order by seq",
     );
     assert!(ok, "{err}");
     let lost = results[0]["rows"].as_array().cloned().unwrap_or_default();
-    assert_eq!(lost.len(), 3, "{lost:?}");
-    for (row, k) in lost.iter().zip(2..=4) {
+    assert_eq!(lost.len(), keys_set_aside.clone().count(), "{lost:?}");
+    for (row, k) in lost.iter().zip(keys_set_aside) {
         assert_eq!(row[1], "t", "{row}");
         assert_eq!(row[2], "insert", "{row}");
         assert_eq!(row[3], k.to_string(), "{row}");
         assert_eq!(row[4], true, "{row}");
     }
-    // Nothing of it is flagged any more; n2 is a subscriber, receiving.
-    let receivers = n3.status()["cluster"]["schemes"][0]["receivers"].to_string();
-    assert!(!receivers.contains("n2="), "{receivers}");
+    // Nothing of it is flagged any more; the deposed master is a subscriber, receiving.
+    let receivers = master.status()["cluster"]["schemes"][0]["receivers"].to_string();
+    assert!(
+        !receivers.contains(&format!("{}=", deposed.name)),
+        "{receivers}"
+    );
+}
+
+/// With automatic failover off, `ALTER … SET MASTER` away from a dead master is a
+/// failover by hand: it records the fork point, and what the dead master alone
+/// committed is set aside when it comes back, as after an automatic failover.
+#[test]
+fn a_switchover_from_a_dead_master_is_a_failover_by_hand_that_sets_aside_what_it_alone_had() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let (n1, mut n2, n3) = cluster_args(
+        d,
+        "CREATE REPLICATION r ELEMENT e TABLE t MASTER n2 SUBSCRIBER n3",
+        &["--auto-failover", "false"],
+    );
+    wait_for("n2 takes writes", WAIT, || insert(&n2, 1).ok());
+    wait_for("n3 has the first row", WAIT, || {
+        keys(&n3).filter(|k| k.contains(&1)).map(|_| ())
+    });
+    let out = n2.cli(&["receiver", "--subscriber", "n3", "--state", "pause"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    for k in 2..=4 {
+        wait_for("n2 takes a write", WAIT, || insert(&n2, k).ok());
+    }
+    let n2_grpc = n2.grpc.clone();
+    n2.kill9();
+    ddl(
+        &n1,
+        "ALTER REPLICATION r ALTER ELEMENT * IN n2 SET MASTER n3",
+    );
+    assert_eq!(master(&n1), Some(("n3".into(), 1)));
+    wait_for("n3 takes writes", WAIT, || insert(&n3, 10).ok());
+    drop(n2);
+    let n2 = start_member(
+        "n2",
+        d,
+        &n2_grpc,
+        Some(&n3.grpc),
+        &["--auto-failover", "false"],
+    );
+    let on_n3 = keys(&n3).expect("n3 answers");
+    assert_eq!(on_n3, BTreeSet::from([1, 10]));
+    rejoined_with_inserts_set_aside(&n2, &n3, &on_n3, 2..=4);
 }
 
 #[test]

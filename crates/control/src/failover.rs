@@ -531,10 +531,94 @@ pub fn master_moves(
     out
 }
 
+/// What a switchover commits once its old masters are out of the way. While they
+/// answered, the ALTER as written. When every old master is silent — the operator
+/// fails them over by hand — and the ALTER only sets masters: one `SetMaster` per move,
+/// with the fork point a failover records (`forked(move)`: the new master's
+/// high-water of the old master's origin), so that what a silent master committed
+/// past it is set aside when it comes back, never kept unseen. `None` from `forked`:
+/// that old master answered.
+pub fn switchover_commands(
+    state: &ClusterState,
+    alter: &hawser_scheme::ast::AlterReplication,
+    moves: &[MasterMove],
+    forked: impl Fn(&MasterMove) -> Option<u64>,
+) -> Vec<Command> {
+    let as_written = || {
+        vec![Command::AlterScheme {
+            alter: alter.clone(),
+        }]
+    };
+    let only_set_master = alter.ops.iter().all(|op| {
+        matches!(
+            op,
+            hawser_scheme::ast::AlterOp::AlterElement {
+                action: hawser_scheme::ast::ElementAction::SetMaster(_),
+                ..
+            }
+        )
+    });
+    if moves.is_empty() || !only_set_master {
+        return as_written();
+    }
+    let mut out = Vec::new();
+    for m in moves {
+        let (Some(to), Some(has)) = (m.to, forked(m)) else {
+            return as_written();
+        };
+        let Some(current) = state.master_of(&m.scheme, &m.element) else {
+            return as_written();
+        };
+        out.push(Command::SetMaster {
+            scheme: m.scheme.clone(),
+            element: m.element.clone(),
+            node: to,
+            epoch: Epoch(current.epoch.0 + 1),
+            fork_point: Some(Gtid::new(m.from, has)),
+        });
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::state::{apply, validate, NodeInfo, Response};
+
+    #[test]
+    fn a_switchover_from_a_silent_master_records_the_fork_point_a_failover_would() {
+        let st = cluster(ASYNC);
+        let alter = |text: &str| match ddl(text) {
+            Command::AlterScheme { alter } => alter,
+            other => panic!("not an ALTER: {other:?}"),
+        };
+        let set = alter("ALTER REPLICATION r1 ALTER ELEMENT * IN masterds SET MASTER sub2;");
+        let moves = master_moves(&st, &set);
+        // The old master answered: the ALTER as written.
+        assert_eq!(
+            switchover_commands(&st, &set, &moves, |_| None),
+            [Command::AlterScheme { alter: set.clone() }]
+        );
+        // Silent: a failover by hand, with its fork point, which the state accepts.
+        let cmds = switchover_commands(&st, &set, &moves, |_| Some(41));
+        assert_eq!(cmds, [set_master(SUB2, 1, 41)]);
+        assert_eq!(validate(&st, &cmds[0]), Ok(()));
+        // An ALTER that does more than set masters is committed as written.
+        let mut more = set.clone();
+        more.ops.push(hawser_scheme::ast::AlterOp::DropElement {
+            target: hawser_scheme::ast::ElementTarget::Named {
+                name: Ident::unquoted("other"),
+                span: Default::default(),
+            },
+            span: Default::default(),
+        });
+        assert_eq!(
+            switchover_commands(&st, &more, &moves, |_| Some(41)),
+            [Command::AlterScheme {
+                alter: more.clone()
+            }]
+        );
+    }
 
     #[test]
     fn an_alter_that_moves_a_master_role_is_a_master_move() {

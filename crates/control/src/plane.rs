@@ -943,8 +943,35 @@ impl Inner {
             }
             tokio::time::sleep(wait_tick).await;
         }
-        let result = self.commit_here(cmd).await;
-        if !matches!(result, Ok(Response::Applied { .. })) {
+        // From silent old masters the switchover is a failover by hand: it records the
+        // fork point, so what they committed past it is set aside when they return.
+        let cmds = match &cmd {
+            Command::AlterScheme { alter } => {
+                let view = self.health.view(term);
+                let now = self.health.now();
+                let silent_for = self.cfg.failover.failover_timeout;
+                failover::switchover_commands(&self.sm.state(), alter, &moves, |m| {
+                    (view.silence(m.from, now) > silent_for).then(|| {
+                        m.to.and_then(|to| view.nodes.get(&to))
+                            .map_or(0, |n| n.report.high_water_of(m.from))
+                    })
+                })
+            }
+            _ => vec![cmd],
+        };
+        let applied = |r: &Result<Response, PeerError>| matches!(r, Ok(Response::Applied { .. }));
+        let mut cmds = cmds.into_iter();
+        let first = cmds
+            .next()
+            .expect("a switchover commits at least one command");
+        let mut result = self.commit_here(first).await;
+        for cmd in cmds {
+            if !applied(&result) {
+                break;
+            }
+            result = self.commit_here(cmd).await;
+        }
+        if !applied(&result) {
             unfence();
         }
         let paused = started.elapsed();

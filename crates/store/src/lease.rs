@@ -286,7 +286,10 @@ mod tests {
         let err = gate.check(&t, now).unwrap_err();
         assert_eq!(err.code(), "57P03");
         assert!(err.to_string().contains("moving"), "{err}");
-        assert!(gate.check_held(now).is_ok(), "those under way are acknowledged");
+        assert!(
+            gate.check_held(now).is_ok(),
+            "those under way are acknowledged"
+        );
         assert!(gate.check_held(now + Duration::from_millis(500)).is_err());
         // A new grant (the switchover was refused, the fence lifted) ends the drain.
         gate.extend(now + Duration::from_millis(600));
