@@ -466,6 +466,7 @@ impl NodeConfig {
             min_bytes: self.compile_threshold_bytes,
         };
         c.apply_slice = (!self.apply_slice.is_zero()).then_some(self.apply_slice);
+        c.max_message_bytes = self.max_message_bytes;
         c
     }
 

@@ -1566,6 +1566,7 @@ pub(crate) fn streams_json(senders: &Senders, receiver: &ReceiverService) -> ser
                 "receiver": receiver.to_string(),
                 "state": state,
                 "reason": reason,
+                "last_error": s.last_error,
                 "millis_since_contact": s.last_contact.map(|t| t.elapsed().as_millis() as u64),
                 "acked_durable": marks(&s.acked_durable),
                 "acked_applied": marks(&s.acked_applied),

@@ -14,12 +14,14 @@
 //!
 //! * [`returns`]: return-service accounting, a pure state machine.
 //! * [`codec`]: log records to batch bytes and back, with compression.
+//! * [`chunks`]: a batch larger than a message cut into chunks, and joined again.
 //! * [`link`]: what one stream carries (routing plan → filter) and table checking.
 //! * [`paths`]: how far each sender has decided about each origin at a receiver.
 //! * [`sender`]: the sending task, with reconnection, backoff and bounded in-flight data.
 //! * [`receiver`]: the gRPC service that checks senders and applies their batches.
 //! * [`pb`]: the generated `hawser.replication.v1` messages and service (peers only).
 
+pub mod chunks;
 pub mod codec;
 pub mod copy;
 pub mod error;
@@ -66,13 +68,17 @@ pub(crate) fn codec_from_pb(value: i32) -> Option<Compression> {
 /// * 3: relays decide too (`Batch.relayed`), acks list the marks per (origin, sender)
 ///   (`Ack.decided_paths`, in place of `Ack.decided`), and a relay beside another relay
 ///   of an origin ships parts of split transactions (`Hello.ships_parts`).
-pub const PROTOCOL_VERSION: u32 = 3;
+/// * 4: a transaction larger than a batch may be goes in chunks (`Batch.chunk`), and
+///   the receiver says its message limit (`HelloReply.max_message_bytes`).
+///   A receiver of version 3 would take a chunk for a whole batch and fail to decode it.
+pub const PROTOCOL_VERSION: u32 = 4;
 
 pub use codec::{CodecError, Compression, WireRecord};
 pub use copy::{CopiedRows, CopyHolds, CopyObjects, CopyPlan};
 pub use error::StreamError;
 pub use link::{
     check_table, DatastoreRule, ForkedRange, LinkConfig, LinkError, SenderTuning, TableMismatch,
+    DEFAULT_MAX_MESSAGE_BYTES,
 };
 pub use paths::DecidedMarks;
 pub use receiver::{

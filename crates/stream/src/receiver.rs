@@ -3,7 +3,9 @@
 //! ```text
 //!  Hello ──► protocol, receiver name, elements subscribed, epochs not stale,
 //!            table definitions (EXACT / RELAXED) ──► HelloReply(high-waters) | Refused
-//!  Batch ──► + the batches already queued behind it (compilation on: the backlog)
+//!  Batch ──► (its chunks joined as they are read: crate::chunks; a stream that ends
+//!            between two chunks applies nothing of their batch)
+//!        ──► + the batches already queued behind it (compilation on: the backlog)
 //!        ──► epochs still current ──► decompress (bounded) ──► decode
 //!        ──► rows: backlog ≥ threshold (transactions or bytes) and compilation on:
 //!                      hawser_rtl::compile ──► Database::apply_compiled (net rows, one batch)
@@ -52,6 +54,7 @@ use tokio_util::task::TaskTracker;
 use tonic::{Request, Response, Status, Streaming};
 use tracing::{debug, info, warn};
 
+use crate::chunks::Joiner;
 use crate::codec::{self, decode_records, decompress};
 use crate::link::{check_table, ForkedRange};
 use crate::paths::DecidedMarks;
@@ -124,6 +127,14 @@ pub struct ReceiverConfig {
     /// of about this much time with a short sleep between them (`hawser start
     /// --apply-slice`; docs/stream.md, "Paced apply"). `None`: in one go.
     pub apply_slice: Option<Duration>,
+    /// The largest gRPC message read from a sender (`hawser start --max-message-bytes`):
+    /// [`ReceiverService::into_server`] sets it, and the HelloReply says it, so that the
+    /// sender keeps its messages well under it and cuts larger batches into chunks.
+    pub max_message_bytes: usize,
+    /// The largest batch taken in chunks, as sent and decompressed: one transaction at
+    /// most this large can be replicated to this node. A larger one is refused at its
+    /// first chunk, naming the sizes, before the rest is read or held.
+    pub max_transaction_bytes: u64,
 }
 
 impl ReceiverConfig {
@@ -135,6 +146,8 @@ impl ReceiverConfig {
             heartbeat: Duration::from_millis(250),
             peer_timeout: Duration::from_secs(1),
             apply_slice: Some(DEFAULT_APPLY_SLICE),
+            max_message_bytes: crate::link::DEFAULT_MAX_MESSAGE_BYTES,
+            max_transaction_bytes: codec::MAX_RAW_BATCH,
         }
     }
 }
@@ -292,9 +305,13 @@ impl ReceiverService {
         self.status.subscribe()
     }
 
-    /// The tonic service to add to a server.
+    /// The tonic service to add to a server, reading and writing messages of up to
+    /// [`ReceiverConfig::max_message_bytes`] (the limit its HelloReply tells senders).
     pub fn into_server(self) -> pb::replication_server::ReplicationServer<Self> {
+        let max = self.config.max_message_bytes;
         pb::replication_server::ReplicationServer::new(self)
+            .max_decoding_message_size(max)
+            .max_encoding_message_size(max)
     }
 }
 
@@ -624,7 +641,8 @@ impl ReceiverService {
         let _connected = Connected::new(&self.connected, accepted.sender_node);
         let (queue_tx, queue) = mpsc::channel(READ_AHEAD);
         let stop = self.shutdown.child_token();
-        let reader = read_ahead(inbound, queue_tx, stop.clone());
+        let joiner = Joiner::new(self.config.max_transaction_bytes);
+        let reader = read_ahead(inbound, queue_tx, joiner, stop.clone());
         let apply = async {
             self.apply_stream(accepted, queue, out).await;
             stop.cancel();
@@ -729,6 +747,21 @@ impl ReceiverService {
             let msg = match msg {
                 Ok(Some(m)) => m,
                 Ok(None) => break,
+                Err(status) if unreadable(&status) => {
+                    // The sender sends it again at every attempt: both ends say why.
+                    let reason = format!(
+                        "store {} could not take a message of the stream: {} (its limits: \
+                         {} bytes a message, --max-message-bytes; {} bytes a batch in chunks)",
+                        self.config.store,
+                        status.message(),
+                        self.config.max_message_bytes,
+                        self.config.max_transaction_bytes,
+                    );
+                    warn!(sender = %sender, code = ?status.code(), reason = %reason, "refusing the stream");
+                    self.update_status(&sender, |s| s.refused = Some(reason.clone()));
+                    let _ = out.send(Ok(refused(RefuseCode::Protocol, reason))).await;
+                    break;
+                }
                 Err(status) => {
                     debug!(sender = %sender, %status, "inbound stream failed");
                     break;
@@ -1254,9 +1287,15 @@ type Inbound = Result<Option<pb::SenderMessage>, Status>;
 const READ_AHEAD: usize = 64;
 
 /// Reads `inbound` into `queue` until the stream ends or fails (queued too) or `stop`.
+///
+/// Chunks of a batch are joined here (`joiner`), so that the apply sees whole batches
+/// only, and a stream that ends between two chunks drops the ones it had. A chunk that
+/// does not complete its batch is queued as a heartbeat: the apply hears from the
+/// sender while a large transaction arrives, and does not take it for dead.
 async fn read_ahead(
     mut inbound: Streaming<pb::SenderMessage>,
     queue: mpsc::Sender<Inbound>,
+    mut joiner: Joiner,
     stop: CancellationToken,
 ) {
     loop {
@@ -1264,6 +1303,22 @@ async fn read_ahead(
             biased;
             _ = stop.cancelled() => break,
             msg = inbound.message() => msg,
+        };
+        let msg = match msg {
+            Ok(Some(pb::SenderMessage {
+                msg: Some(sender_message::Msg::Batch(batch)),
+            })) => match joiner.push(batch) {
+                Ok(Some(whole)) => Ok(Some(pb::SenderMessage {
+                    msg: Some(sender_message::Msg::Batch(whole)),
+                })),
+                Ok(None) => Ok(Some(pb::SenderMessage {
+                    msg: Some(sender_message::Msg::Heartbeat(pb::Heartbeat {
+                        sent_micros: 0,
+                    })),
+                })),
+                Err(e) => Err(Status::invalid_argument(e.to_string())),
+            },
+            other => other,
         };
         let last = !matches!(msg, Ok(Some(_)));
         let queued = tokio::select! {
@@ -1305,6 +1360,21 @@ fn gather_backlog(
         }
     }
     None
+}
+
+/// Whether a failed read of the stream is the sender's message, not the connection: too
+/// large for this node's limit, not decodable, or chunks that do not join. The sender
+/// would send it again at every attempt, so it is refused with the reason.
+fn unreadable(status: &Status) -> bool {
+    use tonic::Code;
+    matches!(
+        status.code(),
+        Code::OutOfRange
+            | Code::Internal
+            | Code::InvalidArgument
+            | Code::ResourceExhausted
+            | Code::DataLoss
+    )
 }
 
 /// Best effort: a full channel means acks are queued, which says as much.
@@ -1535,6 +1605,7 @@ impl pb::replication_server::Replication for ReceiverService {
                                 commit_micros: c.commit_micros,
                             },
                         ),
+                        max_message_bytes: self.config.max_message_bytes as u64,
                     })),
                 }));
                 info!(sender = %sender, "replication stream accepted");
@@ -1560,6 +1631,7 @@ mod tests {
             decided: 0,
             waiting: false,
             relayed: Vec::new(),
+            chunk: None,
         }
     }
 
@@ -1569,6 +1641,20 @@ mod tests {
 
     fn throughs(backlog: &[pb::Batch]) -> Vec<u64> {
         backlog.iter().map(|b| b.through_lsn).collect()
+    }
+
+    #[test]
+    fn a_message_the_receiver_cannot_take_is_told_from_a_broken_connection() {
+        use tonic::Code;
+        // What tonic says of a message past the limit, of one that does not decode,
+        // and what the joiner's refusals travel as.
+        for code in [Code::OutOfRange, Code::Internal, Code::InvalidArgument] {
+            assert!(unreadable(&Status::new(code, "x")), "{code:?}");
+        }
+        // A sender gone away, a reset: nothing to refuse.
+        for code in [Code::Unknown, Code::Cancelled, Code::Unavailable] {
+            assert!(!unreadable(&Status::new(code, "x")), "{code:?}");
+        }
     }
 
     #[test]

@@ -6,11 +6,16 @@
 //!  │               └── Backoff (50 ms … 5 s) ◄─────┴───── error / peer silent ◄──────┘
 //!  └─ shutdown ──► Stopped
 //!
+//!  The backoff grows to 5 s after a refusal, to 250 ms when the receiver could not be
+//!  reached ([`next_backoff`]): a peer that restarts is streamed to again at once.
+//!
 //!  A refusal (Refused, LogReleased, Diverged) stays the state through the backoff and
 //!  the next attempt, until that attempt streams or ends another way.
 //!
 //!  Streaming: log_range(cursor) ─► LinkConfig::filter (origin, tables, high-water)
 //!             ─► encode ─► compress ─► Batch(through_lsn) ─► in flight (bounded)
+//!                (cut by exact encoded size at 1 MiB, at most half the receiver's
+//!                 message limit; a larger record goes alone, in chunks: crate::chunks)
 //!             ◄─ Ack(durable, applied, through_lsn) ─ frees in-flight, feeds status
 //!             heartbeat when idle; silence past the peer timeout ends the session
 //! ```
@@ -42,6 +47,7 @@ use tokio_util::task::TaskTracker;
 use tonic::transport::Endpoint;
 use tracing::{debug, info, instrument, warn};
 
+use crate::chunks;
 use crate::codec::{self, compress_at, encode_entries, Compression};
 use crate::error::StreamError;
 use crate::link::LinkConfig;
@@ -134,6 +140,11 @@ pub struct SenderStatus {
     /// receiver (docs/stream.md, "Two paths from one origin to one receiver"): which,
     /// since when, and what it waits for. `None` while it ships.
     pub held: Option<Held>,
+    /// Why the last session ended, when an error ended it — kept until a later
+    /// session's ack moves the acknowledged position (or says the receiver has the
+    /// whole log), so that a stream that keeps breaking at the same place says why
+    /// even while it is streaming again.
+    pub last_error: Option<String>,
 }
 
 /// Why a stream has stopped before a transaction ([`SenderStatus::held`]).
@@ -171,6 +182,7 @@ impl SenderStatus {
             wire_bytes: 0,
             sessions: 0,
             held: None,
+            last_error: None,
         }
     }
 }
@@ -322,8 +334,10 @@ impl StreamSender {
             o.remove(&link.receiver_node);
             o
         };
+        let max_message_bytes = link.tuning.max_message_bytes as u64;
         let task = Sender {
             link,
+            max_message_bytes,
             db,
             endpoint,
             shutdown,
@@ -362,6 +376,9 @@ fn ships_written(link: &LinkConfig, db: &Database) -> bool {
 
 struct Sender {
     link: LinkConfig,
+    /// The largest message the receiver reads: the tuning's, or the lower one the
+    /// receiver said in its HelloReply.
+    max_message_bytes: u64,
     db: Database,
     endpoint: Endpoint,
     shutdown: CancellationToken,
@@ -541,7 +558,11 @@ impl Sender {
     #[instrument(skip_all, fields(sender = %self.link.sender_store, receiver = %self.link.receiver_store))]
     async fn run(mut self) {
         let tuning = self.link.tuning.clone();
-        let mut backoff = tuning.backoff_min;
+        // The last wait; `None` at first and after a session that streamed.
+        let mut backoff: Option<Duration> = None;
+        // The last error logged at WARN, so that a stream failing the same way at every
+        // attempt says so once rather than every few seconds.
+        let mut warned: Option<String> = None;
         'sessions: loop {
             if self.shutdown.is_cancelled() {
                 break;
@@ -561,43 +582,59 @@ impl Sender {
                 s.held = None;
                 false
             });
-            let state = match ended {
+            let ended = match ended {
                 Ok(()) => break,
-                Err(StreamError::Refused { reason, .. }) => {
+                Err(e) => e,
+            };
+            let failure = Failure::of(&ended);
+            let error = ended.to_string();
+            let state = match ended {
+                StreamError::Refused { reason, .. } => {
                     warn!(reason = %reason, "receiver refused the stream");
                     SenderState::Refused { reason }
                 }
-                Err(e @ StreamError::LogReleased { .. }) => {
+                e @ StreamError::LogReleased { .. } => {
                     warn!(error = %e, "cannot stream");
                     SenderState::LogReleased {
                         reason: e.to_string(),
                     }
                 }
-                Err(
-                    e @ (StreamError::Diverged { holds, .. }
-                    | StreamError::Ahead { holds, .. }
-                    | StreamError::Reused { holds, .. }
-                    | StreamError::GaveAgain { holds }),
-                ) => {
+                e @ (StreamError::Diverged { holds, .. }
+                | StreamError::Ahead { holds, .. }
+                | StreamError::Reused { holds, .. }
+                | StreamError::GaveAgain { holds }) => {
                     warn!(error = %e, "cannot stream");
                     SenderState::Diverged {
                         reason: e.to_string(),
                         holds,
                     }
                 }
-                Err(e) => {
-                    debug!(error = %e, "stream ended");
+                e => {
+                    // A receiver that is down or restarting is routine; anything else
+                    // (a message the receiver could not read, a protocol violation)
+                    // repeats at every attempt until somebody acts on it.
+                    if failure == Failure::Unreachable || warned.as_ref() == Some(&error) {
+                        debug!(error = %e, "stream ended");
+                    } else {
+                        warn!(error = %e, "stream ended");
+                        warned = Some(error.clone());
+                    }
                     SenderState::Backoff {
-                        error: e.to_string(),
+                        error: error.clone(),
                     }
                 }
             };
             if streamed {
-                backoff = tuning.backoff_min;
+                backoff = None;
             }
-            self.status.send_modify(|s| s.state = state);
+            let wait = next_backoff(backoff, failure, &tuning);
+            backoff = Some(wait);
+            self.status.send_modify(|s| {
+                s.state = state;
+                s.last_error = Some(error);
+            });
             // The lag keeps growing while no session runs.
-            let resume = tokio::time::sleep(backoff);
+            let resume = tokio::time::sleep(wait);
             tokio::pin!(resume);
             let mut refresh = tokio::time::interval(tuning.heartbeat);
             loop {
@@ -608,7 +645,6 @@ impl Sender {
                     _ = refresh.tick() => self.refresh_lag(),
                 }
             }
-            backoff = (backoff * 2).min(tuning.backoff_max);
         }
         self.status.send_modify(|s| s.state = SenderState::Stopped);
     }
@@ -763,6 +799,10 @@ impl Sender {
         let first = first?;
         let (mut high_water, held_after) = match first.and_then(|m| m.msg) {
             Some(receiver_message::Msg::HelloReply(r)) => {
+                self.max_message_bytes = message_limit(
+                    self.link.tuning.max_message_bytes as u64,
+                    r.max_message_bytes,
+                );
                 let last = r.last_of_sender.as_ref();
                 self.unverified_micros
                     .store(last.map_or(0, |c| c.commit_micros), Ordering::Release);
@@ -877,6 +917,11 @@ impl Sender {
                             let (lag_records, lag_micros) = self.lag();
                             self.status.send_modify(|s| {
                                 s.last_contact = Some(last_contact);
+                                if acked_lsn > s.acked_lsn || lag_records == 0 {
+                                    // Past where earlier sessions broke, if they did,
+                                    // or nothing left to break at.
+                                    s.last_error = None;
+                                }
                                 s.acked_lsn = acked_lsn;
                                 s.acked_durable = from_marks(&ack.durable);
                                 s.acked_applied = applied;
@@ -900,7 +945,9 @@ impl Sender {
                                 && in_flight_bytes < tuning.max_in_flight_bytes
                             {
                                 self.end_linger(&mut lingering);
-                                self.ship(&tx, &mut reader, &high_water, &others, &mut in_flight, &mut in_flight_bytes, &mut last_sent).await?;
+                                if let Err(e) = self.ship(&tx, &mut reader, &high_water, &others, &mut in_flight, &mut in_flight_bytes, &mut last_sent).await {
+                                    return Err(why_closed(e, &mut inbound, tuning.peer_timeout).await);
+                                }
                             }
                         }
                         Some(receiver_message::Msg::Heartbeat(_)) => {
@@ -950,11 +997,15 @@ impl Sender {
                         }
                     }
                     self.end_linger(&mut lingering);
-                    self.ship(&tx, &mut reader, &high_water, &others, &mut in_flight, &mut in_flight_bytes, &mut last_sent).await?;
+                    if let Err(e) = self.ship(&tx, &mut reader, &high_water, &others, &mut in_flight, &mut in_flight_bytes, &mut last_sent).await {
+                        return Err(why_closed(e, &mut inbound, tuning.peer_timeout).await);
+                    }
                 }
                 _ = &mut linger, if lingering && room => {
                     self.end_linger(&mut lingering);
-                    self.ship(&tx, &mut reader, &high_water, &others, &mut in_flight, &mut in_flight_bytes, &mut last_sent).await?;
+                    if let Err(e) = self.ship(&tx, &mut reader, &high_water, &others, &mut in_flight, &mut in_flight_bytes, &mut last_sent).await {
+                        return Err(why_closed(e, &mut inbound, tuning.peer_timeout).await);
+                    }
                 }
                 _ = poll.tick(), if room => {
                     if lingering {
@@ -962,7 +1013,9 @@ impl Sender {
                         // records sooner.
                         continue;
                     }
-                    self.ship(&tx, &mut reader, &high_water, &others, &mut in_flight, &mut in_flight_bytes, &mut last_sent).await?;
+                    if let Err(e) = self.ship(&tx, &mut reader, &high_water, &others, &mut in_flight, &mut in_flight_bytes, &mut last_sent).await {
+                        return Err(why_closed(e, &mut inbound, tuning.peer_timeout).await);
+                    }
                 }
             }
         }
@@ -1307,9 +1360,16 @@ impl Sender {
                 let limit = available.min(room);
                 match self.db.log_tail(next, limit) {
                     Some(records) => reader.ahead.extend(records),
-                    None => reader
-                        .ahead
-                        .extend(self.db.log_range(next, limit)?.into_iter().map(Arc::new)),
+                    None => {
+                        // Behind the tail, each record read is decoded and held until
+                        // passed: about a batch's bytes at a time (at least a record),
+                        // not `max_batch_records` whatever their size — 512 records of
+                        // 40 MiB would be 20 GiB.
+                        let limit = self.records_within(next, limit, tuning.max_batch_bytes);
+                        reader
+                            .ahead
+                            .extend(self.db.log_range(next, limit)?.into_iter().map(Arc::new));
+                    }
                 }
             }
             let to_end = reader.ahead.back().map_or(reader.cursor, |r| r.lsn.next()) > last_lsn;
@@ -1353,7 +1413,8 @@ impl Sender {
             let mut blocked_at = None;
             let mut wire: Vec<(Epoch, Cow<'_, LogEntry>)> = Vec::new();
             let mut first_commit_micros = None;
-            let mut size = 0usize;
+            let mut size = codec::BATCH_HEADER_BYTES;
+            let cap = batch_cap(tuning.max_batch_bytes, self.max_message_bytes);
             let mut unflushed = false;
             // This node's own commits go out only once durable here — or, on a stream a
             // return service waits on, once written to the log while their sync runs
@@ -1413,11 +1474,6 @@ impl Sender {
                     blocked_at = Some(r.clone());
                     break;
                 }
-                through = Some(r.lsn);
-                passed = i + 1;
-                if r.entry.gtid().origin == own {
-                    self.decided.fetch_max(r.entry.gtid().seq, Ordering::AcqRel);
-                }
                 let entry = if self.link.forked_off(r.epoch, &r.entry) {
                     // Not the receiver's, ever: passed over like a record it does not
                     // carry.
@@ -1427,12 +1483,22 @@ impl Sender {
                 } else {
                     self.link.filter_ref(&r.entry, high_water)
                 };
+                let entry_size = entry.as_ref().map_or(0, |e| codec::record_size(r.epoch, e));
+                if !wire.is_empty() && size + entry_size > cap {
+                    // The next batch's, which it may have to itself.
+                    break;
+                }
+                through = Some(r.lsn);
+                passed = i + 1;
+                if r.entry.gtid().origin == own {
+                    self.decided.fetch_max(r.entry.gtid().seq, Ordering::AcqRel);
+                }
                 if let Some(entry) = entry {
-                    size += entry_size(&entry);
+                    size += entry_size;
                     first_commit_micros.get_or_insert(entry.commit_micros());
                     wire.push((r.epoch, entry));
                 }
-                if size >= tuning.max_batch_bytes {
+                if size >= cap {
                     break;
                 }
             }
@@ -1506,6 +1572,16 @@ impl Sender {
             }
         }
         Ok(())
+    }
+
+    /// How many of the `limit` records from `from` on make at most `budget` bytes as the
+    /// store keeps them (at least one), by the sizes it holds in memory: no read.
+    fn records_within(&self, from: Lsn, limit: usize, budget: usize) -> usize {
+        let bytes_from = |lsn: Lsn| self.db.log_bytes_from(lsn).unwrap_or(0);
+        let all = bytes_from(from);
+        count_within(limit, budget as u64, |n| {
+            all.saturating_sub(bytes_from(Lsn(from.0 + n as u64)))
+        })
     }
 
     /// How far this node holds each origin this stream relays, as far as the streams
@@ -1631,6 +1707,7 @@ impl Sender {
                     })
                     .collect()
             },
+            chunk: None,
         };
         let wire_bytes = batch.payload.len() as u64;
         if let Some(m) = first_commit_micros {
@@ -1642,11 +1719,38 @@ impl Sender {
                 Ordering::Relaxed,
             );
         }
-        tx.send(pb::SenderMessage {
-            msg: Some(sender_message::Msg::Batch(batch)),
-        })
-        .await
-        .map_err(|_| StreamError::Closed)?;
+        // A batch larger than a batch may be (one transaction, alone in it) goes in
+        // chunks of that size, back to back: the receiver applies it once it has them
+        // all. Chunks no larger than a batch keep the receiver hearing from this sender
+        // as often as whole batches do (it times out a silent sender after a second,
+        // and a message is heard of only once all of it has come).
+        let chunk = batch_cap(self.link.tuning.max_batch_bytes, self.max_message_bytes);
+        let pieces = chunks::split(batch, usize::try_from(chunk).unwrap_or(usize::MAX));
+        if pieces.len() > 1 {
+            debug!(
+                through = through.0,
+                raw_bytes,
+                wire_bytes,
+                chunks = pieces.len(),
+                "a batch larger than a message goes in chunks"
+            );
+        }
+        for piece in pieces {
+            let msg = pb::SenderMessage {
+                msg: Some(sender_message::Msg::Batch(piece)),
+            };
+            // Cannot happen with the budget at half the limit; if it did, the receiver
+            // would drop the stream at it, again at every attempt.
+            let len = prost::Message::encoded_len(&msg) as u64;
+            if len > self.max_message_bytes {
+                return Err(StreamError::Protocol(format!(
+                    "a batch message of {len} bytes (through LSN {}) exceeds the receiver's \
+                     message limit of {} bytes",
+                    through.0, self.max_message_bytes
+                )));
+            }
+            tx.send(msg).await.map_err(|_| StreamError::Closed)?;
+        }
         in_flight.push_back(InFlight {
             through_lsn: through,
             sent_at: Instant::now(),
@@ -1667,27 +1771,270 @@ impl Sender {
     }
 }
 
-/// A cheap estimate of an entry's encoded size, to cut batches.
-fn entry_size(entry: &LogEntry) -> usize {
-    match entry {
-        LogEntry::Txn(t) => t
-            .changes
-            .iter()
-            .map(|c| {
-                32 + [&c.before, &c.after]
-                    .into_iter()
-                    .flatten()
-                    .map(|row| row.len() * 12)
-                    .sum::<usize>()
-            })
-            .sum(),
-        LogEntry::Ddl { .. } | LogEntry::SequenceBlock { .. } => 256,
+/// The encoded bytes a batch of several records stays within, and the largest chunk of
+/// a batch of one larger record: the tuning's batch size, or less when half the
+/// receiver's message limit is less.
+fn batch_cap(max_batch_bytes: usize, max_message_bytes: u64) -> u64 {
+    (max_batch_bytes.min(chunks::payload_budget(max_message_bytes))) as u64
+}
+
+/// The message limit a session keeps to: the lower of what this sender was told
+/// (`ours`) and what the receiver says it reads (`theirs`, 0 when it does not say).
+fn message_limit(ours: u64, theirs: u64) -> u64 {
+    match theirs {
+        0 => ours,
+        t => ours.min(t),
     }
+}
+
+/// How many of the `limit` records from some LSN on make at most `budget` bytes, at
+/// least one: `bytes(n)` is the bytes of the first `n` (growing with `n`).
+fn count_within(limit: usize, budget: u64, bytes: impl Fn(usize) -> u64) -> usize {
+    if limit <= 1 || bytes(limit) <= budget {
+        return limit;
+    }
+    // The largest n in [1, limit) with bytes(n) <= budget, or 1.
+    let (mut lo, mut hi) = (1, limit);
+    while hi - lo > 1 {
+        let mid = lo + (hi - lo) / 2;
+        if bytes(mid) <= budget {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    lo
+}
+
+/// How a session failed, for the wait before the next attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Failure {
+    /// The receiver could not be reached or the connection broke: cheap to try again,
+    /// and a restarting peer is back soon.
+    Unreachable,
+    /// The receiver refused the stream, or this node did (the log, a diverged receiver),
+    /// or something it sent could not be read: the same attempt fails again until
+    /// something changes.
+    Refused,
+}
+
+impl Failure {
+    fn of(e: &StreamError) -> Self {
+        use tonic::Code;
+        match e {
+            StreamError::Connect(_) | StreamError::PeerTimeout | StreamError::Closed => {
+                Failure::Unreachable
+            }
+            StreamError::Rpc(status) => match status.code() {
+                // A connection reset, a peer gone away or restarting.
+                Code::Unavailable
+                | Code::Unknown
+                | Code::Cancelled
+                | Code::Aborted
+                | Code::DeadlineExceeded => Failure::Unreachable,
+                // A message too large, one that does not decode, an unknown service.
+                _ => Failure::Refused,
+            },
+            StreamError::Refused { .. }
+            | StreamError::Protocol(_)
+            | StreamError::LogReleased { .. }
+            | StreamError::Diverged { .. }
+            | StreamError::Ahead { .. }
+            | StreamError::Reused { .. }
+            | StreamError::GaveAgain { .. }
+            | StreamError::Store(_)
+            | StreamError::Codec(_) => Failure::Refused,
+        }
+    }
+}
+
+/// The wait before the next attempt after one that failed as `failure`, the last wait
+/// having been `previous` (`None`: none since a session streamed): `backoff_min`, then
+/// doubled at each failure up to the failure's ceiling — `reconnect_max` for a receiver
+/// that could not be reached, `backoff_max` for a refusal. A longer wait left by
+/// refusals drops to `reconnect_max` as soon as the receiver is found down: it is
+/// restarting, and what it refused may be gone when it is back.
+fn next_backoff(
+    previous: Option<Duration>,
+    failure: Failure,
+    tuning: &crate::link::SenderTuning,
+) -> Duration {
+    let ceiling = match failure {
+        Failure::Unreachable => tuning.reconnect_max,
+        Failure::Refused => tuning.backoff_max,
+    }
+    .max(tuning.backoff_min);
+    match previous {
+        None => tuning.backoff_min,
+        Some(p) => (p * 2).clamp(tuning.backoff_min, ceiling),
+    }
+}
+
+/// What ended a stream on which this sender hit `e`: when it could no longer write to
+/// it ([`StreamError::Closed`]), the receiver's refusal if one is on its way (a
+/// receiver refuses a stream with a message and then closes it, and the close may
+/// reach a sender that is writing first), read for at most `wait`; `e` otherwise.
+async fn why_closed(
+    e: StreamError,
+    inbound: &mut tonic::Streaming<pb::ReceiverMessage>,
+    wait: Duration,
+) -> StreamError {
+    if !matches!(e, StreamError::Closed) {
+        return e;
+    }
+    let reason = async {
+        loop {
+            match inbound.message().await {
+                Ok(Some(pb::ReceiverMessage {
+                    msg: Some(receiver_message::Msg::Refused(r)),
+                })) => {
+                    return StreamError::Refused {
+                        code: r.code,
+                        reason: r.reason,
+                    }
+                }
+                Ok(Some(_)) => {}
+                Ok(None) => return StreamError::Closed,
+                Err(status) => return StreamError::Rpc(status),
+            }
+        }
+    };
+    tokio::time::timeout(wait, reason)
+        .await
+        .unwrap_or(StreamError::Closed)
 }
 
 #[cfg(test)]
 mod tests {
-    use super::smoothed;
+    use super::*;
+    use crate::link::SenderTuning;
+
+    #[test]
+    fn batches_stay_within_the_tuning_and_half_the_receivers_limit() {
+        let mib = 1024 * 1024;
+        // The defaults: 1 MiB batches, well under half of 16 MiB.
+        let t = SenderTuning::default();
+        assert_eq!(
+            batch_cap(t.max_batch_bytes, t.max_message_bytes as u64),
+            mib
+        );
+        // A receiver that reads small messages gets small batches.
+        assert_eq!(batch_cap(mib as usize, 64 * 1024), 32 * 1024);
+        // The receiver's limit counts when it is the lower one, and only then.
+        assert_eq!(message_limit(16 * mib, 4 * mib), 4 * mib);
+        assert_eq!(message_limit(16 * mib, 64 * mib), 16 * mib);
+        assert_eq!(message_limit(16 * mib, 0), 16 * mib);
+    }
+
+    #[test]
+    fn a_read_takes_the_records_within_the_budget_and_at_least_one() {
+        let sizes = [100u64, 200, 300, 400, 50_000, 10];
+        let bytes = |n: usize| sizes[..n].iter().sum::<u64>();
+        // All of them fit.
+        assert_eq!(count_within(6, 1_000_000, bytes), 6);
+        // The first three fit exactly, the fourth would pass the budget.
+        assert_eq!(count_within(6, 600, bytes), 3);
+        assert_eq!(count_within(6, 999, bytes), 3);
+        assert_eq!(count_within(6, 1000, bytes), 4);
+        // A record larger than the budget is read alone.
+        assert_eq!(count_within(6, 50, bytes), 1);
+        assert_eq!(count_within(2, 10, |n| [60_000, 5][..n].iter().sum()), 1);
+        // The limit bounds as before.
+        assert_eq!(count_within(2, 1_000_000, bytes), 2);
+        assert_eq!(count_within(0, 10, bytes), 0);
+        // Every budget gives the most records within it (checked against a scan).
+        for budget in 0..1200 {
+            let most = (1..=6).rev().find(|&n| bytes(n) <= budget).unwrap_or(1);
+            assert_eq!(count_within(6, budget, bytes), most, "budget {budget}");
+        }
+    }
+
+    #[test]
+    fn a_receiver_found_down_is_tried_again_within_a_quarter_second_a_refusal_backs_off_to_5_s() {
+        let t = SenderTuning::default();
+        let ms = Duration::from_millis;
+        let waits = |failures: &[Failure]| {
+            let mut last = None;
+            failures
+                .iter()
+                .map(|f| {
+                    let w = next_backoff(last, *f, &t);
+                    last = Some(w);
+                    w
+                })
+                .collect::<Vec<_>>()
+        };
+        use Failure::{Refused, Unreachable};
+        // A peer that is down: 50, 100, 200, then every 250 ms.
+        assert_eq!(
+            waits(&[Unreachable; 6]),
+            [ms(50), ms(100), ms(200), ms(250), ms(250), ms(250)]
+        );
+        // A peer that refuses: doubling to 5 s.
+        assert_eq!(
+            waits(&[Refused; 9]),
+            [
+                ms(50),
+                ms(100),
+                ms(200),
+                ms(400),
+                ms(800),
+                ms(1600),
+                ms(3200),
+                ms(5000),
+                ms(5000)
+            ]
+        );
+        // Refused for long, then found down (it restarts): back to 250 ms at once, and
+        // a refusal after that grows from there.
+        let mut w = waits(&[Refused; 8]);
+        assert_eq!(w.last(), Some(&ms(5000)));
+        w.push(next_backoff(w.last().copied(), Unreachable, &t));
+        assert_eq!(w.last(), Some(&ms(250)));
+        assert_eq!(next_backoff(Some(ms(250)), Refused, &t), ms(500));
+        // Nothing since a session streamed: the shortest wait, whatever the failure.
+        assert_eq!(next_backoff(None, Refused, &t), ms(50));
+        assert_eq!(next_backoff(None, Unreachable, &t), ms(50));
+        // A ceiling below the first wait is no ceiling below it.
+        let odd = SenderTuning {
+            backoff_min: ms(300),
+            ..SenderTuning::default()
+        };
+        assert_eq!(next_backoff(Some(ms(300)), Unreachable, &odd), ms(300));
+    }
+
+    #[test]
+    fn failures_are_told_by_whether_the_peer_was_there_to_refuse() {
+        use tonic::{Code, Status};
+        let rpc = |code| StreamError::Rpc(Status::new(code, "x"));
+        for e in [
+            StreamError::PeerTimeout,
+            StreamError::Closed,
+            rpc(Code::Unavailable),
+            rpc(Code::Unknown),
+            rpc(Code::Cancelled),
+        ] {
+            assert_eq!(Failure::of(&e), Failure::Unreachable, "{e}");
+        }
+        for e in [
+            StreamError::Refused {
+                code: 1,
+                reason: "stale".into(),
+            },
+            StreamError::Protocol("x".into()),
+            // "decoded message length too large" and the like: it fails the same way
+            // again.
+            rpc(Code::OutOfRange),
+            rpc(Code::Internal),
+            rpc(Code::Unimplemented),
+            StreamError::LogReleased {
+                acked: Lsn(1),
+                log_start: Lsn(5),
+            },
+        ] {
+            assert_eq!(Failure::of(&e), Failure::Refused, "{e}");
+        }
+    }
 
     #[test]
     fn the_ack_round_trip_mean_takes_the_first_sample_then_moves_an_eighth() {

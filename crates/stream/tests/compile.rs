@@ -99,6 +99,7 @@ async fn master() -> Result<(Database, Vec<pb::Batch>)> {
             decided: 0,
             waiting: false,
             relayed: Vec::new(),
+            chunk: None,
         }
     };
     let batches = vec![

@@ -810,6 +810,7 @@ fn batch_of(master: &Database, lsns: std::ops::RangeInclusive<Lsn>) -> Result<pb
         decided: 0,
         waiting: false,
         relayed: Vec::new(),
+        chunk: None,
     })
 }
 
