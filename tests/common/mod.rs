@@ -77,6 +77,12 @@ impl Node {
         }
     }
 
+    /// Starts a node that may refuse to: `Err` with what it logged when it exits (or
+    /// does not become ready within 60 s).
+    pub fn try_start(name: &str, data_dir: &Path, extra: &[&str]) -> Result<Node, String> {
+        Self::spawn_at(name, data_dir, "127.0.0.1:0", extra).map_err(|f| f.new_log)
+    }
+
     fn spawn_at(
         name: &str,
         data_dir: &Path,

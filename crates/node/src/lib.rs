@@ -61,7 +61,7 @@ pub enum NodeError {
     Identity(String),
     #[error("cannot create data directory {path}: {error}")]
     DataDir { path: String, error: std::io::Error },
-    #[error("cannot open the database: {0}")]
+    #[error("cannot open the database ({code}): {0}", code = .0.code())]
     Open(StoreError),
     #[error("cannot start the control plane: {0}")]
     Control(PlaneError),
@@ -631,7 +631,7 @@ mod tests {
         let open = NodeError::Open(StoreError::IncompatibleFormat("format 9".into()));
         assert_eq!(
             chain(&open),
-            "cannot open the database: incompatible data directory: format 9"
+            "cannot open the database (XX001): incompatible data directory: format 9"
         );
         let dir = NodeError::DataDir {
             path: "/d".into(),

@@ -25,9 +25,21 @@
 //! keeps an open handle and the offset of each of its frames.
 //!
 //! A segment is a file `wal-<first frame, 20 digits>.log` of frames:
-//! `[payload length u32 LE][crc32 of frame number and payload u32 LE][frame number u64
-//! LE][payload]`. Frame numbers are dense across segments, so a reader stops at the first
-//! frame that is torn, fails its checksum, or is not the next number.
+//! `[payload length u32 LE, top bit set][crc32 of frame number, durable mark and payload
+//! u32 LE][frame number u64 LE][durable mark u64 LE][payload]`, where the durable mark is
+//! the last frame known durable when the frame was appended. (Frames of older builds
+//! have no mark: the length's top bit is clear and the header is 16 bytes.) Frame
+//! numbers are dense across segments, so a reader stops at the first frame that is
+//! torn, fails its checksum, or is not the next number.
+//!
+//! Where the log stops, the marks tell damage from a torn tail: a whole frame further on
+//! whose mark covers the frame the log stopped at proves that frame was made durable —
+//! acknowledged — so it was damaged since, and opening refuses (`XX001`, naming the file
+//! and offset); without such a frame it was never flushed, and is dropped with a
+//! warning. A clean close appends an empty frame after the final sync, so the mark of
+//! the last real frame is on disk too. A gap between segments is damage as well:
+//! segments are removed oldest first with the directory synced after each, so no crash
+//! leaves one before a gap, and none is ever removed at open for looking cut off.
 
 use std::collections::BTreeMap;
 use std::fs::{self, File, OpenOptions};
@@ -60,8 +72,12 @@ const ZERO_FILL_BYTES: u64 = 256 << 10;
 /// segment that takes it needs no zero-fill at all. Its old frames stay behind the new
 /// ones; readers stop at them, since their numbers are below the next one expected.
 const RECYCLE_KEEP: usize = 2;
-/// Length, checksum and frame number.
-const HEADER_BYTES: usize = 16;
+/// Length, checksum and frame number: the header of frames without a durable mark.
+const HEADER_V1_BYTES: usize = 16;
+/// Length, checksum, frame number and durable mark.
+const HEADER_BYTES: usize = 24;
+/// Set in the length of a frame with a durable mark.
+const MARKED: u32 = 1 << 31;
 /// Tags of the operations in a payload.
 const OP_DELETE: u8 = 0;
 const OP_PUT: u8 = 1;
@@ -126,6 +142,156 @@ fn checksum(frame: u64, payload: &[u8]) -> u32 {
     h.finalize()
 }
 
+fn checksum_marked(frame: u64, durable: u64, payload: &[u8]) -> u32 {
+    let mut h = crc32fast::Hasher::new();
+    h.update(&frame.to_le_bytes());
+    h.update(&durable.to_le_bytes());
+    h.update(payload);
+    h.finalize()
+}
+
+/// A frame header as read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Header {
+    len: usize,
+    crc: u32,
+    number: u64,
+    /// The durable mark; `None` for a frame of an older build.
+    durable: Option<u64>,
+}
+
+impl Header {
+    /// Reads the header at the start of `bytes`, if they hold one.
+    fn parse(bytes: &[u8]) -> Option<Header> {
+        if bytes.len() < HEADER_V1_BYTES {
+            return None;
+        }
+        let word = |i: usize| u32::from_le_bytes(bytes[i..i + 4].try_into().expect("4 bytes"));
+        let long = |i: usize| u64::from_le_bytes(bytes[i..i + 8].try_into().expect("8 bytes"));
+        let (len, crc, number) = (word(0), word(4), long(8));
+        if len & MARKED == 0 {
+            return Some(Header {
+                len: len as usize,
+                crc,
+                number,
+                durable: None,
+            });
+        }
+        if bytes.len() < HEADER_BYTES {
+            return None;
+        }
+        Some(Header {
+            len: (len & !MARKED) as usize,
+            crc,
+            number,
+            durable: Some(long(16)),
+        })
+    }
+
+    fn size(&self) -> usize {
+        match self.durable {
+            Some(_) => HEADER_BYTES,
+            None => HEADER_V1_BYTES,
+        }
+    }
+
+    /// Whether `payload` is the one this header was written with.
+    fn checks(&self, payload: &[u8]) -> bool {
+        let crc = match self.durable {
+            Some(d) => checksum_marked(self.number, d, payload),
+            None => checksum(self.number, payload),
+        };
+        crc == self.crc
+    }
+}
+
+/// A whole frame of a segment.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct FrameAt<'a> {
+    /// Its offset in the segment.
+    at: u64,
+    number: u64,
+    durable: Option<u64>,
+    payload: &'a [u8],
+}
+
+impl FrameAt<'_> {
+    /// The offset just after it.
+    fn end(&self) -> u64 {
+        let header = if self.durable.is_some() {
+            HEADER_BYTES
+        } else {
+            HEADER_V1_BYTES
+        };
+        self.at + (header + self.payload.len()) as u64
+    }
+}
+
+/// The whole frame at `at` in `bytes`, if one is there.
+fn frame_at(bytes: &[u8], at: usize) -> Option<FrameAt<'_>> {
+    let h = Header::parse(bytes.get(at..)?)?;
+    let start = at + h.size();
+    let end = start.checked_add(h.len)?;
+    if h.len == 0 || end > bytes.len() {
+        return None;
+    }
+    let payload = &bytes[start..end];
+    h.checks(payload).then_some(FrameAt {
+        at: at as u64,
+        number: h.number,
+        durable: h.durable,
+        payload,
+    })
+}
+
+/// How a segment's run of frames ends at offset `stop`, where frame `next` would be.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum End {
+    /// At the end of the file, at zeros (space filled ahead), or at a frame of a lower
+    /// number (what a reused segment held before).
+    Clean,
+    /// Something else is there, and no later frame says frame `next` was ever durable:
+    /// a write a crash cut short.
+    Torn,
+    /// A later whole frame (`number`, at offset `at`) has a durable mark (`durable`)
+    /// at or past `next`: frame `next` was durable, and is damaged.
+    Damaged { number: u64, at: u64, durable: u64 },
+}
+
+/// See [`End`].
+fn end_at(bytes: &[u8], stop: u64, next: u64) -> End {
+    let stop = stop as usize;
+    let rest = &bytes[stop.min(bytes.len())..];
+    let head = &rest[..rest.len().min(HEADER_BYTES)];
+    if head.iter().all(|&b| b == 0) {
+        return End::Clean;
+    }
+    // A later frame that says `next` was durable, anywhere past the stop (the length
+    // of the frame there may be what is damaged, so every offset is tried).
+    for at in stop + 1..bytes.len().saturating_sub(HEADER_BYTES) {
+        let Some(h) = Header::parse(&bytes[at..]) else {
+            continue;
+        };
+        let Some(durable) = h.durable else {
+            continue;
+        };
+        if h.number <= next || durable < next || durable >= h.number {
+            continue;
+        }
+        if let Some(f) = frame_at(bytes, at) {
+            return End::Damaged {
+                number: f.number,
+                at: f.at,
+                durable,
+            };
+        }
+    }
+    match Header::parse(rest) {
+        Some(h) if h.number < next => End::Clean,
+        _ => End::Torn,
+    }
+}
+
 fn segment_name(first_frame: u64) -> String {
     format!("wal-{first_frame:020}.log")
 }
@@ -185,121 +351,139 @@ impl ScannedSegment {
 }
 
 /// What [`scan`] found: the segments of the log, which continue one another, and the
-/// stale ones around them. Stale before it: released segments a crash brought back
-/// (their removal had not reached the disk), cut off from the log by a gap where a
-/// segment removed with them stayed removed. Stale after it: segments that hold no
-/// frame (created, or a released one renamed for reuse, just before a crash).
+/// stale ones after it: segments that hold no frame (created, or a released one
+/// renamed for reuse, just before a crash).
 pub(crate) struct Scanned {
     pub(crate) segments: Vec<ScannedSegment>,
     pub(crate) stale: Vec<PathBuf>,
 }
 
-/// What [`scan`] hands its visitor.
-pub(crate) enum Visit<'a> {
-    /// The next frame of the log, in order.
-    Frame(u64, &'a [u8]),
-    /// The frames handed over so far are not part of the log after all: they were in
-    /// segments cut off before it by a gap (see [`Scanned`]), all of them frames the
-    /// store already has. Forget what was learned from them; frames from the log's
-    /// start follow.
-    Forget,
-}
-
 /// Reads the log in `dir` once, from its oldest segment on, and hands every frame of
-/// the log to `visit`, in order. The store holds the frames up to `in_store`: the log is
-/// the run of segments that continue one another through the one frame `in_store + 1`
-/// falls in. A gap before that segment cuts off the segments before it (released ones a
-/// crash brought back; [`Visit::Forget`] then drops what they told). Reading stops at the
-/// end of the log: the first torn or corrupt frame, or a frame that is not the next
-/// number.
+/// the log to `visit`, in order (`(frame, payload)`). Reading stops at the end of the
+/// log: in its last segment, at zeros, at a frame of a lower number (a reused segment's
+/// old bytes), or at a torn frame — a frame no later frame's durable mark covers, so it
+/// was never flushed, dropped with a warning naming it.
 ///
-/// A segment after that end that holds frames is refused, naming both segments: a new
-/// segment is created only once the frames of the one before are durable, so the log
-/// cannot have ended early in a segment that has a successor unless the segment was
-/// damaged, and the frames after the damage are commits that were acknowledged as
-/// durable. No file is removed then; the operator restores the directory or rebuilds
-/// the node from a peer.
+/// Refused, naming the file and offset (`XX001`; no file is removed): a frame the log
+/// stops at that a later frame's mark says was durable (damaged since it was flushed);
+/// a segment that stops early while another after it holds frames (a new segment is
+/// created only once the frames of the one before are durable); a gap in the frame
+/// numbers between two segments (segments are removed oldest first, the directory
+/// synced after each, so no crash leaves a gap behind).
 pub(crate) fn scan(
     dir: &Path,
-    in_store: u64,
-    mut visit: impl FnMut(Visit<'_>) -> Result<(), StoreError>,
+    mut visit: impl FnMut(u64, &[u8]) -> Result<(), StoreError>,
 ) -> Result<Scanned, StoreError> {
-    let all = segments(dir)?;
-    // The segment the store's next frame falls in: which segments lie before the log
-    // is known from their names, and the frames of those that do are in the store.
-    let anchor = all
-        .iter()
-        .rposition(|(first, _)| *first <= in_store.saturating_add(1))
-        .unwrap_or(0);
     let mut found = Scanned {
         segments: Vec::new(),
         stale: Vec::new(),
     };
-    // Whether the log has ended, and the offset after the last whole frame of its last
-    // segment.
-    let mut ended = false;
-    let mut end_offset = 0u64;
-    for (i, (first, path)) in all.into_iter().enumerate() {
+    // How the last segment of the log read so far ends: where, and how.
+    let mut tail: Option<(u64, End)> = None;
+    for (first, path) in segments(dir)? {
         let bytes = read_segment(&path)?;
-        let continues = !ended && found.segments.last().is_none_or(|s| s.last() + 1 == first);
-        if !continues && !ended && i <= anchor {
-            // A gap before the log: what came before it is cut off.
-            let cut: Vec<String> = found
-                .segments
-                .iter()
-                .map(|s| {
-                    format!(
-                        "{} (frames {} to {})",
-                        file_name(&s.path),
-                        s.first,
-                        s.last()
-                    )
-                })
-                .collect();
-            tracing::warn!(
-                segments = %cut.join(", "),
-                log_starts = first,
-                "removing log segments cut off before the log by a gap: released segments \
-                 a crash brought back (or damaged ones); the store holds their frames, the \
-                 commit-log records in them are gone"
-            );
-            found.stale.extend(found.segments.drain(..).map(|s| s.path));
-            visit(Visit::Forget)?;
-        } else if !continues {
-            // The log ended in its last segment; nothing after it may hold frames.
-            ended = true;
-            if let Some((_, (held, _))) = frames_in(first, &bytes).last() {
-                let last = found.segments.last().expect("the log's last segment");
+        let frames: Vec<FrameAt<'_>> = frames_in(first, &bytes).collect();
+        if frames.is_empty() {
+            match end_at(&bytes, 0, first) {
+                // Created just before a crash (or reused): nothing in it yet.
+                End::Clean | End::Torn => {
+                    found.stale.push(path);
+                    continue;
+                }
+                damaged @ End::Damaged { .. } => {
+                    return Err(damaged_error(dir, &path, 0, first, &damaged));
+                }
+            }
+        }
+        if let Some(stale) = found.stale.first() {
+            return Err(StoreError::DamagedLog(format!(
+                "{} holds no whole frame, but {} after it holds frames {first} on: \
+                 {}",
+                file_name(stale),
+                file_name(&path),
+                WAYS_OUT
+            )));
+        }
+        if let (Some(last), Some((stop, end))) = (found.segments.last(), &tail) {
+            if *end == End::Clean && last.last() + 1 != first {
                 return Err(StoreError::DamagedLog(format!(
-                    "the log in {} stops short: {} ends at frame {} (offset \
-                     {end_offset}: the next frame there is torn, fails its check or has the \
-                     wrong number), but {} after it holds frames {first} to {held}; frames \
-                     in between are missing. No file was removed: restore the directory \
-                     from a backup, or move it aside and rebuild this node from a peer (start \
-                     it on an empty data directory, then `hawser duplicate`)",
+                    "the log in {} has a gap: {} ends at frame {}, {} after it starts at \
+                     frame {first}; frames {} to {} are missing (a segment removed by hand, \
+                     or put back from elsewhere). No file was removed: {}",
                     dir.display(),
                     file_name(&last.path),
                     last.last(),
                     file_name(&path),
+                    last.last() + 1,
+                    first - 1,
+                    WAYS_OUT
                 )));
             }
-            found.stale.push(path);
-            continue;
+            if *end != End::Clean || last.last() + 1 != first {
+                return Err(StoreError::DamagedLog(format!(
+                    "the log in {} stops short: {} ends at frame {} (offset {stop}: \
+                     the next frame there is torn, fails its check or has the wrong \
+                     number), but {} after it holds frames {first} to {}; frames in \
+                     between are missing. No file was removed: {}",
+                    dir.display(),
+                    file_name(&last.path),
+                    last.last(),
+                    file_name(&path),
+                    frames.last().map_or(first, |f| f.number),
+                    WAYS_OUT
+                )));
+            }
         }
-        let mut offsets = Vec::new();
-        end_offset = 0;
-        for (at, (frame, payload)) in frames_in(first, &bytes) {
-            visit(Visit::Frame(frame, payload))?;
-            offsets.push(at);
-            end_offset = at + (HEADER_BYTES + payload.len()) as u64;
+        let stop = frames.last().map_or(0, FrameAt::end);
+        let next = first + frames.len() as u64;
+        let end = end_at(&bytes, stop, next);
+        if let End::Damaged { .. } = end {
+            return Err(damaged_error(dir, &path, stop, next, &end));
         }
+        for f in &frames {
+            visit(f.number, f.payload)?;
+        }
+        tail = Some((stop, end));
         found.segments.push(ScannedSegment {
             first,
             path,
-            offsets,
+            offsets: frames.iter().map(|f| f.at).collect(),
         });
     }
+    if let (Some(last), Some((stop, End::Torn))) = (found.segments.last(), &tail) {
+        tracing::warn!(
+            segment = %file_name(&last.path),
+            offset = stop,
+            frame = last.last() + 1,
+            "the write-ahead log ends in a torn frame: a write a crash cut short, never \
+             flushed (no later frame says it was durable); dropped"
+        );
+    }
     Ok(found)
+}
+
+/// What to do about a damaged log.
+const WAYS_OUT: &str = "restore the data directory from a backup, or move it aside and \
+    rebuild this node from a peer (start it on an empty data directory, then `hawser \
+    duplicate`)";
+
+/// The error of a frame found damaged ([`End::Damaged`]).
+fn damaged_error(dir: &Path, path: &Path, stop: u64, next: u64, end: &End) -> StoreError {
+    let End::Damaged {
+        number,
+        at,
+        durable,
+    } = end
+    else {
+        unreachable!("only damage is an error here");
+    };
+    StoreError::DamagedLog(format!(
+        "frame {next} at offset {stop} of {} (in {}) is torn or fails its check, but \
+         frame {number} at offset {at} says every frame through {durable} was durable: \
+         it was acknowledged and damaged since. Nothing was removed: {WAYS_OUT}",
+        file_name(path),
+        dir.display()
+    ))
 }
 
 fn file_name(path: &Path) -> std::borrow::Cow<'_, str> {
@@ -308,12 +492,15 @@ fn file_name(path: &Path) -> std::borrow::Cow<'_, str> {
         .to_string_lossy()
 }
 
-/// Appends frame `frame` with `payload` to `buf`, as segments hold it.
-fn encode_frame(buf: &mut Vec<u8>, frame: u64, payload: &[u8]) {
+/// Appends frame `frame` with `payload` to `buf`, as segments hold it, with `durable`,
+/// the last frame known durable now.
+fn encode_frame(buf: &mut Vec<u8>, frame: u64, durable: u64, payload: &[u8]) {
+    debug_assert!((payload.len() as u64) < u64::from(MARKED));
     buf.reserve(HEADER_BYTES + payload.len());
-    buf.extend_from_slice(&(payload.len() as u32).to_le_bytes());
-    buf.extend_from_slice(&checksum(frame, payload).to_le_bytes());
+    buf.extend_from_slice(&(payload.len() as u32 | MARKED).to_le_bytes());
+    buf.extend_from_slice(&checksum_marked(frame, durable, payload).to_le_bytes());
     buf.extend_from_slice(&frame.to_le_bytes());
+    buf.extend_from_slice(&durable.to_le_bytes());
     buf.extend_from_slice(payload);
 }
 
@@ -325,33 +512,18 @@ fn read_segment(path: &Path) -> Result<Vec<u8>, StoreError> {
     Ok(bytes)
 }
 
-/// The whole frames at the start of a segment's `bytes`, numbered on from `first`, as
-/// (offset, (frame number, payload)). They end at zeros (space filled ahead of
-/// writes), at a frame torn by a crash or failing its checksum, or at a frame that is
-/// not the next number (what a reused segment held before).
-fn frames_in(first: u64, bytes: &[u8]) -> impl Iterator<Item = (u64, (u64, &[u8]))> {
+/// The whole frames at the start of a segment's `bytes`, numbered on from `first`.
+/// They end at zeros (space filled ahead of writes), at a frame torn by a crash or
+/// failing its checksum, or at a frame that is not the next number (what a reused
+/// segment held before).
+fn frames_in(first: u64, bytes: &[u8]) -> impl Iterator<Item = FrameAt<'_>> {
     let mut at = 0usize;
     let mut next = first;
     std::iter::from_fn(move || {
-        if bytes.len() - at < HEADER_BYTES {
-            return None;
-        }
-        let h = &bytes[at..at + HEADER_BYTES];
-        let len = u32::from_le_bytes([h[0], h[1], h[2], h[3]]) as usize;
-        let crc = u32::from_le_bytes([h[4], h[5], h[6], h[7]]);
-        let frame = u64::from_le_bytes(h[8..16].try_into().expect("8 bytes"));
-        let end = at + HEADER_BYTES + len;
-        if len == 0 || end > bytes.len() || frame != next {
-            return None;
-        }
-        let payload = &bytes[at + HEADER_BYTES..end];
-        if checksum(frame, payload) != crc {
-            return None;
-        }
-        let found = (at as u64, (frame, payload));
-        next = frame + 1;
-        at = end;
-        Some(found)
+        let f = frame_at(bytes, at).filter(|f| f.number == next)?;
+        next += 1;
+        at = f.end() as usize;
+        Some(f)
     })
 }
 
@@ -367,10 +539,7 @@ pub(crate) fn replay(
     mut apply: impl FnMut(u64, &[u8]) -> Result<(), StoreError>,
 ) -> Result<Option<u64>, StoreError> {
     let mut last = None;
-    scan(dir, after, |seen| {
-        let Visit::Frame(frame, payload) = seen else {
-            return Ok(());
-        };
+    scan(dir, |frame, payload| {
         if frame <= after {
             return Ok(());
         }
@@ -513,8 +682,23 @@ impl Wal {
         if p.buf.is_empty() {
             p.first = frame;
         }
-        encode_frame(&mut p.buf, frame, payload);
+        encode_frame(&mut p.buf, frame, self.synced(), payload);
         p.last = frame;
+    }
+
+    /// At a clean close, after the final sync: appends frame `frame`, an empty batch,
+    /// and syncs it, so that its durable mark covers the log's last real frame — damage
+    /// to that frame is then told from a torn write at the next open. Nothing when no
+    /// frame was written since the log was opened (the log ends as it did). Whether it
+    /// appended.
+    pub(crate) fn seal(&self, frame: u64) -> Result<bool, StoreError> {
+        if self.open.lock().is_none() && self.pending_bytes() == 0 {
+            return Ok(false);
+        }
+        self.sync()?;
+        self.append(frame, &encode_batch(&WriteBatch::new()));
+        self.sync()?;
+        Ok(true)
     }
 
     /// Bytes appended and not yet written.
@@ -681,8 +865,8 @@ impl Wal {
         let mut rel = 0usize;
         while rel < buf.len() {
             offsets.push(at + rel as u64);
-            let len = u32::from_le_bytes(buf[rel..rel + 4].try_into().expect("4 bytes"));
-            rel += HEADER_BYTES + len as usize;
+            let h = Header::parse(&buf[rel..]).expect("frames this log encoded");
+            rel += h.size() + h.len;
         }
         Ok(())
     }
@@ -709,16 +893,31 @@ impl Wal {
             (seg.file.clone(), offset, first)
         };
         let path = || self.dir.join(segment_name(first));
+        let failed = |e| StoreError::io(format!("reading {}", path().display()), e);
+        // A frame of an older build has the shorter header, and may end the file.
         let mut header = [0u8; HEADER_BYTES];
-        file.read_exact_at(&mut header, offset)
-            .map_err(|e| StoreError::io(format!("reading {}", path().display()), e))?;
-        let len = u32::from_le_bytes(header[0..4].try_into().expect("4 bytes")) as usize;
-        let crc = u32::from_le_bytes(header[4..8].try_into().expect("4 bytes"));
-        let number = u64::from_le_bytes(header[8..16].try_into().expect("8 bytes"));
-        let mut payload = vec![0u8; len];
-        file.read_exact_at(&mut payload, offset + HEADER_BYTES as u64)
-            .map_err(|e| StoreError::io(format!("reading {}", path().display()), e))?;
-        if number != frame || checksum(frame, &payload) != crc {
+        let mut got = 0;
+        while got < HEADER_BYTES {
+            match file.read_at(&mut header[got..], offset + got as u64) {
+                Ok(0) => break,
+                Ok(n) => got += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(failed(e)),
+            }
+        }
+        let h = Header::parse(&header[..got]).ok_or_else(|| {
+            StoreError::corrupt(
+                &frame.to_be_bytes(),
+                format!(
+                    "frame {frame} at offset {offset} of {} has no whole header",
+                    path().display()
+                ),
+            )
+        })?;
+        let mut payload = vec![0u8; h.len];
+        file.read_exact_at(&mut payload, offset + h.size() as u64)
+            .map_err(failed)?;
+        if h.number != frame || !h.checks(&payload) {
             return Err(StoreError::corrupt(
                 &frame.to_be_bytes(),
                 format!(
@@ -764,8 +963,9 @@ impl Wal {
         if gone.is_empty() {
             return Ok(());
         }
-        // Oldest first: were the directory's changes to reach the disk in part, the
-        // segments left would still continue one another.
+        // Oldest first, the directory synced after each: whatever part of the changes
+        // a crash keeps, the segments left continue one another (a gap is damage to
+        // the next open).
         for Segment { path, .. } in gone {
             let keep = self.recycled.lock().len() < RECYCLE_KEEP;
             if keep {
@@ -778,8 +978,9 @@ impl Wal {
                 fs::remove_file(&path)
                     .map_err(|e| StoreError::io(format!("removing {}", path.display()), e))?;
             }
+            sync_dir(&self.dir)?;
         }
-        sync_dir(&self.dir)
+        Ok(())
     }
 }
 
@@ -1042,113 +1243,167 @@ mod tests {
         fs::write(&all[1].1, &bytes).unwrap();
         let err = read_all(dir.path(), 0).unwrap_err().to_string();
         for part in [
-            "damaged write-ahead log: the log in",
-            "wal-00000000000000000002.log ends at frame 1 (offset 0",
-            "wal-00000000000000000003.log after it holds frames 3 to 3",
+            "damaged write-ahead log",
+            "wal-00000000000000000002.log holds no whole frame",
+            "wal-00000000000000000003.log after it holds frames 3 on",
         ] {
             assert!(err.contains(part), "{part}: {err}");
         }
         assert_eq!(segments(dir.path()).unwrap().len(), 3, "nothing removed");
-        // Once the store has frames 1 and 2, segments 1 and 2 lie wholly below the log
-        // and before a gap: they read as released segments a crash brought back (a reused
-        // segment's end cannot tell damage from old bytes), stale.
-        let found = scan(dir.path(), 2, |_| Ok(())).unwrap();
-        assert_eq!(found.segments.len(), 1);
-        assert_eq!(found.stale, [all[0].1.clone(), all[1].1.clone()]);
+        // Whatever the store holds: a segment is never taken for a released one a
+        // crash brought back and removed.
+        assert!(scan(dir.path(), |_, _| Ok(())).is_err());
         // Segments that hold no frame (created just before a crash) are no damage: the
-        // log ends in the first, and the one after the end is stale.
+        // log ends in the first, and those after it are stale.
         for (_, path) in &all[1..] {
             fs::write(path, vec![0u8; 4096]).unwrap();
         }
-        let found = scan(dir.path(), 0, |_| Ok(())).unwrap();
-        assert_eq!(found.segments.len(), 2);
-        assert_eq!(found.stale, [all[2].1.clone()]);
+        let found = scan(dir.path(), |_, _| Ok(())).unwrap();
+        assert_eq!(found.segments.len(), 1);
+        assert_eq!(found.stale, [all[1].1.clone(), all[2].1.clone()]);
+    }
+
+    /// A frame the log stops at that a later frame's durable mark covers was flushed,
+    /// so acknowledged: damage, refused with the file and offset. One no later mark
+    /// covers was never flushed: a torn tail, dropped.
+    #[test]
+    fn damage_to_a_flushed_frame_is_told_from_a_torn_tail_by_the_marks_after_it() {
+        // Frames 1 to 4, each flushed before the next; `sealed` as a clean close
+        // leaves the log.
+        let write = |sealed: bool| {
+            let dir = tempfile::tempdir().unwrap();
+            let wal = Wal::new(dir.path(), 1).unwrap();
+            for i in 1..=4u8 {
+                wal.append(i as u64, &encode_batch(&batch(i)));
+                wal.sync().unwrap();
+            }
+            if sealed {
+                assert!(wal.seal(5).unwrap());
+            }
+            drop(wal);
+            let (_, path) = segments(dir.path()).unwrap().pop().unwrap();
+            (dir, path)
+        };
+        let (dir, path) = write(false);
+        let full = fs::read(&path).unwrap();
+        let offset = |frame: u8| -> usize {
+            (1..frame)
+                .map(|i| HEADER_BYTES + encode_batch(&batch(i)).len())
+                .sum()
+        };
+        for (frame, what) in [(2, "a payload byte"), (2, "the length"), (3, "the number")] {
+            let mut bad = full.clone();
+            let at = offset(frame)
+                + match what {
+                    "a payload byte" => HEADER_BYTES + 1,
+                    "the length" => 1,
+                    _ => 9,
+                };
+            bad[at] ^= 0x5a;
+            fs::write(&path, &bad).unwrap();
+            let err = read_all(dir.path(), 0).unwrap_err();
+            assert_eq!(err.code(), "XX001", "{err}");
+            let text = err.to_string();
+            assert!(
+                text.contains(&format!("frame {frame} at offset {}", offset(frame)))
+                    && text.contains("wal-00000000000000000001.log")
+                    && text.contains("hawser duplicate"),
+                "{what} of frame {frame}: {text}"
+            );
+        }
+        // The last frame: nothing after it says it was durable (a torn write looks the
+        // same): dropped.
+        let mut bad = full.clone();
+        bad[offset(4) + HEADER_BYTES + 1] ^= 0x5a;
+        fs::write(&path, &bad).unwrap();
+        assert_eq!(read_all(dir.path(), 0).unwrap().len(), 3);
+        // ... unless a clean close left its mark after it.
+        let (dir, path) = write(true);
+        let sealed = fs::read(&path).unwrap();
+        let mut bad = sealed.clone();
+        bad[offset(4) + HEADER_BYTES + 1] ^= 0x5a;
+        fs::write(&path, &bad).unwrap();
+        let err = read_all(dir.path(), 0).unwrap_err().to_string();
+        assert!(err.contains("frame 4 at offset"), "{err}");
+        fs::write(&path, &sealed).unwrap();
+        assert_eq!(
+            read_all(dir.path(), 0).unwrap().len(),
+            5,
+            "the mark is a frame"
+        );
     }
 
     proptest::proptest! {
         #![proptest_config(proptest::prelude::ProptestConfig::with_cases(128))]
 
-        /// A log of frames 1..=n cut into segments, of which sled has frames up to
-        /// `in_store` and those wholly at or below a release point went; a crash brought
-        /// back any of the released ones, and may have left one or two segments created
-        /// for the next frames without any. The log read is the live segments and the
-        /// released ones that continue them, every frame after `in_store` is read, once,
-        /// in order, and only the others are stale.
+        /// A log of frames 1..=n cut into segments, each frame flushed before the next
+        /// (its mark says so), of which a prefix was released; segments created for the
+        /// next frames may follow without any, and a reused segment's old frame may lie
+        /// behind the frames. Undamaged, every frame of the segments left is read, once,
+        /// in order, and only the empty segments are stale. With one byte of one frame
+        /// damaged, the scan refuses — unless the frame is the log's last, which nothing
+        /// says was flushed: it is dropped.
         #[test]
-        fn the_log_read_is_the_run_through_what_the_store_lacks(
+        fn the_log_reads_whole_or_refuses_named_damage(
             cuts in proptest::collection::btree_set(2u64..40, 0..8),
             n in 1u64..40,
-            in_store_pick in 0u64..=40,
-            release_pick in 0u64..=40,
-            back in proptest::collection::vec(proptest::bool::ANY, 8),
+            released_pick in 0usize..8,
             empty_after in 0usize..3,
             reused_tail in proptest::bool::ANY,
+            damage in proptest::option::of((0u64..40, 0usize..40)),
         ) {
             let dir = tempfile::tempdir().unwrap();
-            // Segment firsts: 1 and the cuts inside the log.
             let mut firsts: Vec<u64> = std::iter::once(1).chain(cuts.into_iter().filter(|&c| c <= n)).collect();
             firsts.dedup();
             let lasts: Vec<u64> = firsts.iter().skip(1).map(|f| f - 1).chain([n]).collect();
-            let in_store = in_store_pick % (n + 1);
-            // Released: segments wholly at or below a point no later than the store's, but
-            // never the last one (it is being written).
-            let release = release_pick % (in_store + 1);
-            let released = lasts.iter().filter(|&&l| l <= release).count().min(firsts.len() - 1);
-            let mut present = Vec::new();
-            for (i, (&first, &last)) in firsts.iter().zip(&lasts).enumerate() {
-                if i < released && !back[i % back.len()] {
-                    continue;
-                }
+            let released = released_pick % firsts.len();
+            let from = firsts[released];
+            let damaged = damage.map(|(pick, byte)| (from + pick % (n - from + 1), byte));
+            for (&first, &last) in firsts.iter().zip(&lasts).skip(released) {
                 let mut bytes = Vec::new();
                 for f in first..=last {
-                    encode_frame(&mut bytes, f, &[f as u8; 40]);
+                    let at = bytes.len();
+                    encode_frame(&mut bytes, f, f - 1, &[f as u8; 40]);
+                    if let Some((d, byte)) = damaged {
+                        if d == f {
+                            bytes[at + HEADER_BYTES + byte] ^= 0x80;
+                        }
+                    }
                 }
                 if reused_tail {
-                    // What a reused segment holds behind its frames: an older frame.
-                    encode_frame(&mut bytes, 0, &[9; 40]);
+                    encode_frame(&mut bytes, 0, 0, &[9; 40]);
                 }
                 bytes.extend_from_slice(&[0u8; 64]);
                 fs::write(dir.path().join(segment_name(first)), &bytes).unwrap();
-                present.push(i);
             }
             for k in 0..empty_after as u64 {
                 fs::write(dir.path().join(segment_name(n + 1 + k)), [0u8; 64]).unwrap();
             }
-            // Expected: the live segments, and the released ones that came back right
-            // before them with no gap.
-            let mut from = released;
-            while from > 0 && present.contains(&(from - 1)) {
-                from -= 1;
-            }
             let mut seen = Vec::new();
-            let found = scan(dir.path(), in_store, |v| {
-                match v {
-                    Visit::Frame(f, p) => {
-                        assert_eq!(p, &[f as u8; 40][..]);
-                        seen.push(f);
-                    }
-                    Visit::Forget => seen.clear(),
-                }
+            let found = scan(dir.path(), |f, p| {
+                assert_eq!(p, &[f as u8; 40][..]);
+                seen.push(f);
                 Ok(())
-            })
-            .unwrap();
-            let expected: Vec<u64> = (firsts[from]..=n).collect();
-            proptest::prop_assert_eq!(&seen, &expected);
-            let log: Vec<u64> = found.segments.iter().map(|s| s.first).collect();
-            let mut expected_log: Vec<u64> = firsts[from..].to_vec();
-            if empty_after > 0 {
-                expected_log.push(n + 1);
+            });
+            match damaged {
+                Some((d, _)) if d < n => {
+                    let err = found.err().expect("damage before the last frame is refused");
+                    proptest::prop_assert_eq!(err.code(), "XX001");
+                }
+                _ => {
+                    let found = found.unwrap();
+                    let end = if damaged.is_some() { n - 1 } else { n };
+                    proptest::prop_assert_eq!(&seen, &(from..=end).collect::<Vec<_>>());
+                    // A segment left without a whole frame is stale, as are the empty ones.
+                    let live: Vec<u64> = firsts[released..].iter().copied().filter(|&f| f <= end).collect();
+                    let log: Vec<u64> = found.segments.iter().map(|s| s.first).collect();
+                    proptest::prop_assert_eq!(log, live);
+                    let mut stale: Vec<u64> = firsts[released..].iter().copied().filter(|&f| f > end).collect();
+                    stale.extend((0..empty_after as u64).map(|k| n + 1 + k));
+                    let stale: Vec<PathBuf> = stale.into_iter().map(|f| dir.path().join(segment_name(f))).collect();
+                    proptest::prop_assert_eq!(found.stale, stale);
+                }
             }
-            proptest::prop_assert_eq!(log, expected_log);
-            let mut expected_stale: Vec<PathBuf> = present
-                .iter()
-                .filter(|&&i| i < from)
-                .map(|&i| dir.path().join(segment_name(firsts[i])))
-                .collect();
-            if empty_after > 1 {
-                expected_stale.push(dir.path().join(segment_name(n + 2)));
-            }
-            proptest::prop_assert_eq!(found.stale, expected_stale);
         }
     }
 

@@ -1,0 +1,96 @@
+//! End-to-end: a damaged write-ahead log is never passed over in silence. A node
+//! stopped cleanly, whose last commit's frame is then damaged, refuses to start,
+//! naming the file and the offset and the ways out; once the damage is undone it
+//! starts with every commit. Every wait is bounded.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::{sql_json as sql, Node};
+
+/// The newest segment of the store's write-ahead log under `data`.
+fn newest_segment(data: &Path) -> PathBuf {
+    let mut found: Vec<PathBuf> = std::fs::read_dir(data.join("db").join("wal"))
+        .expect("the store's log directory")
+        .map(|e| e.expect("an entry").path())
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("wal-") && n.ends_with(".log"))
+        })
+        .collect();
+    found.sort();
+    found.pop().expect("a log segment")
+}
+
+/// The offsets and payload lengths of the frames at the start of `bytes` (the
+/// segment format of docs/storage.md: a 24-byte header whose first word is the payload
+/// length with its top bit set).
+fn frames(bytes: &[u8]) -> Vec<(usize, usize)> {
+    let mut out = Vec::new();
+    let mut at = 0;
+    while at + 24 <= bytes.len() {
+        let word = u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap());
+        if word & (1 << 31) == 0 {
+            break;
+        }
+        let len = (word & !(1 << 31)) as usize;
+        out.push((at, len));
+        at += 24 + len;
+    }
+    out
+}
+
+#[test]
+fn a_damaged_last_commit_after_a_clean_stop_refuses_to_start_and_names_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("m");
+    let mut node = Node::start("m", &data);
+    let (ok, _, err) = sql(&node, "create table t (k int primary key, v varchar(20))");
+    assert!(ok, "{err}");
+    for k in 0..20 {
+        let (ok, _, err) = sql(&node, &format!("insert into t values ({k}, 'row {k}')"));
+        assert!(ok, "{err}");
+    }
+    let stopped = node.terminate().expect("the node stops on SIGTERM");
+    assert!(stopped.success(), "{stopped:?}");
+
+    // The clean stop's mark is the last frame; the one before it is the last commit.
+    let segment = newest_segment(&data);
+    let intact = std::fs::read(&segment).unwrap();
+    let found = frames(&intact);
+    assert!(found.len() >= 2, "{found:?}");
+    let (at, len) = found[found.len() - 2];
+    assert!(len > 8, "the last commit's frame has a payload");
+    let mut damaged = intact.clone();
+    for b in &mut damaged[at + 24 + len / 2..at + 24 + len / 2 + 4] {
+        *b ^= 0xff;
+    }
+    std::fs::write(&segment, &damaged).unwrap();
+
+    let log = Node::try_start("m", &data, &[])
+        .err()
+        .expect("a damaged log refuses to start");
+    let name = segment.file_name().unwrap().to_str().unwrap();
+    for part in [
+        "XX001",
+        &format!("at offset {at} of {name}"),
+        "acknowledged and damaged since",
+        "hawser duplicate",
+    ] {
+        assert!(log.contains(part), "{part:?} not in:\n{log}");
+    }
+    assert_eq!(
+        std::fs::read(&segment).unwrap(),
+        damaged,
+        "nothing was changed"
+    );
+
+    // Undone: every commit is there.
+    std::fs::write(&segment, &intact).unwrap();
+    let node = Node::start("m", &data);
+    let (ok, results, err) = sql(&node, "select count(*) from t");
+    assert!(ok, "{err}");
+    assert_eq!(results[0]["rows"], serde_json::json!([[20]]));
+}
