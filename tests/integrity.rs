@@ -1,13 +1,16 @@
 //! End-to-end: a damaged write-ahead log is never passed over in silence. A node
 //! stopped cleanly, whose last commit's frame is then damaged, refuses to start,
 //! naming the file and the offset and the ways out; once the damage is undone it
-//! starts with every commit. Every wait is bounded.
+//! starts with every commit. A master stopped while it streams closes its store as
+//! cleanly as one that does not. Every wait is bounded.
 
 mod common;
 
 use std::path::{Path, PathBuf};
 
-use common::{sql_json as sql, Node};
+use std::time::Duration;
+
+use common::{ddl, sql_json as sql, start_member, stderr, voters, wait_for, Node};
 
 /// The newest segment of the store's write-ahead log under `data`.
 fn newest_segment(data: &Path) -> PathBuf {
@@ -93,4 +96,46 @@ fn a_damaged_last_commit_after_a_clean_stop_refuses_to_start_and_names_it() {
     let (ok, results, err) = sql(&node, "select count(*) from t");
     assert!(ok, "{err}");
     assert_eq!(results[0]["rows"], serde_json::json!([[20]]));
+}
+
+/// Whether the last frame of the store's newest log segment under `data` is the empty
+/// batch a clean close appends (an operation count of 0).
+fn ends_with_the_close_mark(data: &Path) -> bool {
+    let bytes = std::fs::read(newest_segment(data)).unwrap();
+    frames(&bytes)
+        .last()
+        .is_some_and(|&(at, len)| len == 4 && bytes[at + 24..at + 28] == [0, 0, 0, 0])
+}
+
+#[test]
+fn a_master_stopped_with_a_stream_running_closes_its_store_cleanly() {
+    const WAIT: Duration = Duration::from_secs(30);
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let mut n1 = start_member("n1", d, "127.0.0.1:0", None, &[]);
+    let out = n1.cli(&["init"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let n2 = start_member("n2", d, "127.0.0.1:0", Some(&n1.grpc), &[]);
+    for n in [&n1, &n2] {
+        wait_for("two voters", WAIT, || (voters(n) == 2).then_some(()));
+        let (ok, _, err) = sql(n, "create table t (k int primary key)");
+        assert!(ok, "{err}");
+    }
+    ddl(
+        &n1,
+        "CREATE REPLICATION r ELEMENT e TABLE t MASTER n1 SUBSCRIBER n2",
+    );
+    wait_for("n1 takes writes", WAIT, || {
+        sql(&n1, "insert into t values (1)").0.then_some(())
+    });
+    wait_for("n2 has the row", WAIT, || {
+        let (ok, results, _) = sql(&n2, "select count(*) from t");
+        (ok && results[0]["rows"] == serde_json::json!([[1]])).then_some(())
+    });
+    let stopped = n1.terminate().expect("n1 stops on SIGTERM");
+    assert!(stopped.success(), "{stopped:?}");
+    assert!(
+        ends_with_the_close_mark(&d.join("n1")),
+        "n1's store was not closed: its log does not end with the mark of a clean close"
+    );
 }

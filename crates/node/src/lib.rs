@@ -555,6 +555,10 @@ pub async fn run(
     state.shutdown.cancel();
     state.tasks.close();
     state.tasks.wait().await;
+    // The store's written hook holds the senders and each sender holds the store: let
+    // them go, so that the store closes as the node exits (its final checkpoint, and
+    // the end of its log marked) rather than never.
+    state.senders.lock().clear();
     if let Err(e) = state.plane.shutdown().await {
         warn!(error = %e, "Raft did not shut down cleanly");
     }
