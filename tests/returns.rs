@@ -542,15 +542,7 @@ fn three_voters(d: &Path, args: &[&str]) -> (Node, Node, Node) {
     (n1, n2, n3)
 }
 
-/// Waits until `node` holds a master lease (a master takes client writes only under
-/// one; a restarted one has none until the Raft leader it reports to grants it).
-fn leased(node: &Node) {
-    wait_for("a master lease", WAIT, || {
-        let (_, body) = http_get(&node.http, "/replication");
-        let v: Value = serde_json::from_str(&body).ok()?;
-        v["master_lease"]["remaining_ms"].as_u64().map(|_| ())
-    });
-}
+use common::wait_leased as leased;
 
 /// Stops `node` cleanly (asserting that it did) and starts it again on its data and
 /// address with `args`, and waits until it holds a master lease.

@@ -340,6 +340,17 @@ pub fn ddl(node: &Node, text: &str) {
     assert!(out.status.success(), "{text}: {}", stderr(&out));
 }
 
+/// Waits until `node` holds a master lease (a master takes client writes only under
+/// one; a restarted one has none until the Raft leader it reports to grants it, and a
+/// leader that has not heard from a quorum lately grants none).
+pub fn wait_leased(node: &Node) {
+    wait_for("a master lease", CLUSTER_WAIT, || {
+        let (_, body) = http_get(&node.http, "/replication");
+        let v: serde_json::Value = serde_json::from_str(&body).ok()?;
+        v["master_lease"]["remaining_ms"].as_u64().map(|_| ())
+    });
+}
+
 /// Runs SQL on `node` with JSON output: (success, one JSON result per statement that
 /// ran, stderr).
 pub fn sql_json(node: &Node, text: &str) -> (bool, Vec<serde_json::Value>, String) {
