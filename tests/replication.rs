@@ -399,3 +399,39 @@ fn a_master_without_durable_commits_killed_under_load_loses_nothing_its_subscrib
     let v: Value = serde_json::from_str(&body).expect("JSON");
     assert_eq!(v["outbound"][0]["state"], "streaming", "{v}");
 }
+
+/// A two-voter cluster keeps taking writes on the Raft leader's side while the other
+/// voter is down: nobody can become leader without the leader's vote, so its master
+/// lease stays safe without a quorum. The subscriber catches up when it is back.
+#[test]
+fn a_two_voter_master_keeps_writing_while_its_subscriber_is_down() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let (n1, mut n2) = two_voters(d, &[]);
+    for n in [&n1, &n2] {
+        sql(n, "create table t (k int primary key, v varchar(40))");
+    }
+    ddl(
+        &n1,
+        "CREATE REPLICATION r ELEMENT e TABLE t MASTER n1 SUBSCRIBER n2",
+    );
+    common::wait_leased(&n1);
+    sql(&n1, "insert into t values (1, 'before')");
+    let n2_grpc = n2.grpc.clone();
+    assert!(n2.terminate().is_some_and(|s| s.success()));
+    drop(n2);
+    // Well past any lease granted while n2 was there: n1, the leader, has not heard
+    // from n2 for four leases.
+    wait_for("n2 silent for four leases", WAIT, || {
+        let s = n1.try_status()?;
+        let nodes = s["cluster"]["nodes"].as_array()?.clone();
+        nodes
+            .iter()
+            .any(|n| n["store"] == "n2" && n["millis_since_report"].as_u64() >= Some(2_000))
+            .then_some(())
+    });
+    sql(&n1, "insert into t values (2, 'while n2 is down')");
+    let expected = rows(&n1).expect("n1 answers");
+    let n2 = start("n2", d, &n2_grpc, None);
+    converge(&n2, &expected, "after n2's restart");
+}

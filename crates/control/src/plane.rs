@@ -1129,7 +1129,9 @@ impl Inner {
         })
     }
 
-    /// A master lease for `node`, or why the leader grants none now.
+    /// A master lease for `node`, or why the leader grants none now: while a quorum
+    /// acknowledged this leader lately, or no other node can become leader without its
+    /// vote ([`irreplaceable`]).
     fn grant(
         &self,
         m: &crate::types::RaftMetrics,
@@ -1140,8 +1142,10 @@ impl Inner {
             return Err(format!("node {node} is not registered in the cluster"));
         }
         let limit = self.cfg.lease_quorum_age();
+        let configs = m.membership_config.membership().get_joint_config();
         match m.millis_since_quorum_ack {
             Some(ms) if u128::from(ms) <= limit.as_millis() => {}
+            _ if irreplaceable(self.cfg.node_id.0, configs) => {}
             other => {
                 return Err(format!(
                     "the Raft leader has not heard from a quorum within {limit:?} (last: \
@@ -1211,5 +1215,38 @@ fn write_error(e: RaftError<RaftNodeId, ClientWriteError<RaftNodeId, BasicNode>>
             addr: f.leader_node.map(|n| n.addr),
         },
         other => PeerError::Failed(other.to_string()),
+    }
+}
+
+/// Whether no node other than `me` can become Raft leader without `me`'s vote: in
+/// every voter set of the membership (two during a joint change), `me` is one of at
+/// most two. A leader that has not heard from a quorum lately then still cannot have
+/// been replaced — a candidate needs its vote, and it steps down before it gives one —
+/// so the leases it grants stay safe, and a two-voter cluster keeps writing on the
+/// leader's side while the other voter is down (no failover can commit then either).
+/// A successor elected with its vote takes over no earlier than the step-down, so every
+/// such lease ends within a lease of the takeover, within the takeover credit's margin
+/// (docs/control.md, "Failover timing").
+fn irreplaceable(me: u64, configs: &[BTreeSet<u64>]) -> bool {
+    !configs.is_empty() && configs.iter().all(|c| c.contains(&me) && c.len() <= 2)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_leader_whose_vote_every_successor_needs_is_irreplaceable() {
+        let set = |ids: &[u64]| ids.iter().copied().collect::<BTreeSet<u64>>();
+        assert!(irreplaceable(1, &[set(&[1])]));
+        assert!(irreplaceable(1, &[set(&[1, 2])]));
+        // Three voters: the other two elect a leader without it.
+        assert!(!irreplaceable(1, &[set(&[1, 2, 3])]));
+        // Not a voter of a set: that set elects without it.
+        assert!(!irreplaceable(1, &[set(&[2, 3])]));
+        // A joint change needs a majority of each set.
+        assert!(irreplaceable(1, &[set(&[1, 2]), set(&[1])]));
+        assert!(!irreplaceable(1, &[set(&[1, 2]), set(&[1, 2, 3])]));
+        assert!(!irreplaceable(1, &[]));
     }
 }
