@@ -92,10 +92,46 @@ fn a_damaged_last_commit_after_a_clean_stop_refuses_to_start_and_names_it() {
 
     // Undone: every commit is there.
     std::fs::write(&segment, &intact).unwrap();
-    let node = Node::start("m", &data);
-    let (ok, results, err) = sql(&node, "select count(*) from t");
+    let mut node = Node::start("m", &data);
+    let count = |node: &Node| {
+        let (ok, results, err) = sql(node, "select count(*) from t");
+        assert!(ok, "{err}");
+        results[0]["rows"].clone()
+    };
+    assert_eq!(count(&node), serde_json::json!([[20]]));
+    assert!(node.terminate().is_some_and(|s| s.success()));
+
+    // Damaged again, and salvaged: the log is cut before the damage (the tables keep
+    // what the clean stop checkpointed, the last row included; its commit record is
+    // gone), the segment as it was is kept aside, and the log opens as it is from then
+    // on.
+    std::fs::write(&segment, &damaged).unwrap();
+    let mut node = Node::try_start("m", &data, &["--salvage"]).expect("a salvaged start");
+    assert_eq!(count(&node), serde_json::json!([[20]]));
+    let (ok, results, err) = sql(&node, "select count(*) from t where k = 19");
     assert!(ok, "{err}");
-    assert_eq!(results[0]["rows"], serde_json::json!([[20]]));
+    assert_eq!(results[0]["rows"], serde_json::json!([[1]]));
+    assert!(node.log().contains("salvaged"), "{}", node.log());
+    let aside: Vec<PathBuf> = std::fs::read_dir(data.join("db").join("wal"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| {
+            p.file_name()
+                .unwrap()
+                .to_str()
+                .unwrap()
+                .starts_with("salvaged-")
+        })
+        .collect();
+    assert_eq!(aside.len(), 1, "{aside:?}");
+    assert_eq!(
+        std::fs::read(aside[0].join(name)).unwrap(),
+        damaged,
+        "the damaged segment kept as it was"
+    );
+    assert!(node.terminate().is_some_and(|s| s.success()));
+    let node = Node::start("m", &data);
+    assert_eq!(count(&node), serde_json::json!([[20]]));
 }
 
 /// Whether the last frame of the store's newest log segment under `data` is the empty

@@ -177,6 +177,16 @@ pub struct StartArgs {
     /// For drills that rehearse a machine crash; leave unset otherwise.
     #[arg(long, env = "HAWSER_BOOT_ID", hide = true)]
     boot_id: Option<String>,
+    /// Open a store whose write-ahead log is damaged (the node refused to start with
+    /// XX001 "damaged write-ahead log") by cutting the log before the damage: the
+    /// frames from the damage on are copied into db/wal/salvaged-<time>/ and taken out
+    /// (the tables keep what was checkpointed before; commits only in those frames are
+    /// lost here, and their log records with them), and the node counts as restarted —
+    /// a subscriber holding more of its commits is never streamed to again until it is
+    /// rebuilt (`hawser duplicate`); rebuild subscribers that were behind, too. Prefer
+    /// restoring the directory or rebuilding the node from a peer.
+    #[arg(long, env = "HAWSER_SALVAGE", value_parser = clap::builder::FalseyValueParser::new())]
+    salvage: bool,
     #[command(flatten)]
     compile: CompileArgs,
     /// Stop cleanly when the process that started this one goes away, even if it was
@@ -333,6 +343,9 @@ impl StartArgs {
         }
         if let Some(v) = &self.boot_id {
             c.boot_id = Some(v.clone());
+        }
+        if self.salvage {
+            c.salvage = true;
         }
         c.validate()?;
         Ok(c)

@@ -127,6 +127,9 @@ pub struct NodeConfig {
     /// of the machine (docs/stream.md, "Shipping before the sync"). For drills and
     /// tests that rehearse a machine crash; leave unset otherwise.
     pub boot_id: Option<String>,
+    /// Cut a damaged write-ahead log before the damage instead of refusing to start
+    /// (`hawser start --salvage`; `hawser_store::DbOptions::salvage`).
+    pub salvage: bool,
 }
 
 impl Default for NodeConfig {
@@ -163,6 +166,7 @@ impl Default for NodeConfig {
             cpu_class: CpuClass::Normal,
             transparent_huge_pages: HugePages::Off,
             boot_id: None,
+            salvage: false,
         }
     }
 }

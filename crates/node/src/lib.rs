@@ -299,6 +299,7 @@ pub async fn run(
         lock_timeout: config.lock_timeout,
         boot_id: config.boot_id.clone(),
         min_free_bytes: config.min_free_bytes,
+        salvage: config.salvage,
     };
     let db_dir = config.data_dir.join("db");
     // Opening sled replays its log: blocking work, kept off the async workers.

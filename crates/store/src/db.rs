@@ -64,6 +64,11 @@ pub struct DbOptions {
     /// has less than this many bytes available ([`crate::space`]); 0 never refuses.
     /// Only a store on disk ([`Database::open_sled`]) checks.
     pub min_free_bytes: u64,
+    /// Open a store whose write-ahead log is damaged by cutting the log before the
+    /// damage instead of refusing ([`crate::wal::scan`]): what followed is kept aside,
+    /// not in the store, and the store counts as restarted, so that a receiver holding
+    /// more of its commits is never streamed to again until it is rebuilt.
+    pub salvage: bool,
 }
 
 impl DbOptions {
@@ -75,6 +80,7 @@ impl DbOptions {
             lock_timeout: Duration::from_secs(10),
             boot_id: None,
             min_free_bytes: 0,
+            salvage: false,
         }
     }
 }
@@ -434,7 +440,18 @@ impl Database {
     /// recovered is a prefix of whole commits: nothing else needs repairing.
     pub fn open(engine: Arc<dyn KvEngine>, opts: DbOptions) -> Result<Database, StoreError> {
         check_format(engine.as_ref())?;
-        let boot = read_boot(engine.as_ref(), opts.boot_id.as_deref())?;
+        let mut boot = read_boot(engine.as_ref(), opts.boot_id.as_deref())?;
+        if let Some(what) = engine.salvaged() {
+            // Commits past the cut are gone from this store, and a receiver may hold
+            // them: as after a machine restart that lost some, never stream to one
+            // that holds more of this node's commits than it has now.
+            tracing::error!(
+                what = %what,
+                "this store opened from a salvaged log: it counts as restarted; a \
+                 receiver holding more of its commits is refused until it is rebuilt"
+            );
+            boot.restarted = true;
+        }
         let mut catalog = Catalog::default();
         let mut max_id = 0;
         for kv in engine.scan(layout::prefix_range(&[layout::TABLE_PREFIX]), false) {
@@ -586,7 +603,8 @@ impl Database {
     /// Opens (or creates) a sled-backed database in `dir`.
     pub fn open_sled(dir: &Path, opts: DbOptions) -> Result<Database, StoreError> {
         let min_free = opts.min_free_bytes;
-        let db = Self::open(Arc::new(SledEngine::open(dir)?), opts)?;
+        let engine = SledEngine::open_salvaging(dir, opts.salvage)?;
+        let db = Self::open(Arc::new(engine), opts)?;
         if min_free > 0 {
             let guard = SpaceGuard::start(dir, min_free)?;
             let _ = db.inner.space.set(guard);

@@ -126,6 +126,12 @@ pub trait KvEngine: Send + Sync + 'static {
     fn failure(&self) -> Option<String> {
         None
     }
+
+    /// What opening cut from a damaged log when told to salvage it
+    /// ([`SledEngine::open_salvaging`]); `None` when nothing was.
+    fn salvaged(&self) -> Option<String> {
+        None
+    }
 }
 
 /// The sled engine: one tree holds the whole keyspace; [`crate::wal`] makes its
@@ -171,6 +177,8 @@ struct Shared {
     /// Set when an insert failed halfway through a batch: sled holds part of it, so
     /// nothing more is applied until a restart re-applies its frame.
     broken: Mutex<Option<String>>,
+    /// What opening cut from a damaged log when told to salvage it.
+    salvaged: Option<String>,
     /// sled's first I/O error, met by a read, a scan or the checkpoint's flush: sled
     /// keeps it and fails every later operation (reads included), and what it holds
     /// durably is no longer known, so the store is failed ([`KvEngine::failure`]) and
@@ -328,12 +336,24 @@ impl SledEngine {
     /// `dir/wal`, and recovers: batches the log or the redo records hold beyond sled's
     /// checkpoint are applied again, in order.
     pub fn open(dir: &Path) -> Result<Self, StoreError> {
+        Self::open_salvaging(dir, false)
+    }
+
+    /// [`SledEngine::open`]; with `salvage`, a damaged log is cut before the damage
+    /// instead of refused (see [`crate::wal::scan`]), and [`KvEngine::salvaged`] says
+    /// so.
+    pub fn open_salvaging(dir: &Path, salvage: bool) -> Result<Self, StoreError> {
         let db = open_sled(dir)?;
         let redo = db
             .open_tree("hawser_redo")
             .map_err(|e| StoreError::io("open of the redo records", e))?;
         let wal_dir = dir.join("wal");
-        let Recovered { last, log, kept } = recover(&db, &redo, &wal_dir)?;
+        let Recovered {
+            last,
+            log,
+            kept,
+            salvaged,
+        } = recover(&db, &redo, &wal_dir, salvage)?;
         let shared = Arc::new(Shared {
             wal: Wal::open(&wal_dir, last + 1, kept)?,
             db,
@@ -345,6 +365,7 @@ impl SledEngine {
             applied: AtomicU64::new(last),
             checkpoint: AtomicU64::new(last),
             broken: Mutex::new(None),
+            salvaged,
             sled_failed: Mutex::new(None),
             stop: Mutex::new(false),
             wake: Condvar::new(),
@@ -408,11 +429,18 @@ struct Recovered {
     log: LogIndex,
     /// The log segments kept: they hold log keys.
     kept: Vec<crate::wal::ScannedSegment>,
+    /// What salvaging the log cut, if it did.
+    salvaged: Option<String>,
 }
 
 /// Re-applies what sled may lack, checkpoints it, and indexes the log keys the log
 /// segments hold; removes the segments that hold none.
-fn recover(db: &sled::Db, redo: &sled::Tree, wal_dir: &Path) -> Result<Recovered, StoreError> {
+fn recover(
+    db: &sled::Db,
+    redo: &sled::Tree,
+    wal_dir: &Path,
+    salvage: bool,
+) -> Result<Recovered, StoreError> {
     let io = |what: &'static str| move |e: sled::Error| StoreError::io(what, e);
     let checkpoint = match redo.get(CHECKPOINT_KEY).map_err(io("recovery"))? {
         Some(v) => frame_number(&v)?,
@@ -441,7 +469,9 @@ fn recover(db: &sled::Db, redo: &sled::Tree, wal_dir: &Path) -> Result<Recovered
     // other changes of the frames sled may not have at all.
     let in_sled = last;
     let mut replayed: Option<u64> = None;
-    let scanned = crate::wal::scan(wal_dir, |frame, payload| {
+    let mut seen: Option<u64> = None;
+    let scanned = crate::wal::scan(wal_dir, salvage, |frame, payload| {
+        seen = Some(frame);
         let batch = crate::wal::decode_batch(payload).map_err(|reason| {
             StoreError::corrupt(&frame.to_be_bytes(), format!("frame {frame}: {reason}"))
         })?;
@@ -500,6 +530,22 @@ fn recover(db: &sled::Db, redo: &sled::Tree, wal_dir: &Path) -> Result<Recovered
             "recovered batches from the redo records"
         );
     }
+    if scanned.salvaged.is_some() {
+        // The log was cut before frames sled may hold: the next frame follows the last
+        // one kept, so that the log goes on without a gap (what sled holds of the
+        // frames cut stays; a frame written again under their numbers is re-applied
+        // over it, as the checkpoint now says).
+        let kept = seen.unwrap_or(0);
+        if kept < last {
+            tracing::warn!(
+                from = kept + 1,
+                to = last,
+                "frames cut from the salvaged log were in sled already; the log goes on \
+                 after the last frame kept"
+            );
+            last = kept;
+        }
+    }
     // Make all of it sled's; then only the segments with log keys in them stay.
     db.flush().map_err(io("recovery flush"))?;
     set_checkpoint(db, redo, last)?;
@@ -522,7 +568,12 @@ fn recover(db: &sled::Db, redo: &sled::Tree, wal_dir: &Path) -> Result<Recovered
     for path in &scanned.stale {
         remove(path)?;
     }
-    Ok(Recovered { last, log, kept })
+    Ok(Recovered {
+        last,
+        log,
+        kept,
+        salvaged: scanned.salvaged,
+    })
 }
 
 /// The smallest redo record key.
@@ -926,6 +977,10 @@ impl KvEngine for SledEngine {
 
     fn write_ahead(&self) -> Result<(), StoreError> {
         self.shared.wal.write_ahead()
+    }
+
+    fn salvaged(&self) -> Option<String> {
+        self.shared.salvaged.clone()
     }
 
     fn failure(&self) -> Option<String> {

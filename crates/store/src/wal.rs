@@ -356,6 +356,16 @@ impl ScannedSegment {
 pub(crate) struct Scanned {
     pub(crate) segments: Vec<ScannedSegment>,
     pub(crate) stale: Vec<PathBuf>,
+    /// With `salvage`: the damage the log was cut at, and where what followed it went.
+    pub(crate) salvaged: Option<String>,
+}
+
+/// Where a damaged log is cut when it is salvaged: the segment `keep` (by index in
+/// the listing) keeps its first `keep_bytes` (all of it, moved aside, when 0), and
+/// every segment after it is moved aside.
+struct Cut {
+    keep: usize,
+    keep_bytes: u64,
 }
 
 /// Reads the log in `dir` once, from its oldest segment on, and hands every frame of
@@ -364,23 +374,32 @@ pub(crate) struct Scanned {
 /// old bytes), or at a torn frame — a frame no later frame's durable mark covers, so it
 /// was never flushed, dropped with a warning naming it.
 ///
-/// Refused, naming the file and offset (`XX001`; no file is removed): a frame the log
-/// stops at that a later frame's mark says was durable (damaged since it was flushed);
-/// a segment that stops early while another after it holds frames (a new segment is
-/// created only once the frames of the one before are durable); a gap in the frame
-/// numbers between two segments (segments are removed oldest first, the directory
-/// synced after each, so no crash leaves a gap behind).
+/// Damage is refused, naming the file and offset (`XX001`; no file is removed): a frame
+/// the log stops at that a later frame's mark says was durable (damaged since it was
+/// flushed); a segment that stops early while another after it holds frames (a new
+/// segment is created only once the frames of the one before are durable); a gap in
+/// the frame numbers between two segments (segments are removed oldest first, the
+/// directory synced after each, so no crash leaves a gap behind). With `salvage` the
+/// log is cut there instead: the intact frames before the damage stay the log, and
+/// everything from the damage on — the rest of that segment and every segment after —
+/// is copied into `salvaged-<unix seconds>/` beside the segments and taken out of the
+/// log ([`Scanned::salvaged`] says what and where).
 pub(crate) fn scan(
     dir: &Path,
+    salvage: bool,
     mut visit: impl FnMut(u64, &[u8]) -> Result<(), StoreError>,
 ) -> Result<Scanned, StoreError> {
     let mut found = Scanned {
         segments: Vec::new(),
         stale: Vec::new(),
+        salvaged: None,
     };
+    let all = segments(dir)?;
     // How the last segment of the log read so far ends: where, and how.
     let mut tail: Option<(u64, End)> = None;
-    for (first, path) in segments(dir)? {
+    let mut cut: Option<(StoreError, Cut)> = None;
+    for (i, (first, path)) in all.iter().enumerate() {
+        let (first, path) = (*first, path.clone());
         let bytes = read_segment(&path)?;
         let frames: Vec<FrameAt<'_>> = frames_in(first, &bytes).collect();
         if frames.is_empty() {
@@ -391,22 +410,39 @@ pub(crate) fn scan(
                     continue;
                 }
                 damaged @ End::Damaged { .. } => {
-                    return Err(damaged_error(dir, &path, 0, first, &damaged));
+                    let e = damaged_error(dir, &path, 0, first, &damaged);
+                    cut = Some((
+                        e,
+                        Cut {
+                            keep: i,
+                            keep_bytes: 0,
+                        },
+                    ));
+                    break;
                 }
             }
         }
         if let Some(stale) = found.stale.first() {
-            return Err(StoreError::DamagedLog(format!(
-                "{} holds no whole frame, but {} after it holds frames {first} on: \
-                 {}",
+            let e = StoreError::DamagedLog(format!(
+                "{} holds no whole frame, but {} after it holds frames {first} on: {}",
                 file_name(stale),
                 file_name(&path),
                 WAYS_OUT
-            )));
+            ));
+            let keep = i - found.stale.len();
+            found.stale.clear();
+            cut = Some((
+                e,
+                Cut {
+                    keep,
+                    keep_bytes: 0,
+                },
+            ));
+            break;
         }
         if let (Some(last), Some((stop, end))) = (found.segments.last(), &tail) {
-            if *end == End::Clean && last.last() + 1 != first {
-                return Err(StoreError::DamagedLog(format!(
+            let e = if *end == End::Clean && last.last() + 1 != first {
+                Some(StoreError::DamagedLog(format!(
                     "the log in {} has a gap: {} ends at frame {}, {} after it starts at \
                      frame {first}; frames {} to {} are missing (a segment removed by hand, \
                      or put back from elsewhere). No file was removed: {}",
@@ -417,10 +453,9 @@ pub(crate) fn scan(
                     last.last() + 1,
                     first - 1,
                     WAYS_OUT
-                )));
-            }
-            if *end != End::Clean || last.last() + 1 != first {
-                return Err(StoreError::DamagedLog(format!(
+                )))
+            } else if *end != End::Clean || last.last() + 1 != first {
+                Some(StoreError::DamagedLog(format!(
                     "the log in {} stops short: {} ends at frame {} (offset {stop}: \
                      the next frame there is torn, fails its check or has the wrong \
                      number), but {} after it holds frames {first} to {}; frames in \
@@ -431,24 +466,59 @@ pub(crate) fn scan(
                     file_name(&path),
                     frames.last().map_or(first, |f| f.number),
                     WAYS_OUT
-                )));
+                )))
+            } else {
+                None
+            };
+            if let Some(e) = e {
+                // The previous segment keeps what it holds up to where it stopped.
+                cut = Some((
+                    e,
+                    Cut {
+                        keep: i - 1,
+                        keep_bytes: *stop,
+                    },
+                ));
+                break;
             }
         }
         let stop = frames.last().map_or(0, FrameAt::end);
         let next = first + frames.len() as u64;
         let end = end_at(&bytes, stop, next);
-        if let End::Damaged { .. } = end {
+        let damaged = matches!(end, End::Damaged { .. });
+        if damaged && !salvage {
             return Err(damaged_error(dir, &path, stop, next, &end));
         }
         for f in &frames {
             visit(f.number, f.payload)?;
         }
-        tail = Some((stop, end));
         found.segments.push(ScannedSegment {
             first,
-            path,
+            path: path.clone(),
             offsets: frames.iter().map(|f| f.at).collect(),
         });
+        if damaged {
+            let e = damaged_error(dir, &path, stop, next, &end);
+            cut = Some((
+                e,
+                Cut {
+                    keep: i,
+                    keep_bytes: stop,
+                },
+            ));
+            break;
+        }
+        tail = Some((stop, end));
+    }
+    if let Some((e, at)) = cut {
+        if !salvage {
+            return Err(e);
+        }
+        found.salvaged = Some(salvage_at(dir, &all, &at, &e)?);
+        if at.keep_bytes == 0 {
+            found.segments.retain(|s| s.path != all[at.keep].1);
+        }
+        return Ok(found);
     }
     if let (Some(last), Some((stop, End::Torn))) = (found.segments.last(), &tail) {
         tracing::warn!(
@@ -462,10 +532,65 @@ pub(crate) fn scan(
     Ok(found)
 }
 
+/// Cuts the log at `cut` (see [`Cut`]): copies what goes into a `salvaged-…` directory
+/// beside the segments, then truncates the segment cut in (or moves it whole) and
+/// moves every later segment, syncing as it goes. Returns what it did, for the log.
+fn salvage_at(
+    dir: &Path,
+    all: &[(u64, PathBuf)],
+    cut: &Cut,
+    damage: &StoreError,
+) -> Result<String, StoreError> {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let aside = dir.join(format!("salvaged-{secs}"));
+    fs::create_dir_all(&aside)
+        .map_err(|e| StoreError::io(format!("creating {}", aside.display()), e))?;
+    let io = |what: String| move |e| StoreError::io(what, e);
+    let (_, cut_path) = &all[cut.keep];
+    let to = aside.join(cut_path.file_name().unwrap_or_default());
+    if cut.keep_bytes == 0 {
+        fs::rename(cut_path, &to).map_err(io(format!("moving {}", cut_path.display())))?;
+    } else {
+        fs::copy(cut_path, &to).map_err(io(format!("copying {}", cut_path.display())))?;
+        File::open(&to)
+            .and_then(|f| f.sync_all())
+            .map_err(io(format!("syncing {}", to.display())))?;
+        sync_dir(&aside)?;
+        let f = OpenOptions::new()
+            .write(true)
+            .open(cut_path)
+            .map_err(io(format!("opening {}", cut_path.display())))?;
+        f.set_len(cut.keep_bytes)
+            .and_then(|()| f.sync_all())
+            .map_err(io(format!("truncating {}", cut_path.display())))?;
+    }
+    let mut moved = vec![file_name(cut_path).to_string()];
+    for (_, path) in &all[cut.keep + 1..] {
+        let to = aside.join(path.file_name().unwrap_or_default());
+        fs::rename(path, &to).map_err(io(format!("moving {}", path.display())))?;
+        moved.push(file_name(path).to_string());
+    }
+    sync_dir(&aside)?;
+    sync_dir(dir)?;
+    let what = format!(
+        "{damage} — salvaged: the log now ends before the damage (in {} at offset {}); \
+         {} copied into {} as they were",
+        file_name(cut_path),
+        cut.keep_bytes,
+        moved.join(", "),
+        aside.display()
+    );
+    tracing::error!(what = %what, "the write-ahead log was salvaged");
+    Ok(what)
+}
+
 /// What to do about a damaged log.
 const WAYS_OUT: &str = "restore the data directory from a backup, or move it aside and \
     rebuild this node from a peer (start it on an empty data directory, then `hawser \
-    duplicate`)";
+    duplicate`), or start it with --salvage to keep the commits before the damage \
+    (those after it are then lost here, and kept aside)";
 
 /// The error of a frame found damaged ([`End::Damaged`]).
 fn damaged_error(dir: &Path, path: &Path, stop: u64, next: u64, end: &End) -> StoreError {
@@ -539,7 +664,7 @@ pub(crate) fn replay(
     mut apply: impl FnMut(u64, &[u8]) -> Result<(), StoreError>,
 ) -> Result<Option<u64>, StoreError> {
     let mut last = None;
-    scan(dir, |frame, payload| {
+    scan(dir, false, |frame, payload| {
         if frame <= after {
             return Ok(());
         }
@@ -1252,13 +1377,13 @@ mod tests {
         assert_eq!(segments(dir.path()).unwrap().len(), 3, "nothing removed");
         // Whatever the store holds: a segment is never taken for a released one a
         // crash brought back and removed.
-        assert!(scan(dir.path(), |_, _| Ok(())).is_err());
+        assert!(scan(dir.path(), false, |_, _| Ok(())).is_err());
         // Segments that hold no frame (created just before a crash) are no damage: the
         // log ends in the first, and those after it are stale.
         for (_, path) in &all[1..] {
             fs::write(path, vec![0u8; 4096]).unwrap();
         }
-        let found = scan(dir.path(), |_, _| Ok(())).unwrap();
+        let found = scan(dir.path(), false, |_, _| Ok(())).unwrap();
         assert_eq!(found.segments.len(), 1);
         assert_eq!(found.stale, [all[1].1.clone(), all[2].1.clone()]);
     }
@@ -1380,7 +1505,7 @@ mod tests {
                 fs::write(dir.path().join(segment_name(n + 1 + k)), [0u8; 64]).unwrap();
             }
             let mut seen = Vec::new();
-            let found = scan(dir.path(), |f, p| {
+            let found = scan(dir.path(), false, |f, p| {
                 assert_eq!(p, &[f as u8; 40][..]);
                 seen.push(f);
                 Ok(())
@@ -1389,6 +1514,18 @@ mod tests {
                 Some((d, _)) if d < n => {
                     let err = found.err().expect("damage before the last frame is refused");
                     proptest::prop_assert_eq!(err.code(), "XX001");
+                    // Salvaged: the frames before the damage, and from then on a log
+                    // that opens as it is.
+                    for salvage in [true, false] {
+                        let mut kept = Vec::new();
+                        let found = scan(dir.path(), salvage, |f, _| {
+                            kept.push(f);
+                            Ok(())
+                        })
+                        .unwrap();
+                        proptest::prop_assert_eq!(found.salvaged.is_some(), salvage);
+                        proptest::prop_assert_eq!(kept, (from..d).collect::<Vec<_>>());
+                    }
                 }
                 _ => {
                     let found = found.unwrap();
