@@ -23,6 +23,9 @@
 //! cargo build --release -p hawser-cli -p hawser-chaos
 //! target/release/hawser-chaos catchup                       # 1,000,000 over 10,000 keys
 //! target/release/hawser-chaos catchup --no-repeat           # every update a new key
+//! # 100 MiB behind on transactions of 1 MiB (26 rows of 40,000 bytes), then of 10 MiB
+//! target/release/hawser-chaos catchup --no-repeat --value-bytes 40000 --per-txn 26 --updates 2600
+//! target/release/hawser-chaos catchup --no-repeat --value-bytes 40000 --per-txn 262 --updates 2620
 //! ```
 
 use std::path::{Path, PathBuf};
@@ -62,6 +65,10 @@ pub struct CatchupArgs {
     /// transaction per update).
     #[arg(long, default_value_t = 100)]
     per_txn: u64,
+    /// Each row's value is text of this many bytes (`v VARCHAR(n)`) instead of a
+    /// number: large transactions, `--per-txn` × this many bytes each.
+    #[arg(long, default_value_t = 0)]
+    value_bytes: u64,
     /// Concurrent load clients.
     #[arg(long, default_value_t = 4)]
     clients: u64,
@@ -265,9 +272,14 @@ async fn load(args: &CatchupArgs, bin: &Path, dir: &Path) -> anyhow::Result<Load
     };
     let mut c1 = Client::connect(&n1.grpc).await?;
     let mut c2 = Client::connect(&n2.grpc).await?;
+    let create = match args.value_bytes {
+        0 => "create table t (k bigint primary key, v bigint)".to_string(),
+        n => format!("create table t (k bigint primary key, v varchar({n}))"),
+    };
     for c in [&mut c1, &mut c2] {
-        sql(c, "create table t (k bigint primary key, v bigint)").await?;
+        sql(c, &create).await?;
     }
+    let value = |i: u64| value_of(args.value_bytes, i);
     if !args.no_repeat {
         eprintln!("preload: {} keys", args.keys);
         let mut k = 0;
@@ -276,7 +288,7 @@ async fn load(args: &CatchupArgs, bin: &Path, dir: &Path) -> anyhow::Result<Load
             let ops = (k..end)
                 .map(|k| RowOp::Insert {
                     table: "t".into(),
-                    row: vec![Value::Int(k as i64), Value::Int(0)],
+                    row: vec![Value::Int(k as i64), value(0)],
                 })
                 .collect();
             c1.write(ops).await.context("preload")?;
@@ -296,6 +308,16 @@ async fn load(args: &CatchupArgs, bin: &Path, dir: &Path) -> anyhow::Result<Load
             }
         },
     )
+    .await?;
+    // n1 takes writes to t only under a master lease, which its next report earns.
+    let http = n1.http.clone();
+    wait_for(Duration::from_secs(60), "n1's master lease", || {
+        let http = http.clone();
+        async move {
+            let v = http_json(&http, "/replication").await.ok()?;
+            v["master_lease"]["remaining_ms"].as_u64().map(|_| ())
+        }
+    })
     .await?;
     let last = c1.status().await?.last_lsn;
     let http = n1.http.clone();
@@ -361,6 +383,7 @@ async fn commit_load(args: &CatchupArgs, addr: &str) -> anyhow::Result<(u64, u64
         let mut client = Client::connect(addr).await?;
         let (done, seq, txns) = (done.clone(), seq.clone(), txns.clone());
         let (keys, no_repeat, per_txn) = (args.keys, args.no_repeat, args.per_txn as usize);
+        let value_bytes = args.value_bytes;
         clients.spawn(async move {
             let mut rng = rand::rngs::StdRng::seed_from_u64(c);
             for chunk in mine.chunks(per_txn) {
@@ -375,7 +398,7 @@ async fn commit_load(args: &CatchupArgs, addr: &str) -> anyhow::Result<(u64, u64
                     .into_iter()
                     .map(|(k, i)| RowOp::Upsert {
                         table: "t".into(),
-                        row: vec![Value::Int(k as i64), Value::Int(i as i64 + 1)],
+                        row: vec![Value::Int(k as i64), value_of(value_bytes, i + 1)],
                     })
                     .collect();
                 let out = client.write(ops).await.context("load write")?;
@@ -490,7 +513,7 @@ async fn catch_up(
     )
     .await?;
     let compare_started = Instant::now();
-    let rows = compare_tables(&n1.grpc, &n2.grpc).await?;
+    let rows = compare_tables(&n1.grpc, &n2.grpc, args.value_bytes).await?;
     let compare = compare_started.elapsed();
     eprintln!(
         "catch-up [{mode}]: done in {:.3} s; tables equal ({rows} rows, compared in {:.1} s)",
@@ -527,14 +550,33 @@ async fn inbound(http: &str) -> Option<Json> {
     v["inbound"].as_array()?.first().cloned()
 }
 
-/// Compares table t on both nodes page by page; returns the row count.
-async fn compare_tables(a: &str, b: &str) -> anyhow::Result<u64> {
+/// The value an update writes: `i` as a number, or with `bytes` > 0, text of that many
+/// bytes that starts with `i`.
+fn value_of(bytes: u64, i: u64) -> Value {
+    if bytes == 0 {
+        return Value::Int(i as i64);
+    }
+    let mut text = i.to_string();
+    text.extend(std::iter::repeat_n(
+        'x',
+        (bytes as usize).saturating_sub(text.len()),
+    ));
+    Value::Text(text)
+}
+
+/// Compares table t on both nodes page by page (pages of at most about 4 MiB when rows
+/// are `value_bytes` long); returns the row count.
+async fn compare_tables(a: &str, b: &str, value_bytes: u64) -> anyhow::Result<u64> {
+    let page_rows = match value_bytes {
+        0 => PAGE,
+        n => ((4u64 << 20) / n).clamp(1, u64::from(PAGE)) as u32,
+    };
     let mut ca = Client::connect(a).await?;
     let mut cb = Client::connect(b).await?;
     let mut start: Vec<Value> = Vec::new();
     let mut rows = 0u64;
     loop {
-        let (page, _) = ca.scan("t", &start, &[], PAGE).await?;
+        let (page, _) = ca.scan("t", &start, &[], page_rows).await?;
         let Some(last) = page.last() else {
             let (rest, _) = cb.scan("t", &start, &[], 1).await?;
             ensure!(
@@ -548,7 +590,7 @@ async fn compare_tables(a: &str, b: &str) -> anyhow::Result<u64> {
             bail!("unexpected key in {last:?}");
         };
         let end = vec![Value::Int(k + 1)];
-        let (other, _) = cb.scan("t", &start, &end, PAGE + 1).await?;
+        let (other, _) = cb.scan("t", &start, &end, page_rows + 1).await?;
         if other != page {
             let diff = page
                 .iter()
