@@ -36,8 +36,11 @@
 //! whose mark covers the frame the log stopped at proves that frame was made durable —
 //! acknowledged — so it was damaged since, and opening refuses (`XX001`, naming the file
 //! and offset); without such a frame it was never flushed, and is dropped with a
-//! warning. A clean close appends an empty frame after the final sync, so the mark of
-//! the last real frame is on disk too. A gap between segments is damage as well:
+//! warning. A frame's mark is set when it is written (the syncs run under the same lock),
+//! and every sync writes a sync mark — a header without payload, numbered
+//! [`SYNC_MARK`] — just past the last frame, where the next write overwrites it: the
+//! frames of the last flush are covered too, unless a crash of the machine lost the
+//! mark with the page cache. A clean close appends an empty frame after the final sync. A gap between segments is damage as well:
 //! segments are removed oldest first with the directory synced after each, so no crash
 //! leaves one before a gap, and none is ever removed at open for looking cut off.
 
@@ -78,6 +81,25 @@ const HEADER_V1_BYTES: usize = 16;
 const HEADER_BYTES: usize = 24;
 /// Set in the length of a frame with a durable mark.
 const MARKED: u32 = 1 << 31;
+/// The number of a sync mark: a header without payload that [`Wal::sync`] writes past
+/// the last frame, never a frame's number.
+const SYNC_MARK: u64 = u64::MAX;
+
+/// A sync mark saying every frame through `durable` is durable.
+fn encode_sync_mark(durable: u64) -> Vec<u8> {
+    let mut out = Vec::with_capacity(HEADER_BYTES);
+    out.extend_from_slice(&MARKED.to_le_bytes());
+    out.extend_from_slice(&checksum_marked(SYNC_MARK, durable, &[]).to_le_bytes());
+    out.extend_from_slice(&SYNC_MARK.to_le_bytes());
+    out.extend_from_slice(&durable.to_le_bytes());
+    out
+}
+
+/// The frame a whole sync mark at `at` in `bytes` says is durable, if one is there.
+fn sync_mark_at(bytes: &[u8], at: usize) -> Option<u64> {
+    let h = Header::parse(bytes.get(at..)?)?;
+    (h.len == 0 && h.number == SYNC_MARK && h.checks(&[])).then_some(h.durable?)
+}
 /// Tags of the operations in a payload.
 const OP_DELETE: u8 = 0;
 const OP_PUT: u8 = 1;
@@ -253,8 +275,9 @@ enum End {
     /// Something else is there, and no later frame says frame `next` was ever durable:
     /// a write a crash cut short.
     Torn,
-    /// A later whole frame (`number`, at offset `at`) has a durable mark (`durable`)
-    /// at or past `next`: frame `next` was durable, and is damaged.
+    /// A later whole frame (`number`; [`SYNC_MARK`] for a sync mark), at offset `at`,
+    /// has a durable mark (`durable`) at or past `next`: frame `next` was durable, and
+    /// is damaged.
     Damaged { number: u64, at: u64, durable: u64 },
 }
 
@@ -263,7 +286,7 @@ fn end_at(bytes: &[u8], stop: u64, next: u64) -> End {
     let stop = stop as usize;
     let rest = &bytes[stop.min(bytes.len())..];
     let head = &rest[..rest.len().min(HEADER_BYTES)];
-    if head.iter().all(|&b| b == 0) {
+    if head.iter().all(|&b| b == 0) || sync_mark_at(bytes, stop).is_some() {
         return End::Clean;
     }
     // A later frame that says `next` was durable, anywhere past the stop (the length
@@ -276,6 +299,16 @@ fn end_at(bytes: &[u8], stop: u64, next: u64) -> End {
             continue;
         };
         if h.number <= next || durable < next || durable >= h.number {
+            continue;
+        }
+        if h.number == SYNC_MARK {
+            if sync_mark_at(bytes, at).is_some() {
+                return End::Damaged {
+                    number: SYNC_MARK,
+                    at: at as u64,
+                    durable,
+                };
+            }
             continue;
         }
         if let Some(f) = frame_at(bytes, at) {
@@ -602,10 +635,14 @@ fn damaged_error(dir: &Path, path: &Path, stop: u64, next: u64, end: &End) -> St
     else {
         unreachable!("only damage is an error here");
     };
+    let by = match *number {
+        SYNC_MARK => "the sync mark".to_string(),
+        n => format!("frame {n}"),
+    };
     StoreError::DamagedLog(format!(
         "frame {next} at offset {stop} of {} (in {}) is torn or fails its check, but \
-         frame {number} at offset {at} says every frame through {durable} was durable: \
-         it was acknowledged and damaged since. Nothing was removed: {WAYS_OUT}",
+         {by} at offset {at} says every frame through {durable} was durable: it was \
+         acknowledged and damaged since. Nothing was removed: {WAYS_OUT}",
         file_name(path),
         dir.display()
     ))
@@ -701,6 +738,25 @@ struct Pending {
     /// Number of the first and last frame in `buf`.
     first: u64,
     last: u64,
+    /// Per frame in `buf`: its offset there and the checksum state of its payload. Its
+    /// durable mark and checksum are set when it is written ([`stamp_frames`]): the
+    /// last sync then is the one that made every earlier frame durable, acknowledged
+    /// or not, so a crash right after the write still leaves them covered.
+    frames: Vec<(usize, crc32fast::Hasher)>,
+}
+
+/// Sets the durable mark of every frame in `buf` (see [`Pending::frames`]) to
+/// `durable`, and its checksum with it.
+fn stamp_frames(buf: &mut [u8], frames: &[(usize, crc32fast::Hasher)], durable: u64) {
+    for (at, payload) in frames {
+        let number: [u8; 8] = buf[at + 8..at + 16].try_into().expect("8 bytes");
+        let mut h = crc32fast::Hasher::new();
+        h.update(&number);
+        h.update(&durable.to_le_bytes());
+        h.combine(payload);
+        buf[at + 4..at + 8].copy_from_slice(&h.finalize().to_le_bytes());
+        buf[at + 16..at + 24].copy_from_slice(&durable.to_le_bytes());
+    }
 }
 
 /// The segment being written.
@@ -791,6 +847,7 @@ impl Wal {
                 buf: Vec::new(),
                 first: next_frame,
                 last: next_frame - 1,
+                frames: Vec::new(),
             }),
             open: Mutex::new(None),
             segments: RwLock::new(segments),
@@ -807,7 +864,11 @@ impl Wal {
         if p.buf.is_empty() {
             p.first = frame;
         }
+        let at = p.buf.len();
         encode_frame(&mut p.buf, frame, self.synced(), payload);
+        let mut h = crc32fast::Hasher::new();
+        h.update(payload);
+        p.frames.push((at, h));
         p.last = frame;
     }
 
@@ -849,6 +910,15 @@ impl Wal {
             return Err(self.fail(StoreError::io(format!("syncing {}", path.display()), e)));
         }
         self.synced.store(written, Ordering::Release);
+        // Past the last frame, where the next write goes (it overwrites it): every
+        // frame through `written` is durable. Damage to the last flush's frames is then
+        // told from a torn write at the next open as long as the mark is there — a
+        // crash of this process keeps it unsynced; a crash of the machine may lose it,
+        // and then nothing can tell. Written into space already filled, so it changes
+        // no file size; a failed write only loses the mark.
+        if o.len + HEADER_BYTES as u64 <= o.zeroed {
+            let _ = o.file.write_all_at(&encode_sync_mark(written), o.len);
+        }
         Ok(())
     }
 
@@ -880,7 +950,10 @@ impl Wal {
                 return Ok(());
             }
             let spare = open.as_mut().map(|o| std::mem::take(&mut o.spare));
-            let buf = std::mem::replace(&mut p.buf, spare.unwrap_or_default());
+            let mut buf = std::mem::replace(&mut p.buf, spare.unwrap_or_default());
+            // The syncs run under the same lock as this write: `synced` is final here.
+            stamp_frames(&mut buf, &p.frames, self.synced());
+            p.frames.clear();
             (buf, p.first, p.last)
         };
         match self.write(open, &buf, first) {
@@ -1251,17 +1324,28 @@ mod tests {
         let used: usize = (1..=3u8)
             .map(|i| HEADER_BYTES + encode_batch(&batch(i)).len())
             .sum();
+        assert_eq!(
+            sync_mark_at(&full, used),
+            Some(3),
+            "the sync's mark after the frames"
+        );
         assert!(
-            full[used..].iter().all(|&b| b == 0),
-            "zero-filled after the frames"
+            full[used + HEADER_BYTES..].iter().all(|&b| b == 0),
+            "zero-filled after it"
         );
         // Torn: the last frame lacks its final byte.
         fs::write(&path, &full[..used - 1]).unwrap();
         assert_eq!(read_all(dir.path(), 0).unwrap().len(), 2);
-        // Corrupt: a flipped payload byte in frame 2 fails its checksum.
+        // Corrupt: a flipped payload byte in frame 2 fails its checksum. The sync's
+        // mark says frame 2 was durable: refused.
         let mut bad = full.clone();
         let second = HEADER_BYTES + encode_batch(&batch(1)).len() + HEADER_BYTES;
         bad[second] ^= 0xff;
+        fs::write(&path, &bad).unwrap();
+        assert_eq!(read_all(dir.path(), 0).unwrap_err().code(), "XX001");
+        // Without the mark (a crash of the machine lost it), nothing says so: the
+        // frames from the damage on read as a torn tail.
+        bad[used..used + HEADER_BYTES].fill(0);
         fs::write(&path, &bad).unwrap();
         assert_eq!(read_all(dir.path(), 0).unwrap().len(), 1);
     }
@@ -1297,9 +1381,10 @@ mod tests {
         );
         let bytes = fs::read(&path).unwrap();
         let used = (6 * frame_bytes) as usize;
+        assert_eq!(sync_mark_at(&bytes, used), Some(6), "the last sync's mark");
         assert!(
-            bytes[used..].iter().all(|&b| b == 0),
-            "zeros after the frames"
+            bytes[used + HEADER_BYTES..].iter().all(|&b| b == 0),
+            "zeros after it"
         );
         let mut seen = Vec::new();
         replay(dir.path(), 0, |f, p| {
@@ -1369,8 +1454,8 @@ mod tests {
         let err = read_all(dir.path(), 0).unwrap_err().to_string();
         for part in [
             "damaged write-ahead log",
-            "wal-00000000000000000002.log holds no whole frame",
-            "wal-00000000000000000003.log after it holds frames 3 on",
+            "frame 2 at offset 0 of wal-00000000000000000002.log",
+            "the sync mark at offset",
         ] {
             assert!(err.contains(part), "{part}: {err}");
         }
@@ -1436,17 +1521,28 @@ mod tests {
                 "{what} of frame {frame}: {text}"
             );
         }
-        // The last frame: nothing after it says it was durable (a torn write looks the
-        // same): dropped.
+        // The last frame: the sync's mark after it says it was durable.
         let mut bad = full.clone();
         bad[offset(4) + HEADER_BYTES + 1] ^= 0x5a;
         fs::write(&path, &bad).unwrap();
+        let err = read_all(dir.path(), 0).unwrap_err().to_string();
+        assert!(
+            err.contains("frame 4 at offset") && err.contains("the sync mark"),
+            "{err}"
+        );
+        // Without that mark (lost with the machine), a torn write looks the same:
+        // dropped.
+        let end = offset(5);
+        bad[end..end + HEADER_BYTES].fill(0);
+        fs::write(&path, &bad).unwrap();
         assert_eq!(read_all(dir.path(), 0).unwrap().len(), 3);
-        // ... unless a clean close left its mark after it.
+        // A clean close's frame says so too, whatever comes after it.
         let (dir, path) = write(true);
         let sealed = fs::read(&path).unwrap();
         let mut bad = sealed.clone();
         bad[offset(4) + HEADER_BYTES + 1] ^= 0x5a;
+        let end = offset(5) + HEADER_BYTES + encode_batch(&WriteBatch::new()).len();
+        bad[end..end + HEADER_BYTES].fill(0);
         fs::write(&path, &bad).unwrap();
         let err = read_all(dir.path(), 0).unwrap_err().to_string();
         assert!(err.contains("frame 4 at offset"), "{err}");
@@ -1455,6 +1551,54 @@ mod tests {
             read_all(dir.path(), 0).unwrap().len(),
             5,
             "the mark is a frame"
+        );
+    }
+
+    /// Frames written ahead after a sync overwrite that sync's mark, but carry the
+    /// same news: their durable mark is set when they are written, after the sync.
+    #[test]
+    fn frames_written_after_a_sync_say_what_it_made_durable() {
+        let dir = tempfile::tempdir().unwrap();
+        let wal = Wal::new(dir.path(), 1).unwrap();
+        // Frame 4 is appended while frames 1 to 3 are not yet durable, and written
+        // only after their sync.
+        for i in 1..=3u8 {
+            wal.append(i as u64, &encode_batch(&batch(i)));
+        }
+        wal.append(4, &encode_batch(&batch(4)));
+        {
+            let mut open = wal.open.lock();
+            let mut p = wal.pending.lock();
+            // Only frames 1 to 3 go into this sync: frame 4 waits in the buffer.
+            let cut = p.frames[3].0;
+            let rest = p.buf.split_off(cut);
+            let mut fourth = p.frames.split_off(3);
+            fourth[0].0 -= cut;
+            p.last = 3;
+            drop(p);
+            wal.write_pending(&mut open).unwrap();
+            let o = open.as_ref().unwrap();
+            o.file.sync_data().unwrap();
+            wal.synced.store(3, Ordering::Release);
+            let mut p = wal.pending.lock();
+            p.buf = rest;
+            p.frames = fourth;
+            p.first = 4;
+            p.last = 4;
+        }
+        wal.write_ahead().unwrap();
+        drop(wal);
+        let (_, path) = segments(dir.path()).unwrap().pop().unwrap();
+        let mut bytes = fs::read(&path).unwrap();
+        let third = (1..3u8)
+            .map(|i| HEADER_BYTES + encode_batch(&batch(i)).len())
+            .sum::<usize>();
+        bytes[third + HEADER_BYTES + 1] ^= 0x5a;
+        fs::write(&path, &bytes).unwrap();
+        let err = read_all(dir.path(), 0).unwrap_err().to_string();
+        assert!(
+            err.contains("frame 3 at offset") && err.contains("frame 4 at offset"),
+            "{err}"
         );
     }
 
