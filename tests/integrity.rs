@@ -29,7 +29,7 @@ fn newest_segment(data: &Path) -> PathBuf {
 
 /// The offsets and payload lengths of the frames at the start of `bytes` (the
 /// segment format of docs/storage.md: a 24-byte header whose first word is the payload
-/// length with its top bit set).
+/// length with its top bit set; a length of 0 is the sync mark past the last frame).
 fn frames(bytes: &[u8]) -> Vec<(usize, usize)> {
     let mut out = Vec::new();
     let mut at = 0;
@@ -39,6 +39,9 @@ fn frames(bytes: &[u8]) -> Vec<(usize, usize)> {
             break;
         }
         let len = (word & !(1 << 31)) as usize;
+        if len == 0 {
+            break;
+        }
         out.push((at, len));
         at += 24 + len;
     }
