@@ -296,3 +296,79 @@ fn after_a_sigkill_damage_anywhere_is_refused_or_loses_no_acknowledged_commit() 
         "damage after SIGKILL: {refused} refused, {recovered} recovered every acknowledged commit"
     );
 }
+
+/// A master salvaged past a commit its subscriber holds never streams to that
+/// subscriber again as if it were current: the subscriber is reported diverged, and a
+/// commit the master makes under the seq it lost does not reach it.
+#[test]
+fn a_salvaged_master_reports_a_subscriber_holding_what_it_lost_as_diverged() {
+    const WAIT: Duration = Duration::from_secs(30);
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let mut n1 = start_member("n1", d, "127.0.0.1:0", None, &[]);
+    let out = n1.cli(&["init"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let n2 = start_member("n2", d, "127.0.0.1:0", Some(&n1.grpc), &[]);
+    for n in [&n1, &n2] {
+        wait_for("two voters", WAIT, || (voters(n) == 2).then_some(()));
+        let (ok, _, err) = sql(n, "create table t (k int primary key)");
+        assert!(ok, "{err}");
+    }
+    ddl(
+        &n1,
+        "CREATE REPLICATION r ELEMENT e TABLE t MASTER n1 SUBSCRIBER n2",
+    );
+    for k in 1..=10 {
+        wait_for("n1 takes a write", WAIT, || {
+            sql(&n1, &format!("insert into t values ({k})"))
+                .0
+                .then_some(())
+        });
+    }
+    let rows = |n: &Node| {
+        let (ok, results, _) = sql(n, "select count(*) from t");
+        ok.then(|| results[0]["rows"].clone())
+    };
+    wait_for("n2 has the ten rows", WAIT, || {
+        (rows(&n2) == Some(serde_json::json!([[10]]))).then_some(())
+    });
+    let n1_grpc = n1.grpc.clone();
+    assert!(n1.terminate().is_some_and(|s| s.success()));
+    drop(n1);
+
+    // n1's last commit is damaged, and n1 salvaged past it.
+    let data = d.join("n1");
+    let segment = newest_segment(&data);
+    let mut bytes = std::fs::read(&segment).unwrap();
+    let found = frames(&bytes);
+    let (at, len) = found[found.len() - 2];
+    bytes[at + 24 + len / 2] ^= 0xff;
+    std::fs::write(&segment, &bytes).unwrap();
+    let n1 = start_member("n1", d, &n1_grpc, None, &["--salvage"]);
+    let outbound = wait_for("n1 to say n2 diverged", WAIT, || {
+        let (_, body) = common::http_get(&n1.http, "/replication");
+        let v: serde_json::Value = serde_json::from_str(&body).ok()?;
+        let o = v["outbound"].as_array()?.first()?.clone();
+        assert_ne!(
+            (o["state"].as_str(), o["lag_records"].as_u64()),
+            (Some("streaming"), Some(0)),
+            "n2 reported current: {o}"
+        );
+        (o["state"] == "diverged").then_some(o)
+    });
+    assert!(
+        outbound["reason"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("rebuild"),
+        "{outbound}"
+    );
+    // n1's next commit takes the seq it lost; the stream to n2, which holds that seq,
+    // stays refused rather than have n2 skip it as a duplicate.
+    wait_for("n1 takes a write", WAIT, || {
+        sql(&n1, "insert into t values (11)").0.then_some(())
+    });
+    let (_, body) = common::http_get(&n1.http, "/replication");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["outbound"][0]["state"], "diverged", "{v}");
+}
