@@ -402,6 +402,47 @@ fn alter_set_master_is_a_planned_switchover_that_loses_nothing() {
     });
 }
 
+#[test]
+fn hawser_switchover_moves_a_masters_elements_and_says_how_long_it_took() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let (n1, n2, n3) = cluster(d);
+    wait_for("n2 takes writes", WAIT, || insert(&n2, -1).ok());
+    // Checked before anything is asked for: n9 subscribes to nothing.
+    let out = n1.cli(&["switchover", "--scheme", "r", "--to", "n9"]);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("does not subscribe to element e"),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(master(&n1), Some(("n2".into(), 0)));
+    let out = n1.cli(&[
+        "switchover",
+        "--scheme",
+        "r",
+        "--to",
+        "n3",
+        "--format",
+        "json",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let v: serde_json::Value = serde_json::from_str(stdout(&out).trim()).expect("JSON");
+    assert_eq!(
+        (v["from"].as_str(), v["to"].as_str()),
+        (Some("n2"), Some("n3")),
+        "{v}"
+    );
+    assert_eq!(
+        v["elements"],
+        serde_json::json!([{"element": "e", "epoch": 1}]),
+        "{v}"
+    );
+    assert!(v["millis"].as_u64().is_some(), "{v}");
+    assert_eq!(master(&n1), Some(("n3".into(), 1)));
+    wait_for("n3 takes writes", WAIT, || insert(&n3, -2).ok());
+}
+
 /// `hawser bench` running in the background; SIGKILLed on drop if still running.
 struct Background(std::process::Child);
 

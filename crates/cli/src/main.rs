@@ -15,6 +15,7 @@ mod scheme_cmd;
 mod sql_cmd;
 mod start;
 mod status;
+mod switchover_cmd;
 mod wait_cmd;
 
 use std::process::ExitCode;
@@ -79,6 +80,14 @@ enum Command {
     /// scheme, and a subscriber that relays nothing to others. A failure leaves the
     /// receiver stopped: run it again.
     Duplicate(duplicate_cmd::DuplicateArgs),
+    /// Move the master role of every element a store masters in a scheme to one of their
+    /// subscribers, losing nothing (a planned switchover: `ALTER REPLICATION s ALTER
+    /// ELEMENT * IN from SET MASTER to`): the old master takes no new transaction,
+    /// finishes those under way and gives its lease up, the new one gets every commit,
+    /// then the role moves. Checked first (the target subscribes to every element and
+    /// the Raft leader hears from it); prints how long it took, the bound of the write
+    /// pause.
+    Switchover(switchover_cmd::SwitchoverArgs),
     /// Wait until subscribers have acknowledged everything a master committed so far
     /// (TimesTen's ttRepAdmin -wait); exit 1 if they do not within --timeout.
     Wait(wait_cmd::WaitArgs),
@@ -172,6 +181,7 @@ fn main() -> ExitCode {
             Command::Rtl(args) => rtl_cmd::run(args).await,
             Command::Wait(args) => wait_cmd::run(args).await,
             Command::Duplicate(args) => duplicate_cmd::run(args).await,
+            Command::Switchover(args) => switchover_cmd::run(args).await,
         }
     });
     match result {
