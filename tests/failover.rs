@@ -584,18 +584,7 @@ fn a_deposed_master_sets_aside_what_it_alone_committed_and_receives_again() {
         d,
         "CREATE REPLICATION r ELEMENT e TABLE t MASTER n2 SUBSCRIBER n3",
     );
-    wait_for("n2 takes writes", WAIT, || insert(&n2, 1).ok());
-    wait_for("n3 has the first row", WAIT, || {
-        keys(&n3).filter(|k| k.contains(&1)).map(|_| ())
-    });
-    // n3 stops receiving: what n2 commits now, only n2 has.
-    let out = n2.cli(&["receiver", "--subscriber", "n3", "--state", "pause"]);
-    assert!(out.status.success(), "{}", stderr(&out));
-    for k in 2..=4 {
-        wait_for("n2 takes a write", WAIT, || insert(&n2, k).ok());
-    }
-    let n2_grpc = n2.grpc.clone();
-    n2.kill9();
+    let n2_grpc = commits_alone_then_dies(&mut n2, &n3);
     let (store, epoch) = wait_for("a new master", WAIT, || {
         master(&n3).filter(|(s, _)| s != "n2")
     });
@@ -609,6 +598,23 @@ fn a_deposed_master_sets_aside_what_it_alone_committed_and_receives_again() {
     let on_n3 = keys(&n3).expect("n3 answers");
     assert_eq!(on_n3, BTreeSet::from([1, 10]));
     rejoined_with_inserts_set_aside(&n2, &n3, &on_n3, 2..=4);
+}
+
+/// Master `n2` commits key 1, which its subscriber `n3` gets, then keys 2 to 4 with
+/// n3's stream paused — only n2 has them — and is SIGKILLed; returns its address.
+fn commits_alone_then_dies(n2: &mut Node, n3: &Node) -> String {
+    wait_for("n2 takes writes", WAIT, || insert(n2, 1).ok());
+    wait_for("n3 has the first row", WAIT, || {
+        keys(n3).filter(|k| k.contains(&1)).map(|_| ())
+    });
+    let out = n2.cli(&["receiver", "--subscriber", "n3", "--state", "pause"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    for k in 2..=4 {
+        wait_for("n2 takes a write", WAIT, || insert(n2, k).ok());
+    }
+    let n2_grpc = n2.grpc.clone();
+    n2.kill9();
+    n2_grpc
 }
 
 /// `deposed` ends equal to `master` (`on_master`), with its inserts of `keys` undone
@@ -655,17 +661,7 @@ fn a_switchover_from_a_dead_master_is_a_failover_by_hand_that_sets_aside_what_it
         "CREATE REPLICATION r ELEMENT e TABLE t MASTER n2 SUBSCRIBER n3",
         &["--auto-failover", "false"],
     );
-    wait_for("n2 takes writes", WAIT, || insert(&n2, 1).ok());
-    wait_for("n3 has the first row", WAIT, || {
-        keys(&n3).filter(|k| k.contains(&1)).map(|_| ())
-    });
-    let out = n2.cli(&["receiver", "--subscriber", "n3", "--state", "pause"]);
-    assert!(out.status.success(), "{}", stderr(&out));
-    for k in 2..=4 {
-        wait_for("n2 takes a write", WAIT, || insert(&n2, k).ok());
-    }
-    let n2_grpc = n2.grpc.clone();
-    n2.kill9();
+    let n2_grpc = commits_alone_then_dies(&mut n2, &n3);
     ddl(
         &n1,
         "ALTER REPLICATION r ALTER ELEMENT * IN n2 SET MASTER n3",

@@ -137,21 +137,12 @@ fn a_damaged_last_commit_after_a_clean_stop_refuses_to_start_and_names_it() {
     assert_eq!(count(&node), serde_json::json!([[20]]));
 }
 
-/// Whether the last frame of the store's newest log segment under `data` is the empty
-/// batch a clean close appends (an operation count of 0).
-fn ends_with_the_close_mark(data: &Path) -> bool {
-    let bytes = std::fs::read(newest_segment(data)).unwrap();
-    frames(&bytes)
-        .last()
-        .is_some_and(|&(at, len)| len == 4 && bytes[at + 24..at + 28] == [0, 0, 0, 0])
-}
+const WAIT: Duration = Duration::from_secs(30);
 
-#[test]
-fn a_master_stopped_with_a_stream_running_closes_its_store_cleanly() {
-    const WAIT: Duration = Duration::from_secs(30);
-    let dir = tempfile::tempdir().unwrap();
-    let d = dir.path();
-    let mut n1 = start_member("n1", d, "127.0.0.1:0", None, &[]);
+/// Two voters in `d`, n1 the Raft leader, with `t (k int primary key)` on each and n1
+/// mastering it to n2.
+fn pair(d: &Path) -> (Node, Node) {
+    let n1 = start_member("n1", d, "127.0.0.1:0", None, &[]);
     let out = n1.cli(&["init"]);
     assert!(out.status.success(), "{}", stderr(&out));
     let n2 = start_member("n2", d, "127.0.0.1:0", Some(&n1.grpc), &[]);
@@ -164,6 +155,23 @@ fn a_master_stopped_with_a_stream_running_closes_its_store_cleanly() {
         &n1,
         "CREATE REPLICATION r ELEMENT e TABLE t MASTER n1 SUBSCRIBER n2",
     );
+    (n1, n2)
+}
+
+/// Whether the last frame of the store's newest log segment under `data` is the empty
+/// batch a clean close appends (an operation count of 0).
+fn ends_with_the_close_mark(data: &Path) -> bool {
+    let bytes = std::fs::read(newest_segment(data)).unwrap();
+    frames(&bytes)
+        .last()
+        .is_some_and(|&(at, len)| len == 4 && bytes[at + 24..at + 28] == [0, 0, 0, 0])
+}
+
+#[test]
+fn a_master_stopped_with_a_stream_running_closes_its_store_cleanly() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let (mut n1, n2) = pair(d);
     wait_for("n1 takes writes", WAIT, || {
         sql(&n1, "insert into t values (1)").0.then_some(())
     });
@@ -302,22 +310,9 @@ fn after_a_sigkill_damage_anywhere_is_refused_or_loses_no_acknowledged_commit() 
 /// commit the master makes under the seq it lost does not reach it.
 #[test]
 fn a_salvaged_master_reports_a_subscriber_holding_what_it_lost_as_diverged() {
-    const WAIT: Duration = Duration::from_secs(30);
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    let mut n1 = start_member("n1", d, "127.0.0.1:0", None, &[]);
-    let out = n1.cli(&["init"]);
-    assert!(out.status.success(), "{}", stderr(&out));
-    let n2 = start_member("n2", d, "127.0.0.1:0", Some(&n1.grpc), &[]);
-    for n in [&n1, &n2] {
-        wait_for("two voters", WAIT, || (voters(n) == 2).then_some(()));
-        let (ok, _, err) = sql(n, "create table t (k int primary key)");
-        assert!(ok, "{err}");
-    }
-    ddl(
-        &n1,
-        "CREATE REPLICATION r ELEMENT e TABLE t MASTER n1 SUBSCRIBER n2",
-    );
+    let (mut n1, n2) = pair(d);
     for k in 1..=10 {
         wait_for("n1 takes a write", WAIT, || {
             sql(&n1, &format!("insert into t values ({k})"))
