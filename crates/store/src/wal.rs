@@ -654,8 +654,8 @@ fn file_name(path: &Path) -> std::borrow::Cow<'_, str> {
         .to_string_lossy()
 }
 
-/// Appends frame `frame` with `payload` to `buf`, as segments hold it, with `durable`,
-/// the last frame known durable now.
+/// Appends frame `frame` with `payload` to `buf`, as segments hold it, with durable mark
+/// `durable` (the log's frames get theirs again when written: [`stamp_frames`]).
 fn encode_frame(buf: &mut Vec<u8>, frame: u64, durable: u64, payload: &[u8]) {
     debug_assert!((payload.len() as u64) < u64::from(MARKED));
     buf.reserve(HEADER_BYTES + payload.len());
@@ -865,7 +865,8 @@ impl Wal {
             p.first = frame;
         }
         let at = p.buf.len();
-        encode_frame(&mut p.buf, frame, self.synced(), payload);
+        // The mark is set when the frame is written (`write_pending`).
+        encode_frame(&mut p.buf, frame, 0, payload);
         let mut h = crc32fast::Hasher::new();
         h.update(payload);
         p.frames.push((at, h));
