@@ -203,8 +203,73 @@ pub(crate) struct Catalog {
 /// What the commit mutex guards.
 pub(crate) struct CommitState {
     last_lsn: Lsn,
+    /// The highest seq of this node's own origin given out (or received back).
     last_seq: u64,
+    seqs: SeqReservation,
     next_table_id: u64,
+}
+
+/// How many seqs one reservation covers: one synced write per this many local commits.
+const SEQ_BLOCK: u64 = 1 << 16;
+
+/// Which seqs of its own origin this node may still hand out.
+///
+/// A flush writes a commit before its sync and senders may ship it in between, so a
+/// machine crash (or a salvage) can lose commits a receiver holds; handing their seqs
+/// out again would name two transactions by one Gtid. So seqs are reserved in blocks,
+/// the reservation synced before the first seq above the previous one is used, and a
+/// store that opens after such a loss continues above everything ever reserved. Kept
+/// under [`layout::SEQ_CEILING_KEY`] as `[ceiling u64 BE][floor u64 BE]`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct SeqReservation {
+    /// Durably reserved through this seq.
+    ceiling: u64,
+    /// Seqs at or below it are not handed out: the ceiling found by the last open that
+    /// may have lost commits, kept until commits pass it.
+    floor: u64,
+}
+
+impl SeqReservation {
+    fn decode(v: &[u8]) -> Result<SeqReservation, StoreError> {
+        let bad = || StoreError::corrupt(layout::SEQ_CEILING_KEY, "not a ceiling and a floor");
+        let word = |b: &[u8]| -> Result<u64, StoreError> {
+            Ok(u64::from_be_bytes(b.try_into().map_err(|_| bad())?))
+        };
+        if v.len() != 16 {
+            return Err(bad());
+        }
+        Ok(SeqReservation {
+            ceiling: word(&v[..8])?,
+            floor: word(&v[8..])?,
+        })
+    }
+
+    fn encode(&self) -> Vec<u8> {
+        let mut v = self.ceiling.to_be_bytes().to_vec();
+        v.extend_from_slice(&self.floor.to_be_bytes());
+        v
+    }
+
+    /// The reservation of a store opened with `stored`; `lost` when commits may have
+    /// been lost since they were handed out (a machine restart, a salvage): nothing
+    /// reserved until now is handed out any more.
+    pub(crate) fn opened(stored: SeqReservation, lost: bool) -> SeqReservation {
+        SeqReservation {
+            floor: if lost { stored.ceiling } else { stored.floor },
+            ..stored
+        }
+    }
+
+    /// The next local seq after `last_seq`, and the reservation to make durable first
+    /// when that seq lies above the current ceiling.
+    pub(crate) fn next(&self, last_seq: u64) -> (u64, Option<SeqReservation>) {
+        let seq = last_seq.max(self.floor) + 1;
+        let raise = (seq > self.ceiling).then_some(SeqReservation {
+            ceiling: seq - 1 + SEQ_BLOCK,
+            floor: self.floor,
+        });
+        (seq, raise)
+    }
 }
 
 struct Metrics {
@@ -533,6 +598,14 @@ impl Database {
         let log_retained_bytes = log_sizes.bytes_from(0);
         let last_seq = marks.remove(&opts.node_id).unwrap_or(0);
         let restart = note_boot(engine.as_ref(), &boot, last_seq)?;
+        let stored = match engine.get(layout::SEQ_CEILING_KEY)? {
+            Some(v) => SeqReservation::decode(&v)?,
+            None => SeqReservation::default(),
+        };
+        let seqs = SeqReservation::opened(stored, boot.restarted);
+        if seqs != stored {
+            write_seqs(engine.as_ref(), &seqs)?;
+        }
         let ahead = match engine.get(layout::AHEAD_KEY)? {
             Some(v) => crate::restart::decode_ahead(layout::AHEAD_KEY, &v)?,
             None => BTreeMap::new(),
@@ -550,6 +623,7 @@ impl Database {
             log_start,
             log_retained_bytes,
             last_seq,
+            seq_floor = seqs.floor,
             "store opened"
         );
         let inner = Inner {
@@ -560,6 +634,7 @@ impl Database {
             commit: Mutex::new(CommitState {
                 last_lsn,
                 last_seq,
+                seqs,
                 next_table_id,
             }),
             applied_lsn: AtomicU64::new(last_lsn.0),
@@ -1779,6 +1854,18 @@ impl Inner {
         self.append_as(prepare, kind, Origin::Local)
     }
 
+    /// The next seq of this node's own origin, its reservation made durable first when
+    /// it needs a new one ([`SeqReservation`]): a synced write under the commit mutex,
+    /// once every [`SEQ_BLOCK`] local commits.
+    fn next_own_seq(&self, state: &mut CommitState) -> Result<u64, StoreError> {
+        let (seq, raise) = state.seqs.next(state.last_seq);
+        if let Some(raised) = raise {
+            write_seqs(self.engine.as_ref(), &raised)?;
+            state.seqs = raised;
+        }
+        Ok(seq)
+    }
+
     /// Refuses a write while the store's volume is below its free-space floor.
     pub(crate) fn check_space(&self) -> Result<(), StoreError> {
         match self.space.get() {
@@ -1811,7 +1898,7 @@ impl Inner {
         let lsn = state.last_lsn.next();
         let (gtid, epoch, micros) = match origin {
             Origin::Local => (
-                Gtid::new(self.opts.node_id, state.last_seq + 1),
+                Gtid::new(self.opts.node_id, self.next_own_seq(&mut state)?),
                 Epoch(self.epoch.load(Ordering::Acquire)),
                 now_micros(),
             ),
@@ -2452,6 +2539,14 @@ fn write_format_marker(engine: &dyn KvEngine) -> Result<(), StoreError> {
     engine.flush()
 }
 
+/// Makes `seqs` the durable reservation ([`SeqReservation`]).
+fn write_seqs(engine: &dyn KvEngine, seqs: &SeqReservation) -> Result<(), StoreError> {
+    let mut batch = WriteBatch::new();
+    batch.put(layout::SEQ_CEILING_KEY.to_vec(), seqs.encode());
+    engine.apply(batch)?;
+    engine.flush()
+}
+
 /// Where Linux tells the id of the running boot.
 const BOOT_ID_PATH: &str = "/proc/sys/kernel/random/boot_id";
 
@@ -2615,7 +2710,36 @@ impl Drop for Counted<'_> {
 
 #[cfg(test)]
 mod tests {
-    use super::{flush_mode, FlushMode, Flusher};
+    use super::{flush_mode, FlushMode, Flusher, SeqReservation, SEQ_BLOCK};
+
+    #[test]
+    fn seqs_are_reserved_a_block_ahead_and_an_open_after_a_loss_continues_above_them() {
+        let fresh = SeqReservation::opened(SeqReservation::default(), false);
+        // The first seq needs a reservation, which covers a block.
+        let (seq, raised) = fresh.next(0);
+        assert_eq!(seq, 1);
+        let r = raised.expect("a reservation");
+        assert_eq!(r.ceiling, SEQ_BLOCK);
+        // Within it, none.
+        assert_eq!(r.next(SEQ_BLOCK - 1), (SEQ_BLOCK, None));
+        // Past it, the next block.
+        let (seq, raised) = r.next(SEQ_BLOCK);
+        assert_eq!(seq, SEQ_BLOCK + 1);
+        assert_eq!(raised.map(|r| r.ceiling), Some(2 * SEQ_BLOCK));
+        // An open that may have lost commits (whatever was handed out up to 40 is
+        // recovered as 10) continues above the whole reservation, and keeps doing so
+        // at later opens until a commit passes it.
+        let lost = SeqReservation::opened(r, true);
+        let (seq, raised) = lost.next(10);
+        assert_eq!(seq, SEQ_BLOCK + 1);
+        let raised = raised.expect("a new block");
+        assert_eq!(raised.floor, SEQ_BLOCK);
+        let reopened = SeqReservation::opened(lost, false);
+        assert_eq!(reopened.next(10).0, SEQ_BLOCK + 1);
+        // Encoded and decoded whole.
+        assert_eq!(SeqReservation::decode(&raised.encode()).unwrap(), raised);
+        assert!(SeqReservation::decode(&[0; 8]).is_err());
+    }
 
     #[test]
     fn a_single_threaded_runtime_flushes_a_receivers_apply_inline_and_a_commit_when_alone() {

@@ -48,6 +48,11 @@ pub(crate) const COPY_ORDER_KEY: &[u8] = b"Mcopy_in_order";
 /// up to there no longer describes the tables the copy replaced
 /// (`crate::Database::rebuilt_through`).
 pub(crate) const REBUILT_KEY: &[u8] = b"Mrebuilt_through";
+/// The highest seq of this node's own origin reserved so far, made durable before any
+/// seq above the previous reservation is handed out, and the floor local commits
+/// continue above after a restart that may have lost commits: no seq is given twice
+/// (`crate::db::SeqReservation`).
+pub(crate) const SEQ_CEILING_KEY: &[u8] = b"Mseq_ceiling";
 pub(crate) const TABLE_PREFIX: u8 = b'T';
 pub(crate) const SEQUENCE_PREFIX: u8 = b'S';
 pub(crate) const ROW_PREFIX: u8 = b'R';

@@ -52,8 +52,11 @@ pub enum RestartCheck {
     Diverged(Diverged),
 }
 
-/// A commit by its seq in its origin and its origin's commit time: two commits given
-/// the same seq — one lost in a crash, one made after it — differ in time.
+/// A commit by its seq in its origin, and its origin's commit time. The seq names it:
+/// a store never hands one out twice, not even after losing commits to a machine crash
+/// or a salvage (`crate::db::SeqReservation`). The time is a second tell only for a
+/// store whose directory was put back from an older copy, which took back the seqs
+/// reserved since — a case no local record can see.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct HeldCommit {
     pub seq: u64,
