@@ -25,18 +25,19 @@ use parking_lot::Mutex;
 use proptest::prelude::*;
 
 type Ops = Vec<(Vec<u8>, Option<Vec<u8>>)>;
+type Map = BTreeMap<Vec<u8>, Vec<u8>>;
 
 /// An engine that forgets, at a simulated crash, what was not flushed: the disk holds
 /// every flushed batch and a prefix of the ones written since.
 #[derive(Default)]
 struct CrashEngine {
-    live: Mutex<BTreeMap<Vec<u8>, Vec<u8>>>,
+    live: Mutex<Map>,
     /// What is on disk: the flushed state, and the batches written since, in order.
-    disk: Mutex<(BTreeMap<Vec<u8>, Vec<u8>>, Vec<Ops>)>,
+    disk: Mutex<(Map, Vec<Ops>)>,
     salvaged: Option<String>,
 }
 
-fn apply_ops(map: &mut BTreeMap<Vec<u8>, Vec<u8>>, ops: &Ops) {
+fn apply_ops(map: &mut Map, ops: &Ops) {
     for (k, v) in ops {
         match v {
             Some(v) => map.insert(k.clone(), v.clone()),
