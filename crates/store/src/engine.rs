@@ -470,7 +470,7 @@ fn recover(
     let in_sled = last;
     let mut replayed: Option<u64> = None;
     let mut seen: Option<u64> = None;
-    let scanned = crate::wal::scan(wal_dir, salvage, |frame, payload| {
+    let scanned = crate::wal::scan(wal_dir, salvage, checkpoint, |frame, payload| {
         seen = Some(frame);
         let batch = crate::wal::decode_batch(payload).map_err(|reason| {
             StoreError::corrupt(&frame.to_be_bytes(), format!("frame {frame}: {reason}"))
@@ -1627,6 +1627,52 @@ mod tests {
             .collect();
         assert_eq!(keys, vec![log_key(3)]);
         assert!(e.get(b"row").unwrap() == Some(big(2)));
+    }
+
+    /// After a clean close every frame is behind the checkpoint: a log cut short of it
+    /// (the segment truncated, or its last frames zeroed) lost commit log records the
+    /// store had, and is refused, naming both frames; salvaged, it opens with the
+    /// frames before the cut.
+    #[test]
+    fn a_log_cut_short_of_the_checkpoint_is_refused() {
+        for zero in [false, true] {
+            let dir = tempfile::tempdir().unwrap();
+            {
+                let e = SledEngine::open(dir.path()).unwrap();
+                for n in 1..=5u8 {
+                    e.apply(put(&log_key(n), &[n; 100])).unwrap();
+                    e.flush().unwrap();
+                }
+            }
+            let (_, path) = crate::wal::segments(&dir.path().join("wal"))
+                .unwrap()
+                .pop()
+                .unwrap();
+            let mut bytes = std::fs::read(&path).unwrap();
+            // Frames of 100-byte keys' batches: cut into the third one from the end.
+            let at = bytes
+                .windows(100)
+                .rposition(|w| w == [3u8; 100])
+                .expect("key 3's frame");
+            if zero {
+                bytes[at - 10..].fill(0);
+            } else {
+                bytes.truncate(at);
+            }
+            std::fs::write(&path, &bytes).unwrap();
+            let err = SledEngine::open(dir.path())
+                .err()
+                .expect("a log cut short of the checkpoint is refused");
+            assert_eq!(err.code(), "XX001");
+            assert!(err.to_string().contains("checkpoint says"), "{err}");
+            let e = SledEngine::open_salvaging(dir.path(), true).unwrap();
+            assert!(e.salvaged().is_some());
+            let keys: Vec<_> = e
+                .scan(log_key_range(), false)
+                .map(|r| r.unwrap().0)
+                .collect();
+            assert_eq!(keys, vec![log_key(1), log_key(2)], "zeroed: {zero}");
+        }
     }
 
     #[test]

@@ -285,10 +285,11 @@ enum End {
 fn end_at(bytes: &[u8], stop: u64, next: u64) -> End {
     let stop = stop as usize;
     let rest = &bytes[stop.min(bytes.len())..];
-    let head = &rest[..rest.len().min(HEADER_BYTES)];
-    if head.iter().all(|&b| b == 0) || sync_mark_at(bytes, stop).is_some() {
+    if sync_mark_at(bytes, stop).is_some() {
         return End::Clean;
     }
+    // Zeros are where the writes had not reached yet — unless a later frame says they
+    // had (a flushed frame zeroed since), so the search below runs for them too.
     // A later frame that says `next` was durable, anywhere past the stop (the length
     // of the frame there may be what is damaged, so every offset is tried).
     for at in stop + 1..bytes.len().saturating_sub(HEADER_BYTES) {
@@ -318,6 +319,10 @@ fn end_at(bytes: &[u8], stop: u64, next: u64) -> End {
                 durable,
             };
         }
+    }
+    let head = &rest[..rest.len().min(HEADER_BYTES)];
+    if head.iter().all(|&b| b == 0) {
+        return End::Clean;
     }
     match Header::parse(rest) {
         Some(h) if h.number < next => End::Clean,
@@ -409,7 +414,8 @@ struct Cut {
 ///
 /// Damage is refused, naming the file and offset (`XX001`; no file is removed): a frame
 /// the log stops at that a later frame's mark says was durable (damaged since it was
-/// flushed); a segment that stops early while another after it holds frames (a new
+/// flushed); a log that ends before `durable_through` (the store's checkpoint: frames
+/// through it were durable and applied); a segment that stops early while another after it holds frames (a new
 /// segment is created only once the frames of the one before are durable); a gap in
 /// the frame numbers between two segments (segments are removed oldest first, the
 /// directory synced after each, so no crash leaves a gap behind). With `salvage` the
@@ -420,6 +426,7 @@ struct Cut {
 pub(crate) fn scan(
     dir: &Path,
     salvage: bool,
+    durable_through: u64,
     mut visit: impl FnMut(u64, &[u8]) -> Result<(), StoreError>,
 ) -> Result<Scanned, StoreError> {
     let mut found = Scanned {
@@ -430,6 +437,10 @@ pub(crate) fn scan(
     let all = segments(dir)?;
     // How the last segment of the log read so far ends: where, and how.
     let mut tail: Option<(u64, End)> = None;
+    // The listing index of the segment `tail` is about.
+    let mut tail_index = 0;
+    // The listing index and first frame of the first segment without a whole frame.
+    let mut first_stale: Option<(usize, u64)> = None;
     let mut cut: Option<(StoreError, Cut)> = None;
     for (i, (first, path)) in all.iter().enumerate() {
         let (first, path) = (*first, path.clone());
@@ -439,6 +450,7 @@ pub(crate) fn scan(
             match end_at(&bytes, 0, first) {
                 // Created just before a crash (or reused): nothing in it yet.
                 End::Clean | End::Torn => {
+                    first_stale.get_or_insert((i, first));
                     found.stale.push(path);
                     continue;
                 }
@@ -542,6 +554,31 @@ pub(crate) fn scan(
             break;
         }
         tail = Some((stop, end));
+        tail_index = i;
+    }
+    // Where the log ends, and where a salvage cuts it if that is before the checkpoint:
+    // after the last whole frame, or (when the segments after it hold none) at the
+    // first of those, which was created for the next frame.
+    let end = match (found.segments.last(), &tail, first_stale) {
+        (_, _, Some((i, first))) => Some((first - 1, i, 0, all[i].1.clone())),
+        (Some(last), Some((stop, _)), None) => {
+            Some((last.last(), tail_index, *stop, last.path.clone()))
+        }
+        _ => None,
+    };
+    if let (None, Some((ends_at, keep, keep_bytes, path))) = (&cut, end) {
+        if ends_at < durable_through {
+            let e = StoreError::DamagedLog(format!(
+                "the log in {} ends at frame {ends_at} (offset {keep_bytes} of {}), but the \
+                 store's checkpoint says every frame through {durable_through} was durable: \
+                 frames {} to {durable_through} were flushed and are gone (a segment \
+                 truncated or zeroed). Nothing was removed: {WAYS_OUT}",
+                dir.display(),
+                file_name(&path),
+                ends_at + 1,
+            ));
+            cut = Some((e, Cut { keep, keep_bytes }));
+        }
     }
     if let Some((e, at)) = cut {
         if !salvage {
@@ -701,7 +738,7 @@ pub(crate) fn replay(
     mut apply: impl FnMut(u64, &[u8]) -> Result<(), StoreError>,
 ) -> Result<Option<u64>, StoreError> {
     let mut last = None;
-    scan(dir, false, |frame, payload| {
+    scan(dir, false, 0, |frame, payload| {
         if frame <= after {
             return Ok(());
         }
@@ -1463,13 +1500,13 @@ mod tests {
         assert_eq!(segments(dir.path()).unwrap().len(), 3, "nothing removed");
         // Whatever the store holds: a segment is never taken for a released one a
         // crash brought back and removed.
-        assert!(scan(dir.path(), false, |_, _| Ok(())).is_err());
+        assert!(scan(dir.path(), false, 0, |_, _| Ok(())).is_err());
         // Segments that hold no frame (created just before a crash) are no damage: the
         // log ends in the first, and those after it are stale.
         for (_, path) in &all[1..] {
             fs::write(path, vec![0u8; 4096]).unwrap();
         }
-        let found = scan(dir.path(), false, |_, _| Ok(())).unwrap();
+        let found = scan(dir.path(), false, 0, |_, _| Ok(())).unwrap();
         assert_eq!(found.segments.len(), 1);
         assert_eq!(found.stale, [all[1].1.clone(), all[2].1.clone()]);
     }
@@ -1650,7 +1687,7 @@ mod tests {
                 fs::write(dir.path().join(segment_name(n + 1 + k)), [0u8; 64]).unwrap();
             }
             let mut seen = Vec::new();
-            let found = scan(dir.path(), false, |f, p| {
+            let found = scan(dir.path(), false, 0, |f, p| {
                 assert_eq!(p, &[f as u8; 40][..]);
                 seen.push(f);
                 Ok(())
@@ -1663,7 +1700,7 @@ mod tests {
                     // that opens as it is.
                     for salvage in [true, false] {
                         let mut kept = Vec::new();
-                        let found = scan(dir.path(), salvage, |f, _| {
+                        let found = scan(dir.path(), salvage, 0, |f, _| {
                             kept.push(f);
                             Ok(())
                         })
@@ -1684,6 +1721,114 @@ mod tests {
                     stale.extend((0..empty_after as u64).map(|k| n + 1 + k));
                     let stale: Vec<PathBuf> = stale.into_iter().map(|f| dir.path().join(segment_name(f))).collect();
                     proptest::prop_assert_eq!(found.stale, stale);
+                }
+            }
+        }
+    }
+
+    /// How a test damages a segment's bytes.
+    #[derive(Debug, Clone)]
+    enum Damage {
+        Flip(usize),
+        Zero(usize, usize),
+        /// Zeros from the start of a frame (picked by index), at least its header.
+        ZeroFrame(usize, usize),
+        Truncate(usize),
+    }
+
+    fn damage() -> impl proptest::strategy::Strategy<Value = Damage> {
+        use proptest::prelude::*;
+        prop_oneof![
+            (0usize..4096).prop_map(Damage::Flip),
+            (0usize..4096, 1usize..200).prop_map(|(at, len)| Damage::Zero(at, len)),
+            (0usize..20, 0usize..100).prop_map(|(f, extra)| Damage::ZeroFrame(f, extra)),
+            (0usize..4096).prop_map(Damage::Truncate),
+        ]
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(256))]
+
+        /// Frames 1..=n, each flushed before the next (its mark says so), perhaps a
+        /// sync mark after the last, and a checkpoint saying frames through `durable`
+        /// were durable; then one byte flipped, a range zeroed, or the segment cut,
+        /// anywhere. The log is read whole, or refused as damaged (and salvaged to the
+        /// frames before the damage), or loses only frames nothing proves were ever
+        /// flushed: those from the first damaged one on, when no intact frame or sync
+        /// mark after the damage, nor the checkpoint, says it was durable.
+        #[test]
+        fn damage_anywhere_is_read_around_refused_or_an_unproven_tail(
+            sizes in proptest::collection::vec(1usize..60, 1..20),
+            sync_mark in proptest::bool::ANY,
+            durable_pick in 0usize..25,
+            damage in damage(),
+        ) {
+            let n = sizes.len() as u64;
+            let durable = (durable_pick as u64).min(n);
+            let mut bytes = Vec::new();
+            // Each frame's (start, end) offsets.
+            let mut spans = Vec::new();
+            for (i, size) in sizes.iter().enumerate() {
+                let f = i as u64 + 1;
+                let at = bytes.len();
+                encode_frame(&mut bytes, f, f - 1, &vec![f as u8; *size]);
+                spans.push((at, bytes.len()));
+            }
+            let mark_at = bytes.len();
+            if sync_mark {
+                bytes.extend_from_slice(&encode_sync_mark(n));
+            }
+            bytes.extend_from_slice(&[0u8; 64]);
+            let len = bytes.len();
+            let original = bytes.clone();
+            match damage {
+                Damage::Flip(at) => bytes[at % len] ^= 0x5a,
+                Damage::Zero(at, l) => {
+                    let at = at % len;
+                    bytes[at..(at + l).min(len)].fill(0);
+                }
+                Damage::ZeroFrame(f, extra) => {
+                    let at = spans[f % spans.len()].0;
+                    bytes[at..(at + HEADER_BYTES + extra).min(len)].fill(0);
+                }
+                Damage::Truncate(at) => bytes.truncate(at % len),
+            }
+            let dir = tempfile::tempdir().unwrap();
+            fs::write(dir.path().join(segment_name(1)), &bytes).unwrap();
+            let intact = |(a, b): (usize, usize)| b <= bytes.len() && bytes[a..b] == original[a..b];
+            // The first frame the damage changed, and whether anything intact after it
+            // says it was durable.
+            let hit = spans.iter().position(|&span| !intact(span));
+            let proven_after = hit.is_some_and(|d| {
+                spans[d + 1..].iter().any(|&span| intact(span))
+                    || (sync_mark && intact((mark_at, mark_at + HEADER_BYTES)))
+            });
+            let hit = hit.map(|i| i as u64 + 1);
+            let mut seen = Vec::new();
+            let found = scan(dir.path(), false, durable, |f, p| {
+                assert_eq!(p, &vec![f as u8; sizes[f as usize - 1]][..]);
+                seen.push(f);
+                Ok(())
+            });
+            match hit {
+                Some(d) if proven_after || d <= durable => {
+                    let err = found.err().expect("damage to a durable frame is refused");
+                    proptest::prop_assert_eq!(err.code(), "XX001");
+                    let mut kept = Vec::new();
+                    scan(dir.path(), true, durable, |f, _| {
+                        kept.push(f);
+                        Ok(())
+                    })
+                    .unwrap();
+                    proptest::prop_assert_eq!(kept, (1..d).collect::<Vec<_>>());
+                }
+                Some(d) => {
+                    found.unwrap();
+                    proptest::prop_assert_eq!(seen, (1..d).collect::<Vec<_>>());
+                }
+                None => {
+                    found.unwrap();
+                    proptest::prop_assert_eq!(seen, (1..=n).collect::<Vec<_>>());
                 }
             }
         }
