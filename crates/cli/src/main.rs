@@ -91,6 +91,31 @@ enum Command {
     /// Wait until subscribers have acknowledged everything a master committed so far
     /// (TimesTen's ttRepAdmin -wait); exit 1 if they do not within --timeout.
     Wait(wait_cmd::WaitArgs),
+    /// The restart half of a drill's crash (`Admin.Fault`): waits, then runs the node
+    /// again with the arguments after `--`. Run by a node, not by hand.
+    #[command(name = "internal-restart", hide = true)]
+    InternalRestart(InternalRestartArgs),
+    /// The end of a drill's pause (`Admin.Fault`): waits, then continues the paused
+    /// node. Run by a node, not by hand.
+    #[command(name = "internal-resume", hide = true)]
+    InternalResume(InternalResumeArgs),
+}
+
+#[derive(clap::Args, Debug)]
+struct InternalRestartArgs {
+    #[arg(long)]
+    after_ms: u64,
+    /// The node's own arguments.
+    #[arg(last = true)]
+    node_args: Vec<std::ffi::OsString>,
+}
+
+#[derive(clap::Args, Debug)]
+struct InternalResumeArgs {
+    #[arg(long)]
+    pid: i32,
+    #[arg(long)]
+    after_ms: u64,
 }
 
 /// mimalloc instead of glibc's malloc: a node allocates and frees small buffers on
@@ -116,6 +141,26 @@ fn runtime(threads: usize) -> std::io::Result<tokio::runtime::Runtime> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // A drill's fault helpers: no runtime, nothing else.
+    match &cli.command {
+        Command::InternalRestart(a) => {
+            let after = std::time::Duration::from_millis(a.after_ms);
+            let e = hawser_node::fault::restart_after(after, &a.node_args);
+            eprintln!("error: cannot start the node again after a drill's crash: {e}");
+            return ExitCode::FAILURE;
+        }
+        Command::InternalResume(a) => {
+            let after = std::time::Duration::from_millis(a.after_ms);
+            return match hawser_node::fault::resume_after(a.pid, after) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    ExitCode::FAILURE
+                }
+            };
+        }
+        _ => {}
+    }
     // A node's configuration says how many threads its runtime has, so it is read
     // before the runtime starts, and so is bench's; every other command runs one per
     // core.
@@ -182,6 +227,9 @@ fn main() -> ExitCode {
             Command::Wait(args) => wait_cmd::run(args).await,
             Command::Duplicate(args) => duplicate_cmd::run(args).await,
             Command::Switchover(args) => switchover_cmd::run(args).await,
+            Command::InternalRestart(_) | Command::InternalResume(_) => {
+                unreachable!("run before the runtime")
+            }
         }
     });
     match result {

@@ -187,6 +187,12 @@ pub struct StartArgs {
     /// restoring the directory or rebuilding the node from a peer.
     #[arg(long, env = "HAWSER_SALVAGE", value_parser = clap::builder::FalseyValueParser::new())]
     salvage: bool,
+    /// Let `hawser drill` crash or pause this node through the Admin.Fault RPC (off by
+    /// default: anyone who reaches the gRPC port could stop the node). A crash re-runs
+    /// the node on the same data and arguments after the drill's down time, in the same
+    /// process.
+    #[arg(long, env = "HAWSER_ALLOW_FAULTS", value_parser = clap::builder::FalseyValueParser::new())]
+    allow_faults: bool,
     #[command(flatten)]
     compile: CompileArgs,
     /// Stop cleanly when the process that started this one goes away, even if it was
@@ -347,6 +353,7 @@ impl StartArgs {
         if self.salvage {
             c.salvage = true;
         }
+        c.allow_faults = self.allow_faults;
         c.validate()?;
         Ok(c)
     }

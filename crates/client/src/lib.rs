@@ -13,6 +13,7 @@
 //! or partitioned node gives an error instead of a hang.
 
 pub mod cluster;
+pub mod history;
 
 use std::time::Duration;
 
@@ -157,6 +158,8 @@ pub struct WriteOutcome {
     pub warnings: Vec<Warning>,
     /// How the return service ended: `none`, `acknowledged`, `timed_out`, `disabled`.
     pub return_outcome: String,
+    /// The failover era (epoch) of the master that committed it.
+    pub epoch: u64,
 }
 
 /// Return-service options of one write (what `CALL ttRepSyncSet` sets in SQL).
@@ -359,6 +362,26 @@ impl Client {
         Ok(())
     }
 
+    /// Injects fault `kind` (`crash`, `pause`) into node `node_id`, which this client
+    /// must be connected to, for `down` (`Admin.Fault`; the node must have been started
+    /// with `--allow-faults`). Returns what the node said it will do.
+    pub async fn fault(
+        &mut self,
+        node_id: u64,
+        kind: &str,
+        down: Duration,
+    ) -> Result<String, ClientError> {
+        let reply = self
+            .admin
+            .fault(self.request(v1::FaultRequest {
+                node_id,
+                kind: kind.to_string(),
+                down_ms: down.as_millis() as u64,
+            }))
+            .await?;
+        Ok(reply.into_inner().message)
+    }
+
     /// Sets `store`'s receiver state (`start`, `pause`, `stop`) in `scheme` (every
     /// scheme it subscribes to when `None`), through the Raft leader; returns the
     /// schemes set.
@@ -447,6 +470,7 @@ impl WriteOutcome {
             durable: resp.durable,
             warnings: resp.warnings,
             return_outcome: resp.return_outcome,
+            epoch: resp.epoch,
         }
     }
 }

@@ -130,6 +130,9 @@ pub struct NodeConfig {
     /// Cut a damaged write-ahead log before the damage instead of refusing to start
     /// (`hawser start --salvage`; `hawser_store::DbOptions::salvage`).
     pub salvage: bool,
+    /// Take `Admin.Fault` requests (crash or pause this node, for `hawser drill`);
+    /// refused when false (`hawser start --allow-faults`).
+    pub allow_faults: bool,
 }
 
 impl Default for NodeConfig {
@@ -167,6 +170,7 @@ impl Default for NodeConfig {
             transparent_huge_pages: HugePages::Off,
             boot_id: None,
             salvage: false,
+            allow_faults: false,
         }
     }
 }

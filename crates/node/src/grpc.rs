@@ -239,6 +239,7 @@ impl Services {
             durable: info.durable,
             warnings,
             return_outcome: crate::returns::outcome_label(&committed.outcome).into(),
+            epoch: info.epoch.0,
         })
     }
 
@@ -637,6 +638,32 @@ impl Admin for Services {
             }
         });
         Ok(Response::new(ReceiverStream::new(rx)))
+    }
+
+    async fn fault(
+        &self,
+        request: Request<v1::FaultRequest>,
+    ) -> Result<Response<v1::FaultResponse>, Status> {
+        let req = request.into_inner();
+        if !self.state.config.allow_faults {
+            return Err(Status::failed_precondition(format!(
+                "node {} ({}) takes no faults: start it with --allow-faults \
+                 (HAWSER_ALLOW_FAULTS=1) to let drills crash or pause it",
+                self.state.node_id, self.state.config.name
+            )));
+        }
+        if req.node_id != self.state.node_id.0 {
+            return Err(bad_request(format!(
+                "this is node {} ({}), not node {}: the address reached another node than \
+                 the one meant; nothing done",
+                self.state.node_id, self.state.config.name, req.node_id
+            )));
+        }
+        let fault = crate::fault::Fault::parse(&req.kind, req.down_ms).map_err(bad_request)?;
+        let message = fault.describe();
+        warn!(node = %self.state.node_id, fault = ?fault, "a drill injects a fault: {message}");
+        crate::fault::inject(fault);
+        Ok(Response::new(v1::FaultResponse { message }))
     }
 
     async fn show_schemes(

@@ -24,6 +24,7 @@ pub mod cluster;
 pub mod config;
 mod dataplane;
 mod duplicate;
+pub mod fault;
 mod grpc;
 mod http;
 pub mod identity;
