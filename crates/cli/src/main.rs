@@ -6,6 +6,7 @@
 mod bench;
 mod cluster_cmd;
 mod demo;
+mod drill_cmd;
 mod duplicate_cmd;
 mod os;
 mod output;
@@ -88,6 +89,11 @@ enum Command {
     /// the Raft leader hears from it); prints how long it took, the bound of the write
     /// pause.
     Switchover(switchover_cmd::SwitchoverArgs),
+    /// Run a failover drill on a live cluster: crash or pause an element's master, crash
+    /// the Raft leader, or switch over and back, under a verifying load; report the time
+    /// to a new master, the write window clients saw, and whether anything acknowledged
+    /// was lost or two masters ever took writes. Exit 1 when a promise broke.
+    Drill(drill_cmd::DrillArgs),
     /// Wait until subscribers have acknowledged everything a master committed so far
     /// (TimesTen's ttRepAdmin -wait); exit 1 if they do not within --timeout.
     Wait(wait_cmd::WaitArgs),
@@ -227,6 +233,7 @@ fn main() -> ExitCode {
             Command::Wait(args) => wait_cmd::run(args).await,
             Command::Duplicate(args) => duplicate_cmd::run(args).await,
             Command::Switchover(args) => switchover_cmd::run(args).await,
+            Command::Drill(args) => drill_cmd::run(args).await,
             Command::InternalRestart(_) | Command::InternalResume(_) => {
                 unreachable!("run before the runtime")
             }

@@ -143,7 +143,7 @@ pub fn plan(
 
 /// The cluster status as the Raft leader sees it (node health is known only there),
 /// asked through `host`.
-async fn leader_status(host: &str) -> anyhow::Result<v1::ClusterStatus> {
+pub(crate) async fn leader_status(host: &str) -> anyhow::Result<v1::ClusterStatus> {
     let mut client = Client::connect(host)
         .await
         .with_context(|| format!("connect to {host}"))?;

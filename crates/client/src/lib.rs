@@ -158,7 +158,8 @@ pub struct WriteOutcome {
     pub warnings: Vec<Warning>,
     /// How the return service ended: `none`, `acknowledged`, `timed_out`, `disabled`.
     pub return_outcome: String,
-    /// The failover era (epoch) of the master that committed it.
+    /// The master's term for the table: its element's epoch when the write began (0
+    /// when no scheme covers the table).
     pub epoch: u64,
 }
 

@@ -184,6 +184,15 @@ impl Services {
         if ops.is_empty() {
             return Err(bad_request("a write needs at least one operation".into()));
         }
+        // The master term of the first table, as this node knows it before the write:
+        // a commit that passes the lease check happens under it (a switchover drains
+        // the commits under way before the role moves).
+        let term = {
+            let first = self.table(&ops[0].table)?;
+            let store = hawser_core::Ident::unquoted(&self.state.config.name);
+            crate::lease::master_term(&self.state.plane.state(), &store, &first.name)
+                .map_or(0, |e| e.0)
+        };
         let mut txn = self.state.db.begin();
         for (i, op) in ops.iter().enumerate() {
             let table = self.table(&op.table)?;
@@ -239,7 +248,7 @@ impl Services {
             durable: info.durable,
             warnings,
             return_outcome: crate::returns::outcome_label(&committed.outcome).into(),
-            epoch: info.epoch.0,
+            epoch: term,
         })
     }
 

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use hawser_control::failover::HealthReport;
 use hawser_control::{ClusterState, ControlPlane};
-use hawser_core::{Epoch, Ident};
+use hawser_core::{Epoch, Ident, QualName};
 use hawser_scheme::ast::{ElementKind, OwnerRole, StoreName};
 use hawser_store::{Database, LeaseScope};
 use parking_lot::Mutex;
@@ -64,6 +64,31 @@ pub(crate) fn lease_scope(state: &ClusterState, store: &Ident) -> Option<LeaseSc
         elements.join(", ")
     );
     Some(scope)
+}
+
+/// The master term `store` writes `table` under in `state`: the epoch of the element
+/// (TABLE of that table, or DATASTORE) it masters, the highest if several; `None` when
+/// it masters none. A client tells two masters' acknowledgements apart by it (every
+/// change of master, planned or not, starts a new epoch of the element).
+pub(crate) fn master_term(state: &ClusterState, store: &Ident, table: &QualName) -> Option<Epoch> {
+    let mut term = None;
+    for s in state.schemes.values() {
+        for el in &s.scheme.elements {
+            let owns = matches!(&el.owner.name, StoreName::Named(n) if n == store);
+            if !owns || el.owner_role != OwnerRole::Master {
+                continue;
+            }
+            let covers = match &el.kind {
+                ElementKind::Table { table: t, .. } => t == table,
+                ElementKind::Datastore => true,
+                ElementKind::Sequence { .. } => false,
+            };
+            if let (true, Some(es)) = (covers, s.elements.get(&el.name)) {
+                term = term.max(Some(es.epoch));
+            }
+        }
+    }
+    term
 }
 
 /// Sets the gate's scope and the commit epoch from the latest applied state.

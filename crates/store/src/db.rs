@@ -94,10 +94,6 @@ pub struct CommitInfo {
     pub lsn: Lsn,
     /// Whether the commit was flushed before it was acknowledged.
     pub durable: bool,
-    /// The failover era its record was stamped with (0 for a transaction that wrote
-    /// nothing): which master's commit it is, for a client checking that two masters
-    /// never acknowledged at once.
-    pub epoch: Epoch,
 }
 
 impl CommitInfo {
@@ -778,7 +774,7 @@ impl Database {
     ) -> Result<CommitInfo, StoreError> {
         let def = normalize_table_def(def)?;
         let name = def.name.clone();
-        let (gtid, lsn, _) = self.inner.append_as(
+        let (gtid, lsn) = self.inner.append_as(
             |state, gtid, micros| {
                 if self.inner.catalog.read().tables.contains_key(&name) {
                     return Err(StoreError::DuplicateTable(name.clone()));
@@ -832,7 +828,7 @@ impl Database {
         name: &QualName,
         origin: Origin,
     ) -> Result<CommitInfo, StoreError> {
-        let (gtid, lsn, _) = self.inner.append_as(
+        let (gtid, lsn) = self.inner.append_as(
             |_, gtid, micros| {
                 let t = self.table_ref(name)?;
                 let mut batch = WriteBatch::new();
@@ -876,7 +872,7 @@ impl Database {
         col: ColumnDef,
         origin: Origin,
     ) -> Result<CommitInfo, StoreError> {
-        let (gtid, lsn, _) = self.inner.append_as(
+        let (gtid, lsn) = self.inner.append_as(
             |_, gtid, micros| {
                 let t = self.table_ref(table)?;
                 if !t.def.explicit_key {
@@ -948,7 +944,7 @@ impl Database {
         origin: Origin,
     ) -> Result<CommitInfo, StoreError> {
         def.validate()?;
-        let (gtid, lsn, _) = self.inner.append_as(
+        let (gtid, lsn) = self.inner.append_as(
             |_, gtid, micros| {
                 if self.inner.sequences.read().contains_key(&def.name) {
                     return Err(StoreError::DuplicateSequence(def.name.clone()));
@@ -986,7 +982,7 @@ impl Database {
         name: &QualName,
         origin: Origin,
     ) -> Result<CommitInfo, StoreError> {
-        let (gtid, lsn, _) = self.inner.append_as(
+        let (gtid, lsn) = self.inner.append_as(
             |_, gtid, micros| {
                 if !self.inner.sequences.read().contains_key(name) {
                     return Err(StoreError::UndefinedSequence(name.clone()));
@@ -1039,7 +1035,7 @@ impl Database {
         if state.left_in_block == 0 && state.next.is_some() {
             let restart_at = state.next_block_start();
             let def = state.def.clone();
-            let (_, lsn, _) = self.inner.append(
+            let (_, lsn) = self.inner.append(
                 |_, gtid, micros| {
                     // A DROP SEQUENCE may have won the race for the commit mutex.
                     let current = self.inner.sequences.read().get(name).cloned();
@@ -1087,7 +1083,7 @@ impl Database {
             .get(name)
             .cloned()
             .ok_or_else(|| StoreError::UndefinedSequence(name.clone()))?;
-        let (gtid, lsn, _) = {
+        let (gtid, lsn) = {
             let mut state = seq.lock();
             let ahead = match (state.next, restart_at) {
                 // Exhausted on the master: exhausted here too.
@@ -1795,7 +1791,6 @@ impl Database {
             gtid,
             lsn,
             durable: true,
-            epoch: self.epoch(),
         })
     }
 }
@@ -1851,11 +1846,7 @@ impl Inner {
     /// The write step of every commit: under the commit mutex, assigns the next LSN and
     /// Gtid, lets `prepare` build the batch and log entry (it may refuse), adds the log
     /// record and this origin's high-water, and applies it all as one atomic batch.
-    pub(crate) fn append<P, I>(
-        &self,
-        prepare: P,
-        kind: DdlKind,
-    ) -> Result<(Gtid, Lsn, Epoch), StoreError>
+    pub(crate) fn append<P, I>(&self, prepare: P, kind: DdlKind) -> Result<(Gtid, Lsn), StoreError>
     where
         P: FnOnce(&mut CommitState, Gtid, i64) -> Result<Prepared<I>, StoreError>,
         I: FnOnce(),
@@ -1892,7 +1883,7 @@ impl Inner {
         prepare: P,
         kind: DdlKind,
         origin: Origin,
-    ) -> Result<(Gtid, Lsn, Epoch), StoreError>
+    ) -> Result<(Gtid, Lsn), StoreError>
     where
         P: FnOnce(&mut CommitState, Gtid, i64) -> Result<Prepared<I>, StoreError>,
         I: FnOnce(),
@@ -1955,7 +1946,7 @@ impl Inner {
             DdlKind::Ddl => self.metrics.commits_ddl.increment(1),
             DdlKind::Sequence => self.metrics.commits_seq.increment(1),
         }
-        Ok((gtid, lsn, epoch))
+        Ok((gtid, lsn))
     }
 
     /// The write step of a replicated apply: like [`Inner::append`], but for records of

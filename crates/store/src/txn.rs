@@ -389,7 +389,6 @@ impl Txn {
                 gtid: Gtid::new(inner.opts.node_id, 0),
                 lsn: Lsn::ZERO,
                 durable: true,
-                epoch: hawser_core::Epoch(0),
             };
             return Ok((info, None));
         }
@@ -455,7 +454,7 @@ impl Txn {
             },
             DdlKind::Txn,
         );
-        let (gtid, lsn, epoch) = match appended {
+        let (gtid, lsn) = match appended {
             Ok(pos) => pos,
             Err(e) => {
                 drop(_shown_on_drop);
@@ -476,12 +475,7 @@ impl Txn {
                 return Err(e);
             }
         }
-        let info = CommitInfo {
-            gtid,
-            lsn,
-            durable,
-            epoch,
-        };
+        let info = CommitInfo { gtid, lsn, durable };
         let held_outcome = {
             let _holding = crate::db::Counted::enter(&inner.holding);
             hold(info).await
