@@ -423,7 +423,16 @@ pub async fn run(args: StartArgs, config: NodeConfig) -> anyhow::Result<ExitCode
     let name = config.name.clone();
     tokio::spawn(async move {
         if let Ok(node_id) = ready_rx.await {
-            println!("ready name={name} node_id={node_id} grpc={grpc_addr} http={http_addr}");
+            // Whoever read the first start's line may be gone (a drill's crash restarts
+            // the node in the same process, on the same stdout): a closed stdout must
+            // not stop the node, so the error is ignored.
+            use std::io::Write as _;
+            let mut out = std::io::stdout().lock();
+            let _ = writeln!(
+                out,
+                "ready name={name} node_id={node_id} grpc={grpc_addr} http={http_addr}"
+            )
+            .and_then(|()| out.flush());
         }
     });
     hawser_node::run(config, grpc, http, Some(metrics), shutdown, Some(ready_tx)).await?;

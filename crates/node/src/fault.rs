@@ -19,6 +19,7 @@
 //! subcommands with [`restart_after`] and [`resume_after`] (hawser's does).
 
 use std::ffi::OsString;
+use std::net::SocketAddr;
 use std::os::unix::process::CommandExt;
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -76,27 +77,67 @@ impl Fault {
 }
 
 /// The arguments `internal-restart` is run with to bring back a node whose own
-/// arguments (without the program name) are `node_args`.
-pub fn restart_args(after: Duration, node_args: &[OsString]) -> Vec<OsString> {
+/// arguments (without the program name) are `node_args`, on the addresses it had bound
+/// (`listen`, `http`): a node started on port 0 must come back where the cluster knows
+/// it, so those flags are set to them (replaced where given, added where not; a flag
+/// outranks the environment and the config file).
+pub fn restart_args(
+    after: Duration,
+    node_args: &[OsString],
+    listen: SocketAddr,
+    http: SocketAddr,
+) -> Vec<OsString> {
     let mut out: Vec<OsString> = vec![
         "internal-restart".into(),
         "--after-ms".into(),
         after.as_millis().to_string().into(),
         "--".into(),
     ];
-    out.extend(node_args.iter().cloned());
+    let bound = |flag: &str| match flag {
+        "--listen" => Some(listen.to_string()),
+        "--http" => Some(http.to_string()),
+        _ => None,
+    };
+    let (mut listen_set, mut http_set) = (false, false);
+    let mut args = node_args.iter();
+    while let Some(a) = args.next() {
+        let text = a.to_string_lossy();
+        let (flag, inline) = match text.split_once('=') {
+            Some((f, _)) if f.starts_with("--") => (f.to_string(), true),
+            _ => (text.to_string(), false),
+        };
+        match bound(&flag) {
+            Some(addr) => {
+                listen_set |= flag == "--listen";
+                http_set |= flag == "--http";
+                if !inline {
+                    args.next();
+                }
+                out.push(flag.into());
+                out.push(addr.into());
+            }
+            None => out.push(a.clone()),
+        }
+    }
+    if !listen_set {
+        out.extend(["--listen".into(), listen.to_string().into()]);
+    }
+    if !http_set {
+        out.extend(["--http".into(), http.to_string().into()]);
+    }
     out
 }
 
-/// Strikes `fault` on a thread of its own, [`REPLY_GRACE`] from now.
-pub fn inject(fault: Fault) {
+/// Strikes `fault` on a thread of its own, [`REPLY_GRACE`] from now; a crash comes
+/// back on the addresses the node had bound (`listen`, `http`).
+pub fn inject(fault: Fault, listen: SocketAddr, http: SocketAddr) {
     std::thread::spawn(move || {
         std::thread::sleep(REPLY_GRACE);
-        strike(fault);
+        strike(fault, listen, http);
     });
 }
 
-fn strike(fault: Fault) {
+fn strike(fault: Fault, listen: SocketAddr, http: SocketAddr) {
     let me = Pid::this();
     match fault {
         Fault::Crash {
@@ -105,7 +146,7 @@ fn strike(fault: Fault) {
             let node_args: Vec<OsString> = std::env::args_os().skip(1).collect();
             let err = match std::env::current_exe() {
                 Ok(exe) => Command::new(exe)
-                    .args(restart_args(after, &node_args))
+                    .args(restart_args(after, &node_args, listen, http))
                     .exec(),
                 Err(e) => e,
             };
@@ -198,15 +239,26 @@ mod tests {
     }
 
     #[test]
-    fn a_crash_restarts_the_node_with_its_own_arguments() {
-        let args: Vec<OsString> = ["start", "--name", "n1", "--allow-faults"]
-            .iter()
-            .map(OsString::from)
-            .collect();
-        let out = restart_args(Duration::from_millis(2500), &args);
-        let text: Vec<&str> = out.iter().map(|a| a.to_str().unwrap()).collect();
+    fn a_crash_restarts_the_node_with_its_own_arguments_on_its_bound_addresses() {
+        let listen: SocketAddr = "127.0.0.1:41234".parse().unwrap();
+        let http: SocketAddr = "127.0.0.1:41235".parse().unwrap();
+        let run = |args: &[&str]| -> Vec<String> {
+            let args: Vec<OsString> = args.iter().map(OsString::from).collect();
+            restart_args(Duration::from_millis(2500), &args, listen, http)
+                .into_iter()
+                .map(|a| a.into_string().unwrap())
+                .collect()
+        };
         assert_eq!(
-            text,
+            run(&[
+                "start",
+                "--name",
+                "n1",
+                "--listen",
+                "127.0.0.1:0",
+                "--http=127.0.0.1:0",
+                "--allow-faults"
+            ]),
             [
                 "internal-restart",
                 "--after-ms",
@@ -215,7 +267,24 @@ mod tests {
                 "start",
                 "--name",
                 "n1",
+                "--listen",
+                "127.0.0.1:41234",
+                "--http",
+                "127.0.0.1:41235",
                 "--allow-faults"
+            ]
+        );
+        // Not given (config file or environment): added, which outranks both.
+        assert_eq!(
+            run(&["start", "--config", "n.toml"])[4..],
+            [
+                "start",
+                "--config",
+                "n.toml",
+                "--listen",
+                "127.0.0.1:41234",
+                "--http",
+                "127.0.0.1:41235"
             ]
         );
     }

@@ -671,7 +671,7 @@ impl Admin for Services {
         let fault = crate::fault::Fault::parse(&req.kind, req.down_ms).map_err(bad_request)?;
         let message = fault.describe();
         warn!(node = %self.state.node_id, fault = ?fault, "a drill injects a fault: {message}");
-        crate::fault::inject(fault);
+        crate::fault::inject(fault, self.state.grpc_addr, self.state.http_addr);
         Ok(Response::new(v1::FaultResponse { message }))
     }
 
