@@ -64,8 +64,9 @@ pub struct DemoArgs {
     writes: u32,
     /// After the summary, SIGKILL ds1 (the master of every element and the Raft
     /// leader): show how long until ds2 takes a write, start ds1 again and show it
-    /// rejoin as a subscriber, and compare every copy.
-    #[arg(long)]
+    /// rejoin as a subscriber, and compare every copy. `--drill` says the same; for a
+    /// drill under a verifying load on any cluster, see `hawser drill`.
+    #[arg(long, alias = "drill")]
     failover: bool,
 }
 
