@@ -11,7 +11,7 @@ Usage: drills.sh [OPTIONS]
 Three nodes on loopback (ds1, ds2, ds3, every one with --allow-faults), the drill's
 table on each and scheme r: ds1 masters hawser_drill, ds2 subscribes RETURN TWOSAFE,
 ds3 asynchronously. Then --runs rounds; each round runs, one after another,
-`hawser drill` kill-master, pause-master, switchover and kill-leader (JSON reports
+`hawser drill` kill-master, pause-master, isolate-master, switchover and kill-leader (JSON reports
 kept in the work directory). The roles move with every failover, so each drill strikes
 whoever holds the role then.
 
@@ -85,7 +85,7 @@ for _ in $(seq 100); do
 done
 
 broke=0
-kinds=(kill-master pause-master switchover kill-leader)
+kinds=(kill-master pause-master isolate-master switchover kill-leader)
 for round in $(seq "$runs"); do
     for kind in "${kinds[@]}"; do
         out="$work/$kind-$round.json"

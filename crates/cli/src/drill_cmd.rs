@@ -45,6 +45,9 @@ pub enum Kind {
     KillMaster,
     /// The element's master stops every thread (SIGSTOP) for --down.
     PauseMaster,
+    /// The element's master is cut off from every peer for --down while clients still
+    /// reach it (an in-process network partition).
+    IsolateMaster,
     /// A planned switchover to a subscriber, and back after --after.
     Switchover,
     /// The Raft leader crashes and starts again after --down.
@@ -56,6 +59,7 @@ impl Kind {
         match self {
             Kind::KillMaster => "kill-master",
             Kind::PauseMaster => "pause-master",
+            Kind::IsolateMaster => "isolate-master",
             Kind::Switchover => "switchover",
             Kind::KillLeader => "kill-leader",
         }
@@ -65,7 +69,7 @@ impl Kind {
 /// `hawser drill`'s arguments.
 #[derive(clap::Args, Debug)]
 #[command(after_help = "\
-The nodes must run with --allow-faults (kill-master, pause-master, kill-leader). The \
+The nodes must run with --allow-faults (every kind but switchover). The \
 load writes to its own table, a TABLE element of the scheme:
   CREATE TABLE hawser_drill (k BIGINT PRIMARY KEY, v VARCHAR(64));   -- on every node
   ALTER REPLICATION s ADD ELEMENT drill TABLE hawser_drill MASTER ds1 SUBSCRIBER ds2 ...
@@ -73,9 +77,10 @@ load writes to its own table, a TABLE element of the scheme:
 Examples:
   hawser drill kill-master --scheme repscheme
   hawser drill pause-master --scheme repscheme --down 2s --format json
+  hawser drill isolate-master --scheme repscheme --down 3s
   hawser drill switchover --scheme repscheme --dry-run")]
 pub struct DrillArgs {
-    /// What to do: kill-master, pause-master, switchover, kill-leader.
+    /// What to do: kill-master, pause-master, isolate-master, switchover, kill-leader.
     #[arg(value_enum)]
     kind: Kind,
     /// Any member of the cluster.
@@ -223,7 +228,7 @@ pub fn plan(
         })
         .ok_or("no Raft leader is known")?;
     let (target, switch_to) = match kind {
-        Kind::KillMaster | Kind::PauseMaster => (Some(master.clone()), None),
+        Kind::KillMaster | Kind::PauseMaster | Kind::IsolateMaster => (Some(master.clone()), None),
         Kind::KillLeader => (Some(leader.clone()), None),
         Kind::Switchover => {
             let to = copies
@@ -233,7 +238,11 @@ pub fn plan(
             (None, Some(to))
         }
     };
-    if matches!(kind, Kind::KillMaster | Kind::PauseMaster) && copies.len() < 2 {
+    if matches!(
+        kind,
+        Kind::KillMaster | Kind::PauseMaster | Kind::IsolateMaster
+    ) && copies.len() < 2
+    {
         return Err(format!(
             "element {} has no subscriber: nothing could take the master role",
             e.name
@@ -269,6 +278,10 @@ impl Plan {
             (Kind::PauseMaster, Some(t), _) => {
                 format!("pause {} (node {}) for {down:?}", t.store, t.node)
             }
+            (Kind::IsolateMaster, Some(t), _) => format!(
+                "cut {} (node {}) off from every peer for {down:?}, clients still reaching it",
+                t.store, t.node
+            ),
             (_, Some(t), _) => format!(
                 "crash {} (node {}{}) and start it again after {down:?}",
                 t.store,
@@ -726,10 +739,10 @@ async fn drill(args: &DrillArgs, plan: Plan) -> anyhow::Result<Report> {
     let mut switch_ms = Vec::new();
     let fault = match (&plan.target, &plan.switch_to) {
         (Some(t), _) => {
-            let kind = if plan.kind == Kind::PauseMaster {
-                "pause"
-            } else {
-                "crash"
+            let kind = match plan.kind {
+                Kind::PauseMaster => "pause",
+                Kind::IsolateMaster => "isolate",
+                _ => "crash",
             };
             let mut c = Client::connect_with_timeout(&t.addr, Duration::from_secs(5))
                 .await

@@ -5,8 +5,9 @@
 //!      │ refused before it could commit: 25006 (not the master here; the error's
 //!      │ hawser-master metadata says where), 57P03 (no master lease now, no leader),
 //!      │ connection refused
-//!      └─► learn the masters again from any reachable node, back off, try again,
-//!          for at most `retry_for`
+//!      └─► learn the masters again from every node that answers (per table, the
+//!          master under the highest epoch), back off, try again, for at most
+//!          `retry_for`
 //!  anything else, and any error after the request may have reached a master (the
 //!  connection lost mid-call, 08007 outcome unknown) ─► returned as is: retrying could
 //!  apply the write twice
@@ -25,6 +26,10 @@ use crate::{sqlstate, Client, ClientError, RowOp, WriteOutcome};
 /// client notices a new master (or lease) within one after the cluster has it. A try
 /// costs a status call and a write.
 const RETRY_BACKOFF_MAX: Duration = Duration::from_millis(100);
+
+/// The longest a refresh waits for any one node's status: a node stopped (SIGSTOP) or
+/// cut off accepts connections and never answers.
+const REFRESH_CALL: Duration = Duration::from_secs(1);
 
 /// What to do after a failed write.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -98,39 +103,71 @@ impl ClusterClient {
         self.masters.get(table).map(String::as_str)
     }
 
-    /// Learns every TABLE element's master, and the nodes, from the first node that
-    /// answers.
+    /// Learns every TABLE element's master, and the nodes, from every known node that
+    /// answers: per table, the master the newest view names (the element's highest
+    /// epoch), so a node cut off from the cluster, which still names itself, is passed
+    /// over once another node knows of the failover.
     pub async fn refresh(&mut self) -> Result<(), ClientError> {
-        let mut last = None;
+        // Every known node at once, each bounded: a stopped or unreachable node must not
+        // hold the others' answers back.
+        let wait = self.timeout.min(REFRESH_CALL);
+        let mut calls = tokio::task::JoinSet::new();
         for addr in self.known.clone() {
-            let status = match self.conn(&addr).await {
-                Ok(c) => c.status().await,
-                Err(e) => Err(e),
-            };
-            let status = match status {
-                Ok(s) => s,
+            let cached = self.conns.get(&addr).cloned();
+            calls.spawn(async move {
+                let asked = tokio::time::timeout(wait, async {
+                    let mut c = match cached {
+                        Some(c) => c,
+                        None => Client::connect_with_timeout(&addr, wait).await?,
+                    };
+                    let status = c.status().await?;
+                    Ok::<_, ClientError>((c, status))
+                })
+                .await
+                .unwrap_or_else(|_| {
+                    Err(ClientError::Status(tonic::Status::deadline_exceeded(
+                        format!("{addr} did not answer a status request within {wait:?}"),
+                    )))
+                });
+                (addr, asked)
+            });
+        }
+        let mut last = None;
+        // Table → (epoch, master address).
+        let mut newest: HashMap<String, (u64, String)> = HashMap::new();
+        let mut answered = false;
+        while let Some(joined) = calls.join_next().await {
+            let Ok((addr, asked)) = joined else { continue };
+            let (client, status) = match asked {
+                Ok(ok) => ok,
                 Err(e) => {
                     self.conns.remove(&addr);
                     last = Some(e);
                     continue;
                 }
             };
+            self.conns.insert(addr, client);
             let Some(cluster) = status.cluster else {
                 continue;
             };
-            self.masters = cluster
-                .schemes
-                .iter()
-                .flat_map(|s| s.elements.iter())
-                .filter(|e| !e.table.is_empty() && !e.master_addr.is_empty())
-                .filter(|e| e.owner_role == "MASTER")
-                .map(|e| (e.table.clone(), e.master_addr.clone()))
-                .collect();
+            answered = true;
+            for e in cluster.schemes.iter().flat_map(|s| s.elements.iter()) {
+                if e.table.is_empty() || e.master_addr.is_empty() || e.owner_role != "MASTER" {
+                    continue;
+                }
+                let seen = newest.entry(e.table.clone()).or_insert((0, String::new()));
+                if seen.1.is_empty() || e.epoch > seen.0 {
+                    *seen = (e.epoch, e.master_addr.clone());
+                }
+            }
             for n in cluster.nodes {
                 if !self.known.contains(&n.grpc_addr) {
                     self.known.push(n.grpc_addr);
                 }
             }
+        }
+        if answered {
+            self.masters = newest.into_iter().map(|(t, (_, a))| (t, a)).collect();
             return Ok(());
         }
         Err(last.unwrap_or_else(|| {

@@ -174,6 +174,12 @@ impl PeerPool {
         json: Vec<u8>,
         deadline: Duration,
     ) -> Result<Vec<u8>, CallError> {
+        if hawser_core::isolation::isolated() {
+            return Err(CallError::Status {
+                addr: addr.to_string(),
+                status: tonic::Status::unavailable(hawser_core::isolation::REFUSAL),
+            });
+        }
         let mut client = RaftPeerClient::new(self.channel(addr)?)
             .max_decoding_message_size(MAX_MESSAGE_BYTES)
             .max_encoding_message_size(MAX_MESSAGE_BYTES);

@@ -12,6 +12,7 @@
 pub mod change;
 pub mod coerce;
 pub mod ids;
+pub mod isolation;
 pub mod key;
 pub mod name;
 pub mod schema;

@@ -41,6 +41,9 @@ pub enum Fault {
     Crash { restart_after: Option<Duration> },
     /// Stop every thread for this long.
     Pause(Duration),
+    /// Neither send nor take peer traffic for this long, while clients still reach
+    /// the node ([`hawser_core::isolation`]).
+    Isolate(Duration),
 }
 
 impl Fault {
@@ -57,8 +60,11 @@ impl Fault {
                 restart_after: (down_ms > 0).then_some(down),
             }),
             "pause" if down_ms > 0 => Ok(Fault::Pause(down)),
-            "pause" => Err("a pause needs a down time above 0".into()),
-            other => Err(format!("unknown fault kind {other:?}: crash or pause")),
+            "isolate" if down_ms > 0 => Ok(Fault::Isolate(down)),
+            k @ ("pause" | "isolate") => Err(format!("{k} needs a down time above 0")),
+            other => Err(format!(
+                "unknown fault kind {other:?}: crash, pause or isolate"
+            )),
         }
     }
 
@@ -72,6 +78,10 @@ impl Fault {
                 restart_after: None,
             } => "crashing now (SIGKILL); it stays down until its supervisor restarts it".into(),
             Fault::Pause(d) => format!("pausing every thread (SIGSTOP) for {d:?}"),
+            Fault::Isolate(d) => format!(
+                "cut off from every peer for {d:?} (no Raft, reports or streams; clients \
+                 still reach it)"
+            ),
         }
     }
 }
@@ -140,6 +150,7 @@ pub fn inject(fault: Fault, listen: SocketAddr, http: SocketAddr) {
 fn strike(fault: Fault, listen: SocketAddr, http: SocketAddr) {
     let me = Pid::this();
     match fault {
+        Fault::Isolate(d) => hawser_core::isolation::isolate_for(d),
         Fault::Crash {
             restart_after: Some(after),
         } => {
@@ -230,9 +241,16 @@ mod tests {
             Ok(Fault::Pause(Duration::from_millis(800)))
         );
         assert!(Fault::parse("pause", 0).unwrap_err().contains("above 0"));
-        assert!(Fault::parse("isolate", 10)
+        assert_eq!(
+            Fault::parse("isolate", 10),
+            Ok(Fault::Isolate(Duration::from_millis(10)))
+        );
+        assert!(Fault::parse("isolate", 0)
             .unwrap_err()
-            .contains("crash or pause"));
+            .contains("isolate needs a down time"));
+        assert!(Fault::parse("partition", 10)
+            .unwrap_err()
+            .contains("crash, pause or isolate"));
         assert!(Fault::parse("crash", 601_000)
             .unwrap_err()
             .contains("longer"));

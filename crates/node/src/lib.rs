@@ -393,6 +393,16 @@ pub async fn run(
         duplicating: Default::default(),
     });
 
+    /// Peer RPCs are refused while a drill isolates this node
+    /// ([`hawser_core::isolation`]); client and admin RPCs go on.
+    fn refuse_while_isolated(r: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+        if hawser_core::isolation::isolated() {
+            return Err(tonic::Status::unavailable(hawser_core::isolation::REFUSAL));
+        }
+        Ok(r)
+    }
+    use tonic::service::interceptor::InterceptedService;
+
     let services = grpc::Services {
         state: state.clone(),
     };
@@ -410,15 +420,19 @@ pub async fn run(
                 .max_decoding_message_size(max)
                 .max_encoding_message_size(max),
         )
-        .add_service(state.plane.raft_service())
-        .add_service(
+        .add_service(InterceptedService::new(
+            state.plane.raft_service(),
+            refuse_while_isolated,
+        ))
+        .add_service(InterceptedService::new(
             state
                 .receiver
                 .clone()
                 .into_server()
                 .max_decoding_message_size(max)
                 .max_encoding_message_size(max),
-        )
+            refuse_while_isolated,
+        ))
         .serve_with_incoming_shutdown(
             // The builder's tcp_nodelay applies only to sockets tonic binds itself:
             // accepted ones get it here, or Nagle holds small replies (acks of the

@@ -1304,6 +1304,12 @@ async fn read_ahead(
             _ = stop.cancelled() => break,
             msg = inbound.message() => msg,
         };
+        // A drill's partition: the stream ends as if the sender had gone.
+        let msg = if hawser_core::isolation::isolated() {
+            Err(Status::unavailable(hawser_core::isolation::REFUSAL))
+        } else {
+            msg
+        };
         let msg = match msg {
             Ok(Some(pb::SenderMessage {
                 msg: Some(sender_message::Msg::Batch(batch)),

@@ -775,6 +775,7 @@ impl Sender {
     async fn session(&mut self, streamed: &mut bool) -> Result<(), StreamError> {
         // A session that ended while lingering left its threshold behind.
         self.wake_at.store(0, Ordering::Release);
+        isolation_check()?;
         let tuning = self.link.tuning.clone();
         // `None` from a connect step: shutting down.
         let Some(channel) = self.connecting(self.endpoint.connect()).await? else {
@@ -876,6 +877,7 @@ impl Sender {
         tokio::pin!(linger);
         let mut lingering = false;
         loop {
+            isolation_check()?;
             // Why the last turn stopped, if it did, for status.
             self.publish_held(&reader, &high_water, &others.decided);
             let room = in_flight.len() < tuning.max_in_flight_batches
@@ -1854,6 +1856,17 @@ impl Failure {
 /// that could not be reached, `backoff_max` for a refusal. A longer wait left by
 /// refusals drops to `reconnect_max` as soon as the receiver is found down: it is
 /// restarting, and what it refused may be gone when it is back.
+/// A drill's partition ([`hawser_core::isolation`]): no stream to or from peers while
+/// it lasts; the session ends as if the peer were unreachable.
+fn isolation_check() -> Result<(), StreamError> {
+    if hawser_core::isolation::isolated() {
+        return Err(StreamError::Rpc(tonic::Status::unavailable(
+            hawser_core::isolation::REFUSAL,
+        )));
+    }
+    Ok(())
+}
+
 fn next_backoff(
     previous: Option<Duration>,
     failure: Failure,
