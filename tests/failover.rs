@@ -408,8 +408,9 @@ fn hawser_switchover_moves_a_masters_elements_and_says_how_long_it_took() {
     let d = dir.path();
     let (n1, n2, n3) = cluster(d);
     wait_for("n2 takes writes", WAIT, || insert(&n2, -1).ok());
-    // Checked before anything is asked for: n9 subscribes to nothing.
-    let out = n1.cli(&["switchover", "--scheme", "r", "--to", "n9"]);
+    // Checked before anything is asked for: n9 subscribes to nothing. Asked of n3, a
+    // follower: Admin.Switchover goes on to the Raft leader, where health is known.
+    let out = n3.cli(&["switchover", "--scheme", "r", "--to", "n9"]);
     assert!(!out.status.success());
     assert!(
         stderr(&out).contains("does not subscribe to element e"),

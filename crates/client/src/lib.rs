@@ -363,7 +363,27 @@ impl Client {
         Ok(())
     }
 
-    /// Injects fault `kind` (`crash`, `pause`) into node `node_id`, which this client
+    /// Switches the master role of every element `from` (empty: the scheme's one master
+    /// store) masters in `scheme` over to `to` (`Admin.Switchover`, through the Raft
+    /// leader): checked first, then done with nothing lost, and timed.
+    pub async fn switchover(
+        &mut self,
+        scheme: &str,
+        to: &str,
+        from: Option<&str>,
+    ) -> Result<v1::SwitchoverResponse, ClientError> {
+        let reply = self
+            .admin
+            .switchover(self.request(v1::SwitchoverRequest {
+                scheme: scheme.to_string(),
+                to: to.to_string(),
+                from: from.unwrap_or_default().to_string(),
+            }))
+            .await?;
+        Ok(reply.into_inner())
+    }
+
+    /// Injects fault `kind` (`crash`, `pause`, `isolate`) into node `node_id`, which this client
     /// must be connected to, for `down` (`Admin.Fault`; the node must have been started
     /// with `--allow-faults`). Returns what the node said it will do.
     pub async fn fault(

@@ -649,6 +649,82 @@ impl Admin for Services {
         Ok(Response::new(ReceiverStream::new(rx)))
     }
 
+    async fn switchover(
+        &self,
+        request: Request<v1::SwitchoverRequest>,
+    ) -> Result<Response<v1::SwitchoverResponse>, Status> {
+        let req = request.into_inner();
+        let status = self.state.status();
+        let cluster = status
+            .cluster
+            .ok_or_else(|| Status::failed_precondition("this node is not in a cluster"))?;
+        if cluster.role != "leader" {
+            // Node health, which the plan checks, is known on the leader only.
+            if cluster.leader_addr.is_empty() {
+                return Err(status_with_code(
+                    tonic::Code::Unavailable,
+                    crate::cluster::NO_LEADER,
+                    "no Raft leader is known now; retry".into(),
+                ));
+            }
+            let endpoint = format!("http://{}", cluster.leader_addr);
+            let mut leader = v1::admin_client::AdminClient::connect(endpoint)
+                .await
+                .map_err(|e| {
+                    Status::unavailable(format!(
+                        "cannot reach the Raft leader at {}: {e}",
+                        cluster.leader_addr
+                    ))
+                })?;
+            return leader.switchover(req).await;
+        }
+        let plan = crate::switchover::plan(
+            &cluster,
+            req.scheme.trim(),
+            Some(req.from.trim()).filter(|f| !f.is_empty()),
+            req.to.trim(),
+        )
+        .map_err(|why| Status::failed_precondition(format!("cannot switch over: {why}")))?;
+        let started = std::time::Instant::now();
+        let mut session = self.state.sql.session();
+        let outcome = session.execute(&plan.ddl).await;
+        let millis = started.elapsed().as_millis() as u64;
+        if let Some(e) = outcome.error {
+            let code = match e.code.as_str() {
+                crate::cluster::NO_LEADER => tonic::Code::Unavailable,
+                _ => tonic::Code::FailedPrecondition,
+            };
+            return Err(status_with_code(
+                code,
+                &e.code,
+                format!("switchover refused: {}", e.message),
+            ));
+        }
+        let state = self.state.plane.state();
+        let elements = state
+            .schemes
+            .values()
+            .filter(|s| s.scheme.name.to_string().eq_ignore_ascii_case(&plan.scheme))
+            .flat_map(|s| s.elements.iter())
+            .filter(|(name, _)| {
+                plan.elements
+                    .iter()
+                    .any(|e| e.eq_ignore_ascii_case(name.as_str()))
+            })
+            .map(|(name, es)| v1::MovedElement {
+                name: name.as_str().to_string(),
+                epoch: es.epoch.0,
+            })
+            .collect();
+        Ok(Response::new(v1::SwitchoverResponse {
+            scheme: plan.scheme,
+            from: plan.from,
+            to: req.to.trim().to_string(),
+            elements,
+            millis,
+        }))
+    }
+
     async fn fault(
         &self,
         request: Request<v1::FaultRequest>,

@@ -30,6 +30,7 @@ mod http;
 pub mod identity;
 mod lease;
 mod returns;
+mod switchover;
 
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
