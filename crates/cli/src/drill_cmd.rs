@@ -760,27 +760,22 @@ async fn drill(args: &DrillArgs, plan: Plan) -> anyhow::Result<Report> {
                 if !switch_ms.is_empty() {
                     tokio::time::sleep(args.after).await;
                 }
-                let ddl = format!(
-                    "ALTER REPLICATION {} ALTER ELEMENT * IN {} SET MASTER {}",
-                    plan.scheme, from.store, to.store
-                );
-                let started = Instant::now();
                 let mut c = Client::connect(&args.host).await?;
-                let out = c
-                    .execute(&ddl)
+                match c
+                    .switchover(&plan.scheme, &to.store, Some(&from.store))
                     .await
-                    .map_err(|e| anyhow::anyhow!(error_text(&e)))?;
-                if let Some(e) = out.error {
-                    load.finish().await;
-                    bail!(
-                        "switchover {} → {} refused: [{}] {}",
-                        from.store,
-                        to.store,
-                        e.code,
-                        e.message
-                    );
+                {
+                    Ok(done) => switch_ms.push(done.millis),
+                    Err(e) => {
+                        load.finish().await;
+                        bail!(
+                            "switchover {} → {} refused: {}",
+                            from.store,
+                            to.store,
+                            error_text(&e)
+                        );
+                    }
                 }
-                switch_ms.push(started.elapsed().as_millis() as u64);
             }
             format!("switched over to {} and back", to.store)
         }
