@@ -364,3 +364,59 @@ fn nodes_joining_through_every_members_address_form_one_cluster_once_the_first_i
         });
     }
 }
+
+/// A node restarted on an empty data directory at a member's address is another node
+/// (a new node id): it never adopts the vote or membership meant for the member it
+/// replaces. The leader's Raft calls name the member they are for and are refused
+/// there, saying so, and the replacement stays uninitialized; once the old member is
+/// removed it joins as a new one.
+#[test]
+fn a_node_restarted_on_an_empty_data_directory_is_not_taken_for_the_member_it_replaces() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let n1 = start("n1", d, "127.0.0.1:0", None);
+    let out = n1.cli(&["init"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let n2 = start("n2", d, "127.0.0.1:0", Some(&n1.grpc));
+    let n3 = start("n3", d, "127.0.0.1:0", Some(&n1.grpc));
+    let mut nodes = vec![n1, n2, n3];
+    three_voters_everywhere(&nodes);
+    let (old_id, addr) = (nodes[2].node_id, nodes[2].grpc.clone());
+    nodes[2].kill9();
+    std::fs::remove_dir_all(d.join("n3")).unwrap();
+    // The same name and address on an empty directory, waiting uninitialized as the
+    // manifest's first pod does: the leader's calls reach it.
+    nodes[2] = start("n3", d, &addr, None);
+    let fresh = nodes[2].node_id;
+    assert_ne!(fresh, old_id);
+    wait_for("the leader's calls refused by the new node", WAIT, || {
+        nodes[2]
+            .log()
+            .contains(&format!(
+                "meant for node {old_id}, but this is node {fresh}"
+            ))
+            .then_some(())
+    });
+    let st = nodes[2].status();
+    assert_eq!(cluster(&st)["initialized"], false, "adopted: {st:#}");
+    // The leader still knows the old member only, and not as healthy.
+    wait_for("the old member unreachable", WAIT, || {
+        let st = nodes[0].try_status()?;
+        let members = cluster(&st)["nodes"].as_array()?.clone();
+        assert!(
+            !members.iter().any(|n| n["id"] == fresh),
+            "the new node became a member: {st:#}"
+        );
+        members
+            .iter()
+            .any(|n| n["id"] == old_id && n["health"] == "unreachable")
+            .then_some(())
+    });
+    // The documented way: remove the old member, start the new node joining.
+    let out = nodes[0].cli(&["node", "remove", "--node-id", &old_id.to_string()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    nodes[2].kill9();
+    nodes[2] = start("n3", d, &addr, Some(&nodes[0].grpc));
+    assert_eq!(nodes[2].node_id, fresh, "the new node keeps its identity");
+    three_voters_everywhere(&nodes);
+}

@@ -28,6 +28,9 @@ use parking_lot::Mutex;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
+use tokio::sync::watch;
+
+use crate::state::ClusterState;
 use tonic::transport::{Channel, Endpoint};
 
 use crate::pb::raft_peer_client::RaftPeerClient;
@@ -132,18 +135,37 @@ pub enum PeerError {
     Failed(String),
 }
 
-/// Lazily connected channels to peers, by address, and deadline-bounded calls.
+/// Metadata keys of a peer call's identity: who sends it, which node it is for, which
+/// cluster it belongs to (each a decimal u64). An address is no identity — a node
+/// replaced on an empty data directory answers at the old one's address — so the
+/// receiving node checks them ([`check_peer_call`]).
+pub const FROM_NODE: &str = "hawser-from-node";
+pub const TO_NODE: &str = "hawser-to-node";
+pub const CLUSTER: &str = "hawser-cluster";
+
+/// Lazily connected channels to peers, by address, and deadline-bounded calls that say
+/// who sends them, to which node and in which cluster.
 #[derive(Clone)]
 pub struct PeerPool {
     channels: Arc<Mutex<HashMap<String, Channel>>>,
     connect_timeout: Duration,
+    /// This node's id.
+    from: u64,
+    /// The applied cluster state, for the cluster id (0 until this node has one).
+    state: watch::Receiver<Arc<ClusterState>>,
 }
 
 impl PeerPool {
-    pub fn new(connect_timeout: Duration) -> Self {
+    pub fn new(
+        connect_timeout: Duration,
+        from: u64,
+        state: watch::Receiver<Arc<ClusterState>>,
+    ) -> Self {
         Self {
             channels: Arc::default(),
             connect_timeout,
+            from,
+            state,
         }
     }
 
@@ -166,10 +188,12 @@ impl PeerPool {
         Ok(ch)
     }
 
-    /// Sends `json` to `addr` as `rpc` and returns the reply's JSON, within `deadline`.
+    /// Sends `json` to `addr` as `rpc` and returns the reply's JSON, within `deadline`;
+    /// `to`, when known, is the node the call is meant for.
     pub async fn call_raw(
         &self,
         addr: &str,
+        to: Option<u64>,
         rpc: Rpc,
         json: Vec<u8>,
         deadline: Duration,
@@ -186,6 +210,21 @@ impl PeerPool {
         let mut request = tonic::Request::new(Payload { json });
         // The deadline travels to the server too (grpc-timeout).
         request.set_timeout(deadline);
+        let cluster = self.state.borrow().cluster_id;
+        let md = request.metadata_mut();
+        let ids = [
+            (FROM_NODE, Some(self.from)),
+            (TO_NODE, to),
+            (CLUSTER, Some(cluster)),
+        ];
+        for (key, id) in ids {
+            if let Some(v) = id
+                .filter(|v| *v != 0)
+                .and_then(|v| v.to_string().parse().ok())
+            {
+                md.insert(key, v);
+            }
+        }
         let call = async {
             match rpc {
                 Rpc::AppendEntries => client.append_entries(request).await,
@@ -231,14 +270,80 @@ impl PeerPool {
         req: &Req,
         deadline: Duration,
     ) -> Result<T, CallError> {
+        self.call_to(addr, None, rpc, req, deadline).await
+    }
+
+    /// [`PeerPool::call`] to node `to`, which must be the one answering at `addr`.
+    pub async fn call_to<Req: Serialize, T: DeserializeOwned>(
+        &self,
+        addr: &str,
+        to: Option<u64>,
+        rpc: Rpc,
+        req: &Req,
+        deadline: Duration,
+    ) -> Result<T, CallError> {
         let codec = |source| CallError::Codec {
             addr: addr.to_string(),
             source,
         };
         let json = serde_json::to_vec(req).map_err(codec)?;
-        let reply = self.call_raw(addr, rpc, json, deadline).await?;
+        let reply = self.call_raw(addr, to, rpc, json, deadline).await?;
         serde_json::from_slice(&reply).map_err(codec)
     }
+}
+
+/// Checks a peer call's identity against this node's (`me`) and cluster's (`cluster`, 0
+/// while this node has none): refused when it is meant for another node or comes from
+/// another cluster, and — for `raft` calls (AppendEntries, Vote, InstallSnapshot), which
+/// could make this node adopt a vote or membership — when it does not say which node it
+/// is for. A node that is not in a cluster yet takes any cluster's calls meant for it
+/// (it is joining).
+pub fn check_peer_call(
+    md: &tonic::metadata::MetadataMap,
+    me: u64,
+    cluster: u64,
+    raft: bool,
+) -> Result<(), tonic::Status> {
+    let id = |key: &str| -> Result<Option<u64>, tonic::Status> {
+        match md.get(key) {
+            None => Ok(None),
+            Some(v) => v
+                .to_str()
+                .ok()
+                .and_then(|t| t.parse().ok())
+                .map(Some)
+                .ok_or_else(|| {
+                    tonic::Status::invalid_argument(format!(
+                        "peer call metadata {key} is not a node id"
+                    ))
+                }),
+        }
+    };
+    let from = id(FROM_NODE)?.map_or("an unnamed node".to_string(), |f| format!("node {f}"));
+    match id(TO_NODE)? {
+        Some(to) if to != me => {
+            return Err(tonic::Status::failed_precondition(format!(
+                "a peer call from {from} is meant for node {to}, but this is node {me}: the \
+                 address reached another node than the member it names (one replaced on an \
+                 empty data directory?); refused"
+            )))
+        }
+        None if raft => {
+            return Err(tonic::Status::failed_precondition(format!(
+                "a Raft call from {from} does not say which node it is for; refused"
+            )))
+        }
+        _ => {}
+    }
+    if let Some(theirs) = id(CLUSTER)? {
+        if cluster != 0 && theirs != cluster {
+            return Err(tonic::Status::failed_precondition(format!(
+                "a peer call from {from} belongs to cluster {theirs}, but this node is in \
+                 cluster {cluster}; refused"
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// openraft's factory of connections to peers.
@@ -292,7 +397,7 @@ impl PeerConnection {
     {
         let reply: Result<Resp, RaftError<RaftNodeId, E>> = self
             .pool
-            .call(&self.addr, rpc, req, deadline)
+            .call_to(&self.addr, Some(self.target), rpc, req, deadline)
             .await
             .map_err(|e| {
                 if e.is_unreachable() {
@@ -334,5 +439,46 @@ impl RaftNetwork<TypeConfig> for PeerConnection {
     fn backoff(&self) -> Backoff {
         // openraft's default is 500 ms; a returning peer is picked up sooner this way.
         Backoff::new(std::iter::repeat(self.backoff))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn md(pairs: &[(&'static str, &str)]) -> tonic::metadata::MetadataMap {
+        let mut m = tonic::metadata::MetadataMap::new();
+        for (k, v) in pairs {
+            m.insert(*k, v.parse().unwrap());
+        }
+        m
+    }
+
+    #[test]
+    fn a_peer_call_for_another_node_or_cluster_is_refused() {
+        let ok = md(&[(FROM_NODE, "1"), (TO_NODE, "7"), (CLUSTER, "99")]);
+        assert!(check_peer_call(&ok, 7, 99, true).is_ok());
+        // A node replaced on an empty data directory, at the old one's address.
+        let err = check_peer_call(&ok, 8, 99, true).unwrap_err();
+        assert!(
+            err.message()
+                .contains("meant for node 7, but this is node 8"),
+            "{err:?}"
+        );
+        // Another cluster.
+        let err = check_peer_call(&ok, 7, 42, false).unwrap_err();
+        assert!(err.message().contains("cluster 99"), "{err:?}");
+        // A node not in a cluster yet takes a call meant for it (it is joining).
+        assert!(check_peer_call(&ok, 7, 0, true).is_ok());
+        // A Raft call must name its node; others (a join, a forward to the leader by
+        // address) need not.
+        let unnamed = md(&[(FROM_NODE, "1"), (CLUSTER, "99")]);
+        assert!(check_peer_call(&unnamed, 7, 99, true).is_err());
+        assert!(check_peer_call(&unnamed, 7, 99, false).is_ok());
+        let garbled = md(&[(TO_NODE, "seven")]);
+        assert_eq!(
+            check_peer_call(&garbled, 7, 99, false).unwrap_err().code(),
+            tonic::Code::InvalidArgument
+        );
     }
 }

@@ -349,7 +349,7 @@ pub struct FailoverTick {
 pub(crate) struct Inner {
     pub(crate) cfg: ControlConfig,
     pub(crate) raft: Raft,
-    sm: store::StateMachineStore,
+    pub(crate) sm: store::StateMachineStore,
     peers: PeerPool,
     /// On the leader: every node's last report ([`crate::health`]).
     health: HealthBook,
@@ -372,7 +372,7 @@ impl ControlPlane {
         let config = Arc::new(cfg.raft_config()?);
         let credit = cfg.takeover_credit();
         let (log, sm) = store::open(engine).map_err(|e| PlaneError::Storage(Box::new(e)))?;
-        let peers = PeerPool::new(cfg.election_timeout_min);
+        let peers = PeerPool::new(cfg.election_timeout_min, cfg.node_id.0, sm.subscribe());
         let network = NetworkFactory::new(peers.clone(), cfg.unreachable_backoff);
         let raft = Raft::new(cfg.node_id.0, config, network, log, sm.clone())
             .await
@@ -694,7 +694,7 @@ impl ControlPlane {
         let reply: Result<ReportReply, PeerError> = self
             .inner
             .peers
-            .call(&addr, Rpc::Report, &report, deadline)
+            .call_to(&addr, Some(leader), Rpc::Report, &report, deadline)
             .await
             .map_err(PlaneError::from_call)?;
         reply.map_err(PlaneError::from_peer)

@@ -13,6 +13,7 @@ use serde::Serialize;
 use tonic::{Request, Response, Status};
 
 use crate::health::Report;
+use crate::network::check_peer_call;
 use crate::pb::raft_peer_server::RaftPeer;
 use crate::pb::Payload;
 use crate::plane::{Inner, JoinRequest};
@@ -23,6 +24,15 @@ use crate::types::{RaftNodeId, TypeConfig};
 /// its gRPC server.
 pub struct PeerService {
     pub(crate) inner: Arc<Inner>,
+}
+
+impl PeerService {
+    /// The call's identity checked against this node's ([`check_peer_call`]).
+    fn check(&self, req: &Request<Payload>, raft: bool) -> Result<(), Status> {
+        let cluster = self.inner.sm.state().cluster_id;
+        check_peer_call(req.metadata(), self.inner.cfg.node_id.0, cluster, raft)
+            .inspect_err(|e| tracing::warn!(error = %e.message(), "refused a peer call"))
+    }
 }
 
 fn decode<T: DeserializeOwned>(req: Request<Payload>) -> Result<T, Status> {
@@ -39,36 +49,43 @@ fn encode<T: Serialize>(reply: &T) -> Result<Response<Payload>, Status> {
 #[tonic::async_trait]
 impl RaftPeer for PeerService {
     async fn append_entries(&self, req: Request<Payload>) -> Result<Response<Payload>, Status> {
+        self.check(&req, true)?;
         let rpc: AppendEntriesRequest<TypeConfig> = decode(req)?;
         encode(&self.inner.raft.append_entries(rpc).await)
     }
 
     async fn vote(&self, req: Request<Payload>) -> Result<Response<Payload>, Status> {
+        self.check(&req, true)?;
         let rpc: VoteRequest<RaftNodeId> = decode(req)?;
         encode(&self.inner.raft.vote(rpc).await)
     }
 
     async fn install_snapshot(&self, req: Request<Payload>) -> Result<Response<Payload>, Status> {
+        self.check(&req, true)?;
         let rpc: InstallSnapshotRequest<TypeConfig> = decode(req)?;
         encode(&self.inner.raft.install_snapshot(rpc).await)
     }
 
     async fn join_cluster(&self, req: Request<Payload>) -> Result<Response<Payload>, Status> {
+        self.check(&req, false)?;
         let join: JoinRequest = decode(req)?;
         encode(&self.inner.handle_join(join).await)
     }
 
     async fn forward_propose(&self, req: Request<Payload>) -> Result<Response<Payload>, Status> {
+        self.check(&req, false)?;
         let cmd: Command = decode(req)?;
         encode(&self.inner.propose_here(cmd).await)
     }
 
     async fn remove_node(&self, req: Request<Payload>) -> Result<Response<Payload>, Status> {
+        self.check(&req, false)?;
         let id: RaftNodeId = decode(req)?;
         encode(&self.inner.handle_remove(id).await)
     }
 
     async fn report(&self, req: Request<Payload>) -> Result<Response<Payload>, Status> {
+        self.check(&req, false)?;
         let report: Report = decode(req)?;
         encode(&self.inner.handle_report(report))
     }

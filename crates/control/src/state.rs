@@ -195,6 +195,12 @@ pub struct ClusterState {
     /// commit made since, by anyone.
     #[serde(default)]
     pub era: u64,
+    /// The cluster's id: the node id of the node that created it (the first one
+    /// registered; node ids are random), so two clusters never share one. Every peer
+    /// call carries it and a node of another cluster refuses the call. 0 in states
+    /// written before it existed, which check nothing by it.
+    #[serde(default)]
+    pub cluster_id: u64,
 }
 
 impl ClusterState {
@@ -423,6 +429,9 @@ impl Change {
     fn commit(self, state: &mut ClusterState) {
         match self {
             Change::PutNode(n) => {
+                if state.cluster_id == 0 && state.nodes.is_empty() {
+                    state.cluster_id = n.id.0;
+                }
                 state.nodes.insert(n.id, n);
             }
             Change::RemoveNode(id) => {
@@ -893,6 +902,22 @@ mod tests {
 
     fn e() -> Ident {
         Ident::unquoted("e")
+    }
+
+    #[test]
+    fn the_cluster_id_is_the_first_registered_node_and_never_changes() {
+        let mut st = cluster();
+        assert_eq!(st.cluster_id, 1);
+        must_apply(&mut st, Command::RemoveNode { node: NodeId(3) });
+        must_apply(&mut st, Command::RegisterNode(node(4, "other")));
+        assert_eq!(st.cluster_id, 1);
+        // A state written before the id existed reads as 0, and stays so.
+        let mut old: ClusterState =
+            serde_json::from_str(r#"{"nodes":{},"schemes":[],"version":3}"#).unwrap();
+        assert_eq!(old.cluster_id, 0);
+        old.nodes.insert(NodeId(5), node(5, "x"));
+        must_apply(&mut old, Command::RegisterNode(node(6, "y")));
+        assert_eq!(old.cluster_id, 0);
     }
 
     #[test]

@@ -531,6 +531,19 @@ impl ReceiverService {
                 ),
             ));
         }
+        let me = self.db.node_id();
+        if hello.receiver_node != 0 && hello.receiver_node != me.0 {
+            return Err((
+                RefuseCode::NotSubscriber,
+                format!(
+                    "this is node {me} holding store {}, not node {} that the sender's \
+                     cluster state registers for it: the store was given to another node (a \
+                     data directory replaced?); remove the old member and let this one \
+                     rejoin and be rebuilt",
+                    self.config.store, hello.receiver_node
+                ),
+            ));
+        }
         // A store that cannot write now (its disk is full) takes no stream: its sender
         // keeps saying why until there is room.
         self.db.check_space().map_err(|e| self.apply_failed(&e))?;

@@ -713,6 +713,7 @@ impl Sender {
                 .carried_origins()
                 .iter()
                 .any(|o| self.link.ships_parts(*o)),
+            receiver_node: self.link.receiver_node.0,
         })
     }
 

@@ -600,7 +600,8 @@ async fn a_message_past_the_receivers_limit_is_refused_with_the_sizes() -> Resul
 
     // A sender whose receiver reads less than it says (a misconfigured node): its
     // status names the refusal, and it backs off rather than cycling fast.
-    let sub2 = open(3).await?;
+    // Another store s1 the link addresses (node 2, as the link registers it).
+    let sub2 = open(2).await?;
     let r2 = Receiver::start_serving(&sub2, ReceiverConfig::new(id("s1")), None, |s| {
         s.max_decoding_message_size(MIB)
     })

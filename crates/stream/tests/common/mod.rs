@@ -37,5 +37,6 @@ pub fn hello(def: &TableDef) -> pb::Hello {
         restart_probe: None,
         decided: 0,
         ships_parts: false,
+        receiver_node: 0,
     }
 }
