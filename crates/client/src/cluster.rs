@@ -138,15 +138,18 @@ impl ClusterClient {
         let mut answered = false;
         while let Some(joined) = calls.join_next().await {
             let Ok((addr, asked)) = joined else { continue };
-            let (client, status) = match asked {
-                Ok(ok) => ok,
+            // A connection opened just to ask is not kept for writes: a write on a
+            // kept connection to a node that died since fails with an outcome it
+            // cannot tell (the request may have left), where a fresh connect is
+            // refused before anything is sent.
+            let status = match asked {
+                Ok((_, status)) => status,
                 Err(e) => {
                     self.conns.remove(&addr);
                     last = Some(e);
                     continue;
                 }
             };
-            self.conns.insert(addr, client);
             let Some(cluster) = status.cluster else {
                 continue;
             };
