@@ -381,6 +381,38 @@ fn a_node_restarted_on_an_empty_data_directory_is_not_taken_for_the_member_it_re
     let n3 = start("n3", d, "127.0.0.1:0", Some(&n1.grpc));
     let mut nodes = vec![n1, n2, n3];
     three_voters_everywhere(&nodes);
+    // n1 masters t, n3 subscribes; ten rows reach n3.
+    for n in &nodes {
+        let out = n.cli(&[
+            "sql",
+            "-e",
+            "create table t (k bigint primary key, v varchar(20))",
+        ]);
+        assert!(out.status.success(), "{}", stderr(&out));
+    }
+    let out = ddl(
+        &nodes[0],
+        "CREATE REPLICATION r ELEMENT e TABLE t MASTER n1 SUBSCRIBER n3",
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let insert = |n: &Node, k: i64| {
+        n.cli(&["sql", "-e", &format!("insert into t values ({k}, 'row')")])
+            .status
+            .success()
+    };
+    for k in 0..10 {
+        wait_for("an insert on the master", WAIT, || {
+            insert(&nodes[0], k).then_some(())
+        });
+    }
+    let rows = |n: &Node| -> Option<u64> {
+        let out = n.cli(&["sql", "--format", "json", "-e", "select count(*) from t"]);
+        let v: Value = serde_json::from_str(stdout(&out).lines().next()?).ok()?;
+        v["rows"][0][0].as_u64()
+    };
+    wait_for("ten rows on n3", WAIT, || {
+        (rows(&nodes[2]) == Some(10)).then_some(())
+    });
     let (old_id, addr) = (nodes[2].node_id, nodes[2].grpc.clone());
     nodes[2].kill9();
     std::fs::remove_dir_all(d.join("n3")).unwrap();
@@ -419,4 +451,15 @@ fn a_node_restarted_on_an_empty_data_directory_is_not_taken_for_the_member_it_re
     nodes[2] = start("n3", d, &addr, Some(&nodes[0].grpc));
     assert_eq!(nodes[2].node_id, fresh, "the new node keeps its identity");
     three_voters_everywhere(&nodes);
+    // The new n3 is streamed to from the log's start, not from where the old one
+    // stood: it gets every row, never "streaming, lag 0" while empty.
+    let out = nodes[2].cli(&[
+        "sql",
+        "-e",
+        "create table t (k bigint primary key, v varchar(20))",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    wait_for("ten rows on the new n3", WAIT, || {
+        (rows(&nodes[2]) == Some(10)).then_some(())
+    });
 }

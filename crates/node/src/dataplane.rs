@@ -46,7 +46,7 @@ use hawser_scheme::ast::ReturnService;
 use hawser_scheme::route::Link;
 use hawser_scheme::Topology;
 use hawser_sql::{BoxFuture, ReplicationError};
-use hawser_store::Database;
+use hawser_store::{Database, Position};
 use hawser_stream::returns::{
     ReplicationState, ReturnLevel, ReturnRoutes, ReturnSettings, ReturnWait,
 };
@@ -386,7 +386,7 @@ fn reconcile(
     task: &DataPlaneTask,
     running: &mut BTreeMap<(QualName, Ident), Running>,
     mut wanted: Wanted,
-    positions: &BTreeMap<String, Lsn>,
+    positions: &BTreeMap<String, Position>,
 ) {
     // The status of a sender replaced by a new one (same link, new settings), which
     // carries its counters and acknowledged position on.
@@ -414,11 +414,27 @@ fn reconcile(
             }
         };
         // A link seen before resumes at its position; a new one starts with the log
-        // as it is now.
-        let resume_after = positions
-            .get(&position_name(&key))
-            .copied()
-            .unwrap_or_else(|| released_through(&task.db));
+        // as it is now. A position another node acknowledged (the store's name given to
+        // a node replaced on an empty data directory) is not this one's: it starts
+        // from nothing, so that it gets the whole log or is told it needs a duplicate
+        // (its marks lack what the log released) — never streamed to as current.
+        let resume_after = match positions.get(&position_name(&key)) {
+            Some(p)
+                if link.receiver_node.0 != 0
+                    && p.receiver.is_some_and(|n| n != link.receiver_node) =>
+            {
+                warn!(
+                    scheme = %key.0, receiver = %key.1,
+                    acknowledged_by = p.receiver.map_or(0, |n| n.0),
+                    now = link.receiver_node.0,
+                    "the receiver's store is held by another node than the one that \
+                     acknowledged its position: streaming from the log's start"
+                );
+                Lsn::ZERO
+            }
+            Some(p) => p.lsn,
+            None => released_through(&task.db),
+        };
         info!(
             scheme = %key.0, receiver = %key.1, %addr, version = link.scheme_version,
             resume_after = resume_after.0, "starting sender"
@@ -1233,7 +1249,7 @@ const FAIL_RETRY: Duration = Duration::from_secs(10);
 /// heard by this process: its saved position, but not before the link was first seen
 /// here (`first_seen`, the last LSN then).
 struct Measured<'a> {
-    positions: &'a BTreeMap<String, Lsn>,
+    positions: &'a BTreeMap<String, Position>,
     first_seen: &'a BTreeMap<(QualName, Ident), Lsn>,
 }
 
@@ -1286,7 +1302,7 @@ fn check_fail_thresholds(
         let (heard, acked) = match streamed {
             Some(s) => s,
             None => match measured.positions.get(&position_name(key)) {
-                Some(p) => (false, *p),
+                Some(p) => (false, p.lsn),
                 None => continue,
             },
         };
@@ -1333,10 +1349,10 @@ async fn retain_log(
     task: &DataPlaneTask,
     running: &BTreeMap<(QualName, Ident), Running>,
     known: &Known,
-    positions: &mut BTreeMap<String, Lsn>,
+    positions: &mut BTreeMap<String, Position>,
 ) {
     let db = &task.db;
-    let mut changes: Vec<(String, Option<Lsn>)> = Vec::new();
+    let mut changes: Vec<(String, Option<Position>)> = Vec::new();
     let names: BTreeMap<String, bool> = known
         .iter()
         .map(|(k, holds)| (position_name(k), *holds))
@@ -1349,14 +1365,27 @@ async fn retain_log(
     for (key, r) in running {
         let acked = r.handle.status().borrow().acked_lsn;
         let name = position_name(key);
-        if positions.get(&name).is_none_or(|p| *p < acked) {
-            changes.push((name, Some(acked)));
+        let now = Position {
+            lsn: acked,
+            receiver: Some(r.link.receiver_node).filter(|n| n.0 != 0),
+        };
+        if positions
+            .get(&name)
+            .is_none_or(|p| p.lsn < acked || p.receiver != now.receiver)
+        {
+            changes.push((name, Some(now)));
         }
     }
     let floor = released_through(db);
     for (name, holds) in &names {
         if *holds && !positions.contains_key(name) && !changes.iter().any(|(n, _)| n == name) {
-            changes.push((name.clone(), Some(floor)));
+            changes.push((
+                name.clone(),
+                Some(Position {
+                    lsn: floor,
+                    receiver: None,
+                }),
+            ));
         }
     }
     if !changes.is_empty() {
@@ -1391,7 +1420,7 @@ async fn retain_log(
     let through = names
         .iter()
         .filter(|(_, holds)| **holds)
-        .filter_map(|(name, _)| positions.get(name).copied())
+        .filter_map(|(name, _)| positions.get(name).map(|p| p.lsn))
         .filter(|p| *p >= floor)
         .min()
         .unwrap_or_else(|| db.last_lsn());

@@ -85,6 +85,16 @@ impl DbOptions {
     }
 }
 
+/// Where an outbound stream's receiver stands ([`Database::positions`]): the last LSN it
+/// acknowledged durably, and the node it was (`None` for positions written before the
+/// node was kept). A position is the receiver node's: another node under the same
+/// store name (one replaced on an empty data directory) holds none of it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Position {
+    pub lsn: Lsn,
+    pub receiver: Option<NodeId>,
+}
+
 /// The outcome of a commit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CommitInfo {
@@ -1673,8 +1683,9 @@ impl Database {
     }
 
     /// The retained positions of this node's outbound streams, by link name: the last
-    /// LSN each receiver acknowledged durably ([`Database::set_positions`]).
-    pub fn positions(&self) -> Result<BTreeMap<String, Lsn>, StoreError> {
+    /// LSN each receiver acknowledged durably, and which node it was
+    /// ([`Database::set_positions`]).
+    pub fn positions(&self) -> Result<BTreeMap<String, Position>, StoreError> {
         let mut out = BTreeMap::new();
         for kv in self
             .inner
@@ -1684,22 +1695,40 @@ impl Database {
             let (k, v) = kv?;
             let name = String::from_utf8(k[1..].to_vec())
                 .map_err(|_| StoreError::corrupt(&k, "position name is not UTF-8"))?;
-            out.insert(name, Lsn(u64_value(&k, &v)?));
+            let position = match v.len() {
+                // Written before the receiver's node id was kept.
+                8 => Position {
+                    lsn: Lsn(u64_value(&k, &v)?),
+                    receiver: None,
+                },
+                16 => Position {
+                    lsn: Lsn(u64_value(&k, &v[..8])?),
+                    receiver: Some(NodeId(u64_value(&k, &v[8..])?)),
+                },
+                _ => return Err(StoreError::corrupt(&k, "not a stream position")),
+            };
+            out.insert(name, position);
         }
         Ok(out)
     }
 
     /// Records streams' positions (`Some`) and forgets others (`None`), durably: a
     /// release that relies on a position must not outlive it in a crash.
-    pub fn set_positions(&self, changes: &[(String, Option<Lsn>)]) -> Result<(), StoreError> {
+    pub fn set_positions(&self, changes: &[(String, Option<Position>)]) -> Result<(), StoreError> {
         if changes.is_empty() {
             return Ok(());
         }
         let mut batch = WriteBatch::new();
-        for (name, lsn) in changes {
+        for (name, position) in changes {
             let key = layout::position_key(name);
-            match lsn {
-                Some(lsn) => batch.put(key, lsn.0.to_be_bytes().to_vec()),
+            match position {
+                Some(p) => {
+                    let mut v = p.lsn.0.to_be_bytes().to_vec();
+                    if let Some(node) = p.receiver {
+                        v.extend_from_slice(&node.0.to_be_bytes());
+                    }
+                    batch.put(key, v)
+                }
                 None => batch.delete(key),
             }
         }

@@ -48,7 +48,7 @@ mod wal;
 pub use apply::{ApplyInfo, ReplicatedTxn};
 pub use aside::KeepReplaced;
 pub use copy::{CopyCursor, CopyPoint, MergeCounts, Rebuilt};
-pub use db::{CommitInfo, Database, DbOptions, KeyRange, RowIter, StoreStats};
+pub use db::{CommitInfo, Database, DbOptions, KeyRange, Position, RowIter, StoreStats};
 pub use engine::{ByteRange, KvEngine, KvIter, MemEngine, SledEngine, WriteBatch};
 pub use error::StoreError;
 pub use lease::{LeaseGate, LeaseHold, LeaseScope};

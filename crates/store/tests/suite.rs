@@ -6,8 +6,8 @@ use std::ops::Bound;
 use std::time::Duration;
 
 use common::{account, accounts, accounts_name, col, counters, opts, Fixture};
-use hawser_core::{ChangeOp, DataType, Lsn, QualName, TableDef, Value};
-use hawser_store::{DdlOp, KeyRange, LogEntry, SequenceDef, StoreError};
+use hawser_core::{ChangeOp, DataType, Lsn, NodeId, QualName, TableDef, Value};
+use hawser_store::{DdlOp, KeyRange, LogEntry, Position, SequenceDef, StoreError};
 
 /// Generates one test per engine for each named scenario.
 macro_rules! on_both_engines {
@@ -854,18 +854,27 @@ fn assert_log_bytes_add_up(db: &hawser_store::Database) {
 async fn stream_positions_persist_until_forgotten(mut f: Fixture) {
     let db = f.db();
     assert!(db.positions().unwrap().is_empty());
+    let at = |lsn: u64, node: Option<u64>| Position {
+        lsn: Lsn(lsn),
+        receiver: node.map(NodeId),
+    };
     db.set_positions(&[
-        ("r/n2".to_string(), Some(Lsn(7))),
-        ("r/n3".to_string(), Some(Lsn(2))),
+        ("r/n2".to_string(), Some(at(7, Some(2)))),
+        ("r/n3".to_string(), Some(at(2, None))),
+        ("r/n4".to_string(), Some(at(3, Some(4)))),
     ])
     .unwrap();
     db.set_positions(&[
-        ("r/n2".to_string(), Some(Lsn(9))),
+        ("r/n2".to_string(), Some(at(9, Some(22)))),
         ("r/n3".to_string(), None),
     ])
     .unwrap();
-    let expected: std::collections::BTreeMap<String, Lsn> =
-        [("r/n2".to_string(), Lsn(9))].into_iter().collect();
+    let expected: std::collections::BTreeMap<String, Position> = [
+        ("r/n2".to_string(), at(9, Some(22))),
+        ("r/n4".to_string(), at(3, Some(4))),
+    ]
+    .into_iter()
+    .collect();
     assert_eq!(db.positions().unwrap(), expected);
     assert_eq!(f.reopen().positions().unwrap(), expected);
 }
