@@ -209,6 +209,9 @@ fn compressed_traffic_goes_out_in_the_codec_each_sender_is_set_to() {
          ELEMENT e2 TABLE u MASTER n2 SUBSCRIBER n1 \
          STORE n1 COMPRESS TRAFFIC ON STORE n2 COMPRESS TRAFFIC ON",
     );
+    // Each master takes writes once the Raft leader has granted it a lease.
+    common::wait_leased(&n1);
+    common::wait_leased(&n2);
     // The same compressible rows on each side, in one transaction each.
     let values: Vec<String> = (0..200)
         .map(|k| {
