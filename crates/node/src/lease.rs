@@ -41,6 +41,24 @@ pub(crate) fn lease_scope(state: &ClusterState, store: &Ident) -> Option<LeaseSc
     for (name, s) in &state.schemes {
         for el in &s.scheme.elements {
             let owns = matches!(&el.owner.name, StoreName::Named(n) if n == store);
+            let subscribes = el
+                .subscriber_stores()
+                .any(|sub| matches!(&sub.name, StoreName::Named(n) if n == store));
+            if let (false, true, OwnerRole::Master, ElementKind::Table { table, .. }) =
+                (owns, subscribes, el.owner_role, &el.kind)
+            {
+                let master = match &el.owner.name {
+                    StoreName::Named(n) => n.to_string(),
+                    other => format!("{other:?}"),
+                };
+                scope.elsewhere.insert(
+                    table.clone(),
+                    format!(
+                        "{master} masters it (element {name}.{}); this store subscribes",
+                        el.name
+                    ),
+                );
+            }
             if !owns || el.owner_role != OwnerRole::Master {
                 continue;
             }
@@ -54,7 +72,14 @@ pub(crate) fn lease_scope(state: &ClusterState, store: &Ident) -> Option<LeaseSc
             elements.push(format!("{name}.{}", el.name));
         }
     }
-    if scope.tables.is_empty() && !scope.every_table {
+    // A table this store masters in another element (a bidirectional scheme) or under
+    // a DATASTORE element is its own to write.
+    if scope.every_table {
+        scope.elsewhere.clear();
+    }
+    let mastered = scope.tables.clone();
+    scope.elsewhere.retain(|t, _| !mastered.contains(t));
+    if scope.tables.is_empty() && !scope.every_table && scope.elsewhere.is_empty() {
         return None;
     }
     scope.refusal = format!(
@@ -295,6 +320,30 @@ mod tests {
     }
 
     #[test]
+    fn a_table_another_store_masters_is_refused_with_the_scope_and_a_bidirectional_one_is_not() {
+        let st = cluster(
+            "CREATE REPLICATION r ELEMENT e1 TABLE t1 MASTER a SUBSCRIBER b \
+             ELEMENT e2 TABLE t2 MASTER b SUBSCRIBER a",
+        );
+        let a = lease_scope(&st, &Ident::unquoted("a")).unwrap();
+        let why = a.elsewhere.get(&QualName::bare("t2")).expect("t2 is b's");
+        assert!(
+            why.contains("b masters it") && why.contains("r.e2"),
+            "{why}"
+        );
+        assert!(!a.elsewhere.contains_key(&QualName::bare("t1")));
+        // Both master t: each writes it.
+        let st = cluster(
+            "CREATE REPLICATION r ELEMENT e1 TABLE t MASTER a SUBSCRIBER b \
+             ELEMENT e2 TABLE t MASTER b SUBSCRIBER a",
+        );
+        assert!(lease_scope(&st, &Ident::unquoted("a"))
+            .unwrap()
+            .elsewhere
+            .is_empty());
+    }
+
+    #[test]
     fn a_datastore_master_needs_it_for_every_table_and_a_propagator_for_none() {
         let st = cluster("CREATE REPLICATION r ELEMENT d DATASTORE MASTER a SUBSCRIBER b");
         assert!(lease_scope(&st, &Ident::unquoted("a")).unwrap().every_table);
@@ -314,7 +363,11 @@ mod tests {
         };
         assert!(matches!(apply(&mut st, &cmd), Response::Applied { .. }));
         assert!(lease_scope(&st, &Ident::unquoted("b")).is_some());
-        assert!(lease_scope(&st, &Ident::unquoted("a")).is_none());
+        // The deposed master needs no lease any more, and refuses writes to t at once
+        // (it now subscribes to b's element).
+        let a = lease_scope(&st, &Ident::unquoted("a")).expect("a subscribes to e");
+        assert!(!a.every_table && a.tables.is_empty());
+        assert!(a.elsewhere.contains_key(&QualName::bare("t")));
         assert_eq!(st.era, 1);
     }
 }

@@ -128,6 +128,26 @@ impl Returns {
         if inner.routes != routes {
             inner.routes = routes;
         }
+        // Subscribers this node no longer sends to (the master role moved away, or the
+        // scheme dropped them) will never acknowledge: their waiting commits go now,
+        // not at RETURN WAIT TIME.
+        let gone: std::collections::BTreeSet<Ident> = inner
+            .subscribers
+            .keys()
+            .filter(|s| !subscribers.contains_key(*s))
+            .cloned()
+            .collect();
+        if !gone.is_empty() {
+            let step = inner.tracker.abandon(&gone);
+            if !step.released.is_empty() || !step.left_open.is_empty() {
+                info!(
+                    subscribers = ?gone,
+                    released = step.released.len() + step.left_open.len(),
+                    "no longer sending to these subscribers: commits waiting for them released"
+                );
+            }
+            Self::dispatch(&mut inner, step);
+        }
         inner.subscribers = subscribers;
         if *inner.tracker.settings() != settings {
             inner.tracker.set_settings(settings);

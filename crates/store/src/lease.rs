@@ -39,11 +39,21 @@ pub struct LeaseScope {
     /// Why a write is refused without a lease, naming who masters what as the
     /// cluster state knows it.
     pub refusal: String,
+    /// Tables of TABLE elements this store subscribes to and another store masters,
+    /// each with why a client write to it is refused: set together with the rest, so a
+    /// master that learns its role moved refuses its old tables at once (the data
+    /// plane's refusal of received tables comes with its next plan, a moment later).
+    pub elsewhere: std::collections::HashMap<QualName, String>,
 }
 
 impl LeaseScope {
     fn covers(&self, table: &QualName) -> bool {
         self.every_table || self.tables.contains(table)
+    }
+
+    /// Whether any write needs the lease.
+    fn masters_something(&self) -> bool {
+        self.every_table || !self.tables.is_empty()
     }
 }
 
@@ -142,7 +152,11 @@ impl LeaseGate {
 
     /// Whether some client writes need a lease (this node masters something).
     pub fn required(&self) -> bool {
-        self.gate.read().scope.is_some()
+        self.gate
+            .read()
+            .scope
+            .as_ref()
+            .is_some_and(LeaseScope::masters_something)
     }
 
     /// When the lease held now ends, if one is held at `now`.
@@ -155,6 +169,12 @@ impl LeaseGate {
     /// acknowledges the commit, since the lease may run out meanwhile).
     pub fn check(&self, table: &QualName, now: Instant) -> Result<bool, StoreError> {
         let gate = self.gate.read();
+        if let Some(reason) = gate.scope.as_ref().and_then(|s| s.elsewhere.get(table)) {
+            return Err(StoreError::ReceivedTable {
+                table: table.clone(),
+                reason: reason.clone(),
+            });
+        }
         match &gate.scope {
             Some(scope) if scope.covers(table) => {
                 if gate.draining {

@@ -548,12 +548,35 @@ impl ReturnTracker {
             let Some(w) = self.waiting.remove(&seq) else {
                 continue;
             };
-            self.time_out(seq, w, &mut step);
+            self.time_out(seq, w, &mut step, true);
         }
         step
     }
 
-    fn time_out(&mut self, seq: u64, mut w: Waiting, step: &mut Step) {
+    /// This node no longer sends to the subscribers in `gone` (a failover or a
+    /// switchover moved the master role away, or the scheme dropped them): no
+    /// acknowledgement can come, so commits waiting for any of them are released now as
+    /// timed out (8170: committed here, not confirmed there — a deposed master's commit
+    /// may be set aside), without counting toward DISABLE RETURN.
+    pub fn abandon(&mut self, gone: &BTreeSet<Ident>) -> Step {
+        let mut step = Step::default();
+        let due: Vec<u64> = self
+            .waiting
+            .iter()
+            .filter(|(_, w)| w.pending.keys().any(|s| gone.contains(s)))
+            .map(|(seq, _)| *seq)
+            .collect();
+        for seq in due {
+            if let Some(w) = self.waiting.remove(&seq) {
+                self.time_out(seq, w, &mut step, false);
+            }
+        }
+        step
+    }
+
+    /// Releases `w` as timed out; `counts` says whether the timeout counts toward
+    /// DISABLE RETURN.
+    fn time_out(&mut self, seq: u64, mut w: Waiting, step: &mut Step, counts: bool) {
         let pending: Vec<Ident> = w.pending.keys().cloned().collect();
         let twosafe = w.pending.values().any(|(l, _)| *l == ReturnLevel::Twosafe);
         let release = Release {
@@ -573,7 +596,7 @@ impl ReturnTracker {
             step.released.push(release);
         }
         let mut to_disable = Vec::new();
-        match self.settings.disable {
+        match self.settings.disable.filter(|_| counts) {
             Some((DisableScope::Subscriber, n)) => {
                 for p in &pending {
                     let sub = self.subs.entry(p.clone()).or_default();
@@ -851,6 +874,25 @@ mod tests {
     }
 
     #[test]
+    fn commits_waiting_for_subscribers_this_node_no_longer_sends_to_are_released_at_once() {
+        let now = Instant::now();
+        let mut s = settings();
+        s.disable = Some((DisableScope::Subscriber, 1));
+        let mut t = ReturnTracker::new(s);
+        t.begin(1, vec![twosafe("s1")], &SyncOptions::default(), now);
+        t.begin(2, vec![receipt("s2")], &SyncOptions::default(), now);
+        // Deposed as master of what s1 subscribes to: s1 will never acknowledge.
+        let step = t.abandon(&BTreeSet::from([id("s1")]));
+        assert_eq!(
+            released(&step),
+            vec![(1, timed_out(&["s1"], Some(LocalAction::NoAction)))]
+        );
+        // Not a timeout toward DISABLE RETURN, and s2's commit still waits.
+        assert!(!t.is_disabled(&id("s1")));
+        assert_eq!(t.waiting(), 1);
+    }
+
+    #[test]
     fn timeout_gives_8170_after_return_wait_time_and_not_before() {
         let now = Instant::now();
         let mut t = ReturnTracker::new(settings()); // 10 s default
@@ -985,7 +1027,7 @@ mod tests {
         let step = t.give_up(1);
         assert_eq!(
             released(&step),
-            vec![(1, timed_out(&["s1"], Some(LocalAction::Commit)))]
+            vec![(1, timed_out(&["s1"], Some(LocalAction::NoAction)))]
         );
         assert!(t.give_up(1).released.is_empty(), "no longer waiting");
         assert_eq!(
