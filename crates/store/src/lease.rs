@@ -242,7 +242,23 @@ mod tests {
             tables: tables.iter().map(|t| QualName::bare(t)).collect(),
             every_table: false,
             refusal: "ds1 masters it".into(),
+            elsewhere: Default::default(),
         }
+    }
+
+    #[test]
+    fn a_table_another_store_masters_is_refused_whatever_the_lease() {
+        let gate = LeaseGate::default();
+        let mut s = scope(&[]);
+        s.elsewhere
+            .insert(QualName::bare("t"), "ds2 masters it".into());
+        gate.set_scope(Some(s));
+        let now = Instant::now();
+        gate.extend(now + Duration::from_secs(1));
+        let err = gate.check(&QualName::bare("t"), now).unwrap_err();
+        assert!(err.to_string().contains("ds2 masters it"), "{err}");
+        assert!(!gate.check(&QualName::bare("u"), now).unwrap());
+        assert!(!gate.required(), "it masters nothing");
     }
 
     #[test]
