@@ -1027,7 +1027,7 @@ mod tests {
         let step = t.give_up(1);
         assert_eq!(
             released(&step),
-            vec![(1, timed_out(&["s1"], Some(LocalAction::NoAction)))]
+            vec![(1, timed_out(&["s1"], Some(LocalAction::Commit)))]
         );
         assert!(t.give_up(1).released.is_empty(), "no longer waiting");
         assert_eq!(
