@@ -78,6 +78,9 @@ pub struct ClusterClient {
     /// Table name → the gRPC address of its master.
     masters: HashMap<String, String>,
     conns: HashMap<String, Client>,
+    /// Connections status requests are asked on, kept apart from the writes' (see
+    /// [`ClusterClient::refresh`]) so that a refresh does not open new ones each time.
+    status_conns: HashMap<String, Client>,
     timeout: Duration,
     /// How long a write keeps trying while the error proves it did not commit.
     pub retry_for: Duration,
@@ -91,6 +94,7 @@ impl ClusterClient {
             known: seeds.to_vec(),
             masters: HashMap::new(),
             conns: HashMap::new(),
+            status_conns: HashMap::new(),
             timeout,
             retry_for: Duration::from_secs(30),
         };
@@ -113,7 +117,7 @@ impl ClusterClient {
         let wait = self.timeout.min(REFRESH_CALL);
         let mut calls = tokio::task::JoinSet::new();
         for addr in self.known.clone() {
-            let cached = self.conns.get(&addr).cloned();
+            let cached = self.status_conns.get(&addr).cloned();
             calls.spawn(async move {
                 let asked = tokio::time::timeout(wait, async {
                     let mut c = match cached {
@@ -138,14 +142,17 @@ impl ClusterClient {
         let mut answered = false;
         while let Some(joined) = calls.join_next().await {
             let Ok((addr, asked)) = joined else { continue };
-            // A connection opened just to ask is not kept for writes: a write on a
-            // kept connection to a node that died since fails with an outcome it
-            // cannot tell (the request may have left), where a fresh connect is
-            // refused before anything is sent.
+            // Kept for the next refresh, never for writes: a write on a kept
+            // connection to a node that died since fails with an outcome it cannot
+            // tell (the request may have left), where a fresh connect is refused
+            // before anything is sent.
             let status = match asked {
-                Ok((_, status)) => status,
+                Ok((client, status)) => {
+                    self.status_conns.insert(addr, client);
+                    status
+                }
                 Err(e) => {
-                    self.conns.remove(&addr);
+                    self.status_conns.remove(&addr);
                     last = Some(e);
                     continue;
                 }

@@ -12,7 +12,6 @@
 mod common;
 
 use std::collections::{BTreeMap, HashMap};
-use std::ops::Bound;
 use std::sync::Arc;
 
 use common::{col, opts};
@@ -28,10 +27,11 @@ type Ops = Vec<(Vec<u8>, Option<Vec<u8>>)>;
 type Map = BTreeMap<Vec<u8>, Vec<u8>>;
 
 /// An engine that forgets, at a simulated crash, what was not flushed: the disk holds
-/// every flushed batch and a prefix of the ones written since.
+/// every flushed batch and a prefix of the ones written since. Reads are served by a
+/// memory engine holding everything applied.
 #[derive(Default)]
 struct CrashEngine {
-    live: Mutex<Map>,
+    live: MemEngine,
     /// What is on disk: the flushed state, and the batches written since, in order.
     disk: Mutex<(Map, Vec<Ops>)>,
     salvaged: Option<String>,
@@ -55,8 +55,14 @@ impl CrashEngine {
         for ops in disk.1.iter().take(keep) {
             apply_ops(&mut map, ops);
         }
+        let live = MemEngine::new();
+        let mut all = WriteBatch::new();
+        for (k, v) in &map {
+            all.put(k.clone(), v.clone());
+        }
+        live.apply(all).expect("a memory engine applies");
         CrashEngine {
-            live: Mutex::new(map.clone()),
+            live,
             disk: Mutex::new((map, Vec::new())),
             salvaged: salvaged.then(|| "a damaged frame (simulated)".to_string()),
         }
@@ -69,36 +75,17 @@ impl CrashEngine {
 
 impl KvEngine for CrashEngine {
     fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
-        Ok(self.live.lock().get(key).cloned())
+        self.live.get(key)
     }
 
     fn scan(&self, range: ByteRange, reverse: bool) -> KvIter {
-        let empty = match (&range.0, &range.1) {
-            (Bound::Included(a) | Bound::Excluded(a), Bound::Included(b) | Bound::Excluded(b)) => {
-                a > b
-            }
-            _ => false,
-        };
-        if empty {
-            return Box::new(std::iter::empty());
-        }
-        let map = self.live.lock();
-        let mut items: Vec<_> = map
-            .range(range)
-            .map(|(k, v)| Ok((k.clone(), v.clone())))
-            .collect();
-        if reverse {
-            items.reverse();
-        }
-        Box::new(items.into_iter())
+        self.live.scan(range, reverse)
     }
 
     fn apply(&self, batch: WriteBatch) -> Result<(), StoreError> {
-        let ops = batch.into_ops();
         let mut disk = self.disk.lock();
-        apply_ops(&mut self.live.lock(), &ops);
-        disk.1.push(ops);
-        Ok(())
+        disk.1.push(batch.ops().to_vec());
+        self.live.apply(batch)
     }
 
     fn flush(&self) -> Result<(), StoreError> {

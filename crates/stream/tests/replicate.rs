@@ -728,69 +728,53 @@ async fn the_lag_grows_while_a_receiver_takes_connections_but_never_answers() ->
     Ok(())
 }
 
+/// Five commits on a master (node 1), then a sender on `link` to a receiver of store s1
+/// on node 2 whose cluster knows its elements at `epoch`: once refused, the reason, and
+/// what the receiver's status says of the sender. Nothing was applied.
+async fn refusal(link: LinkConfig, epoch: u64) -> Result<(String, Option<String>)> {
+    let master = open(1).await?;
+    let sub = open(2).await?;
+    let view = epochs(epoch);
+    let r = Receiver::start(&sub, "s1", view.subscribe(), None).await?;
+    let senders = Senders::default();
+    write(&master, 0..5, "x").await?;
+    let h = senders.spawn(link, &master, r.endpoint());
+    let st = wait_status(&h, "a refusal", |s| {
+        matches!(s.state, SenderState::Refused { .. })
+    })
+    .await?;
+    let SenderState::Refused { reason } = st.state else {
+        unreachable!()
+    };
+    assert!(rows(&sub)?.is_empty());
+    let inbound = r.service.status().borrow().get(&id("master")).cloned();
+    senders.stop().await;
+    r.stop().await;
+    Ok((reason, inbound.and_then(|s| s.refused)))
+}
+
 /// A store name is no identity: the node answering for store s1 is node 2, while the
 /// sender's cluster state registers node 3 for it (say node 3 lost its data directory
 /// and another node took the name). The stream is refused, saying so, and nothing is
 /// applied — never "streaming" to a node that is not the member meant.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_receiver_that_is_not_the_node_registered_for_its_store_is_refused() -> Result<()> {
-    let master = open(1).await?;
-    let sub = open(2).await?;
-    let view = epochs(1);
-    let r = Receiver::start(&sub, "s1", view.subscribe(), None).await?;
-    let senders = Senders::default();
-    write(&master, 0..5, "x").await?;
-    let h = senders.spawn(
-        link(1, "s1", 3, 1, Compression::None),
-        &master,
-        r.endpoint(),
-    );
-    let st = wait_status(&h, "a refusal", |s| {
-        matches!(s.state, SenderState::Refused { .. })
-    })
-    .await?;
-    let SenderState::Refused { reason } = st.state else {
-        unreachable!()
-    };
+    let (reason, _) = refusal(link(1, "s1", 3, 1, Compression::None), 1).await?;
     assert!(
         reason.contains("this is node 2") && reason.contains("not node 3"),
         "{reason}"
     );
-    assert!(rows(&sub)?.is_empty());
-    senders.stop().await;
-    r.stop().await;
     Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stale_epoch_sender_is_refused_with_the_reason() -> Result<()> {
-    let master = open(1).await?;
-    let sub = open(2).await?;
-    let view = epochs(3);
-    let r = Receiver::start(&sub, "s1", view.subscribe(), None).await?;
-    let senders = Senders::default();
-    write(&master, 0..5, "x").await?;
-    let h = senders.spawn(
-        link(1, "s1", 2, 2, Compression::None),
-        &master,
-        r.endpoint(),
-    );
-    let st = wait_status(&h, "a refusal", |s| {
-        matches!(s.state, SenderState::Refused { .. })
-    })
-    .await?;
-    let SenderState::Refused { reason } = st.state else {
-        unreachable!()
-    };
+    let (reason, inbound) = refusal(link(1, "s1", 2, 2, Compression::None), 3).await?;
     assert!(
         reason.contains("epoch 2") && reason.contains("at 3"),
         "{reason}"
     );
-    assert!(rows(&sub)?.is_empty());
-    let inbound = r.service.status().borrow().get(&id("master")).cloned();
-    assert_eq!(inbound.and_then(|s| s.refused), Some(reason));
-    senders.stop().await;
-    r.stop().await;
+    assert_eq!(inbound, Some(reason));
     Ok(())
 }
 
