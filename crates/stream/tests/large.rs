@@ -8,7 +8,7 @@
 
 mod common;
 
-use common::id;
+use common::{id, Senders};
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -21,8 +21,8 @@ use hawser_store::{Database, DbOptions, KeyRange};
 use hawser_stream::codec::{compress, encode_records, WireRecord};
 use hawser_stream::pb::{self, receiver_message, sender_message};
 use hawser_stream::{
-    chunks, Compression, LinkConfig, ReceiverConfig, ReceiverService, SenderHandle, SenderStart,
-    SenderState, SenderStatus, SenderTuning, StreamSender,
+    chunks, Compression, LinkConfig, ReceiverConfig, ReceiverService, SenderHandle, SenderState,
+    SenderStatus, SenderTuning,
 };
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -205,59 +205,12 @@ fn link(codec: Compression, tuning: SenderTuning) -> LinkConfig {
     }
 }
 
-/// The senders a test starts, stopped together.
-#[derive(Default)]
-struct Senders {
-    tracker: TaskTracker,
-    shutdown: CancellationToken,
-}
-
-impl Senders {
-    fn spawn(&self, link: LinkConfig, master: &Database, endpoint: Endpoint) -> SenderHandle {
-        StreamSender::spawn(
-            link,
-            master.clone(),
-            endpoint,
-            SenderStart::default(),
-            &self.tracker,
-            self.shutdown.clone(),
-        )
-    }
-
-    async fn stop(&self) {
-        self.shutdown.cancel();
-        self.tracker.close();
-        self.tracker.wait().await;
-    }
-}
-
 async fn wait_status(
     handle: &SenderHandle,
     what: &str,
-    mut cond: impl FnMut(&SenderStatus) -> bool,
+    cond: impl FnMut(&SenderStatus) -> bool,
 ) -> Result<SenderStatus> {
-    let mut rx = handle.status();
-    let waited = tokio::time::timeout(DEADLINE, async {
-        loop {
-            {
-                let s = rx.borrow_and_update();
-                if cond(&s) {
-                    return Ok(s.clone());
-                }
-            }
-            if rx.changed().await.is_err() {
-                bail!("sender ended");
-            }
-        }
-    })
-    .await;
-    match waited {
-        Ok(r) => r,
-        Err(_) => bail!(
-            "timed out waiting for {what}; last status {:?}",
-            rx.borrow()
-        ),
-    }
+    common::wait_status_within(handle, what, DEADLINE, cond).await
 }
 
 /// Waits until the receiver has acknowledged every commit of the master, durably.

@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::id;
+use common::{id, Senders};
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -212,25 +212,31 @@ fn lazy_link() -> LinkConfig {
     }
 }
 
-/// The senders a test starts, stopped together.
-#[derive(Default)]
-struct Senders {
-    tracker: TaskTracker,
-    shutdown: CancellationToken,
+/// The kinds of sender this file's tests start besides [`Senders::spawn`].
+trait SendersExt {
+    fn spawn_ddl_from_now(
+        &self,
+        check: TableDefinitionChecking,
+        master: &Database,
+        endpoint: Endpoint,
+    ) -> SenderHandle;
+    fn spawn_ddl_after(
+        &self,
+        check: TableDefinitionChecking,
+        master: &Database,
+        endpoint: Endpoint,
+        resume_after: Lsn,
+    ) -> SenderHandle;
+    fn spawn_relay(
+        &self,
+        link: LinkConfig,
+        db: &Database,
+        own: &Receiver,
+        to: &Receiver,
+    ) -> SenderHandle;
 }
 
-impl Senders {
-    fn spawn(&self, link: LinkConfig, master: &Database, endpoint: Endpoint) -> SenderHandle {
-        StreamSender::spawn(
-            link,
-            master.clone(),
-            endpoint,
-            SenderStart::default(),
-            &self.tracker,
-            self.shutdown.clone(),
-        )
-    }
-
+impl SendersExt for Senders {
     /// A sender of a link that carries DDL (with `check`), starting after what the
     /// master's log holds now: the receiver made its tables itself.
     fn spawn_ddl_from_now(
@@ -259,14 +265,7 @@ impl Senders {
             resume_after,
             ..SenderStart::default()
         };
-        StreamSender::spawn(
-            link,
-            master.clone(),
-            endpoint,
-            start,
-            &self.tracker,
-            self.shutdown.clone(),
-        )
+        self.spawn_from(link, master, endpoint, start)
     }
 
     /// A relay's sender of `db` to `to`, reading what the streams into its node
@@ -278,54 +277,24 @@ impl Senders {
         own: &Receiver,
         to: &Receiver,
     ) -> SenderHandle {
-        StreamSender::spawn(
+        self.spawn_from(
             link,
-            db.clone(),
+            db,
             to.endpoint(),
             SenderStart {
                 upstream: Some(own.service.decided_marks()),
                 ..SenderStart::default()
             },
-            &self.tracker,
-            self.shutdown.clone(),
         )
-    }
-
-    /// Stops every sender and waits until their tasks have ended.
-    async fn stop(&self) {
-        self.shutdown.cancel();
-        self.tracker.close();
-        self.tracker.wait().await;
     }
 }
 
 async fn wait_status(
     handle: &SenderHandle,
     what: &str,
-    mut cond: impl FnMut(&SenderStatus) -> bool,
+    cond: impl FnMut(&SenderStatus) -> bool,
 ) -> Result<SenderStatus> {
-    let mut rx = handle.status();
-    let waited = tokio::time::timeout(DEADLINE, async {
-        loop {
-            {
-                let s = rx.borrow_and_update();
-                if cond(&s) {
-                    return Ok(s.clone());
-                }
-            }
-            if rx.changed().await.is_err() {
-                bail!("sender ended");
-            }
-        }
-    })
-    .await;
-    match waited {
-        Ok(r) => r,
-        Err(_) => bail!(
-            "timed out waiting for {what}; last status {:?}",
-            rx.borrow()
-        ),
-    }
+    common::wait_status_within(handle, what, DEADLINE, cond).await
 }
 
 async fn caught_up(handle: &SenderHandle, master: &Database) -> Result<SenderStatus> {

@@ -40,3 +40,84 @@ pub fn hello(def: &TableDef) -> pb::Hello {
         receiver_node: 0,
     }
 }
+
+/// The senders a test starts, stopped together.
+#[derive(Default)]
+pub struct Senders {
+    pub tracker: tokio_util::task::TaskTracker,
+    pub shutdown: tokio_util::sync::CancellationToken,
+}
+
+impl Senders {
+    /// A sender of `master` on `link` to `endpoint`, from the log's start.
+    pub fn spawn(
+        &self,
+        link: hawser_stream::LinkConfig,
+        master: &hawser_store::Database,
+        endpoint: tonic::transport::Endpoint,
+    ) -> hawser_stream::SenderHandle {
+        self.spawn_from(
+            link,
+            master,
+            endpoint,
+            hawser_stream::SenderStart::default(),
+        )
+    }
+
+    /// A sender of `master` on `link` to `endpoint`, starting as `start` says.
+    pub fn spawn_from(
+        &self,
+        link: hawser_stream::LinkConfig,
+        master: &hawser_store::Database,
+        endpoint: tonic::transport::Endpoint,
+        start: hawser_stream::SenderStart,
+    ) -> hawser_stream::SenderHandle {
+        hawser_stream::StreamSender::spawn(
+            link,
+            master.clone(),
+            endpoint,
+            start,
+            &self.tracker,
+            self.shutdown.clone(),
+        )
+    }
+
+    /// Stops every sender and waits until their tasks have ended.
+    pub async fn stop(&self) {
+        self.shutdown.cancel();
+        self.tracker.close();
+        self.tracker.wait().await;
+    }
+}
+
+/// Waits (at most `deadline`) until `handle`'s status satisfies `cond`; fails naming
+/// `what` and the last status, or when the sender ends.
+pub async fn wait_status_within(
+    handle: &hawser_stream::SenderHandle,
+    what: &str,
+    deadline: std::time::Duration,
+    mut cond: impl FnMut(&hawser_stream::SenderStatus) -> bool,
+) -> anyhow::Result<hawser_stream::SenderStatus> {
+    let mut rx = handle.status();
+    let waited = tokio::time::timeout(deadline, async {
+        loop {
+            {
+                let s = rx.borrow_and_update();
+                if cond(&s) {
+                    return Ok(s.clone());
+                }
+            }
+            if rx.changed().await.is_err() {
+                anyhow::bail!("sender ended");
+            }
+        }
+    })
+    .await;
+    match waited {
+        Ok(r) => r,
+        Err(_) => anyhow::bail!(
+            "timed out waiting for {what}; last status {:?}",
+            rx.borrow()
+        ),
+    }
+}
