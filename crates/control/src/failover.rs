@@ -10,14 +10,23 @@
 //! the same.
 //!
 //! ```text
-//!  nodes ── HealthReport (own seq, high-water per origin) ──► leader's HealthView
+//!  nodes ── HealthReport (own seq, high-water per origin, echo) ──► leader's HealthView
 //!                                                                  │ decide(state, view, now)
 //!  per MASTER element, in (scheme, element) order                  ▼
 //!    master heard within failover_timeout? ─── yes ──► nothing
 //!    automatic failover off? ───────────────── yes ──► Blocked(Disabled)
-//!    candidates: registered subscribers in START | PAUSE, reported within
-//!                candidate_fresh, not the master ───── none ──► Blocked(NoLiveSubscriber)
-//!    rank: return service in effect ▸ high-water of the master's origin ▸ list order
+//!    subscribers: registered, not the master; live = START | PAUSE and reported
+//!                 within candidate_fresh ───── none live ──► Blocked(NoLiveSubscriber)
+//!    settled = live, and its report echoes a stamp later than the master's last
+//!              hearing + failover_timeout (sent after every lease of the master ended)
+//!    holders = return service in effect (commits waited for them)
+//!      holders, none settled ─── one live ──► Blocked(AwaitingReports)
+//!                            └── none live ─► Blocked(HoldersSilent)
+//!    candidates: settled, high-water of the master ≥ the lowest settled holder's
+//!      (so holding every commit acknowledged under a return service)
+//!                                       ─── none ──► Blocked(AwaitingReports)
+//!    rank: fewest missing of earlier masters' kept commits ▸ high-water ▸ holder
+//!          ▸ list order
 //!    first ranked within max_lag ──────────────────── none ──► Blocked(TooFarBehind)
 //!    SetMaster { epoch + 1, fork point (master, chosen's high-water) }
 //!        validate ── Err ──► Blocked(Refused)   Ok ──► Plan.commands
@@ -35,7 +44,13 @@
 //!   ([`HealthView::since`]), so a new leader waits a full timeout before replacing a
 //!   master it never heard from, instead of acting on history it did not see.
 //! * The fork point records how much of the old master's origin the new master had: the
-//!   old master, when it rejoins, sets aside what it committed past that point.
+//!   old master, when it rejoins, sets aside what it committed past that point. It comes
+//!   from a settled report, so every commit the master acknowledged is at or below it
+//!   on the new master: nothing acknowledged under a return service is set aside.
+//! * A report's receipt time says nothing of when it was built (a stalled node sends
+//!   late). The leader stamps each answer and the node echoes the stamp in its next
+//!   report, built after it had the answer: that proves, by causality alone, that the
+//!   report describes the node after the stamp.
 
 use std::cmp::Reverse;
 use std::collections::BTreeMap;
@@ -65,6 +80,22 @@ pub struct HealthReport {
     /// write as master until a new grant, and `own_seq` is final until then.
     #[serde(default)]
     pub lease_released: bool,
+    /// The stamp of the last answer this node had from the leader before it built the
+    /// report ([`Echo`]): the report was sent after that moment of the leader's clock.
+    #[serde(default)]
+    pub echo: Option<Echo>,
+}
+
+/// A moment of one leader's clock, as the leader stamped its answer to a report and the
+/// node handed it back in its next one. The node read what it reports after it had the
+/// answer, so the leader knows the report describes the node at a moment after the
+/// stamp: causality, with no clock compared between machines.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Echo {
+    pub leader: NodeId,
+    pub term: u64,
+    /// The leader's monotonic clock (its [`HealthView`] times), in microseconds.
+    pub micros: u64,
 }
 
 impl HealthReport {
@@ -80,6 +111,11 @@ pub struct NodeHealth {
     /// When the leader received the node's last report (leader's clock).
     pub last_report: Duration,
     pub report: HealthReport,
+    /// The report describes the node at a moment after this (leader's clock): the
+    /// stamp it echoed, when the stamp is this leader's in this term; `None` if the
+    /// node echoed none.
+    #[serde(default)]
+    pub heard_after: Option<Duration>,
 }
 
 /// What the leader knows of every node's liveness.
@@ -104,13 +140,15 @@ impl HealthView {
         }
     }
 
-    /// Records a report received at `at`; it replaces the node's previous one.
-    pub fn record(&mut self, at: Duration, report: HealthReport) {
+    /// Records a report received at `at`, sent after `heard_after` (see
+    /// [`NodeHealth::heard_after`]); it replaces the node's previous one.
+    pub fn record(&mut self, at: Duration, heard_after: Option<Duration>, report: HealthReport) {
         self.nodes.insert(
             report.node,
             NodeHealth {
                 last_report: at,
                 report,
+                heard_after: heard_after.filter(|t| *t <= at),
             },
         );
     }
@@ -251,6 +289,12 @@ pub enum BlockReason {
     OffForStore,
     /// No subscriber of the element is registered, in START or PAUSE, and fresh.
     NoLiveSubscriber,
+    /// Live subscribers have not yet reported from after the master's lease ran out
+    /// for sure; decided again at the next tick, a report interval later.
+    AwaitingReports,
+    /// Commits waited for these subscribers' return service, and none of them is live:
+    /// any other successor may lack commits the master acknowledged.
+    HoldersSilent { holders: Vec<Ident> },
     /// Every live candidate trails the master by more than max_lag: (best candidate
     /// store, its lag, the limit).
     TooFarBehind { best: Ident, lag: u64, max_lag: u64 },
@@ -280,6 +324,36 @@ impl fmt::Display for BlockReason {
                  and reporting recently; bring the master or a subscriber back, or start a \
                  subscriber's receiver",
             ),
+            BlockReason::AwaitingReports => f.write_str(
+                "waiting for a subscriber's report sent after the master's lease ran out \
+                 (what it holds of the master is then final); decided at the next report",
+            ),
+            BlockReason::HoldersSilent { holders } => {
+                let names: Vec<&str> = holders.iter().map(|h| h.as_str()).collect();
+                write!(
+                    f,
+                    "commits were acknowledged under the return service of {}, which \
+                     cannot be reached; promoting another subscriber could lose them: bring \
+                     the master or {} back, or give those commits up by stopping {} \
+                     (hawser receiver --subscriber {} --state stop)",
+                    names.join(", "),
+                    if names.len() == 1 {
+                        "it"
+                    } else {
+                        "one of them"
+                    },
+                    if names.len() == 1 {
+                        "its receiver"
+                    } else {
+                        "their receivers"
+                    },
+                    if names.len() == 1 {
+                        names[0]
+                    } else {
+                        "<store>"
+                    },
+                )
+            }
             BlockReason::TooFarBehind { best, lag, max_lag } => write!(
                 f,
                 "the most up-to-date live subscriber, {best}, trails the master by {lag} \
@@ -334,14 +408,23 @@ struct Decider<'a> {
     settings: &'a FailoverSettings,
 }
 
-/// A subscriber that could take an element over.
-struct Candidate<'a> {
+/// A subscriber of a silent master's element, as the leader sees it.
+struct Member<'a> {
     store: &'a Ident,
     node: NodeId,
-    /// Commits wait for it: it holds every commit acknowledged under its return service.
-    return_service: bool,
-    /// Its high-water of the silent master's origin.
+    /// Commits wait for it ([`return_service_in_effect`]): it holds every commit
+    /// acknowledged under its return service.
+    holder: bool,
+    /// Receiving (START or PAUSE) and reported within `candidate_fresh`.
+    live: bool,
+    /// Live, and its last report was sent after the master's lease had run out for
+    /// sure: what it reports holding of the master is all it will get from it.
+    settled: bool,
+    /// Its high-water of the silent master's origin (from its last report).
     high_water: u64,
+    /// How many commits of the element's earlier masters, up to what the element kept
+    /// of each, it lacks.
+    missing_earlier: u64,
 }
 
 impl Decider<'_> {
@@ -374,10 +457,41 @@ impl Decider<'_> {
         if !hawser_scheme::route::StoreSettings::of(&scheme.scheme, master.store).failover {
             return Some(Err(blocked(BlockReason::OffForStore)));
         }
-        let candidates = self.candidates(scheme, el, master_node);
-        let Some(best) = candidates.first() else {
+        let members = self.members(name, scheme, el, master_node);
+        if !members.iter().any(|m| m.live) {
             return Some(Err(blocked(BlockReason::NoLiveSubscriber)));
-        };
+        }
+        // Every commit acknowledged under a return service is held by every holder,
+        // each origin's commits arriving in seq order: a settled holder's high-water
+        // bounds them all, and any subscriber at or past it holds them too.
+        let holders: Vec<&Member<'_>> = members.iter().filter(|m| m.holder).collect();
+        let bar = holders
+            .iter()
+            .filter(|m| m.settled)
+            .map(|m| m.high_water)
+            .min();
+        if !holders.is_empty() && bar.is_none() {
+            let reason = if holders.iter().any(|m| m.live) {
+                BlockReason::AwaitingReports
+            } else {
+                BlockReason::HoldersSilent {
+                    holders: holders.iter().map(|m| m.store.clone()).collect(),
+                }
+            };
+            return Some(Err(blocked(reason)));
+        }
+        let bar = bar.unwrap_or(0);
+        let mut candidates: Vec<&Member<'_>> = members
+            .iter()
+            .filter(|m| m.settled && m.high_water >= bar)
+            .collect();
+        if candidates.is_empty() {
+            return Some(Err(blocked(BlockReason::AwaitingReports)));
+        }
+        // Stable: equal candidates keep the subscriber list's order. Between equal
+        // high-waters a holder goes first: the one the scheme made the standby.
+        candidates.sort_by_key(|c| (c.missing_earlier, Reverse(c.high_water), !c.holder));
+        let best = candidates[0];
         // How far the master got: at least its last report, and at least what any
         // candidate holds of it (it may have committed more after its last report, and a
         // new leader may have no report of it at all).
@@ -387,7 +501,7 @@ impl Decider<'_> {
             .chain(self.view.nodes.get(&master_node).map(|h| h.report.own_seq))
             .max()
             .unwrap_or(0);
-        let lag = |c: &Candidate<'_>| reached.saturating_sub(c.high_water);
+        let lag = |c: &Member<'_>| reached.saturating_sub(c.high_water);
         let chosen = match self.settings.max_lag {
             None => best,
             Some(max_lag) => match candidates.iter().find(|c| lag(c) <= max_lag) {
@@ -419,16 +533,21 @@ impl Decider<'_> {
         })
     }
 
-    /// The element's possible successors, best first: those with a return service in
-    /// effect, then by high-water of the master's origin, then in subscriber order.
-    fn candidates<'s>(
+    /// The element's registered subscribers other than its master, in subscriber
+    /// list order.
+    fn members<'s>(
         &self,
+        name: &QualName,
         scheme: &'s SchemeState,
         el: &'s Element,
         master_node: NodeId,
-    ) -> Vec<Candidate<'s>> {
-        let mut candidates: Vec<Candidate<'s>> = el
-            .subscriber_stores()
+    ) -> Vec<Member<'s>> {
+        // Every lease any leader granted the master has run out by its last hearing
+        // plus the failover timeout (docs/control.md, "Failover timing"); a report sent
+        // after that holds every commit the master acknowledged.
+        let settled_at = self.view.last_heard(master_node) + self.settings.failover_timeout;
+        let kept = kept_of_earlier_masters(self.state, name, el, master_node);
+        el.subscriber_stores()
             .filter_map(|r| match &r.name {
                 StoreName::Named(store) => Some(store),
                 StoreName::Local => None,
@@ -441,24 +560,60 @@ impl Decider<'_> {
                 // STOP and FAILED receivers were not sent to: they may lack commits the
                 // master acknowledged, and a FAILED one lacks log it can no longer get.
                 let receiver = scheme.receiver_state(store);
-                if !matches!(receiver, ReceiverState::Start | ReceiverState::Pause) {
-                    return None;
-                }
-                let report =
-                    self.view
-                        .fresh_report(node, self.now, self.settings.candidate_fresh)?;
-                Some(Candidate {
+                let receiving = matches!(receiver, ReceiverState::Start | ReceiverState::Pause);
+                let fresh = self.view.nodes.get(&node).filter(|h| {
+                    self.now.saturating_sub(h.last_report) <= self.settings.candidate_fresh
+                });
+                let live = receiving && fresh.is_some();
+                let settled = live
+                    && fresh
+                        .and_then(|h| h.heard_after)
+                        .is_some_and(|t| t >= settled_at);
+                let report = self.view.nodes.get(&node).map(|h| &h.report);
+                let holds = |origin: NodeId| report.map_or(0, |r| r.high_water_of(origin));
+                Some(Member {
                     store,
                     node,
-                    return_service: return_service_in_effect(scheme, el, store, receiver),
-                    high_water: report.high_water_of(master_node),
+                    holder: return_service_in_effect(scheme, el, store, receiver),
+                    live,
+                    settled,
+                    high_water: holds(master_node),
+                    missing_earlier: kept
+                        .iter()
+                        .map(|(origin, seq)| seq.saturating_sub(holds(*origin)))
+                        .sum(),
                 })
             })
-            .collect();
-        // Stable: equal candidates keep the subscriber list's order.
-        candidates.sort_by_key(|c| (Reverse(c.return_service), Reverse(c.high_water)));
-        candidates
+            .collect()
     }
+}
+
+/// Per earlier master of `el` deposed by a failover (not `current`): the last seq of
+/// its origin the element kept, the fork point of the latest failover away from it.
+/// A successor lacking some of those lacks commits every copy should have (they may
+/// have been acknowledged under a return service in their time), so it ranks behind
+/// one that holds them. Masters moved by a switchover drained first: nothing records
+/// how far they got, and they are not counted.
+fn kept_of_earlier_masters(
+    state: &ClusterState,
+    name: &QualName,
+    el: &Element,
+    current: NodeId,
+) -> BTreeMap<NodeId, u64> {
+    let mut kept = BTreeMap::new();
+    let history = state
+        .schemes
+        .get(name)
+        .and_then(|s| s.elements.get(&el.name))
+        .map(|e| e.history.as_slice())
+        .unwrap_or_default();
+    for fork in history.iter().filter_map(|r| r.fork_point) {
+        if fork.origin != current {
+            let seq = kept.entry(fork.origin).or_insert(0);
+            *seq = (*seq).max(fork.seq);
+        }
+    }
+    kept
 }
 
 /// Whether commits of `el` wait for `store`: it subscribes with RETURN RECEIPT or RETURN
@@ -733,16 +888,19 @@ mod tests {
         FailoverSettings::new(secs(10), secs(2))
     }
 
-    /// `node` reports at `at` with `own_seq` and, of the master's origin, `of_master`.
+    /// `node` reports at `at` with `own_seq` and, of the master's origin, `of_master`,
+    /// echoing a stamp of `at` (an answer that came back at once).
     fn report(view: &mut HealthView, node: NodeId, at: Duration, own_seq: u64, of_master: u64) {
         view.record(
             at,
+            Some(at),
             HealthReport {
                 node,
                 own_seq,
                 high_water: BTreeMap::from([(MASTER, of_master)]),
                 state_version: 0,
                 lease_released: false,
+                echo: None,
             },
         );
     }
@@ -872,16 +1030,161 @@ mod tests {
     }
 
     #[test]
-    fn a_twosafe_subscriber_is_preferred_over_an_async_one_with_a_higher_high_water() {
+    fn only_subscribers_holding_what_the_twosafe_one_holds_may_take_over() {
+        // Every commit acknowledged under RETURN TWOSAFE is at or below sub2's 90:
+        // sub1 and sub3, past it, hold them all too, and sub1 holds the most.
         let st = cluster(TWOSAFE);
         let now = secs(20);
         let view = view_at(now, &[(SUB1, 99), (SUB2, 90), (SUB3, 98)]);
+        let plan = decide(&st, &view, now, &settings());
+        assert_eq!(plan.commands, vec![set_master(SUB1, 1, 99)]);
+        // Below it, they may lack acknowledged commits: only sub2 may take over.
+        let view = view_at(now, &[(SUB1, 89), (SUB2, 90), (SUB3, 88)]);
+        let plan = decide(&st, &view, now, &settings());
+        assert_eq!(plan.commands, vec![set_master(SUB2, 1, 90)]);
+        // Level with it, the TWOSAFE subscriber goes first.
+        let view = view_at(now, &[(SUB1, 90), (SUB2, 90), (SUB3, 90)]);
         let plan = decide(&st, &view, now, &settings());
         assert_eq!(plan.commands, vec![set_master(SUB2, 1, 90)]);
     }
 
     #[test]
-    fn a_receipt_by_request_subscriber_is_preferred_too_and_the_highest_of_them_wins() {
+    fn a_silent_twosafe_subscriber_blocks_a_failover_that_could_lose_what_it_acknowledged() {
+        let st = cluster(TWOSAFE);
+        let now = secs(20);
+        // sub2 never reported (or stopped reporting): sub1 may lack what it holds.
+        let view = view_at(now, &[(SUB1, 99), (SUB3, 98)]);
+        let plan = decide(&st, &view, now, &settings());
+        assert!(plan.commands.is_empty());
+        assert_eq!(
+            plan.blocked,
+            vec![blocked(BlockReason::HoldersSilent {
+                holders: vec![id("sub2")]
+            })]
+        );
+        let text = plan.blocked[0].reason.to_string();
+        assert!(text.contains("sub2") && text.contains("stop"), "{text}");
+        // Stopping its receiver gives those commits up: the others may take over.
+        let mut stopped = st.clone();
+        must_apply(
+            &mut stopped,
+            Command::SetReceiverState {
+                scheme: r1(),
+                store: id("sub2"),
+                state: ReceiverState::Stop,
+            },
+        );
+        let plan = decide(&stopped, &view, now, &settings());
+        assert_eq!(plan.commands, vec![set_master(SUB1, 1, 99)]);
+    }
+
+    #[test]
+    fn a_report_sent_before_the_masters_lease_surely_ran_out_does_not_count() {
+        // The master was last heard at 5 s; the timeout is 10 s: what a subscriber
+        // reports holding counts once its report left after 15 s (the stamp it echoes).
+        let st = cluster(TWOSAFE);
+        let now = secs(20);
+        let mut view = view_at(now, &[(SUB1, 99), (SUB3, 98)]);
+        let early = |view: &mut HealthView, after: Duration| {
+            view.record(
+                now,
+                Some(after),
+                HealthReport {
+                    node: SUB2,
+                    own_seq: 0,
+                    high_water: BTreeMap::from([(MASTER, 90)]),
+                    state_version: 0,
+                    lease_released: false,
+                    echo: None,
+                },
+            )
+        };
+        early(&mut view, secs(15) - Duration::from_millis(1));
+        let plan = decide(&st, &view, now, &settings());
+        assert!(plan.commands.is_empty());
+        assert_eq!(plan.blocked, vec![blocked(BlockReason::AwaitingReports)]);
+        // A report with no stamp at all is live but never settled either.
+        view.nodes.get_mut(&SUB2).unwrap().heard_after = None;
+        let plan = decide(&st, &view, now, &settings());
+        assert_eq!(plan.blocked, vec![blocked(BlockReason::AwaitingReports)]);
+        early(&mut view, secs(15));
+        let plan = decide(&st, &view, now, &settings());
+        assert_eq!(plan.commands, vec![set_master(SUB1, 1, 99)]);
+        // Asynchronous subscribers alone: the same wait.
+        let st = cluster(ASYNC);
+        let mut view = view_at(now, &[]);
+        view.record(
+            now,
+            Some(secs(14)),
+            HealthReport {
+                node: SUB1,
+                own_seq: 0,
+                high_water: BTreeMap::from([(MASTER, 90)]),
+                state_version: 0,
+                lease_released: false,
+                echo: None,
+            },
+        );
+        let plan = decide(&st, &view, now, &settings());
+        assert_eq!(plan.blocked, vec![blocked(BlockReason::AwaitingReports)]);
+    }
+
+    #[test]
+    fn a_subscriber_lacking_an_earlier_masters_commits_ranks_behind_one_that_has_them() {
+        // masterds failed over to sub1 (fork masterds:50); now sub1 is silent. sub2
+        // is ahead of sub3 on sub1's commits but lacks 10 of masterds's the element
+        // kept: sub3, which has them, takes over.
+        let mut st = cluster(ASYNC);
+        must_apply(
+            &mut st,
+            Command::SetMaster {
+                scheme: r1(),
+                element: e(),
+                node: SUB1,
+                epoch: Epoch(1),
+                fork_point: Some(Gtid::new(MASTER, 50)),
+            },
+        );
+        let now = secs(20);
+        let mut view = HealthView::new(Duration::ZERO);
+        let at = |view: &mut HealthView, node, of_old: u64, of_sub1: u64| {
+            view.record(
+                now,
+                Some(now),
+                HealthReport {
+                    node,
+                    own_seq: 0,
+                    high_water: BTreeMap::from([(MASTER, of_old), (SUB1, of_sub1)]),
+                    state_version: 0,
+                    lease_released: false,
+                    echo: None,
+                },
+            )
+        };
+        at(&mut view, SUB2, 40, 30);
+        at(&mut view, SUB3, 50, 20);
+        let plan = decide(&st, &view, now, &settings());
+        assert_eq!(
+            plan.commands,
+            vec![Command::SetMaster {
+                scheme: r1(),
+                element: e(),
+                node: SUB3,
+                epoch: Epoch(2),
+                fork_point: Some(Gtid::new(SUB1, 20)),
+            }]
+        );
+        // Holding more than the element kept of it (commits set aside) is no merit.
+        at(&mut view, SUB2, 70, 30);
+        let plan = decide(&st, &view, now, &settings());
+        assert!(
+            matches!(&plan.commands[..], [Command::SetMaster { node, .. }] if *node == SUB2),
+            "{plan:?}"
+        );
+    }
+
+    #[test]
+    fn with_several_holders_the_lowest_one_bounds_what_was_acknowledged() {
         let st = cluster(
             r#"
             CREATE REPLICATION r1
@@ -893,9 +1196,17 @@ mod tests {
             "#,
         );
         let now = secs(20);
+        // Commits waited for both sub1 and sub3: acknowledged ones are at or below 80.
         let view = view_at(now, &[(SUB1, 80), (SUB2, 99), (SUB3, 85)]);
         let plan = decide(&st, &view, now, &settings());
+        assert_eq!(plan.commands, vec![set_master(SUB2, 1, 99)]);
+        let view = view_at(now, &[(SUB1, 80), (SUB2, 79), (SUB3, 85)]);
+        let plan = decide(&st, &view, now, &settings());
         assert_eq!(plan.commands, vec![set_master(SUB3, 1, 85)]);
+        // One of them silent: the other's high-water is bound enough.
+        let view = view_at(now, &[(SUB2, 99), (SUB3, 85)]);
+        let plan = decide(&st, &view, now, &settings());
+        assert_eq!(plan.commands, vec![set_master(SUB2, 1, 99)]);
     }
 
     #[test]
@@ -1013,12 +1324,14 @@ mod tests {
         let mut view = view_at(now, &[(SUB1, 0), (SUB2, 1)]);
         view.record(
             now,
+            Some(now),
             HealthReport {
                 node: SUB3,
                 own_seq: 0,
                 high_water: BTreeMap::new(),
                 state_version: 0,
                 lease_released: false,
+                echo: None,
             },
         );
         let plan = decide(&st, &view, now, &settings());
@@ -1026,52 +1339,76 @@ mod tests {
     }
 
     #[test]
-    fn max_lag_passes_over_candidates_too_far_behind() {
-        // The TWOSAFE sub2 is 30 behind the master's last report (100); sub1 only 5.
+    fn max_lag_blocks_naming_the_best_candidate_when_none_is_close_enough() {
+        // The master reported 100; the best candidate, sub1, holds 95.
         let st = cluster(TWOSAFE);
         let now = secs(20);
         let view = view_at(now, &[(SUB1, 95), (SUB2, 70), (SUB3, 80)]);
-        let limited = FailoverSettings {
-            max_lag: Some(10),
+        let limit = |max_lag| FailoverSettings {
+            max_lag: Some(max_lag),
             ..settings()
         };
-        let plan = decide(&st, &view, now, &limited);
-        assert_eq!(plan.commands, vec![set_master(SUB1, 1, 95)]);
         // At exactly the limit a candidate is still eligible.
-        let exact = FailoverSettings {
-            max_lag: Some(30),
-            ..settings()
-        };
-        let plan = decide(&st, &view, now, &exact);
-        assert_eq!(plan.commands, vec![set_master(SUB2, 1, 70)]);
-    }
-
-    #[test]
-    fn max_lag_blocks_naming_the_best_candidate_when_none_is_close_enough() {
-        let st = cluster(TWOSAFE);
-        let now = secs(20);
-        let view = view_at(now, &[(SUB1, 85), (SUB2, 70), (SUB3, 80)]);
-        let limited = FailoverSettings {
-            max_lag: Some(10),
-            ..settings()
-        };
-        let plan = decide(&st, &view, now, &limited);
+        let plan = decide(&st, &view, now, &limit(5));
+        assert_eq!(plan.commands, vec![set_master(SUB1, 1, 95)]);
+        let plan = decide(&st, &view, now, &limit(4));
         assert!(plan.commands.is_empty());
         assert_eq!(
             plan.blocked,
             vec![blocked(BlockReason::TooFarBehind {
-                best: id("sub2"),
-                lag: 30,
-                max_lag: 10,
+                best: id("sub1"),
+                lag: 5,
+                max_lag: 4,
             })]
         );
     }
 
     #[test]
+    fn max_lag_passes_over_a_candidate_missing_earlier_commits_if_it_must() {
+        // After masterds:50 failed over to sub1, sub2 lacks 10 of masterds's commits
+        // but holds all of sub1's; sub3 has masterds's but trails sub1 by 20.
+        let mut st = cluster(ASYNC);
+        must_apply(
+            &mut st,
+            Command::SetMaster {
+                scheme: r1(),
+                element: e(),
+                node: SUB1,
+                epoch: Epoch(1),
+                fork_point: Some(Gtid::new(MASTER, 50)),
+            },
+        );
+        let now = secs(20);
+        let mut view = HealthView::new(Duration::ZERO);
+        for (node, of_old, of_sub1) in [(SUB2, 40, 30), (SUB3, 50, 10)] {
+            view.record(
+                now,
+                Some(now),
+                HealthReport {
+                    node,
+                    own_seq: 0,
+                    high_water: BTreeMap::from([(MASTER, of_old), (SUB1, of_sub1)]),
+                    state_version: 0,
+                    lease_released: false,
+                    echo: None,
+                },
+            );
+        }
+        let plan = decide(&st, &view, now, &settings());
+        assert!(matches!(&plan.commands[..], [Command::SetMaster { node, .. }] if *node == SUB3));
+        let limited = FailoverSettings {
+            max_lag: Some(10),
+            ..settings()
+        };
+        let plan = decide(&st, &view, now, &limited);
+        assert!(matches!(&plan.commands[..], [Command::SetMaster { node, .. }] if *node == SUB2));
+    }
+
+    #[test]
     fn without_a_report_of_the_master_lag_counts_from_the_highest_candidate() {
         // The leader never heard from the master: what the candidates hold of it is all
-        // it knows. The TWOSAFE sub2 trails sub1 by 20, more than the limit.
-        let st = cluster(TWOSAFE);
+        // it knows.
+        let st = cluster(ASYNC);
         let now = secs(20);
         let mut view = HealthView::new(Duration::ZERO);
         report(&mut view, SUB1, now, 0, 90);
@@ -1082,8 +1419,9 @@ mod tests {
         };
         let plan = decide(&st, &view, now, &limited);
         assert_eq!(plan.commands, vec![set_master(SUB1, 1, 90)]);
-        // Without a limit the TWOSAFE one wins.
-        let plan = decide(&st, &view, now, &settings());
+        // Without sub1, sub2 is as far as anyone knows the master got.
+        view.nodes.remove(&SUB1);
+        let plan = decide(&st, &view, now, &limited);
         assert_eq!(plan.commands, vec![set_master(SUB2, 1, 70)]);
     }
 
@@ -1198,7 +1536,7 @@ mod tests {
     fn after_a_failover_the_next_decision_leaves_the_element_alone() {
         let mut st = cluster(TWOSAFE);
         let now = secs(20);
-        let mut view = view_at(now, &[(SUB1, 99), (SUB2, 90), (SUB3, 98)]);
+        let mut view = view_at(now, &[(SUB1, 89), (SUB2, 90), (SUB3, 88)]);
         let plan = decide(&st, &view, now, &settings());
         assert_eq!(plan.commands, vec![set_master(SUB2, 1, 90)]);
         must_apply(&mut st, plan.commands[0].clone());
@@ -1238,7 +1576,7 @@ mod tests {
     fn every_command_validates_against_the_state_it_was_decided_on() {
         let st = cluster(TWOSAFE);
         let now = secs(20);
-        let view = view_at(now, &[(SUB1, 99), (SUB3, 98)]);
+        let view = view_at(now, &[(SUB1, 99), (SUB2, 90), (SUB3, 98)]);
         let plan = decide(&st, &view, now, &settings());
         assert_eq!(plan.commands.len(), 1);
         for cmd in &plan.commands {
@@ -1311,6 +1649,8 @@ mod tests {
 
         const TIMEOUT: Duration = Duration::from_millis(3_000);
         const FRESH: Duration = Duration::from_millis(1_000);
+        /// A master lease: the timeout covers it plus a report interval.
+        const LEASE: Duration = Duration::from_millis(2_000);
 
         #[derive(Debug, Clone)]
         struct ElementSpec {
@@ -1330,13 +1670,31 @@ mod tests {
         enum Event {
             /// The node (if up) commits `commits` more, catches up on every other origin
             /// by `catch_up` percent of what it lacks, and reports to the leader (and to
-            /// the stale leader if `to_stale`).
+            /// the stale leader if `to_stale`), echoing a stamp `echo_lag` ms old. A
+            /// master that reports acknowledges, under the return services in effect,
+            /// every commit all their subscribers hold.
             Report {
                 node: usize,
                 commits: u64,
                 catch_up: Vec<u8>,
                 to_stale: bool,
+                echo_lag: u64,
             },
+            /// The node (if up) receives: catches up on every other origin by
+            /// `catch_up` percent of what it lacks, without reporting.
+            Apply {
+                node: usize,
+                catch_up: Vec<u8>,
+            },
+            /// The node (if up) builds a report of what it holds now, echoing the stamp
+            /// of the last answer it had; it reaches the leader at a later [`Deliver`].
+            Build(usize),
+            /// The node's report built last reaches the leader now; the answer (stamp,
+            /// lease from when the report was built) comes back at once.
+            Deliver(usize),
+            /// The node (if up and within its lease) acknowledges, under the return
+            /// services in effect, every commit their subscribers hold now.
+            Ack(usize),
             Advance(u64),
             Crash(usize),
             Recover(usize),
@@ -1403,15 +1761,20 @@ mod tests {
                 Just(ReturnServiceState::Disabled),
             ];
             prop_oneof![
-                8 => (0..5usize, 0..12u64, vec(0..=100u8, 5), any::<bool>()).prop_map(
-                    |(node, commits, catch_up, to_stale)| Event::Report {
+                8 => (0..5usize, 0..12u64, vec(0..=100u8, 5), any::<bool>(), 0..4_000u64)
+                    .prop_map(|(node, commits, catch_up, to_stale, echo_lag)| Event::Report {
                         node,
                         commits,
                         catch_up,
                         to_stale,
-                    }
-                ),
+                        echo_lag,
+                    }),
                 4 => (0..2_500u64).prop_map(Event::Advance),
+                3 => (0..5usize, vec(0..=100u8, 5))
+                    .prop_map(|(node, catch_up)| Event::Apply { node, catch_up }),
+                3 => (0..5usize).prop_map(Event::Build),
+                3 => (0..5usize).prop_map(Event::Deliver),
+                3 => (0..5usize).prop_map(Event::Ack),
                 2 => (0..5usize).prop_map(Event::Crash),
                 1 => (0..5usize).prop_map(Event::Recover),
                 4 => Just(Event::Decide),
@@ -1453,9 +1816,20 @@ mod tests {
             stale_state: ClusterState,
             stale_view: HealthView,
             own: Vec<u64>,
+            /// Per node: the report it built and has not delivered, with when it built
+            /// it.
+            pending: Vec<Option<(Duration, HealthReport)>>,
+            /// Per node: the leader's stamp on the last answer it had.
+            stamp: Vec<Option<Duration>>,
+            /// Per node: until when it holds a master lease.
+            lease: Vec<Duration>,
             high_water: Vec<BTreeMap<NodeId, u64>>,
             down: Vec<bool>,
             failovers: usize,
+            /// Per element: (its master then, the last seq of the master's origin
+            /// acknowledged under a return service). Forgotten when an operator changes
+            /// a receiver or return service state (stopping one gives its commits up).
+            promised: BTreeMap<Ident, (NodeId, u64)>,
         }
 
         impl Sim {
@@ -1478,9 +1852,13 @@ mod tests {
                     view: HealthView::new(Duration::ZERO),
                     stale_view: HealthView::new(Duration::ZERO),
                     own: vec![0; setup.nodes],
+                    pending: vec![None; setup.nodes],
+                    stamp: vec![None; setup.nodes],
+                    lease: vec![Duration::ZERO; setup.nodes],
                     high_water: vec![BTreeMap::new(); setup.nodes],
                     down: vec![false; setup.nodes],
                     failovers: 0,
+                    promised: BTreeMap::new(),
                 }
             }
 
@@ -1491,27 +1869,69 @@ mod tests {
                         commits,
                         catch_up,
                         to_stale,
+                        echo_lag,
                     } => {
                         let i = node % self.n;
                         if self.down[i] {
                             return;
                         }
                         self.own[i] += commits;
-                        for j in (0..self.n).filter(|&j| j != i) {
-                            let hw = self.high_water[i].entry(node_id(j)).or_insert(0);
-                            *hw += (self.own[j] - *hw) * u64::from(catch_up[j]) / 100;
-                        }
+                        self.catch_up(i, catch_up);
                         let report = HealthReport {
                             node: node_id(i),
                             own_seq: self.own[i],
                             high_water: self.high_water[i].clone(),
                             state_version: self.state.version,
                             lease_released: false,
+                            echo: None,
                         };
+                        let after = Some(self.now.saturating_sub(Duration::from_millis(*echo_lag)));
                         if *to_stale {
-                            self.stale_view.record(self.now, report.clone());
+                            self.stale_view.record(self.now, after, report.clone());
                         }
-                        self.view.record(self.now, report);
+                        self.view.record(self.now, after, report);
+                        self.stamp[i] = Some(self.now);
+                        self.lease[i] = self.now + LEASE;
+                        self.promise(node_id(i));
+                    }
+                    Event::Apply { node, catch_up } => {
+                        let i = node % self.n;
+                        if !self.down[i] {
+                            self.catch_up(i, catch_up);
+                        }
+                    }
+                    Event::Build(i) => {
+                        let i = i % self.n;
+                        if !self.down[i] {
+                            let report = HealthReport {
+                                node: node_id(i),
+                                own_seq: self.own[i],
+                                high_water: self.high_water[i].clone(),
+                                state_version: self.state.version,
+                                lease_released: false,
+                                echo: None,
+                            };
+                            self.pending[i] = Some((self.now, report));
+                        }
+                    }
+                    Event::Deliver(i) => {
+                        let i = i % self.n;
+                        if let Some((built, report)) = self.pending[i].take() {
+                            // The stamp it echoes is the one it had when it built it:
+                            // the last answer before then.
+                            let after = self.stamp[i].filter(|t| *t <= built);
+                            self.view.record(self.now, after, report);
+                            if !self.down[i] {
+                                self.stamp[i] = Some(self.now);
+                                self.lease[i] = built + LEASE;
+                            }
+                        }
+                    }
+                    Event::Ack(i) => {
+                        let i = i % self.n;
+                        if !self.down[i] && self.now < self.lease[i] {
+                            self.promise(node_id(i));
+                        }
                     }
                     Event::Advance(ms) => self.now += Duration::from_millis(*ms),
                     Event::Crash(i) => self.down[i % self.n] = true,
@@ -1525,6 +1945,7 @@ mod tests {
                             "deterministic"
                         );
                         for cmd in &plan.commands {
+                            self.check_promises_kept(cmd);
                             let resp = apply(&mut self.state, cmd);
                             assert!(matches!(resp, Response::Applied { .. }), "{resp:?}");
                             self.failovers += 1;
@@ -1582,6 +2003,7 @@ mod tests {
                         };
                         // Refused for a store that subscribes to nothing: fine.
                         apply(&mut self.state, &cmd);
+                        self.promised.clear();
                     }
                     Event::ReturnService(i, rs) => {
                         let cmd = Command::SetReturnServiceState {
@@ -1590,9 +2012,73 @@ mod tests {
                             state: *rs,
                         };
                         apply(&mut self.state, &cmd);
+                        self.promised.clear();
                     }
                 }
                 check_epochs(&self.state);
+            }
+
+            /// Node `i` catches up on every other origin by `catch_up` percent of what it
+            /// lacks.
+            fn catch_up(&mut self, i: usize, catch_up: &[u8]) {
+                for j in (0..self.n).filter(|&j| j != i) {
+                    let hw = self.high_water[i].entry(node_id(j)).or_insert(0);
+                    *hw += (self.own[j] - *hw) * u64::from(catch_up[j]) / 100;
+                }
+            }
+
+            /// `master` holds a lease: it acknowledges, under the return
+            /// services in effect, every commit of its elements all their holders have.
+            fn promise(&mut self, master: NodeId) {
+                let s = &self.state.schemes[&QualName::bare("r")];
+                for el in &s.scheme.elements {
+                    let m = self.state.master_of(&s.scheme.name, &el.name).unwrap();
+                    if m.node != Some(master) || m.role != OwnerRole::Master {
+                        continue;
+                    }
+                    let held = el
+                        .subscriber_stores()
+                        .filter_map(|r| match &r.name {
+                            StoreName::Named(st) => Some(st),
+                            StoreName::Local => None,
+                        })
+                        .filter(|st| return_service_in_effect(s, el, st, s.receiver_state(st)))
+                        .filter_map(|st| self.state.node_by_store(st))
+                        .map(|n| {
+                            let i = (n.id.0 - 1) as usize;
+                            self.high_water[i].get(&master).copied().unwrap_or(0)
+                        })
+                        .min();
+                    if let Some(seq) = held {
+                        let entry = self.promised.entry(el.name.clone()).or_insert((master, 0));
+                        if entry.0 != master {
+                            *entry = (master, 0);
+                        }
+                        entry.1 = entry.1.max(seq);
+                    }
+                }
+            }
+
+            /// The leader's failover never promotes a subscriber whose reported
+            /// high-water (the fork point) is short of what was acknowledged.
+            fn check_promises_kept(&self, cmd: &Command) {
+                let Command::SetMaster {
+                    element,
+                    fork_point: Some(fork),
+                    ..
+                } = cmd
+                else {
+                    return;
+                };
+                if let Some(&(master, seq)) = self.promised.get(element) {
+                    if master == fork.origin {
+                        assert!(
+                            fork.seq >= seq,
+                            "{element}: promoted at {fork}, past which the holders had \
+                             acknowledged through seq {seq}"
+                        );
+                    }
+                }
             }
         }
 
@@ -1614,12 +2100,20 @@ mod tests {
             }
         }
 
-        /// A candidate as the oracle sees it: (node, return service in effect, high-water
-        /// of the master's origin).
-        type Seen = (NodeId, bool, u64);
+        /// A subscriber as the oracle sees it.
+        #[derive(Debug, Clone, Copy)]
+        struct Seen {
+            node: NodeId,
+            holder: bool,
+            live: bool,
+            settled: bool,
+            high_water: u64,
+            missing: u64,
+        }
 
-        /// The eligible candidates of an element, worked out from the rules directly.
-        fn eligible(
+        /// The subscribers of an element other than its master, worked out from the
+        /// rules directly.
+        fn members(
             state: &ClusterState,
             view: &HealthView,
             now: Duration,
@@ -1630,6 +2124,14 @@ mod tests {
         ) -> Vec<Seen> {
             let s = &state.schemes[scheme];
             let el = s.element(element).unwrap();
+            let mut kept: BTreeMap<NodeId, u64> = BTreeMap::new();
+            for r in &s.elements[element].history {
+                if let Some(f) = r.fork_point.filter(|f| f.origin != master) {
+                    let k = kept.entry(f.origin).or_default();
+                    *k = (*k).max(f.seq);
+                }
+            }
+            let settled_at = heard(view, master) + settings.failover_timeout;
             let mut seen = Vec::new();
             for clause in &el.subscribers {
                 for r in &clause.stores {
@@ -1639,33 +2141,73 @@ mod tests {
                     let Some(info) = state.nodes.values().find(|n| &n.store == st) else {
                         continue;
                     };
-                    let Some(h) = view.nodes.get(&info.id) else {
-                        continue;
-                    };
-                    let receiver = s.receiver_state(st);
-                    if info.id == master
-                        || now.saturating_sub(h.last_report) > settings.candidate_fresh
-                        || !matches!(receiver, ReceiverState::Start | ReceiverState::Pause)
-                    {
+                    if info.id == master {
                         continue;
                     }
-                    let rs = matches!(
+                    let receiver = s.receiver_state(st);
+                    let h = view.nodes.get(&info.id);
+                    let live = matches!(receiver, ReceiverState::Start | ReceiverState::Pause)
+                        && h.is_some_and(|h| {
+                            now.saturating_sub(h.last_report) <= settings.candidate_fresh
+                        });
+                    let settled = live
+                        && h.and_then(|h| h.heard_after)
+                            .is_some_and(|t| t >= settled_at);
+                    let holder = matches!(
                         clause.return_service,
                         Some(ReturnService::Receipt { .. } | ReturnService::Twosafe { .. })
                     ) && s.return_service_state(st) == ReturnServiceState::Enabled
                         && receiver == ReceiverState::Start;
-                    let hw = h.report.high_water.get(&master).copied().unwrap_or(0);
-                    seen.push((info.id, rs, hw));
+                    let hw = |o: NodeId| {
+                        h.and_then(|h| h.report.high_water.get(&o).copied())
+                            .unwrap_or(0)
+                    };
+                    seen.push(Seen {
+                        node: info.id,
+                        holder,
+                        live,
+                        settled,
+                        high_water: hw(master),
+                        missing: kept.iter().map(|(o, k)| k.saturating_sub(hw(*o))).sum(),
+                    });
                 }
             }
-            let reached = seen
+            seen
+        }
+
+        /// The subscribers that may take over: settled, and holding at least what a
+        /// settled holder holds; those within max_lag.
+        fn safe(
+            seen: &[Seen],
+            view: &HealthView,
+            master: NodeId,
+            settings: &FailoverSettings,
+        ) -> Vec<Seen> {
+            let bar = seen
                 .iter()
-                .map(|c| c.2)
+                .filter(|c| c.holder && c.settled)
+                .map(|c| c.high_water)
+                .min();
+            if seen.iter().any(|c| c.holder) && bar.is_none() {
+                return Vec::new();
+            }
+            let mut out: Vec<Seen> = seen
+                .iter()
+                .filter(|c| c.settled && c.high_water >= bar.unwrap_or(0))
+                .copied()
+                .collect();
+            let reached = out
+                .iter()
+                .map(|c| c.high_water)
                 .chain(view.nodes.get(&master).map(|h| h.report.own_seq))
                 .max()
                 .unwrap_or(0);
-            seen.retain(|c| settings.max_lag.is_none_or(|max| reached - c.2 <= max));
-            seen
+            out.retain(|c| {
+                settings
+                    .max_lag
+                    .is_none_or(|max| reached - c.high_water <= max)
+            });
+            out
         }
 
         /// When `node` was last heard from, worked out from the view directly: its last
@@ -1726,20 +2268,21 @@ mod tests {
                 assert!(now.saturating_sub(h.last_report) <= settings.candidate_fresh);
                 let hw = h.report.high_water.get(&master).copied().unwrap_or(0);
                 assert_eq!(*fork_point, Some(Gtid::new(master, hw)));
-                let eligible = eligible(state, view, now, settings, scheme, element, master);
-                let &(_, rs, _) = eligible
+                let seen = members(state, view, now, settings, scheme, element, master);
+                let safe = safe(&seen, view, master, settings);
+                let chosen = safe
                     .iter()
-                    .find(|c| c.0 == *node)
-                    .expect("the chosen one is eligible");
-                if eligible.iter().any(|c| c.1) {
+                    .find(|c| c.node == *node)
+                    .expect("the chosen one may take over");
+                assert!(h.heard_after.is_some());
+                for c in &safe {
                     assert!(
-                        rs,
-                        "passed over a return service: {eligible:?} chose {node}"
+                        (chosen.missing, Reverse(chosen.high_water))
+                            <= (c.missing, Reverse(c.high_water)),
+                        "{seen:?} chose {node}"
                     );
                 }
-                for c in eligible.iter().filter(|c| c.1 == rs) {
-                    assert!(hw >= c.2, "{eligible:?} chose {node}");
-                }
+                assert_eq!(chosen.high_water, hw);
                 validate(state, cmd).unwrap();
             }
             assert!(keys.windows(2).all(|w| w[0] < w[1]), "order: {keys:?}");
@@ -1752,13 +2295,27 @@ mod tests {
                     BlockReason::Disabled => assert!(!settings.enabled),
                     // The simulated schemes never turn failover off for a store.
                     BlockReason::OffForStore => panic!("{b:?}"),
-                    BlockReason::NoLiveSubscriber | BlockReason::TooFarBehind { .. } => {
-                        let master = m.node.unwrap();
-                        let eligible =
-                            eligible(state, view, now, settings, &b.scheme, &b.element, master);
-                        assert!(eligible.is_empty(), "{b:?} with {eligible:?}");
-                    }
                     BlockReason::Refused { .. } => {}
+                    reason => {
+                        let master = m.node.unwrap();
+                        let seen =
+                            members(state, view, now, settings, &b.scheme, &b.element, master);
+                        assert!(
+                            safe(&seen, view, master, settings).is_empty(),
+                            "{b:?} with {seen:?}"
+                        );
+                        let live = seen.iter().any(|c| c.live);
+                        let holders_live = seen.iter().any(|c| c.holder && c.live);
+                        match reason {
+                            BlockReason::NoLiveSubscriber => assert!(!live, "{seen:?}"),
+                            BlockReason::HoldersSilent { .. } => {
+                                assert!(live && !holders_live, "{seen:?}")
+                            }
+                            BlockReason::AwaitingReports => assert!(live, "{seen:?}"),
+                            BlockReason::TooFarBehind { .. } => assert!(live, "{seen:?}"),
+                            _ => {}
+                        }
+                    }
                 }
                 blocked_keys.push(key);
             }
@@ -1800,10 +2357,68 @@ mod tests {
                 commits: 1,
                 catch_up: vec![100; 5],
                 to_stale: true,
+                echo_lag: 0,
             };
             let mut events = vec![report(0), report(1), report(2), Event::StaleSync];
             events.extend([Event::Crash(0), Event::Advance(3_500), report(1), report(2)]);
             events.extend([Event::Decide, Event::StaleDecide, Event::Decide]);
+            for event in &events {
+                sim.step(event);
+            }
+            assert_eq!(sim.failovers, 1);
+            let m = sim
+                .state
+                .master_of(&QualName::bare("r"), &Ident::unquoted("e0"));
+            assert_eq!(m.unwrap().node, Some(NodeId(3)), "the TWOSAFE subscriber");
+        }
+
+        /// A report in flight while the master still acknowledged: it says less than
+        /// the TWOSAFE subscriber holds by the time the master stops, so it cannot fix
+        /// the fork point. Only a report sent after the master's lease surely ended can.
+        #[test]
+        fn a_report_built_before_the_masters_last_acknowledgement_is_not_trusted() {
+            let setup = Setup {
+                nodes: 3,
+                elements: vec![ElementSpec {
+                    master: 0,
+                    subscribers: vec![(1, 0), (2, 2)],
+                }],
+                max_lag: None,
+            };
+            let mut sim = Sim::new(&setup);
+            let all = vec![100; 5];
+            let report = |node, commits| Event::Report {
+                node,
+                commits,
+                catch_up: vec![100; 5],
+                to_stale: false,
+                echo_lag: 0,
+            };
+            let apply = |node| Event::Apply {
+                node,
+                catch_up: all.clone(),
+            };
+            // The master commits 10; the TWOSAFE subscriber (node 3) builds a report
+            // holding them, then receives 10 more, which the master acknowledges.
+            let mut events = vec![report(0, 10), report(1, 0), report(2, 0)];
+            events.extend([Event::Build(2), report(0, 10), apply(2), Event::Ack(0)]);
+            events.extend([Event::Crash(0), Event::Advance(3_100)]);
+            // Its old report arrives now, fresh; the async node 2, which received
+            // nothing more, reports too.
+            let behind = Event::Report {
+                node: 1,
+                commits: 0,
+                catch_up: vec![0; 5],
+                to_stale: false,
+                echo_lag: 0,
+            };
+            events.extend([Event::Deliver(2), behind, Event::Decide]);
+            for event in &events {
+                sim.step(event);
+            }
+            assert_eq!(sim.failovers, 0, "decided on a report sent too early");
+            // Its next report, sent after the answer to that one, settles it.
+            events = vec![report(2, 0), Event::Decide];
             for event in &events {
                 sim.step(event);
             }
@@ -1848,12 +2463,14 @@ mod propagated {
         for (node, hw) in [(2, 50), (3, 40)] {
             view.record(
                 Duration::from_secs(10),
+                Some(Duration::from_secs(10)),
                 HealthReport {
                     node: NodeId(node),
                     own_seq: 0,
                     high_water: BTreeMap::from([(NodeId(1), hw)]),
                     state_version: 1,
                     lease_released: false,
+                    echo: None,
                 },
             );
         }
@@ -1904,12 +2521,14 @@ mod propagated {
         let mut view = HealthView::new(Duration::ZERO);
         view.record(
             Duration::from_secs(10),
+            Some(Duration::from_secs(10)),
             HealthReport {
                 node: NodeId(2),
                 own_seq: 0,
                 high_water: BTreeMap::new(),
                 state_version: 1,
                 lease_released: false,
+                echo: None,
             },
         );
         let settings = FailoverSettings::new(Duration::from_secs(1), Duration::from_millis(500));

@@ -24,7 +24,7 @@ use hawser_core::{Epoch, Ident, NodeId, QualName};
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 
-use crate::failover::{HealthReport, HealthView, NodeHealth};
+use crate::failover::{Echo, HealthReport, HealthView};
 use crate::state::ClusterState;
 
 /// What a node sends the Raft leader every report interval.
@@ -48,6 +48,10 @@ pub struct ReportReply {
     /// and finishes those under way before it runs out.
     #[serde(default)]
     pub draining: bool,
+    /// The leader's stamp for this answer, for the node to echo in its next report
+    /// ([`Echo`]).
+    #[serde(default)]
+    pub stamp: Option<Echo>,
 }
 
 /// A master lease: valid for `millis` from when its holder sent the report that
@@ -123,18 +127,23 @@ impl HealthBook {
         book
     }
 
-    /// Records `report`, received now by the leader of `term`.
-    pub fn record(&self, term: u64, report: HealthReport) {
+    /// Records `report`, received now by `leader` (this node) leading `term`, and
+    /// answers the stamp for the reply: the node echoes it in its next report.
+    pub fn record(&self, leader: NodeId, term: u64, report: HealthReport) -> Echo {
         let now = self.now();
+        // Only this leadership's own stamps are times on this clock.
+        let heard_after = report
+            .echo
+            .filter(|e| e.leader == leader && e.term == term)
+            .map(|e| Duration::from_micros(e.micros));
         let mut guard = self.book.lock();
         let book = self.for_term(&mut guard, term);
-        book.view.nodes.insert(
-            report.node,
-            NodeHealth {
-                last_report: now,
-                report,
-            },
-        );
+        book.view.record(now, heard_after, report);
+        Echo {
+            leader,
+            term,
+            micros: u64::try_from(now.as_micros()).unwrap_or(u64::MAX),
+        }
     }
 
     /// The view of the leader of `term`.
@@ -193,13 +202,14 @@ mod tests {
             high_water: BTreeMap::new(),
             state_version: 1,
             lease_released: false,
+            echo: None,
         }
     }
 
     #[test]
     fn a_new_term_starts_an_empty_view_from_now() {
         let book = HealthBook::new(Duration::ZERO);
-        book.record(1, report(1));
+        book.record(NodeId(9), 1, report(1));
         let v1 = book.view(1);
         assert!(v1.nodes.contains_key(&NodeId(1)));
         let v2 = book.view(2);

@@ -1117,7 +1117,9 @@ impl Inner {
             });
         }
         let node = report.health.node;
-        self.health.record(m.current_term, report.health);
+        let stamp = self
+            .health
+            .record(self.cfg.node_id, m.current_term, report.health);
         let state = self.sm.state();
         let lease = self.grant(&m, node, &state);
         let draining = lease.is_err() && self.health.is_fenced(m.current_term, node, &state);
@@ -1126,6 +1128,7 @@ impl Inner {
             term: m.current_term,
             lease,
             draining,
+            stamp: Some(stamp),
         })
     }
 

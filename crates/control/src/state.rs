@@ -157,6 +157,22 @@ impl SchemeState {
             .unwrap_or(ReturnServiceState::Enabled)
     }
 
+    /// Whether `store` is a master a failover deposed that has not rejoined: its
+    /// receiver STOPPED and its return service DISABLED (as the failover left them),
+    /// and a failover of this scheme forked off its node's commits.
+    pub fn is_deposed(&self, state: &ClusterState, store: &Ident) -> bool {
+        let Some(node) = state.node_by_store(store).map(|n| n.id) else {
+            return false;
+        };
+        self.receiver_state(store) == ReceiverState::Stop
+            && self.return_service_state(store) == ReturnServiceState::Disabled
+            && self.elements.values().any(|e| {
+                e.history
+                    .iter()
+                    .any(|r| r.fork_point.is_some_and(|f| f.origin == node))
+            })
+    }
+
     /// The element named `name` in the effective scheme.
     pub fn element(&self, name: &Ident) -> Option<&Element> {
         self.scheme.elements.iter().find(|e| &e.name == name)
@@ -480,6 +496,13 @@ fn plan(state: &ClusterState, cmd: &Command) -> Result<Change, ControlError> {
         } => {
             let mut s = subscribed_scheme(state, name, store)?;
             if *rs == ReceiverState::Start {
+                // A master deposed by a failover had its return service disabled with
+                // its receiver stopped, only so that nothing waited for it while away:
+                // started again, commits wait for it as its subscription says, and the
+                // failover choice must count it a holder of what they acknowledge.
+                if s.is_deposed(state, store) {
+                    s.return_services.remove(store);
+                }
                 s.receivers.remove(store);
             } else {
                 s.receivers.insert(store.clone(), *rs);
@@ -970,6 +993,51 @@ mod tests {
         assert_eq!(s.receiver_state(&masterds), ReceiverState::Stop);
         assert_eq!(
             s.return_service_state(&masterds),
+            ReturnServiceState::Disabled
+        );
+        assert!(s.is_deposed(&st, &masterds));
+        // Started again once it has rejoined: commits wait for it as its subscription
+        // says, in the same entry, so the failover choice and the data plane agree.
+        let s = s.clone();
+        must_apply(
+            &mut st,
+            Command::SetReceiverState {
+                scheme: r1(),
+                store: masterds.clone(),
+                state: ReceiverState::Start,
+            },
+        );
+        let started = &st.schemes[&r1()];
+        assert_eq!(started.receiver_state(&masterds), ReceiverState::Start);
+        assert_eq!(
+            started.return_service_state(&masterds),
+            ReturnServiceState::Enabled
+        );
+        assert!(!started.is_deposed(&st, &masterds));
+        // A return service disabled by hand stays disabled when the receiver starts.
+        let sub2 = Ident::unquoted("subscriber2");
+        assert!(!s.is_deposed(&st, &sub2));
+        for cmd in [
+            Command::SetReturnServiceState {
+                scheme: r1(),
+                store: sub2.clone(),
+                state: ReturnServiceState::Disabled,
+            },
+            Command::SetReceiverState {
+                scheme: r1(),
+                store: sub2.clone(),
+                state: ReceiverState::Stop,
+            },
+            Command::SetReceiverState {
+                scheme: r1(),
+                store: sub2.clone(),
+                state: ReceiverState::Start,
+            },
+        ] {
+            must_apply(&mut st, cmd);
+        }
+        assert_eq!(
+            st.schemes[&r1()].return_service_state(&sub2),
             ReturnServiceState::Disabled
         );
     }

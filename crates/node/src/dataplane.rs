@@ -555,15 +555,19 @@ fn wanted_links(
             }
         };
         add_relays(&mut plan.links, s);
-        // A master deposed by a failover has its receiver STOPPED and its return
-        // service DISABLED in the same Raft entry: no commit waits for it, whatever
-        // RETURN SERVICES ... WHEN REPLICATION STOPPED says, until it has rejoined.
+        // A return service the cluster state disables is not waited for: commits to
+        // the subscriber go asynchronously, as the failover choice assumes
+        // (`failover::decide` counts a subscriber a holder of acknowledged commits
+        // only while its return service is enabled). A master deposed by a failover
+        // has its receiver STOPPED and its return service DISABLED in the same Raft
+        // entry: nothing waits for it, whatever RETURN SERVICES ... WHEN REPLICATION
+        // STOPPED says, until it has rejoined.
         for link in &mut plan.links {
-            let deposed = s.receiver_state(&link.receiver) == ReceiverState::Stop
-                && s.return_service_state(&link.receiver)
-                    == hawser_control::state::ReturnServiceState::Disabled;
-            if deposed {
+            let disabled = s.return_service_state(&link.receiver)
+                == hawser_control::state::ReturnServiceState::Disabled;
+            if disabled {
                 for t in &mut link.tables {
+                    t.return_service = hawser_scheme::ast::ReturnService::NoReturn;
                     t.return_when_stopped = false;
                 }
             }
@@ -944,15 +948,7 @@ async fn rejoin(task: &DataPlaneTask, state: &ClusterState, forks: &mut ForkVerd
         return;
     }
     for (name, s) in &state.schemes {
-        let deposed = s.receiver_state(&task.store) == ReceiverState::Stop
-            && s.return_service_state(&task.store)
-                == hawser_control::state::ReturnServiceState::Disabled
-            && s.elements.values().any(|e| {
-                e.history
-                    .iter()
-                    .any(|r| r.fork_point.is_some_and(|f| f.origin == me))
-            });
-        if !deposed {
+        if !s.is_deposed(state, &task.store) {
             continue;
         }
         let cmd = hawser_control::Command::SetReceiverState {

@@ -2,8 +2,9 @@
 //!
 //! ```text
 //!  report_loop, every report interval:
-//!     HealthReport {own seq, high-water per origin, state version} ─► ControlPlane::report
-//!     ◄─ lease grant ─► wait until this node applied the grant's state version
+//!     HealthReport {own seq, high-water per origin, state version, echo} ─► ControlPlane::report
+//!     ◄─ lease grant, stamp (echoed next time) ─► wait until this node applied the
+//!        grant's state version
 //!        ─► LeaseGate: scope from that state, lease until (sent + lease)
 //!  report_loop, on every cluster state change: LeaseGate scope from the new state
 //!  failover_loop, every report interval: ControlPlane::failover_tick (acts only on the
@@ -19,7 +20,7 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use hawser_control::failover::HealthReport;
+use hawser_control::failover::{Echo, HealthReport};
 use hawser_control::{ClusterState, ControlPlane};
 use hawser_core::{Epoch, Ident, QualName};
 use hawser_scheme::ast::{ElementKind, OwnerRole, StoreName};
@@ -130,7 +131,9 @@ fn rescope(plane: &ControlPlane, db: &Database, store: &Ident) -> Arc<ClusterSta
 }
 
 /// This node's report: its own last seq and every origin's high-water it holds.
-fn health_report(db: &Database, state_version: u64) -> Option<HealthReport> {
+/// `echo`: the leader's stamp on the last answer this node had (read before the
+/// high-waters, so the report describes this node after that moment).
+fn health_report(db: &Database, state_version: u64, echo: Option<Echo>) -> Option<HealthReport> {
     let own = db.node_id();
     // Given up while draining: every commit that passed the lease check before is in
     // place, so the seq read below is final until a new grant.
@@ -151,6 +154,7 @@ fn health_report(db: &Database, state_version: u64) -> Option<HealthReport> {
         high_water,
         state_version,
         lease_released,
+        echo,
     })
 }
 
@@ -167,6 +171,7 @@ pub(crate) async fn report_loop(
     let mut tick = tokio::time::interval(interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut refused: Option<String> = None;
+    let mut echo: Option<Echo> = None;
     loop {
         tokio::select! {
             biased;
@@ -184,7 +189,7 @@ pub(crate) async fn report_loop(
         if state.node_by_store(&store).is_none() {
             continue;
         }
-        let Some(report) = health_report(&db, state.version) else {
+        let Some(report) = health_report(&db, state.version, echo) else {
             continue;
         };
         // The lease is timed from now, before the request leaves: the leader's
@@ -192,6 +197,7 @@ pub(crate) async fn report_loop(
         let sent = Instant::now();
         let grant = match plane.report(report).await {
             Ok(reply) => {
+                echo = reply.stamp.or(echo);
                 if reply.draining {
                     db.lease().drain();
                 }
