@@ -30,6 +30,7 @@ mod http;
 pub mod identity;
 mod lease;
 mod returns;
+mod stall;
 mod switchover;
 
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
@@ -471,6 +472,9 @@ pub async fn run(
         store.clone(),
         state.shutdown.clone(),
     ));
+
+    // A node whose runtime runs nothing is silent to the cluster: said when it happens.
+    stall::watch(tokio::runtime::Handle::current(), state.shutdown.clone());
 
     // Liveness reports to the Raft leader and the master lease they earn; on the
     // leader, failovers of silent masters.
