@@ -16,11 +16,11 @@
 //! follows the latest applied state, and a lease is only extended once the state that
 //! the grant was made against is applied here.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use hawser_control::failover::{Echo, HealthReport};
+use hawser_control::failover::{BlockReason, Echo, HealthReport};
 use hawser_control::{ClusterState, ControlPlane};
 use hawser_core::{Epoch, Ident, QualName};
 use hawser_scheme::ast::{ElementKind, OwnerRole, StoreName};
@@ -118,7 +118,7 @@ pub(crate) fn master_term(state: &ClusterState, store: &Ident, table: &QualName)
 }
 
 /// Sets the gate's scope and the commit epoch from the latest applied state.
-fn rescope(plane: &ControlPlane, db: &Database, store: &Ident) -> Arc<ClusterState> {
+pub(crate) fn rescope(plane: &ControlPlane, db: &Database, store: &Ident) -> Arc<ClusterState> {
     let state = plane.state();
     db.lease().set_scope(lease_scope(&state, store));
     // This node's commits carry the failover era it knows: a deposed master's commits
@@ -235,6 +235,10 @@ pub(crate) async fn report_loop(
     db.lease().revoke();
 }
 
+/// How long a failover may wait for settled reports before the wait is reported as
+/// blocked: many report intervals.
+const AWAITING_SAID_AFTER: Duration = Duration::from_secs(3);
+
 /// On the Raft leader, fails silent masters over every `interval`; records the
 /// failovers it cannot make in `blocked`.
 pub(crate) async fn failover_loop(
@@ -246,6 +250,8 @@ pub(crate) async fn failover_loop(
     let mut tick = tokio::time::interval(interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut logged: BTreeSet<String> = BTreeSet::new();
+    // Since when each element has been waiting for settled reports.
+    let mut awaiting: BTreeMap<(QualName, Ident), Instant> = BTreeMap::new();
     loop {
         tokio::select! {
             biased;
@@ -258,16 +264,36 @@ pub(crate) async fn failover_loop(
             r = plane.failover_tick() => r,
         };
         let now: BTreeSet<String> = match outcome {
-            Ok(tick) => tick
-                .blocked
-                .iter()
-                .map(|b| {
-                    format!(
-                        "element {} of scheme {} (master {}) cannot be failed over: {}",
-                        b.element, b.scheme, b.master, b.reason
-                    )
-                })
-                .collect(),
+            Ok(tick) => {
+                let waiting: BTreeSet<(QualName, Ident)> = tick
+                    .blocked
+                    .iter()
+                    .filter(|b| b.reason == BlockReason::AwaitingReports)
+                    .map(|b| (b.scheme.clone(), b.element.clone()))
+                    .collect();
+                awaiting.retain(|k, _| waiting.contains(k));
+                for k in waiting {
+                    awaiting.entry(k).or_insert_with(Instant::now);
+                }
+                tick.blocked
+                    .iter()
+                    // A wait of a report interval or two for settled reports is part
+                    // of every failover; said only when it lasts (a subscriber that
+                    // never echoes the leader's stamps, say).
+                    .filter(|b| {
+                        b.reason != BlockReason::AwaitingReports
+                            || awaiting
+                                .get(&(b.scheme.clone(), b.element.clone()))
+                                .is_some_and(|since| since.elapsed() > AWAITING_SAID_AFTER)
+                    })
+                    .map(|b| {
+                        format!(
+                            "element {} of scheme {} (master {}) cannot be failed over: {}",
+                            b.element, b.scheme, b.master, b.reason
+                        )
+                    })
+                    .collect()
+            }
             Err(e) => {
                 debug!(error = %e, "failover tick did not finish");
                 continue;

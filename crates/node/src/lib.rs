@@ -405,6 +405,12 @@ pub async fn run(
     }
     use tonic::service::interceptor::InterceptedService;
 
+    // What this store masters, receives and the failover era, from the cluster state it
+    // had applied, before the first client request: a restarted master deposed while
+    // it was down would otherwise take writes to its old tables, unfenced and stamped
+    // with no era, until the report task first set them.
+    lease::rescope(&state.plane, &state.db, &store);
+
     let services = grpc::Services {
         state: state.clone(),
     };
