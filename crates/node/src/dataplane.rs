@@ -866,6 +866,12 @@ impl ForkVerdicts {
         verdict
     }
 
+    /// Forgets every verdict: commits were set aside, so ranges found before may hold
+    /// none now.
+    fn forget(&mut self) {
+        self.known.clear();
+    }
+
     /// The ranges found in this store's log (since it was last rebuilt).
     fn found(&self) -> Vec<ForkedRange> {
         self.known
@@ -893,7 +899,10 @@ fn forked_records(
 ) -> Result<(Vec<hawser_store::LogRecord>, bool), hawser_store::StoreError> {
     let (records, complete) =
         db.commits_after(f.origin, f.after_seq, u64::MAX, usize::MAX, |r| {
-            (r.lsn > rebuilt && f.holds(r.epoch, &r.entry)).then_some(r)
+            // One set aside before (for this failover or another) stays set aside; a
+            // mark that cannot be read counts as none, and the undo finds nothing left.
+            let aside = db.is_set_aside(r.entry.gtid()).unwrap_or(false);
+            (r.lsn > rebuilt && !aside && f.holds(r.epoch, &r.entry)).then_some(r)
         })?;
     Ok((records.into_iter().flatten().collect(), complete))
 }
@@ -918,6 +927,8 @@ async fn rejoin(task: &DataPlaneTask, state: &ClusterState, forks: &mut ForkVerd
         let records: Vec<_> = records.into_values().collect();
         match task.db.set_aside(&records).await {
             Ok(counts) => {
+                // They are marked now: the next look finds the ranges without them.
+                forks.forget();
                 metrics::counter!("hawser_set_aside_commits_total").increment(counts.commits);
                 warn!(
                     commits = counts.commits,
@@ -934,11 +945,21 @@ async fn rejoin(task: &DataPlaneTask, state: &ClusterState, forks: &mut ForkVerd
     // Where the log cannot tell what this store holds past a fork point: rebuilt
     // from the master, what the copy replaces kept (`duplicate::auto_rebuild`).
     let rebuild: BTreeSet<QualName> = match task.db.high_waters() {
-        Ok(held) => past_forks(state, &task.store, &held, |f| forks.holds(&task.db, &f))
-            .into_iter()
-            .filter(|p| p.log_cannot_tell)
-            .map(|p| p.scheme)
-            .collect(),
+        Ok(held) => {
+            let past = past_forks(state, &task.store, &held, |f| forks.holds(&task.db, &f));
+            if past.is_empty() {
+                // Every failover of this state is judged: this store holds nothing any
+                // of them forked off. Kept, so that a restart does not ask again of a
+                // log released since (it could not tell, and would rebuild the store).
+                if let Err(e) = task.db.settle_forks(Epoch(state.era)) {
+                    warn!(error = %e, "cannot record the failovers judged");
+                }
+            }
+            past.into_iter()
+                .filter(|p| p.log_cannot_tell)
+                .map(|p| p.scheme)
+                .collect()
+        }
         Err(_) => BTreeSet::new(),
     };
     task.rebuilds

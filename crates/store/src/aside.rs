@@ -119,9 +119,12 @@ fn image(row: &Option<Row>) -> Value {
 impl Database {
     /// Sets aside `records` (commits a failover forked off, oldest first): undoes each
     /// change, newest first, where the row still holds what it wrote, keeps every
-    /// change in [`LOST_TABLE`] (created if missing), and records the log's end as the
-    /// point the tables were rebuilt at ([`Database::rebuilt_through`]), so they are
-    /// not found again. One atomic batch, flushed before it returns.
+    /// change in [`LOST_TABLE`] (created if missing), and marks each commit set aside
+    /// ([`Database::is_set_aside`]), so it is never set aside again. One atomic batch,
+    /// flushed before it returns.
+    ///
+    /// The marks name the commits, not a point of the log: a failover this node learns
+    /// of later may fork off commits older than these, and they must still be found.
     pub async fn set_aside(&self, records: &[LogRecord]) -> Result<SetAsideCounts, StoreError> {
         let lost_name = QualName::bare(LOST_TABLE);
         if self.table(&lost_name).is_none() {
@@ -137,6 +140,7 @@ impl Database {
         for record in records.iter().rev() {
             counts.commits += 1;
             let gtid = record.entry.gtid();
+            batch.put(layout::aside_key(gtid), Vec::new());
             let micros = record.entry.commit_micros();
             let lost_row = |no: usize,
                             table: &QualName,
@@ -182,15 +186,16 @@ impl Database {
                 self.put_lost(&mut batch, &lost, row)?;
             }
         }
-        // Through the log's end, but under the era of the last whole rebuild: setting
-        // these commits aside says nothing of forked commits the log no longer shows.
-        let era = self.rebuilt()?.era;
-        batch.put(layout::REBUILT_KEY.to_vec(), self.rebuilt_value(era));
         let rows = batch.len() as u64;
         self.inner.engine.apply(batch)?;
         self.inner.engine.flush()?;
         self.inner.count_rows_written(rows);
         Ok(counts)
+    }
+
+    /// Whether the commit `gtid` was set aside here ([`Database::set_aside`]).
+    pub fn is_set_aside(&self, gtid: hawser_core::Gtid) -> Result<bool, StoreError> {
+        Ok(self.inner.engine.get(&layout::aside_key(gtid))?.is_some())
     }
 
     /// Starts keeping what a rebuild replaces ([`KeepReplaced`]); creates
@@ -329,7 +334,7 @@ impl Database {
 mod tests {
     use super::*;
     use crate::DbOptions;
-    use hawser_core::{NodeId, Value as V};
+    use hawser_core::{Epoch, NodeId, Value as V};
 
     fn table() -> TableDef {
         TableDef {
@@ -510,6 +515,25 @@ mod tests {
             [false, true, true, true],
             "row 3's insert was not undone"
         );
-        assert!(db.rebuilt_through().unwrap() >= forked.last().unwrap().lsn);
+        // Each commit is marked, by its Gtid: the log's point of a rebuild stays.
+        for r in &forked {
+            assert!(db.is_set_aside(r.entry.gtid()).unwrap());
+        }
+        assert!(!db
+            .is_set_aside(hawser_core::Gtid::new(NodeId(1), fork))
+            .unwrap());
+        assert_eq!(db.rebuilt_through().unwrap(), hawser_core::Lsn(0));
+    }
+
+    #[test]
+    fn settled_failovers_raise_the_era_nothing_forked_off_is_held_under() {
+        let db = Database::open_memory(DbOptions::new(NodeId(1))).unwrap();
+        assert_eq!(db.rebuilt().unwrap(), crate::Rebuilt::default());
+        db.settle_forks(Epoch(3)).unwrap();
+        assert_eq!(db.rebuilt().unwrap().era, Epoch(3));
+        // Never lowered, and the rebuild's point of the log stays where it was.
+        db.settle_forks(Epoch(2)).unwrap();
+        let r = db.rebuilt().unwrap();
+        assert_eq!((r.era, r.through), (Epoch(3), hawser_core::Lsn(0)));
     }
 }

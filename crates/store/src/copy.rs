@@ -54,9 +54,11 @@ pub struct Rebuilt {
     /// The log's last LSN then (0: never rebuilt): its records up to it describe
     /// tables the rebuild replaced.
     pub through: Lsn,
-    /// The failover era this store stamped on its commits then. Every commit a
-    /// failover of a later era forked off this store precedes the rebuild: the
-    /// store had heard of that failover, and commits nothing under an older era since.
+    /// This store holds nothing a failover of this era or an earlier one forked off:
+    /// the era it stamped on its commits when it was rebuilt (it had heard of those
+    /// failovers, so every commit they forked off preceded the copy), or the era
+    /// through which it judged every failover against its log since
+    /// ([`Database::settle_forks`]), whichever is later.
     pub era: Epoch,
 }
 
@@ -339,8 +341,8 @@ impl Database {
         Ok(self.rebuilt()?.through)
     }
 
-    /// When the tables were last rebuilt here (a duplicate, or commits set aside):
-    /// through which LSN, under which failover era ([`Rebuilt`]).
+    /// When the tables were last rebuilt here (a duplicate): through which LSN, and
+    /// through which failover era nothing forked off is held here ([`Rebuilt`]).
     pub fn rebuilt(&self) -> Result<Rebuilt, StoreError> {
         let Some(v) = self.inner.engine.get(layout::REBUILT_KEY)? else {
             return Ok(Rebuilt::default());
@@ -365,6 +367,22 @@ impl Database {
 
     /// The value of [`layout::REBUILT_KEY`] for a rebuild that ends now: the log's end
     /// and `era` (a whole rebuild's: the era this store stamps on its commits).
+    /// Records that this store holds nothing a failover of era ≤ `era` forked off:
+    /// every such failover was judged against its log (commits found were set aside).
+    /// Raises [`Rebuilt::era`] (never lowers it), keeps [`Rebuilt::through`].
+    pub fn settle_forks(&self, era: Epoch) -> Result<(), StoreError> {
+        let rebuilt = self.rebuilt()?;
+        if era <= rebuilt.era {
+            return Ok(());
+        }
+        let mut v = rebuilt.through.0.to_be_bytes().to_vec();
+        v.extend_from_slice(&era.0.to_be_bytes());
+        let mut batch = WriteBatch::new();
+        batch.put(layout::REBUILT_KEY.to_vec(), v);
+        self.inner.engine.apply(batch)?;
+        self.inner.engine.flush()
+    }
+
     pub(crate) fn rebuilt_value(&self, era: Epoch) -> Vec<u8> {
         let mut v = self.last_lsn().0.to_be_bytes().to_vec();
         v.extend_from_slice(&era.0.to_be_bytes());

@@ -17,6 +17,8 @@
 //!                                  (the log records still held raise it; see db::open)
 //! P <link name>                  → a stream's retained position: the LSN its receiver
 //!                                  acknowledged durably, u64 BE (log retention)
+//! A <origin u64 BE> <seq u64 BE>  → a commit set aside (Database::set_aside), empty value:
+//!                                  never set aside again
 //! ```
 //!
 //! Rows sit under a numeric table id assigned at CREATE TABLE and never reused, so a
@@ -59,6 +61,7 @@ pub(crate) const ROW_PREFIX: u8 = b'R';
 pub(crate) const LOG_PREFIX: u8 = b'L';
 pub(crate) const HIGH_WATER_PREFIX: u8 = b'H';
 pub(crate) const POSITION_PREFIX: u8 = b'P';
+pub(crate) const ASIDE_PREFIX: u8 = b'A';
 
 /// What the format key holds before the version number.
 pub(crate) const FORMAT_MAGIC: &[u8] = b"hawser-store";
@@ -176,6 +179,13 @@ pub(crate) fn decode_high_water(key: &[u8], v: &[u8]) -> Result<(u64, Option<i64
 pub(crate) fn high_water_key(origin: NodeId) -> Vec<u8> {
     let mut k = vec![HIGH_WATER_PREFIX];
     k.extend_from_slice(&origin.0.to_be_bytes());
+    k
+}
+
+pub(crate) fn aside_key(gtid: hawser_core::Gtid) -> Vec<u8> {
+    let mut k = vec![ASIDE_PREFIX];
+    k.extend_from_slice(&gtid.origin.0.to_be_bytes());
+    k.extend_from_slice(&gtid.seq.to_be_bytes());
     k
 }
 
