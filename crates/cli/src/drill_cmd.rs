@@ -52,6 +52,10 @@ pub enum Kind {
     Switchover,
     /// The Raft leader crashes and starts again after --down.
     KillLeader,
+    /// No fault of the drill's own: the load runs --warmup + --down + --after while
+    /// something outside strikes (chaos/netns.sh: signals, network partitions), then
+    /// the same recovery wait and checks. Needs no --allow-faults.
+    Observe,
 }
 
 impl Kind {
@@ -62,6 +66,7 @@ impl Kind {
             Kind::IsolateMaster => "isolate-master",
             Kind::Switchover => "switchover",
             Kind::KillLeader => "kill-leader",
+            Kind::Observe => "observe",
         }
     }
 }
@@ -69,7 +74,7 @@ impl Kind {
 /// `hawser drill`'s arguments.
 #[derive(clap::Args, Debug)]
 #[command(after_help = "\
-The nodes must run with --allow-faults (every kind but switchover). The \
+The nodes must run with --allow-faults (every kind but switchover and observe). The \
 load writes to its own table, a TABLE element of the scheme:
   CREATE TABLE hawser_drill (k BIGINT PRIMARY KEY, v VARCHAR(64));   -- on every node
   ALTER REPLICATION s ADD ELEMENT drill TABLE hawser_drill MASTER ds1 SUBSCRIBER ds2 ...
@@ -78,9 +83,11 @@ Examples:
   hawser drill kill-master --scheme repscheme
   hawser drill pause-master --scheme repscheme --down 2s --format json
   hawser drill isolate-master --scheme repscheme --down 3s
-  hawser drill switchover --scheme repscheme --dry-run")]
+  hawser drill switchover --scheme repscheme --dry-run
+  hawser drill observe --scheme repscheme --down 5s   # while you strike from outside")]
 pub struct DrillArgs {
-    /// What to do: kill-master, pause-master, isolate-master, switchover, kill-leader.
+    /// What to do: kill-master, pause-master, isolate-master, switchover, kill-leader,
+    /// or observe (no fault of its own).
     #[arg(value_enum)]
     kind: Kind,
     /// Any member of the cluster.
@@ -230,6 +237,7 @@ pub fn plan(
     let (target, switch_to) = match kind {
         Kind::KillMaster | Kind::PauseMaster | Kind::IsolateMaster => (Some(master.clone()), None),
         Kind::KillLeader => (Some(leader.clone()), None),
+        Kind::Observe => (None, None),
         Kind::Switchover => {
             let to = copies
                 .get(1)
@@ -292,7 +300,10 @@ impl Plan {
                     ""
                 }
             ),
-            _ => "nothing".into(),
+            _ => format!(
+                "strike nothing itself; load for {down:?} + {after:?} while an outside fault \
+                 strikes, then check"
+            ),
         };
         format!("{}: {load}; {what}", self.kind.name())
     }
@@ -779,7 +790,7 @@ async fn drill(args: &DrillArgs, plan: Plan) -> anyhow::Result<Report> {
             }
             format!("switched over to {} and back", to.store)
         }
-        _ => unreachable!("a plan has a target or a switchover"),
+        (None, None) => "none of the drill's own (observed an outside fault)".to_string(),
     };
     // Watch: a new master, a new leader, until the load's end.
     let load_until = fault_at + args.down + args.after;
@@ -948,6 +959,13 @@ mod tests {
         let p = plan(&c, Kind::Switchover, "rep", "hawser_drill").unwrap();
         assert_eq!(p.switch_to.as_ref().unwrap().store, "ds2");
         assert!(p.target.is_none());
+        // Observe strikes nothing: the copies are still every store of the element.
+        let p = plan(&c, Kind::Observe, "rep", "hawser_drill").unwrap();
+        assert!(p.target.is_none() && p.switch_to.is_none());
+        assert_eq!(p.copies.len(), 3);
+        assert!(p
+            .describe(Duration::from_secs(3), Duration::from_secs(2))
+            .contains("outside fault"));
     }
 
     #[test]
