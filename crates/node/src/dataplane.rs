@@ -853,7 +853,8 @@ impl ForkVerdicts {
         if let Some(v) = self.known.get(f) {
             return *v;
         }
-        let verdict = match forked_records(db, f, self.rebuilt.through) {
+        let through = self.rebuilt.through;
+        let verdict = match off_the_runtime(|| forked_records(db, f, through)) {
             Ok((found, _)) if !found.is_empty() => Some(true),
             Ok((_, true)) => Some(false),
             Ok((_, false)) => None,
@@ -890,6 +891,18 @@ impl ForkVerdicts {
     }
 }
 
+/// Runs `f`, which reads the store's log synchronously (from a fork point to the end
+/// of the log, perhaps a long way), without holding up the other tasks of a
+/// multi-threaded runtime: this worker hands them on first. Elsewhere it just runs.
+fn off_the_runtime<T>(f: impl FnOnce() -> T) -> T {
+    match tokio::runtime::Handle::try_current() {
+        Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
+            tokio::task::block_in_place(f)
+        }
+        _ => f(),
+    }
+}
+
 /// The records of range `f` in `db`'s log after LSN `rebuilt`, oldest first, and
 /// whether the log could say (see [`Database::commits_after`]).
 fn forked_records(
@@ -916,7 +929,7 @@ async fn rejoin(task: &DataPlaneTask, state: &ClusterState, forks: &mut ForkVerd
         let rebuilt = forks.rebuilt.through;
         let mut records: BTreeMap<Lsn, hawser_store::LogRecord> = BTreeMap::new();
         for f in &found {
-            match forked_records(&task.db, f, rebuilt) {
+            match off_the_runtime(|| forked_records(&task.db, f, rebuilt)) {
                 Ok((rs, _)) => records.extend(rs.into_iter().map(|r| (r.lsn, r))),
                 Err(e) => {
                     warn!(error = %e, "cannot read the commits a failover forked off");
