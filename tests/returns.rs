@@ -1326,3 +1326,101 @@ fn a_twosafe_commit_timed_out_under_no_action_stays_open_until_commit_again() {
         "one per commit left open, not per COMMIT: {r}"
     );
 }
+
+/// `hawser return-service` disables a subscriber's return service cluster-wide: commits
+/// stop waiting for it (the stream goes on asynchronously) and status says so; enabled
+/// again, commits wait for it as its subscription says.
+#[test]
+fn a_return_service_disabled_by_hand_is_not_waited_for_until_enabled_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let mut args: Vec<&str> = FAST_RAFT.to_vec();
+    args.extend(MANUAL);
+    let (n1, n2, _n3) = three_voters(d, &args);
+    for n in [&n1, &n2] {
+        sql_ok(n, "create table t (k bigint primary key, v varchar(100))");
+    }
+    ddl(
+        &n1,
+        "CREATE REPLICATION r ELEMENT e TABLE t MASTER n1 SUBSCRIBER n2 RETURN TWOSAFE",
+    );
+    wait_for("the stream to n2", WAIT, || {
+        outbound_to(&n1, "n2").filter(|o| o["state"] == "streaming")
+    });
+    leased(&n1);
+    let bench = |n1: &Node| -> Value {
+        let out = n1.cli(&[
+            "bench",
+            "--table",
+            "t",
+            "--clients",
+            "1",
+            "--duration",
+            "1s",
+            "--warmup",
+            "0s",
+            "--format",
+            "json",
+        ]);
+        assert!(out.status.success(), "{}", stderr(&out));
+        serde_json::from_str(stdout(&out).trim()).unwrap()
+    };
+    let r = bench(&n1);
+    assert!(r["returns"]["acknowledged"].as_u64().unwrap() > 0, "{r}");
+    let disabled = |n: &Node| -> Value {
+        let out = n.cli(&["status", "--format", "json"]);
+        let v: Value = serde_json::from_str(stdout(&out).trim()).unwrap();
+        v["cluster"]["schemes"][0]["return_services_disabled"].clone()
+    };
+    assert_eq!(disabled(&n1), serde_json::json!([]));
+
+    let out = n2.cli(&[
+        "return-service",
+        "--subscriber",
+        "n2",
+        "--state",
+        "disabled",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stdout(&out).contains("DISABLED in r"), "{}", stdout(&out));
+    wait_for("n1 to see n2's return service disabled", WAIT, || {
+        (disabled(&n1) == serde_json::json!(["n2"])).then_some(())
+    });
+    // Once n1's plan follows the state, nothing waits for n2: no commit is
+    // acknowledged by it, and none times out either.
+    wait_for("commits no longer waiting for n2", WAIT, || {
+        let r = bench(&n1);
+        (r["returns"]["acknowledged"] == 0 && r["returns"]["timed_out"] == 0).then_some(())
+    });
+    // The stream itself goes on: n2 has what n1 committed.
+    let k = 1_i64 << 40;
+    sql_ok(&n1, &format!("insert into t values ({k}, 'async now')"));
+    wait_for("the row on n2", WAIT, || {
+        (count(&n2, &format!("t where k = {k}")) == Some(1)).then_some(())
+    });
+
+    let out = n1.cli(&["return-service", "--subscriber", "n2", "--state", "enabled"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    wait_for("commits waiting for n2 again", WAIT, || {
+        let r = bench(&n1);
+        (r["returns"]["acknowledged"].as_u64().unwrap_or(0) > 0).then_some(())
+    });
+    assert_eq!(disabled(&n1), serde_json::json!([]));
+
+    // A store that subscribes to nothing, and a state that is none, are refused.
+    let out = n1.cli(&[
+        "return-service",
+        "--subscriber",
+        "nobody",
+        "--state",
+        "disabled",
+    ]);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("subscribes to no replication scheme"),
+        "{}",
+        stderr(&out)
+    );
+    let out = n1.cli(&["return-service", "--subscriber", "n2", "--state", "maybe"]);
+    assert!(!out.status.success());
+}

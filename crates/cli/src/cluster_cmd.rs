@@ -3,7 +3,8 @@
 //! `init` bootstraps the Raft group on the node it addresses (run it on one node only;
 //! the others `hawser start --join` it). `node remove` takes a member out through the
 //! Raft leader, wherever the addressed node is. `receiver` sets a subscriber's receiver
-//! state, as TimesTen's `ttRepAdmin -receiver -state`.
+//! state, as TimesTen's `ttRepAdmin -receiver -state`; `return-service` enables or
+//! disables a subscriber's return service, as TimesTen's DISABLE RETURN would.
 
 use std::process::ExitCode;
 
@@ -63,6 +64,59 @@ pub struct ReceiverArgs {
     /// The new state.
     #[arg(long, value_enum)]
     state: ReceiverStateArg,
+}
+
+/// A return service state the CLI can set.
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+pub enum ReturnServiceStateArg {
+    /// Commits wait for the subscriber as its RETURN RECEIPT / TWOSAFE says.
+    Enabled,
+    /// Commits do not wait for it (those waiting are released with 8170); it is sent
+    /// to asynchronously, and a failover no longer counts it as holding what was
+    /// acknowledged.
+    Disabled,
+}
+
+#[derive(Args, Debug)]
+#[command(after_help = "\
+Examples:
+  hawser return-service --subscriber ds2 --state disabled   # stop waiting for a slow subscriber
+  hawser return-service --subscriber ds2 --state enabled --scheme repscheme")]
+pub struct ReturnServiceArgs {
+    /// Any member of the cluster; the change goes through the Raft leader.
+    #[arg(long, env = "HAWSER_HOST", default_value = "127.0.0.1:7420")]
+    host: String,
+    /// The replication scheme [default: every scheme the subscriber is in].
+    #[arg(long, value_name = "NAME")]
+    scheme: Option<String>,
+    /// The subscriber store whose return service to set.
+    #[arg(long, value_name = "STORE")]
+    subscriber: String,
+    /// The new state.
+    #[arg(long, value_enum)]
+    state: ReturnServiceStateArg,
+}
+
+/// Runs `hawser return-service`.
+pub async fn return_service(args: ReturnServiceArgs) -> anyhow::Result<ExitCode> {
+    let mut client = hawser_client::Client::connect(&args.host)
+        .await
+        .with_context(|| format!("connect to {}", args.host))?;
+    let state = match args.state {
+        ReturnServiceStateArg::Enabled => "enabled",
+        ReturnServiceStateArg::Disabled => "disabled",
+    };
+    let schemes = client
+        .set_return_service(args.scheme.as_deref(), &args.subscriber, state)
+        .await
+        .with_context(|| format!("set the return service of {}", args.subscriber))?;
+    println!(
+        "return service of {} is {} in {}",
+        args.subscriber,
+        state.to_uppercase(),
+        schemes.join(", ")
+    );
+    Ok(ExitCode::SUCCESS)
 }
 
 /// Runs `hawser receiver`.

@@ -54,6 +54,9 @@ enum Command {
     /// Set a subscriber's receiver state: start, pause or stop (TimesTen's ttRepAdmin
     /// -receiver -state). Masters send nothing to a paused or stopped subscriber.
     Receiver(cluster_cmd::ReceiverArgs),
+    /// Enable or disable a subscriber's return service (RETURN RECEIPT / TWOSAFE):
+    /// disabled, commits do not wait for it and it is sent to asynchronously.
+    ReturnService(cluster_cmd::ReturnServiceArgs),
     /// Measure commit throughput and latency with a single-row upsert workload.
     Bench(bench::BenchArgs),
     /// Start a local three-node cluster (ds1, ds2, ds3) under a TimesTen replication
@@ -226,6 +229,7 @@ fn main() -> ExitCode {
             Command::Init(args) => cluster_cmd::init(args).await,
             Command::Node(args) => cluster_cmd::node(args).await,
             Command::Receiver(args) => cluster_cmd::receiver(args).await,
+            Command::ReturnService(args) => cluster_cmd::return_service(args).await,
             Command::Bench(args) => bench::run(args).await,
             Command::Demo(args) => demo::run(args).await,
             Command::Scheme(args) => scheme_cmd::run(args).await,

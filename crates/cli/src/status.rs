@@ -346,6 +346,13 @@ fn print_cluster(c: &hawser_client::ClusterStatus) {
                 e.subscribers.join(", ")
             );
         }
+        if !s.return_services_disabled.is_empty() {
+            println!(
+                "{:<20} return service disabled: {}",
+                "",
+                s.return_services_disabled.join(", ")
+            );
+        }
         if !s.receivers.is_empty() {
             println!("{:<20} receivers: {}", "", s.receivers.join(", "));
         }

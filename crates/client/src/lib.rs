@@ -424,6 +424,27 @@ impl Client {
         Ok(resp.schemes)
     }
 
+    /// Enables or disables `store`'s return service (`enabled`, `disabled`) in `scheme`
+    /// (every scheme it subscribes to when `None`), through the Raft leader; returns
+    /// the schemes set.
+    pub async fn set_return_service(
+        &mut self,
+        scheme: Option<&str>,
+        store: &str,
+        state: &str,
+    ) -> Result<Vec<String>, ClientError> {
+        let resp = self
+            .admin
+            .set_return_service(self.request(v1::SetReturnServiceRequest {
+                scheme: scheme.unwrap_or_default().into(),
+                store: store.into(),
+                state: state.into(),
+            }))
+            .await?
+            .into_inner();
+        Ok(resp.schemes)
+    }
+
     /// Rebuilds what this node receives in `scheme` (None: the one it receives in) by
     /// copying the tables from `from` (None: their master); see `hawser duplicate`.
     /// Progress messages follow, the last with `done`; no timeout applies (a copy takes

@@ -330,28 +330,17 @@ impl fmt::Display for BlockReason {
             ),
             BlockReason::HoldersSilent { holders } => {
                 let names: Vec<&str> = holders.iter().map(|h| h.as_str()).collect();
+                let (it, its, which) = match names[..] {
+                    [one] => ("it", "its return service", one),
+                    _ => ("one of them", "their return services", "<store>"),
+                };
                 write!(
                     f,
                     "commits were acknowledged under the return service of {}, which \
                      cannot be reached; promoting another subscriber could lose them: bring \
-                     the master or {} back, or give those commits up by stopping {} \
-                     (hawser receiver --subscriber {} --state stop)",
+                     the master or {it} back, or give those commits up by disabling {its} \
+                     (hawser return-service --subscriber {which} --state disabled)",
                     names.join(", "),
-                    if names.len() == 1 {
-                        "it"
-                    } else {
-                        "one of them"
-                    },
-                    if names.len() == 1 {
-                        "its receiver"
-                    } else {
-                        "their receivers"
-                    },
-                    if names.len() == 1 {
-                        names[0]
-                    } else {
-                        "<store>"
-                    },
                 )
             }
             BlockReason::TooFarBehind { best, lag, max_lag } => write!(
@@ -1063,19 +1052,29 @@ mod tests {
             })]
         );
         let text = plan.blocked[0].reason.to_string();
-        assert!(text.contains("sub2") && text.contains("stop"), "{text}");
-        // Stopping its receiver gives those commits up: the others may take over.
-        let mut stopped = st.clone();
-        must_apply(
-            &mut stopped,
+        assert!(
+            text.contains("sub2") && text.contains("--state disabled"),
+            "{text}"
+        );
+        // Disabling its return service (or stopping its receiver) gives those commits
+        // up: the others may take over.
+        for cmd in [
+            Command::SetReturnServiceState {
+                scheme: r1(),
+                store: id("sub2"),
+                state: ReturnServiceState::Disabled,
+            },
             Command::SetReceiverState {
                 scheme: r1(),
                 store: id("sub2"),
                 state: ReceiverState::Stop,
             },
-        );
-        let plan = decide(&stopped, &view, now, &settings());
-        assert_eq!(plan.commands, vec![set_master(SUB1, 1, 99)]);
+        ] {
+            let mut given_up = st.clone();
+            must_apply(&mut given_up, cmd);
+            let plan = decide(&given_up, &view, now, &settings());
+            assert_eq!(plan.commands, vec![set_master(SUB1, 1, 99)]);
+        }
     }
 
     #[test]

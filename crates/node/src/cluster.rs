@@ -22,7 +22,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use hawser_control::failover::{liveness, Liveness};
-use hawser_control::state::ReceiverState;
+use hawser_control::state::{ReceiverState, ReturnServiceState};
 use hawser_control::{ClusterState, Command, ControlError, ControlPlane, PlaneError, RaftRole};
 use hawser_core::{Ident, QualName};
 use hawser_proto::v1;
@@ -482,6 +482,12 @@ pub(crate) fn cluster_status(
                 .filter(|(_, st)| **st != ReceiverState::Start)
                 .map(|(store, st)| format!("{store}={}", st.as_str()))
                 .collect(),
+            return_services_disabled: s
+                .return_services
+                .iter()
+                .filter(|(_, st)| **st == ReturnServiceState::Disabled)
+                .map(|(store, _)| store.to_string())
+                .collect(),
         })
         .collect();
     v1::ClusterStatus {
@@ -684,10 +690,58 @@ pub(crate) async fn set_receiver_state(
             )))
         }
     };
+    for_subscribed_schemes(plane, scheme, store, "receiver state", |scheme, store| {
+        Command::SetReceiverState {
+            scheme,
+            store,
+            state: rs,
+        }
+    })
+    .await
+}
+
+/// Enables or disables `store`'s return service in `scheme` (every scheme it
+/// subscribes to when `scheme` is empty) through the Raft leader and waits until this
+/// node has applied it. Returns the schemes changed.
+pub(crate) async fn set_return_service(
+    plane: &ControlPlane,
+    scheme: &str,
+    store: &str,
+    state: &str,
+) -> Result<Vec<String>, tonic::Status> {
+    let rs = match state.to_ascii_lowercase().as_str() {
+        "enabled" | "enable" => ReturnServiceState::Enabled,
+        "disabled" | "disable" => ReturnServiceState::Disabled,
+        other => {
+            return Err(tonic::Status::invalid_argument(format!(
+                "return service state {other:?}: give enabled or disabled"
+            )))
+        }
+    };
+    for_subscribed_schemes(plane, scheme, store, "return service", |scheme, store| {
+        Command::SetReturnServiceState {
+            scheme,
+            store,
+            state: rs,
+        }
+    })
+    .await
+}
+
+/// Commits `command(scheme, store)` for `scheme`, or for every scheme `store`
+/// subscribes to when `scheme` is empty, each validated first and applied here before
+/// the next. `what` names the setting in errors.
+async fn for_subscribed_schemes(
+    plane: &ControlPlane,
+    scheme: &str,
+    store: &str,
+    what: &str,
+    command: impl Fn(QualName, Ident) -> Command,
+) -> Result<Vec<String>, tonic::Status> {
     if store.is_empty() {
-        return Err(tonic::Status::invalid_argument(
-            "name the subscriber store whose receiver state to set",
-        ));
+        return Err(tonic::Status::invalid_argument(format!(
+            "name the subscriber store whose {what} to set"
+        )));
     }
     let store = Ident::unquoted(store);
     let current = plane.state();
@@ -713,11 +767,7 @@ pub(crate) async fn set_receiver_state(
         )));
     }
     for name in &names {
-        let cmd = Command::SetReceiverState {
-            scheme: name.clone(),
-            store: store.clone(),
-            state: rs,
-        };
+        let cmd = command(name.clone(), store.clone());
         hawser_control::state::validate(&current, &cmd)
             .map_err(|e| tonic::Status::failed_precondition(e.to_string()))?;
         let version = plane.propose(cmd).await.map_err(plane_status)?;

@@ -628,6 +628,21 @@ impl Admin for Services {
         Ok(Response::new(v1::SetReceiverStateResponse { schemes }))
     }
 
+    async fn set_return_service(
+        &self,
+        request: Request<v1::SetReturnServiceRequest>,
+    ) -> Result<Response<v1::SetReturnServiceResponse>, Status> {
+        let req = request.into_inner();
+        let schemes = crate::cluster::set_return_service(
+            &self.state.plane,
+            req.scheme.trim(),
+            req.store.trim(),
+            req.state.trim(),
+        )
+        .await?;
+        Ok(Response::new(v1::SetReturnServiceResponse { schemes }))
+    }
+
     type DuplicateStream = ReceiverStream<Result<v1::DuplicateProgress, Status>>;
 
     async fn duplicate(

@@ -265,6 +265,7 @@ fn cluster_json(c: &v1::ClusterStatus) -> serde_json::Value {
             "name": s.name,
             "version": s.version,
             "receivers": s.receivers,
+            "return_services_disabled": s.return_services_disabled,
             "elements": s.elements.iter().map(|e| serde_json::json!({
                 "name": e.name,
                 "kind": e.kind,
