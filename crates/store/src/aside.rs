@@ -133,6 +133,23 @@ impl Database {
         }
         let lost = self.table_ref(&lost_name)?;
         let _serial = self.inner.apply_lock.lock().await;
+        // Thousands of undos, reads and an fsync: off the async workers, which would
+        // otherwise answer nothing meanwhile (the drills saw a deposed master's
+        // runtime stall while it set aside what it alone had).
+        let db = self.clone();
+        let records = records.to_vec();
+        tokio::task::spawn_blocking(move || db.set_aside_now(&records, &lost))
+            .await
+            .map_err(|e| StoreError::io("setting commits aside", e))?
+    }
+
+    /// [`Database::set_aside`]'s work, under its apply lock.
+    fn set_aside_now(
+        &self,
+        records: &[LogRecord],
+        lost: &TableRef,
+    ) -> Result<SetAsideCounts, StoreError> {
+        let lost = lost.clone();
         let mut batch = WriteBatch::new();
         // Rows as this batch leaves them, for changes of one row undone in turn.
         let mut pending: HashMap<Vec<u8>, Option<Vec<u8>>> = HashMap::new();
