@@ -779,23 +779,6 @@ fn durable_commit_on_flushes_commits_while_the_return_service_is_disabled() {
         outbound_to(&n1, "n2").filter(|o| o["state"] == "streaming")
     });
     // The typed API reports whether each commit was flushed before it returned.
-    let bench = |n1: &Node| -> Value {
-        let out = n1.cli(&[
-            "bench",
-            "--table",
-            "t",
-            "--clients",
-            "1",
-            "--duration",
-            "1s",
-            "--warmup",
-            "0s",
-            "--format",
-            "json",
-        ]);
-        assert!(out.status.success(), "{}", stderr(&out));
-        serde_json::from_str(stdout(&out).trim()).unwrap()
-    };
     // The node's commits are not durable, and the return service guards them.
     let r = bench(&n1);
     assert_eq!(r["durable"], false, "{r}");
@@ -816,6 +799,25 @@ fn durable_commit_on_flushes_commits_while_the_return_service_is_disabled() {
     assert_eq!(r["durable"], true, "{r}");
     assert_eq!(r["returns"]["acknowledged"], 0, "{r}");
     assert!(r["returns"]["disabled"].as_u64().unwrap() > 0, "{r}");
+}
+
+/// One second of `hawser bench` on table `t` of `n1` with one client, as JSON.
+fn bench(n1: &Node) -> Value {
+    let out = n1.cli(&[
+        "bench",
+        "--table",
+        "t",
+        "--clients",
+        "1",
+        "--duration",
+        "1s",
+        "--warmup",
+        "0s",
+        "--format",
+        "json",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    serde_json::from_str(stdout(&out).trim()).unwrap()
 }
 
 /// The lag a stream reports keeps growing while its receiver does not answer — between
@@ -1348,23 +1350,6 @@ fn a_return_service_disabled_by_hand_is_not_waited_for_until_enabled_again() {
         outbound_to(&n1, "n2").filter(|o| o["state"] == "streaming")
     });
     leased(&n1);
-    let bench = |n1: &Node| -> Value {
-        let out = n1.cli(&[
-            "bench",
-            "--table",
-            "t",
-            "--clients",
-            "1",
-            "--duration",
-            "1s",
-            "--warmup",
-            "0s",
-            "--format",
-            "json",
-        ]);
-        assert!(out.status.success(), "{}", stderr(&out));
-        serde_json::from_str(stdout(&out).trim()).unwrap()
-    };
     let r = bench(&n1);
     assert!(r["returns"]["acknowledged"].as_u64().unwrap() > 0, "{r}");
     let disabled = |n: &Node| -> Value {

@@ -905,6 +905,39 @@ mod tests {
         view
     }
 
+    /// ASYNC after masterds failed over to sub1 with fork point masterds:50.
+    fn failed_over_to_sub1() -> ClusterState {
+        let mut st = cluster(ASYNC);
+        must_apply(
+            &mut st,
+            Command::SetMaster {
+                scheme: r1(),
+                element: e(),
+                node: SUB1,
+                epoch: Epoch(1),
+                fork_point: Some(Gtid::new(MASTER, 50)),
+            },
+        );
+        st
+    }
+
+    /// `node` reports at `at` (echoing `at`) holding `of_old` of masterds and
+    /// `of_sub1` of sub1.
+    fn report_both(view: &mut HealthView, node: NodeId, at: Duration, of_old: u64, of_sub1: u64) {
+        view.record(
+            at,
+            Some(at),
+            HealthReport {
+                node,
+                own_seq: 0,
+                high_water: BTreeMap::from([(MASTER, of_old), (SUB1, of_sub1)]),
+                state_version: 0,
+                lease_released: false,
+                echo: None,
+            },
+        );
+    }
+
     fn set_master(to: NodeId, epoch: u64, fork: u64) -> Command {
         Command::SetMaster {
             scheme: r1(),
@@ -1133,35 +1166,11 @@ mod tests {
         // masterds failed over to sub1 (fork masterds:50); now sub1 is silent. sub2
         // is ahead of sub3 on sub1's commits but lacks 10 of masterds's the element
         // kept: sub3, which has them, takes over.
-        let mut st = cluster(ASYNC);
-        must_apply(
-            &mut st,
-            Command::SetMaster {
-                scheme: r1(),
-                element: e(),
-                node: SUB1,
-                epoch: Epoch(1),
-                fork_point: Some(Gtid::new(MASTER, 50)),
-            },
-        );
+        let st = failed_over_to_sub1();
         let now = secs(20);
         let mut view = HealthView::new(Duration::ZERO);
-        let at = |view: &mut HealthView, node, of_old: u64, of_sub1: u64| {
-            view.record(
-                now,
-                Some(now),
-                HealthReport {
-                    node,
-                    own_seq: 0,
-                    high_water: BTreeMap::from([(MASTER, of_old), (SUB1, of_sub1)]),
-                    state_version: 0,
-                    lease_released: false,
-                    echo: None,
-                },
-            )
-        };
-        at(&mut view, SUB2, 40, 30);
-        at(&mut view, SUB3, 50, 20);
+        report_both(&mut view, SUB2, now, 40, 30);
+        report_both(&mut view, SUB3, now, 50, 20);
         let plan = decide(&st, &view, now, &settings());
         assert_eq!(
             plan.commands,
@@ -1174,7 +1183,7 @@ mod tests {
             }]
         );
         // Holding more than the element kept of it (commits set aside) is no merit.
-        at(&mut view, SUB2, 70, 30);
+        report_both(&mut view, SUB2, now, 70, 30);
         let plan = decide(&st, &view, now, &settings());
         assert!(
             matches!(&plan.commands[..], [Command::SetMaster { node, .. }] if *node == SUB2),
@@ -1366,33 +1375,11 @@ mod tests {
     fn max_lag_passes_over_a_candidate_missing_earlier_commits_if_it_must() {
         // After masterds:50 failed over to sub1, sub2 lacks 10 of masterds's commits
         // but holds all of sub1's; sub3 has masterds's but trails sub1 by 20.
-        let mut st = cluster(ASYNC);
-        must_apply(
-            &mut st,
-            Command::SetMaster {
-                scheme: r1(),
-                element: e(),
-                node: SUB1,
-                epoch: Epoch(1),
-                fork_point: Some(Gtid::new(MASTER, 50)),
-            },
-        );
+        let st = failed_over_to_sub1();
         let now = secs(20);
         let mut view = HealthView::new(Duration::ZERO);
-        for (node, of_old, of_sub1) in [(SUB2, 40, 30), (SUB3, 50, 10)] {
-            view.record(
-                now,
-                Some(now),
-                HealthReport {
-                    node,
-                    own_seq: 0,
-                    high_water: BTreeMap::from([(MASTER, of_old), (SUB1, of_sub1)]),
-                    state_version: 0,
-                    lease_released: false,
-                    echo: None,
-                },
-            );
-        }
+        report_both(&mut view, SUB2, now, 40, 30);
+        report_both(&mut view, SUB3, now, 50, 10);
         let plan = decide(&st, &view, now, &settings());
         assert!(matches!(&plan.commands[..], [Command::SetMaster { node, .. }] if *node == SUB3));
         let limited = FailoverSettings {
