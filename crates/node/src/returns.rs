@@ -256,6 +256,9 @@ impl Returns {
         // Counted from before the commit to its acknowledgement: a master draining for
         // a switchover gives its lease up only once no such commit is under way.
         let lease_hold = leased.then(|| db.lease().hold());
+        // The lease the commit is made under: it is acknowledged only if that same
+        // lease still holds then.
+        let lease_generation = db.lease().generation();
         let holding = async move {
             let _lease_hold = lease_hold;
             let lease_db = db.clone();
@@ -314,7 +317,10 @@ impl Returns {
             // The lease may have run out while the commit flushed and waited: a master
             // that may have been deposed meanwhile does not acknowledge it.
             if leased {
-                if let Err(reason) = lease_db.lease().check_held(Instant::now()) {
+                if let Err(reason) = lease_db
+                    .lease()
+                    .check_held(lease_generation, Instant::now())
+                {
                     return Err(StoreError::OutcomeUnknown {
                         gtid: committed.0.gtid,
                         reason,

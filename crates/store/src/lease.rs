@@ -68,6 +68,9 @@ struct Gate {
     draining: bool,
     /// The lease was given up while draining ([`LeaseGate::release_drained`]).
     released: bool,
+    /// Counts unbroken leases: a grant that finds no lease held (run out, given up,
+    /// revoked, or never held) starts a new one ([`LeaseGate::generation`]).
+    generation: u64,
 }
 
 /// See the module documentation. Shared by the store's clones.
@@ -103,6 +106,9 @@ impl LeaseGate {
     /// shorten it, since grants may arrive out of order).
     pub fn extend(&self, until: Instant) {
         let mut gate = self.gate.write();
+        if gate.until.is_none_or(|u| u <= Instant::now()) {
+            gate.generation += 1;
+        }
         if gate.until.is_none_or(|u| u < until) {
             gate.until = Some(until);
         }
@@ -216,12 +222,27 @@ impl LeaseGate {
         })
     }
 
-    /// Whether a lease is still held at `now`, for a commit whose writes needed one.
-    /// Checked whatever the scope says now: a master that lost its role meanwhile
-    /// must not acknowledge what it wrote as master.
-    pub fn check_held(&self, now: Instant) -> Result<(), String> {
-        match self.gate.read().until {
-            Some(u) if u > now => Ok(()),
+    /// The unbroken lease held now (or last): read before a leased commit, and
+    /// given to [`LeaseGate::check_held`] before it is acknowledged.
+    pub fn generation(&self) -> u64 {
+        self.gate.read().generation
+    }
+
+    /// Whether the lease `generation` names is still held at `now`, unbroken, for a
+    /// commit whose writes needed one. Checked whatever the scope says now: a master
+    /// that lost its role meanwhile must not acknowledge what it wrote as master — not
+    /// even under a lease granted again since (a paused master, failed over and made
+    /// master again, holds a new lease; what it committed under the old one may have
+    /// been set aside by the failover in between).
+    pub fn check_held(&self, generation: u64, now: Instant) -> Result<(), String> {
+        let gate = self.gate.read();
+        match gate.until {
+            Some(u) if u > now && gate.generation == generation => Ok(()),
+            Some(u) if u > now => Err(
+                "this node's master lease ran out and was granted again before the commit \
+                 could be acknowledged (the cluster may have moved the role meanwhile)"
+                    .into(),
+            ),
             _ => Err(
                 "this node's master lease ran out before the commit could be \
                       acknowledged (the cluster may have moved the role)"
@@ -278,13 +299,13 @@ mod tests {
         assert!(err.is_retryable());
         assert!(err.to_string().contains("ds1 masters it"), "{err}");
         assert!(!gate.check(&QualName::bare("other"), now).unwrap());
-        assert!(gate.check_held(now).is_err());
+        assert!(gate.check_held(gate.generation(), now).is_err());
         gate.extend(now + Duration::from_millis(500));
         assert!(
             gate.check(&t, now).unwrap(),
             "needs the lease, which is held"
         );
-        assert!(gate.check_held(now).is_ok());
+        assert!(gate.check_held(gate.generation(), now).is_ok());
         assert!(gate.check(&t, now + Duration::from_millis(499)).is_ok());
         assert!(gate.check(&t, now + Duration::from_millis(500)).is_err());
         // An older grant arriving late does not shorten the lease.
@@ -307,7 +328,9 @@ mod tests {
         assert!(gate.check(&QualName::bare("any"), now).unwrap());
         // Losing the scope (the role moved) does not make a held lease's end moot.
         gate.set_scope(None);
-        assert!(gate.check_held(now + Duration::from_secs(2)).is_err());
+        assert!(gate
+            .check_held(gate.generation(), now + Duration::from_secs(2))
+            .is_err());
         assert_eq!(gate.held_until(now), Some(now + Duration::from_secs(1)));
     }
 
@@ -318,17 +341,41 @@ mod tests {
         let t = QualName::bare("t");
         gate.set_scope(Some(scope(&["t"])));
         gate.extend(now + Duration::from_millis(500));
+        let lease = gate.generation();
         gate.drain();
         let err = gate.check(&t, now).unwrap_err();
         assert_eq!(err.code(), "57P03");
         assert!(err.to_string().contains("moving"), "{err}");
         assert!(
-            gate.check_held(now).is_ok(),
+            gate.check_held(lease, now).is_ok(),
             "those under way are acknowledged"
         );
-        assert!(gate.check_held(now + Duration::from_millis(500)).is_err());
+        assert!(gate
+            .check_held(lease, now + Duration::from_millis(500))
+            .is_err());
         // A new grant (the switchover was refused, the fence lifted) ends the drain.
         gate.extend(now + Duration::from_millis(600));
         assert!(gate.check(&t, now).unwrap());
+        assert_eq!(gate.generation(), lease, "extended without a break");
+    }
+
+    #[test]
+    fn a_commit_under_a_lease_that_broke_is_not_acknowledged_under_the_next_one() {
+        let gate = LeaseGate::default();
+        gate.set_scope(Some(scope(&["t"])));
+        let now = Instant::now();
+        gate.extend(now + Duration::from_secs(60));
+        let lease = gate.generation();
+        // Extended while held: the same lease.
+        gate.extend(now + Duration::from_secs(61));
+        assert!(gate.check_held(lease, now).is_ok());
+        // Given up (the role moved) and granted again (made master again later): a
+        // commit made under the first must not be acknowledged under the second.
+        gate.revoke();
+        gate.extend(now + Duration::from_secs(62));
+        assert_ne!(gate.generation(), lease);
+        let err = gate.check_held(lease, now).unwrap_err();
+        assert!(err.contains("granted again"), "{err}");
+        assert!(gate.check_held(gate.generation(), now).is_ok());
     }
 }
