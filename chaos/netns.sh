@@ -79,15 +79,11 @@ command -v jq >/dev/null || die "jq is needed"
 RANDOM=$seed
 down_s=$(python3 -c "import sys; s=sys.argv[1]; print(float(s[:-2])/1000 if s.endswith('ms') else float(s.rstrip('s')))" "$down")
 
-if [[ -z $hawser ]]; then
-    if [[ -x $repo/target/release/hawser ]] || (cd "$repo" && cargo build --release -p hawser-cli >&2); then
-        hawser="$repo/target/release/hawser"
-    else
-        hawser="$(command -v hawser)" || die "no hawser binary: build it or pass --hawser"
-    fi
-fi
-
 work="$(mktemp -d -t hawser-netns-XXXXXX)"
+# find_hawser only: this script starts its nodes in namespaces with its own start().
+# shellcheck source=chaos/nodes.sh
+source "$here/nodes.sh"
+find_hawser
 tag=$(printf '%04x' $(( $$ % 65536 )))
 net=$(( $$ % 200 + 20 ))
 bridge="hwb$tag"

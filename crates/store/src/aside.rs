@@ -134,8 +134,7 @@ impl Database {
         let lost = self.table_ref(&lost_name)?;
         let _serial = self.inner.apply_lock.lock().await;
         // Thousands of undos, reads and an fsync: off the async workers, which would
-        // otherwise answer nothing meanwhile (the drills saw a deposed master's
-        // runtime stall while it set aside what it alone had).
+        // otherwise answer nothing meanwhile.
         let db = self.clone();
         let records = records.to_vec();
         tokio::task::spawn_blocking(move || db.set_aside_now(&records, &lost))
