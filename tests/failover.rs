@@ -721,6 +721,55 @@ fn a_failover_that_cannot_happen_is_shown_with_its_reason() {
 }
 
 #[test]
+fn a_paused_cluster_keeps_its_dead_master_until_failover_is_resumed() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let (n1, mut n2, n3) = cluster(d);
+    wait_for("n2 takes writes", WAIT, || insert(&n2, 1).ok());
+    // Paused through a node that is not the Raft leader: the pause is cluster state.
+    let out = n3.cli(&["failover", "pause", "--reason", "kernel upgrade"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stdout(&out).contains("PAUSED"), "{}", stdout(&out));
+    let shown = n1.cli(&["failover", "show", "--format", "json"]);
+    let shown: serde_json::Value = serde_json::from_str(&stdout(&shown)).expect("one JSON object");
+    assert_eq!(shown["paused"], true, "{shown}");
+    assert_eq!(shown["paused_reason"], "kernel upgrade", "{shown}");
+    assert_eq!(shown["failover_timeout_ms"], 1000, "{shown}");
+
+    n2.kill9();
+    let blocked = wait_for("the paused failover in the leader's status", WAIT, || {
+        let s = n1.try_status()?;
+        s["cluster"]["blocked_failovers"][0]
+            .as_str()
+            .map(String::from)
+    });
+    assert!(
+        blocked.contains("paused") && blocked.contains("kernel upgrade"),
+        "{blocked}"
+    );
+    assert_eq!(master(&n1), Some(("n2".into(), 0)), "nothing moved");
+    let text = stdout(&n1.cli(&["status"]));
+    assert!(
+        text.contains("failover    PAUSED for the cluster: kernel upgrade"),
+        "{text}"
+    );
+
+    let out = n1.cli(&["failover", "resume"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains("failover    automatic"),
+        "{}",
+        stdout(&out)
+    );
+    let (store, epoch) = wait_for("a new master once resumed", WAIT, || {
+        master(&n1).filter(|(s, _)| s != "n2")
+    });
+    assert_eq!((store.as_str(), epoch), ("n3", 1), "the TWOSAFE subscriber");
+    wait_for("n3 takes writes", WAIT, || insert(&n3, 2).ok());
+    assert_eq!(keys(&n3), Some(BTreeSet::from([1, 2])));
+}
+
+#[test]
 fn under_a_mixed_load_every_acknowledged_commit_survives_or_is_set_aside_never_both() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();

@@ -246,11 +246,24 @@ pub fn plan(
             (None, Some(to))
         }
     };
-    if matches!(
+    let fails_over = matches!(
         kind,
         Kind::KillMaster | Kind::PauseMaster | Kind::IsolateMaster
-    ) && copies.len() < 2
-    {
+    );
+    if let Some(f) = cluster.failover.as_ref().filter(|f| f.paused) {
+        if fails_over || kind == Kind::KillLeader {
+            return Err(format!(
+                "automatic failover is paused for the cluster ({}): the master would not \
+                 be replaced. Resume it first (hawser failover resume)",
+                if f.paused_reason.is_empty() {
+                    "no reason given"
+                } else {
+                    &f.paused_reason
+                }
+            ));
+        }
+    }
+    if fails_over && copies.len() < 2 {
         return Err(format!(
             "element {} has no subscriber: nothing could take the master role",
             e.name
@@ -987,5 +1000,14 @@ mod tests {
         let mut alone = c.clone();
         alone.schemes[0].elements[1].subscribers.clear();
         assert!(why(&alone, "hawser_drill").contains("no subscriber"));
+        let mut paused = c.clone();
+        paused.failover = Some(v1::FailoverStatus {
+            paused: true,
+            paused_reason: "upgrade".into(),
+            ..Default::default()
+        });
+        assert!(why(&paused, "hawser_drill").contains("paused for the cluster (upgrade)"));
+        // A planned move needs no automatic failover.
+        assert!(plan(&paused, Kind::Switchover, "rep", "hawser_drill").is_ok());
     }
 }

@@ -8,6 +8,7 @@ mod cluster_cmd;
 mod demo;
 mod drill_cmd;
 mod duplicate_cmd;
+mod failover_cmd;
 mod os;
 mod output;
 mod rtl_cmd;
@@ -97,6 +98,9 @@ enum Command {
     /// to a new master, the write window clients saw, and whether anything acknowledged
     /// was lost or two masters ever took writes. Exit 1 when a promise broke.
     Drill(drill_cmd::DrillArgs),
+    /// Pause, resume or show automatic failover for the whole cluster (Patroni's
+    /// maintenance mode): paused, silent masters are reported, not replaced.
+    Failover(failover_cmd::FailoverArgs),
     /// Wait until subscribers have acknowledged everything a master committed so far
     /// (TimesTen's ttRepAdmin -wait); exit 1 if they do not within --timeout.
     Wait(wait_cmd::WaitArgs),
@@ -238,6 +242,7 @@ fn main() -> ExitCode {
             Command::Duplicate(args) => duplicate_cmd::run(args).await,
             Command::Switchover(args) => switchover_cmd::run(args).await,
             Command::Drill(args) => drill_cmd::run(args).await,
+            Command::Failover(args) => failover_cmd::run(args).await,
             Command::InternalRestart(_) | Command::InternalResume(_) => {
                 unreachable!("run before the runtime")
             }

@@ -320,6 +320,14 @@ fn print_cluster(c: &hawser_client::ClusterStatus) {
             }
         );
     }
+    if let Some(f) = c.failover.as_ref().filter(|f| f.paused) {
+        let reason = if f.paused_reason.is_empty() {
+            String::new()
+        } else {
+            format!(": {}", f.paused_reason)
+        };
+        println!("failover    PAUSED for the cluster{reason} (hawser failover resume)");
+    }
     for b in &c.blocked_failovers {
         println!("failover    blocked: {b}");
     }

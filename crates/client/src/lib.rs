@@ -445,6 +445,24 @@ impl Client {
         Ok(resp.schemes)
     }
 
+    /// Pauses (`paused`, with `reason`) or resumes automatic failover for the whole
+    /// cluster, through the Raft leader; returns the setting as applied.
+    pub async fn set_failover(
+        &mut self,
+        paused: bool,
+        reason: &str,
+    ) -> Result<v1::FailoverStatus, ClientError> {
+        let resp = self
+            .admin
+            .set_failover(self.request(v1::SetFailoverRequest {
+                paused,
+                reason: reason.into(),
+            }))
+            .await?
+            .into_inner();
+        Ok(resp.failover.unwrap_or_default())
+    }
+
     /// Rebuilds what this node receives in `scheme` (None: the one it receives in) by
     /// copying the tables from `from` (None: their master); see `hawser duplicate`.
     /// Progress messages follow, the last with `done`; no timeout applies (a copy takes

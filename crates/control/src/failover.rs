@@ -285,6 +285,9 @@ pub struct Blocked {
 pub enum BlockReason {
     /// Automatic failover is off ([`FailoverSettings::enabled`]).
     Disabled,
+    /// An operator paused automatic failover for the whole cluster
+    /// ([`ClusterState::failover_pause`]), with this reason.
+    Paused { reason: String },
     /// The scheme says `STORE master FAILOVER OFF`.
     OffForStore,
     /// No subscriber of the element is registered, in START or PAUSE, and fresh.
@@ -314,6 +317,17 @@ impl fmt::Display for BlockReason {
                  hand with ALTER REPLICATION ... ALTER ELEMENT * IN <master> SET MASTER \
                  <subscriber>",
             ),
+            BlockReason::Paused { reason } => {
+                f.write_str("automatic failover is paused for the cluster")?;
+                if !reason.is_empty() {
+                    write!(f, " ({reason})")?;
+                }
+                f.write_str(
+                    ": bring the master back, resume failover (hawser failover resume), or \
+                     promote a subscriber by hand with ALTER REPLICATION ... ALTER ELEMENT * \
+                     IN <master> SET MASTER <subscriber>",
+                )
+            }
             BlockReason::OffForStore => f.write_str(
                 "the scheme turns automatic failover off for this master (STORE ... FAILOVER \
                  OFF): bring the master back, or promote a subscriber by hand with ALTER \
@@ -442,6 +456,11 @@ impl Decider<'_> {
         };
         if !self.settings.enabled {
             return Some(Err(blocked(BlockReason::Disabled)));
+        }
+        if let Some(pause) = &self.state.failover_pause {
+            return Some(Err(blocked(BlockReason::Paused {
+                reason: pause.reason.clone(),
+            })));
         }
         if !hawser_scheme::route::StoreSettings::of(&scheme.scheme, master.store).failover {
             return Some(Err(blocked(BlockReason::OffForStore)));
@@ -1440,6 +1459,38 @@ mod tests {
     }
 
     #[test]
+    fn a_paused_cluster_reports_silent_masters_with_the_reason_until_resumed() {
+        let mut st = cluster(ASYNC);
+        let now = secs(20);
+        let view = view_at(now, &[(SUB1, 90)]);
+        let pause = |reason: &str| Command::SetFailoverPause {
+            pause: Some(crate::state::FailoverPause {
+                reason: reason.into(),
+                since_unix_ms: 1,
+            }),
+        };
+        assert!(matches!(
+            state::apply(&mut st, &pause("kernel upgrade")),
+            crate::Response::Applied { .. }
+        ));
+        let plan = decide(&st, &view, now, &settings());
+        assert!(plan.commands.is_empty());
+        let reason = BlockReason::Paused {
+            reason: "kernel upgrade".into(),
+        };
+        assert_eq!(plan.blocked, vec![blocked(reason.clone())]);
+        let text = reason.to_string();
+        assert!(
+            text.contains("kernel upgrade") && text.contains("hawser failover resume"),
+            "{text}"
+        );
+        state::apply(&mut st, &Command::SetFailoverPause { pause: None });
+        let plan = decide(&st, &view, now, &settings());
+        assert_eq!(plan.commands, vec![set_master(SUB1, 1, 90)]);
+        assert!(plan.blocked.is_empty());
+    }
+
+    #[test]
     fn several_elements_of_a_dead_master_each_get_a_command_in_scheme_and_element_order() {
         let st = cluster(
             r#"
@@ -2279,6 +2330,7 @@ mod tests {
                 assert_eq!(m.store, &b.master);
                 match &b.reason {
                     BlockReason::Disabled => assert!(!settings.enabled),
+                    BlockReason::Paused { .. } => assert!(state.failover_pause.is_some()),
                     // The simulated schemes never turn failover off for a store.
                     BlockReason::OffForStore => panic!("{b:?}"),
                     BlockReason::Refused { .. } => {}

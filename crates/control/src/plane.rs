@@ -389,6 +389,11 @@ impl ControlPlane {
         })
     }
 
+    /// The configuration this plane was started with.
+    pub fn config(&self) -> &ControlConfig {
+        &self.inner.cfg
+    }
+
     /// The peers-only gRPC service to add to the node's server.
     pub fn raft_service(&self) -> RaftPeerServer<PeerService> {
         RaftPeerServer::new(PeerService {

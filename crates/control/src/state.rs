@@ -217,6 +217,21 @@ pub struct ClusterState {
     /// written before it existed, which check nothing by it.
     #[serde(default)]
     pub cluster_id: u64,
+    /// Automatic failover paused for the whole cluster by an operator (`hawser failover
+    /// pause`, Patroni's maintenance mode): silent masters are reported, not replaced,
+    /// whichever node leads. `None` (the default): failover is automatic.
+    #[serde(default)]
+    pub failover_pause: Option<FailoverPause>,
+}
+
+/// Why and since when automatic failover is paused ([`ClusterState::failover_pause`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FailoverPause {
+    /// The operator's words; may be empty.
+    pub reason: String,
+    /// Milliseconds since the Unix epoch, by the clock of the node that proposed the
+    /// pause: shown to operators, never compared.
+    pub since_unix_ms: u64,
 }
 
 impl ClusterState {
@@ -299,6 +314,9 @@ pub enum Command {
     /// The tables and sequences `store` holds now, reported by its node whenever they
     /// change. Refused for a store no registered node holds.
     ReportCatalog { store: Ident, catalog: StoreCatalog },
+    /// Pauses automatic failover cluster-wide (`Some`) or resumes it (`None`). Always
+    /// accepted; pausing a paused cluster replaces the reason.
+    SetFailoverPause { pause: Option<FailoverPause> },
 }
 
 impl Command {
@@ -332,6 +350,7 @@ impl Command {
             Command::SetReceiverState { .. } => "set_receiver_state",
             Command::SetReturnServiceState { .. } => "set_return_service_state",
             Command::ReportCatalog { .. } => "report_catalog",
+            Command::SetFailoverPause { .. } => "set_failover_pause",
         }
     }
 }
@@ -439,6 +458,7 @@ enum Change {
     Failover(SchemeState),
     DropScheme(QualName),
     PutCatalog(Ident, StoreCatalog),
+    SetFailoverPause(Option<FailoverPause>),
 }
 
 impl Change {
@@ -467,6 +487,9 @@ impl Change {
             }
             Change::DropScheme(name) => {
                 state.schemes.remove(&name);
+            }
+            Change::SetFailoverPause(pause) => {
+                state.failover_pause = pause;
             }
         }
     }
@@ -530,6 +553,7 @@ fn plan(state: &ClusterState, cmd: &Command) -> Result<Change, ControlError> {
             }
             Ok(Change::PutCatalog(store.clone(), catalog.clone()))
         }
+        Command::SetFailoverPause { pause } => Ok(Change::SetFailoverPause(pause.clone())),
     }
 }
 

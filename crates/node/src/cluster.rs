@@ -22,8 +22,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use hawser_control::failover::{liveness, Liveness};
-use hawser_control::state::{ReceiverState, ReturnServiceState};
-use hawser_control::{ClusterState, Command, ControlError, ControlPlane, PlaneError, RaftRole};
+use hawser_control::state::{FailoverPause, ReceiverState, ReturnServiceState};
+use hawser_control::{
+    ClusterState, Command, ControlConfig, ControlError, ControlPlane, PlaneError, RaftRole,
+};
 use hawser_core::{Ident, QualName};
 use hawser_proto::v1;
 use hawser_scheme::ast::{ElementKind, OwnerRole, StoreName};
@@ -505,7 +507,47 @@ pub(crate) fn cluster_status(
         schemes,
         purged_index: raw.purged.map_or(0, |l| l.index),
         blocked_failovers: if is_leader { blocked } else { Vec::new() },
+        failover: Some(failover_status(&state, plane.config())),
     }
+}
+
+/// Whether failover is automatic in `state`, and the timing `cfg` gives this node.
+pub(crate) fn failover_status(state: &ClusterState, cfg: &ControlConfig) -> v1::FailoverStatus {
+    let ms = |d: Duration| d.as_millis() as u64;
+    let pause = state.failover_pause.as_ref();
+    v1::FailoverStatus {
+        paused: pause.is_some(),
+        paused_reason: pause.map(|p| p.reason.clone()).unwrap_or_default(),
+        paused_since_unix_ms: pause.map_or(0, |p| p.since_unix_ms),
+        automatic_here: cfg.failover.enabled,
+        failover_timeout_ms: ms(cfg.failover.failover_timeout),
+        master_lease_ms: ms(cfg.master_lease),
+        report_interval_ms: ms(cfg.report_interval),
+    }
+}
+
+/// Pauses (`paused`, with `reason`) or resumes automatic failover for the whole
+/// cluster through the Raft leader, and waits until this node has applied it.
+pub(crate) async fn set_failover(
+    plane: &ControlPlane,
+    paused: bool,
+    reason: &str,
+) -> Result<v1::FailoverStatus, tonic::Status> {
+    let pause = paused.then(|| FailoverPause {
+        reason: reason.trim().to_string(),
+        since_unix_ms: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64),
+    });
+    let version = plane
+        .propose(Command::SetFailoverPause { pause })
+        .await
+        .map_err(plane_status)?;
+    plane
+        .wait_for_version(version, APPLY_WAIT)
+        .await
+        .map_err(plane_status)?;
+    Ok(failover_status(&plane.state(), plane.config()))
 }
 
 /// Where client writes to `table` go: the store, gRPC address and epoch of the

@@ -643,6 +643,18 @@ impl Admin for Services {
         Ok(Response::new(v1::SetReturnServiceResponse { schemes }))
     }
 
+    async fn set_failover(
+        &self,
+        request: Request<v1::SetFailoverRequest>,
+    ) -> Result<Response<v1::SetFailoverResponse>, Status> {
+        let req = request.into_inner();
+        let failover =
+            crate::cluster::set_failover(&self.state.plane, req.paused, &req.reason).await?;
+        Ok(Response::new(v1::SetFailoverResponse {
+            failover: Some(failover),
+        }))
+    }
+
     type DuplicateStream = ReceiverStream<Result<v1::DuplicateProgress, Status>>;
 
     async fn duplicate(

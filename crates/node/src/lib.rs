@@ -229,6 +229,19 @@ pub fn status_json(s: &v1::StatusResponse) -> serde_json::Value {
     })
 }
 
+/// `cluster.failover` of `hawser status --format json` (docs/status.md).
+pub fn failover_json(f: &v1::FailoverStatus) -> serde_json::Value {
+    serde_json::json!({
+        "paused": f.paused,
+        "paused_reason": f.paused.then_some(&f.paused_reason),
+        "paused_since_unix_ms": f.paused.then_some(f.paused_since_unix_ms),
+        "automatic_here": f.automatic_here,
+        "failover_timeout_ms": f.failover_timeout_ms,
+        "master_lease_ms": f.master_lease_ms,
+        "report_interval_ms": f.report_interval_ms,
+    })
+}
+
 fn cluster_json(c: &v1::ClusterStatus) -> serde_json::Value {
     let opt = |v: i64| (v >= 0).then_some(v);
     serde_json::json!({
@@ -244,6 +257,7 @@ fn cluster_json(c: &v1::ClusterStatus) -> serde_json::Value {
         "state_version": c.state_version,
         "millis_since_quorum_ack": opt(c.millis_since_quorum_ack),
         "blocked_failovers": c.blocked_failovers,
+        "failover": c.failover.as_ref().map(failover_json),
         "nodes": c.nodes.iter().map(|n| serde_json::json!({
             "id": n.id,
             "store": n.store,
