@@ -446,7 +446,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
             },
             _ = sampler.tick(), if args.mode.is_some() && now_before(workload.end) => {
                 if let Ok(s) = admin.status().await {
-                    streams.add(&s.replication_json, &args.scheme, now_before(workload.end));
+                    streams.add(s.replication.as_ref(), &args.scheme, now_before(workload.end));
                 }
             }
             now = ticker.tick(), if show_progress => {
@@ -1139,38 +1139,27 @@ struct StreamSample {
 }
 
 impl StreamSamples {
-    /// Takes one sample from a status response's replication JSON. Only samples taken
-    /// before the load ended (`under_load`) count towards the lag.
-    fn add(&mut self, replication_json: &str, scheme: &str, under_load: bool) {
-        let Ok(r) = serde_json::from_str::<serde_json::Value>(replication_json) else {
+    /// Takes one sample from a status response's replication status. Only samples
+    /// taken before the load ended (`under_load`) count towards the lag.
+    fn add(&mut self, replication: Option<&v1::ReplicationStatus>, scheme: &str, under_load: bool) {
+        let Some(r) = replication else {
             return;
         };
-        let outbound = r["outbound"].as_array().cloned().unwrap_or_default();
-        for o in outbound {
-            let same_scheme = o["scheme"]
-                .as_str()
-                .is_some_and(|s| s.eq_ignore_ascii_case(scheme));
-            let (Some(receiver), true) = (o["receiver"].as_str(), same_scheme) else {
-                continue;
-            };
-            let sample = self.by_receiver.entry(receiver.to_string()).or_default();
+        for o in r
+            .outbound
+            .iter()
+            .filter(|o| o.scheme.eq_ignore_ascii_case(scheme))
+        {
+            let sample = self.by_receiver.entry(o.receiver.clone()).or_default();
             if under_load {
-                sample.lag_us.push(o["lag_micros"].as_u64().unwrap_or(0));
-                let records = o["lag_records"].as_u64().unwrap_or(0);
-                sample.lag_records_max = sample.lag_records_max.max(records);
-                let counter = |k: &str| o[k].as_u64().unwrap_or(0);
-                let counters = [
-                    counter("raw_bytes"),
-                    counter("wire_bytes"),
-                    counter("transactions"),
-                ];
+                sample.lag_us.push(o.lag_micros);
+                sample.lag_records_max = sample.lag_records_max.max(o.lag_records);
+                let counters = [o.raw_bytes, o.wire_bytes, o.transactions];
                 sample.first.get_or_insert(counters);
                 sample.last = counters;
-                if let Some(c) = o["compression"].as_str() {
-                    sample.compression = c.to_string();
-                }
+                sample.compression = o.compression.clone();
             }
-            sample.ack_us = o["ack_micros_mean"].as_u64().unwrap_or(0);
+            sample.ack_us = o.ack_micros_mean;
         }
     }
 
@@ -1719,22 +1708,38 @@ mod tests {
 
     #[test]
     fn stream_samples_give_the_bytes_per_transaction_sent_while_measured() {
-        let sample = |raw: u64, wire: u64, txns: u64| {
-            json!({"outbound": [{
-                "scheme": "bench_repl", "receiver": "ds2", "lag_micros": 900,
-                "lag_records": 3, "ack_micros_mean": 400, "compression": "lz4",
-                "raw_bytes": raw, "wire_bytes": wire, "transactions": txns,
-            }, {
-                "scheme": "other", "receiver": "ds9", "lag_micros": 1, "lag_records": 1,
-                "raw_bytes": 1, "wire_bytes": 1, "transactions": 1,
-            }]})
-            .to_string()
+        let sample = |raw: u64, wire: u64, txns: u64| v1::ReplicationStatus {
+            outbound: vec![
+                v1::OutboundStream {
+                    scheme: "bench_repl".into(),
+                    receiver: "ds2".into(),
+                    lag_micros: 900,
+                    lag_records: 3,
+                    ack_micros_mean: 400,
+                    compression: "lz4".into(),
+                    raw_bytes: raw,
+                    wire_bytes: wire,
+                    transactions: txns,
+                    ..Default::default()
+                },
+                v1::OutboundStream {
+                    scheme: "other".into(),
+                    receiver: "ds9".into(),
+                    lag_micros: 1,
+                    lag_records: 1,
+                    raw_bytes: 1,
+                    wire_bytes: 1,
+                    transactions: 1,
+                    ..Default::default()
+                },
+            ],
+            ..Default::default()
         };
         let mut samples = StreamSamples::default();
-        samples.add(&sample(1_000, 1_000, 4), "BENCH_REPL", true);
-        samples.add(&sample(27_000, 14_000, 104), "bench_repl", true);
+        samples.add(Some(&sample(1_000, 1_000, 4)), "BENCH_REPL", true);
+        samples.add(Some(&sample(27_000, 14_000, 104)), "bench_repl", true);
         // After the load: not counted.
-        samples.add(&sample(99_000, 99_000, 200), "bench_repl", false);
+        samples.add(Some(&sample(99_000, 99_000, 200)), "bench_repl", false);
         let summary = samples.summary();
         assert_eq!(summary.len(), 1);
         let s = &summary[0];
@@ -1752,8 +1757,8 @@ mod tests {
 
         // A stream that sent nothing between its samples has no per-transaction figure.
         let mut idle = StreamSamples::default();
-        idle.add(&sample(5, 5, 1), "bench_repl", true);
-        idle.add(&sample(5, 5, 1), "bench_repl", true);
+        idle.add(Some(&sample(5, 5, 1)), "bench_repl", true);
+        idle.add(Some(&sample(5, 5, 1)), "bench_repl", true);
         let s = &idle.summary()[0];
         assert_eq!((s.raw_per_txn, s.bytes_text()), (None, String::new()));
 

@@ -5,6 +5,7 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::Args;
+use hawser_proto::v1;
 
 /// How to print.
 #[derive(Clone, Copy, Debug, clap::ValueEnum)]
@@ -60,50 +61,33 @@ pub async fn run(args: StatusArgs) -> anyhow::Result<ExitCode> {
                     "no"
                 }
             );
-            let paused = serde_json::from_str::<serde_json::Value>(&s.replication_json)
-                .ok()
-                .and_then(|r| r.get("writes_paused")?.as_str().map(str::to_string));
-            if let Some(reason) = paused {
+            let replication = s.replication.clone().unwrap_or_default();
+            if let Some(reason) = &replication.writes_paused {
                 println!("writes      PAUSED: {reason}");
             }
-            let disk = serde_json::from_str::<serde_json::Value>(&s.replication_json)
-                .ok()
-                .and_then(|r| {
-                    let d = r.get("disk")?;
-                    Some((
-                        d["free_bytes"].as_u64()?,
-                        d["min_free_bytes"].as_u64()?,
-                        d["full"].as_bool()?,
-                    ))
-                });
-            if let Some((free, min, full)) = disk {
+            if let Some(d) = &replication.disk {
                 let mib = |b: u64| b as f64 / (1024.0 * 1024.0);
-                if full {
+                if d.full {
                     println!(
                         "disk        FULL: {:.1} MiB free, below the {:.1} MiB kept free: \
                          writes and applies refused until there is room",
-                        mib(free),
-                        mib(min)
+                        mib(d.free_bytes),
+                        mib(d.min_free_bytes)
                     );
                 } else {
                     println!(
                         "disk        {:.1} MiB free ({:.1} MiB kept free)",
-                        mib(free),
-                        mib(min)
+                        mib(d.free_bytes),
+                        mib(d.min_free_bytes)
                     );
                 }
             }
-            let log = serde_json::from_str::<serde_json::Value>(&s.replication_json)
-                .ok()
-                .and_then(|r| {
-                    let l = r.get("log")?;
-                    Some((l["start_lsn"].as_u64()?, l["retained_bytes"].as_u64()?))
-                });
-            match log {
-                Some((start, bytes)) => println!(
-                    "log         last LSN {}, held from LSN {start} ({:.1} MiB)",
+            match &replication.log {
+                Some(l) => println!(
+                    "log         last LSN {}, held from LSN {} ({:.1} MiB)",
                     s.last_lsn,
-                    bytes as f64 / (1024.0 * 1024.0)
+                    l.start_lsn,
+                    l.retained_bytes as f64 / (1024.0 * 1024.0)
                 ),
                 None => println!("log         last LSN {}", s.last_lsn),
             }
@@ -132,21 +116,10 @@ pub async fn run(args: StatusArgs) -> anyhow::Result<ExitCode> {
             if let Some(c) = &s.cluster {
                 print_cluster(c);
             }
-            if let Ok(r) = serde_json::from_str::<serde_json::Value>(&s.replication_json) {
-                print_replication(&r);
-            }
+            print_replication(&replication);
         }
     }
     Ok(ExitCode::SUCCESS)
-}
-
-/// Text of a JSON field (numbers and strings as they are, null as `-`).
-fn field(v: &serde_json::Value) -> String {
-    match v {
-        serde_json::Value::Null => "-".into(),
-        serde_json::Value::String(s) => s.clone(),
-        other => other.to_string(),
-    }
 }
 
 /// How long a stream must have been held for another stream's transaction before
@@ -156,40 +129,30 @@ const HELD_SHOWN_MS: u64 = 1000;
 /// An outbound stream's REASON column: why it is not streaming, or, once it has lasted
 /// (streams to one receiver take turns within milliseconds), the other stream's
 /// transaction it has stopped for.
-fn outbound_reason(o: &serde_json::Value) -> String {
-    let held = o["held"]["millis"]
-        .as_u64()
-        .filter(|&ms| ms >= HELD_SHOWN_MS)
-        .map(|ms| {
-            format!(
-                "held {:.1} s at {}: waits for {}",
-                ms as f64 / 1000.0,
-                field(&o["held"]["gtid"]),
-                field(&o["held"]["waits_for"])
-            )
-        });
-    match (&o["reason"], held) {
-        (serde_json::Value::Null, Some(h)) => h,
-        (r, _) => field(r),
+fn outbound_reason(o: &v1::OutboundStream) -> String {
+    if let Some(reason) = &o.reason {
+        return reason.clone();
+    }
+    match o.held.as_ref().filter(|h| h.millis >= HELD_SHOWN_MS) {
+        Some(h) => format!(
+            "held {:.1} s at {}: waits for {}",
+            h.millis as f64 / 1000.0,
+            h.gtid,
+            h.waits_for
+        ),
+        None => "-".into(),
     }
 }
 
-/// The streams and return services from the node's replication JSON.
-fn print_replication(r: &serde_json::Value) {
-    let empty = Vec::new();
-    let problems = r["problems"].as_array().unwrap_or(&empty);
-    for (i, p) in problems.iter().enumerate() {
+/// The streams and return services.
+fn print_replication(r: &v1::ReplicationStatus) {
+    for (i, p) in r.problems.iter().enumerate() {
         if i == 0 {
             println!();
         }
-        println!("PROBLEM     {}", field(p));
+        println!("PROBLEM     {p}");
     }
-    let outbound = r["outbound"].as_array().unwrap_or(&empty);
-    let inbound = r["inbound"].as_array().unwrap_or(&empty);
-    if outbound.is_empty() && inbound.is_empty() {
-        return;
-    }
-    if !outbound.is_empty() {
+    if !r.outbound.is_empty() {
         println!();
         println!(
             "{:<20} {:<12} {:<10} {:<8} {:>8} {:>9} {:>9} {:>8} {:>12} {:>12}  REASON",
@@ -205,72 +168,69 @@ fn print_replication(r: &serde_json::Value) {
             "WIRE BYTES"
         );
     }
-    for o in outbound {
-        let lag_ms = o["lag_micros"].as_u64().map(|us| (us / 1000).to_string());
-        let reason = outbound_reason(o);
+    for o in &r.outbound {
         // The smoothed ack round trip; none before the first ack.
-        let ack_ms = o["ack_micros_mean"]
-            .as_u64()
-            .filter(|&us| us > 0)
-            .map(|us| format!("{:.2}", us as f64 / 1000.0));
+        let ack_ms = if o.ack_micros_mean > 0 {
+            format!("{:.2}", o.ack_micros_mean as f64 / 1000.0)
+        } else {
+            "-".into()
+        };
         println!(
             "{:<20} {:<12} {:<10} {:<8} {:>8} {:>9} {:>9} {:>8} {:>12} {:>12}  {}",
-            field(&o["scheme"]),
-            field(&o["receiver"]),
-            field(&o["state"]),
-            field(&o["compression"]),
-            field(&o["transactions"]),
-            field(&o["lag_records"]),
-            lag_ms.unwrap_or_else(|| "-".into()),
-            ack_ms.unwrap_or_else(|| "-".into()),
-            field(&o["raw_bytes"]),
-            field(&o["wire_bytes"]),
-            reason,
+            o.scheme,
+            o.receiver,
+            hawser_node::stream_state_name(o.state()),
+            o.compression,
+            o.transactions,
+            o.lag_records,
+            o.lag_micros / 1000,
+            ack_ms,
+            o.raw_bytes,
+            o.wire_bytes,
+            outbound_reason(o),
         );
     }
-    if !inbound.is_empty() {
+    if !r.inbound.is_empty() {
         println!();
         println!(
             "{:<20} {:<10} {:>8} {:>12} {:>12}  REFUSED",
             "INBOUND FROM", "CONNECTED", "TXNS", "ROW CHANGES", "ROWS WRITTEN"
         );
-        for i in inbound {
+        for i in &r.inbound {
             println!(
                 "{:<20} {:<10} {:>8} {:>12} {:>12}  {}",
-                field(&i["sender"]),
-                field(&i["connected"]),
-                field(&i["transactions"]),
-                field(&i["row_changes"]),
-                field(&i["rows_written"]),
-                field(&i["refused"]),
+                i.sender,
+                i.connected,
+                i.transactions,
+                i.row_changes,
+                i.rows_written,
+                i.refused.as_deref().unwrap_or("-"),
             );
         }
     }
-    let ret = &r["returns"];
-    let subs = ret["subscribers"].as_array().unwrap_or(&empty);
-    if !subs.is_empty() {
+    let Some(ret) = &r.returns else {
+        return;
+    };
+    if !ret.subscribers.is_empty() {
         println!();
+        let wait = if ret.return_wait == 0.0 || ret.return_wait == -1.0 {
+            format!("{}", ret.return_wait as i64)
+        } else {
+            format!("{}", ret.return_wait)
+        };
         println!(
             "returns     {} waiting, {} acknowledged, {} timed out (TT8170), {} released \
-             without a disabled subscriber; RETURN WAIT TIME {}s",
-            field(&ret["waiting"]),
-            field(&ret["acknowledged"]),
-            field(&ret["timed_out"]),
-            field(&ret["released_disabled"]),
-            field(&ret["return_wait"]),
+             without a disabled subscriber; RETURN WAIT TIME {wait}s",
+            ret.waiting, ret.acknowledged, ret.timed_out, ret.released_disabled,
         );
-        for s in subs {
+        for s in &ret.subscribers {
             println!(
                 "            {} {}: {}, {} timeouts in a row, acknowledged through seq {}",
-                field(&s["subscriber"]),
-                field(&s["level"]),
-                if s["disabled"] == true {
-                    "DISABLED"
-                } else {
-                    "enabled"
-                },
-                field(&s["timeouts"]),
-                field(&s["commit_seq"]),
+                s.subscriber,
+                s.level,
+                if s.disabled { "DISABLED" } else { "enabled" },
+                s.timeouts,
+                s.commit_seq,
             );
         }
     }
@@ -370,13 +330,17 @@ fn print_cluster(c: &hawser_client::ClusterStatus) {
 #[cfg(test)]
 mod tests {
     use super::outbound_reason;
-    use serde_json::json;
+    use hawser_proto::v1;
 
     #[test]
     fn a_stream_held_for_a_second_or_more_says_what_it_waits_for() {
-        let held = |ms: u64| {
-            json!({"reason": null, "held": {"gtid": "1:57", "millis": ms,
-                "waits_for": "ds3 to get ds1's transaction 1:57 from ds2"}})
+        let held = |ms: u64| v1::OutboundStream {
+            held: Some(v1::StreamHold {
+                gtid: "1:57".into(),
+                millis: ms,
+                waits_for: "ds3 to get ds1's transaction 1:57 from ds2".into(),
+            }),
+            ..Default::default()
         };
         assert_eq!(outbound_reason(&held(40)), "-");
         assert_eq!(
@@ -385,8 +349,8 @@ mod tests {
         );
         // Why it is not streaming comes first.
         let mut down = held(3200);
-        down["reason"] = json!("connection refused");
+        down.reason = Some("connection refused".into());
         assert_eq!(outbound_reason(&down), "connection refused");
-        assert_eq!(outbound_reason(&json!({"reason": null, "held": null})), "-");
+        assert_eq!(outbound_reason(&v1::OutboundStream::default()), "-");
     }
 }

@@ -42,6 +42,7 @@ use std::time::{Duration, Instant};
 use hawser_control::state::ReceiverState;
 use hawser_control::{ClusterState, ControlPlane};
 use hawser_core::{Epoch, Ident, Lsn, NodeId, QualName};
+use hawser_proto::v1;
 use hawser_scheme::ast::ReturnService;
 use hawser_scheme::route::Link;
 use hawser_scheme::Topology;
@@ -1596,86 +1597,82 @@ impl SubscriberWait for SenderWaits {
     }
 }
 
-/// The outbound and inbound streams of this node as JSON (HTTP `/replication`):
-/// per stream its state, acknowledged high-water marks per origin node, and raw and
-/// wire byte counters; per inbound stream also transactions and row changes received
-/// against rows written, and applies compiled (RTL net rows) against in log order.
-pub(crate) fn streams_json(senders: &Senders, receiver: &ReceiverService) -> serde_json::Value {
-    let marks = |m: &BTreeMap<NodeId, u64>| {
-        m.iter()
-            .map(|(n, seq)| (n.0.to_string(), serde_json::json!(seq)))
-            .collect::<serde_json::Map<_, _>>()
-    };
-    let outbound: Vec<serde_json::Value> = senders
+/// The streams this node sends and receives, as status shows them.
+pub(crate) fn streams_status(
+    senders: &Senders,
+    receiver: &ReceiverService,
+) -> (Vec<v1::OutboundStream>, Vec<v1::InboundStream>) {
+    use v1::StreamState as S;
+    let marks = |m: &BTreeMap<NodeId, u64>| m.iter().map(|(n, seq)| (n.0, *seq)).collect();
+    let millis = |t: Instant| t.elapsed().as_millis() as u64;
+    let outbound = senders
         .lock()
         .iter()
         .map(|((scheme, receiver), handle)| {
             let s = handle.status().borrow().clone();
             let (state, reason) = match &s.state {
-                SenderState::Connecting => ("connecting", None),
-                SenderState::Streaming => ("streaming", None),
-                SenderState::Backoff { error } => ("backoff", Some(error.clone())),
-                SenderState::Refused { reason } => ("refused", Some(reason.clone())),
-                SenderState::LogReleased { reason } => ("log_released", Some(reason.clone())),
-                SenderState::Diverged { reason, .. } => ("diverged", Some(reason.clone())),
-                SenderState::Stopped => ("stopped", None),
+                SenderState::Connecting => (S::Connecting, None),
+                SenderState::Streaming => (S::Streaming, None),
+                SenderState::Backoff { error } => (S::Backoff, Some(error.clone())),
+                SenderState::Refused { reason } => (S::Refused, Some(reason.clone())),
+                SenderState::LogReleased { reason } => (S::LogReleased, Some(reason.clone())),
+                SenderState::Diverged { reason, .. } => (S::Diverged, Some(reason.clone())),
+                SenderState::Stopped => (S::Stopped, None),
             };
-            serde_json::json!({
-                "scheme": scheme.to_string(),
-                "receiver": receiver.to_string(),
-                "state": state,
-                "reason": reason,
-                "last_error": s.last_error,
-                "millis_since_contact": s.last_contact.map(|t| t.elapsed().as_millis() as u64),
-                "acked_durable": marks(&s.acked_durable),
-                "acked_applied": marks(&s.acked_applied),
-                "acked_lsn": s.acked_lsn.0,
-                "sent_lsn": s.sent_lsn.0,
-                "lag_records": s.lag_records,
-                "lag_micros": s.lag_micros,
-                "ack_micros": s.ack_micros,
-                "ack_micros_mean": s.ack_micros_mean,
-                "transactions": s.transactions_sent,
-                "batches": s.batches_sent,
-                "compression": handle.codec_name(),
-                "raw_bytes": s.raw_bytes,
-                "wire_bytes": s.wire_bytes,
-                "sessions": s.sessions,
-                "held": s.held.as_ref().map(|h| serde_json::json!({
-                    "gtid": h.gtid.to_string(),
-                    "millis": h.since.elapsed().as_millis() as u64,
-                    "waits_for": h.waits_for,
-                })),
-            })
+            v1::OutboundStream {
+                scheme: scheme.to_string(),
+                receiver: receiver.to_string(),
+                state: state.into(),
+                reason,
+                last_error: s.last_error.clone(),
+                millis_since_contact: s.last_contact.map(millis),
+                acked_durable: marks(&s.acked_durable),
+                acked_applied: marks(&s.acked_applied),
+                acked_lsn: s.acked_lsn.0,
+                sent_lsn: s.sent_lsn.0,
+                lag_records: s.lag_records,
+                lag_micros: s.lag_micros,
+                ack_micros: s.ack_micros,
+                ack_micros_mean: s.ack_micros_mean,
+                transactions: s.transactions_sent,
+                batches: s.batches_sent,
+                compression: handle.codec_name(),
+                raw_bytes: s.raw_bytes,
+                wire_bytes: s.wire_bytes,
+                sessions: s.sessions,
+                held: s.held.as_ref().map(|h| v1::StreamHold {
+                    gtid: h.gtid.to_string(),
+                    millis: millis(h.since),
+                    waits_for: h.waits_for.clone(),
+                }),
+            }
         })
         .collect();
-    let inbound: Vec<serde_json::Value> = receiver
+    let inbound = receiver
         .status()
         .borrow()
         .iter()
-        .map(|(sender, s)| {
-            serde_json::json!({
-                "sender": sender.to_string(),
-                "connected": s.connected,
-                "refused": s.refused,
-                "millis_since_contact": s.last_contact.map(|t| t.elapsed().as_millis() as u64),
-                "millis_since_connect": s.connected_since.map(|t| t.elapsed().as_millis() as u64),
-                "through_lsn": s.through_lsn,
-                "batches": s.batches,
-                "transactions": s.transactions,
-                "transactions_skipped": s.transactions_skipped,
-                "row_changes": s.row_changes,
-                "rows_written": s.rows_written,
-                "rows_written_compiled": s.rows_written_compiled,
-                "runs_compiled": s.runs_compiled,
-                "runs_in_order": s.runs_in_order,
-                "apply_pauses": s.apply_pauses,
-                "raw_bytes": s.raw_bytes,
-                "wire_bytes": s.wire_bytes,
-            })
+        .map(|(sender, s)| v1::InboundStream {
+            sender: sender.to_string(),
+            connected: s.connected,
+            refused: s.refused.clone(),
+            millis_since_contact: s.last_contact.map(millis),
+            millis_since_connect: s.connected_since.map(millis),
+            through_lsn: s.through_lsn,
+            batches: s.batches,
+            transactions: s.transactions,
+            transactions_skipped: s.transactions_skipped,
+            row_changes: s.row_changes,
+            rows_written: s.rows_written,
+            rows_written_compiled: s.rows_written_compiled,
+            runs_compiled: s.runs_compiled,
+            runs_in_order: s.runs_in_order,
+            apply_pauses: s.apply_pauses,
+            raw_bytes: s.raw_bytes,
+            wire_bytes: s.wire_bytes,
         })
         .collect();
-    serde_json::json!({ "outbound": outbound, "inbound": inbound })
+    (outbound, inbound)
 }
 
 #[cfg(test)]

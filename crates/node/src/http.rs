@@ -70,5 +70,5 @@ async fn status(State(state): State<Arc<NodeState>>) -> Response {
 }
 
 async fn replication(State(state): State<Arc<NodeState>>) -> Response {
-    axum::Json(state.replication_json()).into_response()
+    axum::Json(crate::replication_json(&state.replication_status())).into_response()
 }

@@ -131,6 +131,7 @@ impl NodeState {
             .map(|s| s.name.to_string())
             .collect();
         sequences.sort();
+        let replication = self.replication_status();
         v1::StatusResponse {
             name: self.config.name.clone(),
             node_id: self.node_id.0,
@@ -157,45 +158,176 @@ impl NodeState {
                 },
                 self.blocked_failovers.lock().clone(),
             )),
-            replication_json: self.replication_json().to_string(),
+            replication_json: replication_json(&replication).to_string(),
+            replication: Some(replication),
         }
     }
 
-    /// Streams and return services (HTTP `/replication`).
-    pub(crate) fn replication_json(&self) -> serde_json::Value {
-        let mut json = dataplane::streams_json(&self.senders, &self.receiver);
-        json["returns"] = self.returns.json();
-        json["problems"] = self.problems.lock().clone().into();
-        // Why this node takes no writes of its own now (the restart fence), if so.
-        json["writes_paused"] = self.db.writes_paused().into();
-        // Whether its client writes need a master lease, and how long the one it holds
-        // has left.
+    /// Streams, return services, lease, log and disk (`Status.replication`, HTTP
+    /// `/replication`).
+    pub(crate) fn replication_status(&self) -> v1::ReplicationStatus {
+        let (outbound, inbound) = dataplane::streams_status(&self.senders, &self.receiver);
         let now = Instant::now();
-        json["master_lease"] = serde_json::json!({
-            "required": self.db.lease().required(),
-            "remaining_ms": self
-                .db
-                .lease()
-                .held_until(now)
-                .map(|until| until.duration_since(now).as_millis() as u64),
-        });
-        // The data directory's free space against the floor writes stop at.
-        json["disk"] = match self.db.space() {
-            Some(s) => serde_json::json!({
-                "free_bytes": s.free_bytes,
-                "min_free_bytes": s.min_free_bytes,
-                "full": s.low,
+        v1::ReplicationStatus {
+            outbound,
+            inbound,
+            returns: Some(self.returns.status()),
+            problems: self.problems.lock().clone(),
+            // Why this node takes no writes of its own now (the restart fence), if so.
+            writes_paused: self.db.writes_paused(),
+            // Whether its client writes need a master lease, and how long the one it
+            // holds has left.
+            master_lease: Some(v1::MasterLease {
+                required: self.db.lease().required(),
+                remaining_ms: self
+                    .db
+                    .lease()
+                    .held_until(now)
+                    .map(|until| until.duration_since(now).as_millis() as u64),
             }),
-            None => serde_json::Value::Null,
-        };
-        json["log"] = serde_json::json!({
-            "start_lsn": self.db.log_start().0,
-            "last_lsn": self.db.last_lsn().0,
-            "retained_bytes": self.db.log_retained_bytes(),
-            "keep_bytes": self.config.log_keep_bytes,
-        });
-        json
+            // The data directory's free space against the floor writes stop at.
+            disk: self.db.space().map(|s| v1::DiskSpace {
+                free_bytes: s.free_bytes,
+                min_free_bytes: s.min_free_bytes,
+                full: s.low,
+            }),
+            log: Some(v1::CommitLog {
+                start_lsn: self.db.log_start().0,
+                last_lsn: self.db.last_lsn().0,
+                retained_bytes: self.db.log_retained_bytes(),
+                keep_bytes: self.config.log_keep_bytes,
+            }),
+        }
     }
+}
+
+/// The lower-case name status JSON gives a stream state.
+pub fn stream_state_name(state: v1::StreamState) -> &'static str {
+    match state {
+        v1::StreamState::Unspecified => "unknown",
+        v1::StreamState::Connecting => "connecting",
+        v1::StreamState::Streaming => "streaming",
+        v1::StreamState::Backoff => "backoff",
+        v1::StreamState::Refused => "refused",
+        v1::StreamState::LogReleased => "log_released",
+        v1::StreamState::Diverged => "diverged",
+        v1::StreamState::Stopped => "stopped",
+    }
+}
+
+/// The replication status as the JSON object HTTP `/replication` and `hawser status
+/// --format json` give (docs/status.md, "replication").
+pub fn replication_json(r: &v1::ReplicationStatus) -> serde_json::Value {
+    let marks = |m: &std::collections::HashMap<u64, u64>| {
+        m.iter()
+            .map(|(n, seq)| (n.to_string(), serde_json::json!(seq)))
+            .collect::<serde_json::Map<_, _>>()
+    };
+    let outbound: Vec<serde_json::Value> = r
+        .outbound
+        .iter()
+        .map(|o| {
+            serde_json::json!({
+                "scheme": o.scheme,
+                "receiver": o.receiver,
+                "state": stream_state_name(o.state()),
+                "reason": o.reason,
+                "last_error": o.last_error,
+                "millis_since_contact": o.millis_since_contact,
+                "acked_durable": marks(&o.acked_durable),
+                "acked_applied": marks(&o.acked_applied),
+                "acked_lsn": o.acked_lsn,
+                "sent_lsn": o.sent_lsn,
+                "lag_records": o.lag_records,
+                "lag_micros": o.lag_micros,
+                "ack_micros": o.ack_micros,
+                "ack_micros_mean": o.ack_micros_mean,
+                "transactions": o.transactions,
+                "batches": o.batches,
+                "compression": o.compression,
+                "raw_bytes": o.raw_bytes,
+                "wire_bytes": o.wire_bytes,
+                "sessions": o.sessions,
+                "held": o.held.as_ref().map(|h| serde_json::json!({
+                    "gtid": h.gtid,
+                    "millis": h.millis,
+                    "waits_for": h.waits_for,
+                })),
+            })
+        })
+        .collect();
+    let inbound: Vec<serde_json::Value> = r
+        .inbound
+        .iter()
+        .map(|i| {
+            serde_json::json!({
+                "sender": i.sender,
+                "connected": i.connected,
+                "refused": i.refused,
+                "millis_since_contact": i.millis_since_contact,
+                "millis_since_connect": i.millis_since_connect,
+                "through_lsn": i.through_lsn,
+                "batches": i.batches,
+                "transactions": i.transactions,
+                "transactions_skipped": i.transactions_skipped,
+                "row_changes": i.row_changes,
+                "rows_written": i.rows_written,
+                "rows_written_compiled": i.rows_written_compiled,
+                "runs_compiled": i.runs_compiled,
+                "runs_in_order": i.runs_in_order,
+                "apply_pauses": i.apply_pauses,
+                "raw_bytes": i.raw_bytes,
+                "wire_bytes": i.wire_bytes,
+            })
+        })
+        .collect();
+    let returns = r.returns.as_ref().map(|t| {
+        serde_json::json!({
+            "waiting": t.waiting,
+            "acknowledged": t.acknowledged,
+            "timed_out": t.timed_out,
+            "released_disabled": t.released_disabled,
+            "not_requested": t.not_requested,
+            "disable_events": t.disable_events,
+            "resume_events": t.resume_events,
+            // 0 (no wait) and -1 (forever) are integers, a wait time seconds.
+            "return_wait": if t.return_wait == 0.0 || t.return_wait == -1.0 {
+                serde_json::json!(t.return_wait as i64)
+            } else {
+                serde_json::json!(t.return_wait)
+            },
+            "subscribers": t.subscribers.iter().map(|s| serde_json::json!({
+                "subscriber": s.subscriber,
+                "level": s.level,
+                "disabled": s.disabled,
+                "timeouts": s.timeouts,
+                "receipt_seq": s.receipt_seq,
+                "commit_seq": s.commit_seq,
+            })).collect::<Vec<_>>(),
+        })
+    });
+    serde_json::json!({
+        "outbound": outbound,
+        "inbound": inbound,
+        "returns": returns,
+        "problems": r.problems,
+        "writes_paused": r.writes_paused,
+        "master_lease": r.master_lease.as_ref().map(|l| serde_json::json!({
+            "required": l.required,
+            "remaining_ms": l.remaining_ms,
+        })),
+        "disk": r.disk.as_ref().map(|d| serde_json::json!({
+            "free_bytes": d.free_bytes,
+            "min_free_bytes": d.min_free_bytes,
+            "full": d.full,
+        })),
+        "log": r.log.as_ref().map(|l| serde_json::json!({
+            "start_lsn": l.start_lsn,
+            "last_lsn": l.last_lsn,
+            "retained_bytes": l.retained_bytes,
+            "keep_bytes": l.keep_bytes,
+        })),
+    })
 }
 
 /// CPU time (user + system) this process has used so far, in microseconds.
@@ -225,7 +357,10 @@ pub fn status_json(s: &v1::StatusResponse) -> serde_json::Value {
         "tables": s.tables.iter().map(|t| serde_json::json!({"name": t.name, "columns": t.columns})).collect::<Vec<_>>(),
         "sequences": s.sequences,
         "cluster": s.cluster.as_ref().map(cluster_json),
-        "replication": serde_json::from_str::<serde_json::Value>(&s.replication_json).ok(),
+        "replication": match &s.replication {
+            Some(r) => Some(replication_json(r)),
+            None => serde_json::from_str::<serde_json::Value>(&s.replication_json).ok(),
+        },
     })
 }
 
@@ -684,5 +819,45 @@ mod tests {
             error: std::io::Error::other("read-only"),
         };
         assert_eq!(chain(&dir), "cannot create data directory /d: read-only");
+    }
+
+    #[test]
+    fn replication_json_names_states_and_leaves_what_is_unknown_null() {
+        let r = v1::ReplicationStatus {
+            outbound: vec![v1::OutboundStream {
+                scheme: "r".into(),
+                receiver: "ds2".into(),
+                state: v1::StreamState::LogReleased.into(),
+                reason: Some("log released".into()),
+                acked_durable: [(7, 41)].into(),
+                ..Default::default()
+            }],
+            returns: Some(v1::ReturnServices {
+                return_wait: -1.0,
+                ..Default::default()
+            }),
+            writes_paused: None,
+            disk: None,
+            ..Default::default()
+        };
+        let j = replication_json(&r);
+        let o = &j["outbound"][0];
+        assert_eq!(o["state"], "log_released");
+        assert_eq!(o["reason"], "log released");
+        assert_eq!(o["last_error"], serde_json::Value::Null);
+        assert_eq!(o["millis_since_contact"], serde_json::Value::Null);
+        assert_eq!(o["acked_durable"]["7"], 41);
+        assert_eq!(o["held"], serde_json::Value::Null);
+        assert_eq!(j["returns"]["return_wait"], -1);
+        assert_eq!(j["writes_paused"], serde_json::Value::Null);
+        assert_eq!(j["disk"], serde_json::Value::Null);
+        let ten = v1::ReplicationStatus {
+            returns: Some(v1::ReturnServices {
+                return_wait: 10.0,
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        assert_eq!(replication_json(&ten)["returns"]["return_wait"], 10.0);
     }
 }

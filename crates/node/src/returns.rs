@@ -27,6 +27,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use hawser_core::{Ident, NodeId};
+use hawser_proto::v1;
 use hawser_scheme::ast::LocalAction;
 use hawser_sql::call::Call;
 use hawser_sql::{
@@ -457,41 +458,40 @@ impl Returns {
             .unwrap_or_else(|| self.inner.lock().tracker.settings().wait)
     }
 
-    /// The return services as JSON (HTTP `/replication`, `hawser status`).
-    pub(crate) fn json(&self) -> serde_json::Value {
+    /// The return services as status shows them (HTTP `/replication`, `hawser status`).
+    pub(crate) fn status(&self) -> v1::ReturnServices {
         let inner = self.inner.lock();
         let c = inner.counts;
-        let subscribers: Vec<serde_json::Value> = inner
+        let subscribers = inner
             .subscribers
             .iter()
             .map(|(sub, level)| {
                 let marks = inner.tracker.marks(sub);
-                serde_json::json!({
-                    "subscriber": sub.to_string(),
-                    "level": level_name(*level),
-                    "disabled": inner.tracker.is_disabled(sub),
-                    "timeouts": inner.tracker.consecutive_timeouts(sub),
-                    "receipt_seq": marks.receipt,
-                    "commit_seq": marks.commit,
-                })
+                v1::ReturnSubscriber {
+                    subscriber: sub.to_string(),
+                    level: level_name(*level).into(),
+                    disabled: inner.tracker.is_disabled(sub),
+                    timeouts: inner.tracker.consecutive_timeouts(sub),
+                    receipt_seq: marks.receipt,
+                    commit_seq: marks.commit,
+                }
             })
             .collect();
-        let s = inner.tracker.settings();
-        serde_json::json!({
-            "waiting": inner.tracker.waiting(),
-            "acknowledged": c.acknowledged,
-            "timed_out": c.timed_out,
-            "released_disabled": c.disabled,
-            "not_requested": c.not_requested,
-            "disable_events": c.disable_events,
-            "resume_events": c.resume_events,
-            "return_wait": match s.wait {
-                ReturnWait::NoWait => serde_json::json!(0),
-                ReturnWait::For(d) => serde_json::json!(d.as_secs_f64()),
-                ReturnWait::Forever => serde_json::json!(-1),
+        v1::ReturnServices {
+            waiting: inner.tracker.waiting() as u64,
+            acknowledged: c.acknowledged,
+            timed_out: c.timed_out,
+            released_disabled: c.disabled,
+            not_requested: c.not_requested,
+            disable_events: c.disable_events,
+            resume_events: c.resume_events,
+            return_wait: match inner.tracker.settings().wait {
+                ReturnWait::NoWait => 0.0,
+                ReturnWait::For(d) => d.as_secs_f64(),
+                ReturnWait::Forever => -1.0,
             },
-            "subscribers": subscribers,
-        })
+            subscribers,
+        }
     }
 
     /// `ttRepXactStatus` of commit `seq`: its subscribers' states, or `None` when
