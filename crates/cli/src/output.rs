@@ -5,8 +5,6 @@
 //! `hawser bench` agree on how a value looks. Everything here is pure (strings in, strings
 //! out) so it is tested without a server.
 
-use std::error::Error;
-
 use chrono::DateTime;
 use hawser_client::ClientError;
 use hawser_core::Value;
@@ -142,24 +140,9 @@ fn iso_timestamp(us: i64) -> String {
     }
 }
 
-/// One line about a failed call: the client's message, then the causes it wraps (tonic
-/// keeps the useful part, such as "Connection refused", in the sources), `: `-separated.
-/// A gRPC status already prints its message, so only the status's own causes follow it.
+/// One line about a failed call: the message, then the causes it wraps.
 pub fn error_text(e: &ClientError) -> String {
-    let mut text = e.to_string();
-    let mut source = match e {
-        ClientError::Status(status) => status.source(),
-        other => other.source(),
-    };
-    while let Some(cause) = source {
-        let cause_text = cause.to_string();
-        if !text.contains(&cause_text) {
-            text.push_str(": ");
-            text.push_str(&cause_text);
-        }
-        source = cause.source();
-    }
-    text
+    e.text()
 }
 
 /// Why a command could not reach `host`, naming it once.

@@ -14,7 +14,6 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use hawser_client::Client;
-use hawser_proto::v1;
 use serde_json::json;
 
 use crate::output::{error_text, Format};
@@ -39,28 +38,6 @@ pub struct SwitchoverArgs {
     /// Output: a line for a person, or one JSON object.
     #[arg(long, value_enum, default_value_t = Format::Table)]
     format: Format,
-}
-
-/// The cluster status as the Raft leader sees it (node health is known only there),
-/// asked through `host`.
-pub(crate) async fn leader_status(host: &str) -> anyhow::Result<v1::ClusterStatus> {
-    let mut client = Client::connect(host)
-        .await
-        .with_context(|| format!("connect to {host}"))?;
-    let status = client.status().await.context("read the cluster status")?;
-    let cluster = status.cluster.context("this node is not in a cluster")?;
-    if cluster.role == "leader" || cluster.leader_addr.is_empty() {
-        return Ok(cluster);
-    }
-    let mut leader = Client::connect(&cluster.leader_addr)
-        .await
-        .with_context(|| format!("connect to the Raft leader at {}", cluster.leader_addr))?;
-    leader
-        .status()
-        .await
-        .context("read the cluster status on the Raft leader")?
-        .cluster
-        .context("the Raft leader is not in a cluster")
 }
 
 /// Runs `hawser switchover` (`Admin.Switchover`). Exit status 1 when it cannot be done

@@ -13,6 +13,7 @@
 //! or partitioned node gives an error instead of a hang.
 
 pub mod cluster;
+pub mod drill;
 pub mod history;
 
 use std::time::Duration;
@@ -53,6 +54,30 @@ pub enum ClientError {
     Convert(#[from] ConvertError),
     #[error("the session stream ended")]
     SessionClosed,
+}
+
+impl ClientError {
+    /// One line about the failed call: the message, then the causes it wraps (tonic
+    /// keeps the useful part, such as "Connection refused", in the sources),
+    /// `: `-separated. A gRPC status already prints its message, so only the status's
+    /// own causes follow it.
+    pub fn text(&self) -> String {
+        use std::error::Error as _;
+        let mut text = self.to_string();
+        let mut source = match self {
+            ClientError::Status(status) => status.source(),
+            other => other.source(),
+        };
+        while let Some(cause) = source {
+            let cause_text = cause.to_string();
+            if !text.contains(&cause_text) {
+                text.push_str(": ");
+                text.push_str(&cause_text);
+            }
+            source = cause.source();
+        }
+        text
+    }
 }
 
 fn status_text(s: &tonic::Status) -> String {
@@ -480,6 +505,19 @@ impl Client {
             keep_replaced,
         });
         Ok(self.admin.duplicate(req).await?.into_inner())
+    }
+
+    /// Runs a failover drill on this node (`Admin.Drill`): progress events, the last one
+    /// the report. No timeout applies (a drill takes as long as its settings say).
+    pub async fn drill(
+        &mut self,
+        request: v1::DrillRequest,
+    ) -> Result<tonic::Streaming<v1::DrillEvent>, ClientError> {
+        Ok(self
+            .admin
+            .drill(tonic::Request::new(request))
+            .await?
+            .into_inner())
     }
 
     /// The effective replication schemes as this node has applied them, in canonical

@@ -655,6 +655,16 @@ impl Admin for Services {
         }))
     }
 
+    type DrillStream = ReceiverStream<Result<v1::DrillEvent, Status>>;
+
+    async fn drill(
+        &self,
+        request: Request<v1::DrillRequest>,
+    ) -> Result<Response<Self::DrillStream>, Status> {
+        let rx = crate::drill::start(self.state.clone(), request.into_inner()).await?;
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+
     type DuplicateStream = ReceiverStream<Result<v1::DuplicateProgress, Status>>;
 
     async fn duplicate(

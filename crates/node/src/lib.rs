@@ -23,6 +23,7 @@
 pub mod cluster;
 pub mod config;
 mod dataplane;
+mod drill;
 mod duplicate;
 pub mod fault;
 mod grpc;
