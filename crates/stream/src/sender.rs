@@ -1554,6 +1554,12 @@ impl Sender {
                     reader.block(blocked_at, before);
                     return Ok(());
                 }
+                // Nothing of this batch was the receiver's (it has those origins' commits
+                // already, or they were forked off), so nothing awaited: past a failover a
+                // whole backlog can be like that. Let the runtime's other tasks (Raft,
+                // liveness reports, commits) run between batches, or the node stalls for
+                // as long as the scan and is failed over as silent.
+                tokio::task::yield_now().await;
                 continue;
             }
             self.send(
