@@ -383,7 +383,8 @@ fn an_oversized_request_is_refused_and_changes_nothing() {
         let hawser_client::ClientError::Status(status) = &err else {
             panic!("{err}")
         };
-        assert_eq!(status.code(), tonic::Code::OutOfRange, "{status:?}");
+        assert_eq!(status.code(), tonic::Code::ResourceExhausted, "{status:?}");
+        assert_eq!(hawser_client::sqlstate(status), Some("54000"), "{status:?}");
         let out = c.execute("select count(*) from t").await.unwrap();
         assert_eq!(out.results[0].rows[0][0], Value::Int(0));
     });
@@ -398,6 +399,103 @@ fn an_oversized_request_is_refused_and_changes_nothing() {
     assert!(!out.status.success());
     let err = stderr(&out);
     assert!(err.contains("message length too large"), "{err}");
+}
+
+/// Request bytes as they are, for sending what no generated client would.
+#[derive(Clone, Copy)]
+struct Raw;
+
+impl tonic::codec::Codec for Raw {
+    type Encode = Vec<u8>;
+    type Decode = Vec<u8>;
+    type Encoder = Raw;
+    type Decoder = Raw;
+    fn encoder(&mut self) -> Raw {
+        Raw
+    }
+    fn decoder(&mut self) -> Raw {
+        Raw
+    }
+}
+
+impl tonic::codec::Encoder for Raw {
+    type Item = Vec<u8>;
+    type Error = tonic::Status;
+    fn encode(
+        &mut self,
+        item: Vec<u8>,
+        dst: &mut tonic::codec::EncodeBuf<'_>,
+    ) -> Result<(), tonic::Status> {
+        bytes::BufMut::put_slice(dst, &item);
+        Ok(())
+    }
+}
+
+impl tonic::codec::Decoder for Raw {
+    type Item = Vec<u8>;
+    type Error = tonic::Status;
+    fn decode(
+        &mut self,
+        src: &mut tonic::codec::DecodeBuf<'_>,
+    ) -> Result<Option<Vec<u8>>, tonic::Status> {
+        let n = bytes::Buf::remaining(src);
+        Ok(Some(bytes::Buf::copy_to_bytes(src, n).to_vec()))
+    }
+}
+
+/// Bytes that are no request, or a request whose text is not UTF-8, are the caller's
+/// mistake: INVALID_ARGUMENT with a SQLSTATE, and the node goes on. An Admin error its
+/// handler gave no SQLSTATE gets its code's.
+#[test]
+fn undecodable_requests_are_invalid_arguments_and_every_error_has_a_sqlstate() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start("raw", &dir.path().join("raw"));
+    runtime().block_on(async {
+        let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", node.grpc))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        let call = |bytes: Vec<u8>| {
+            let mut grpc = tonic::client::Grpc::new(channel.clone());
+            async move {
+                grpc.ready().await.unwrap();
+                let path = tonic::codegen::http::uri::PathAndQuery::from_static(
+                    "/hawser.v1.Client/Execute",
+                );
+                grpc.unary(tonic::Request::new(bytes), path, Raw).await
+            }
+        };
+        // ExecuteRequest.sql (field 1, a string) holding 0xFF 0xFE; then a field header
+        // whose length runs past the end.
+        for bytes in [vec![0x0A, 0x02, 0xFF, 0xFE], vec![0x0A, 0x7F, b'x']] {
+            let status = call(bytes.clone()).await.unwrap_err();
+            assert_eq!(
+                status.code(),
+                tonic::Code::InvalidArgument,
+                "{bytes:?}: {status:?}"
+            );
+            assert_eq!(
+                hawser_client::sqlstate(&status),
+                Some("08P01"),
+                "{status:?}"
+            );
+        }
+        // A well-formed request still works on the same connection.
+        let ok = call(vec![
+            0x0A, 0x08, b's', b'e', b'l', b'e', b'c', b't', b' ', b'1',
+        ])
+        .await
+        .unwrap();
+        assert!(!ok.into_inner().is_empty());
+        // Admin: pausing failover on a node in no cluster, refused by its handler.
+        let mut c = Client::connect(&node.grpc).await.unwrap();
+        let err = c.set_failover(true, "").await.unwrap_err();
+        let hawser_client::ClientError::Status(status) = &err else {
+            panic!("{err}")
+        };
+        assert!(hawser_client::sqlstate(status).is_some(), "{status:?}");
+    });
 }
 
 /// The scheduling policy of each thread of process `pid` (field 41 of

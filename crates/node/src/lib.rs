@@ -21,6 +21,7 @@
 //! refuses to let the node join.
 
 pub mod cluster;
+mod codes;
 pub mod config;
 mod dataplane;
 mod drill;
@@ -569,16 +570,16 @@ pub async fn run(
     let grpc_shutdown = state.shutdown.clone();
     let grpc = tonic::transport::Server::builder()
         .timeout(Duration::from_secs(300))
-        .add_service(
+        .add_service(codes::Corrected(
             v1::client_server::ClientServer::new(services.clone())
                 .max_decoding_message_size(max)
                 .max_encoding_message_size(max),
-        )
-        .add_service(
+        ))
+        .add_service(codes::Corrected(
             v1::admin_server::AdminServer::new(services)
                 .max_decoding_message_size(max)
                 .max_encoding_message_size(max),
-        )
+        ))
         .add_service(InterceptedService::new(
             state.plane.raft_service(),
             refuse_while_isolated,
