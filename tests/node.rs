@@ -401,6 +401,55 @@ fn an_oversized_request_is_refused_and_changes_nothing() {
     assert!(err.contains("message length too large"), "{err}");
 }
 
+/// A SELECT whose rows would not fit in one reply fails with 54000, naming the limit,
+/// instead of breaking the reply; what ran before it in the script stands.
+#[test]
+fn a_result_too_large_for_one_reply_is_refused_naming_the_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start_with(
+        "wide",
+        &dir.path().join("wide"),
+        &["--max-message-bytes", "65536"],
+    );
+    runtime().block_on(async {
+        let mut c = Client::connect(&node.grpc).await.unwrap();
+        let out = c
+            .execute("create table t (k int primary key, v varchar(4000))")
+            .await
+            .unwrap();
+        assert!(out.error.is_none(), "{out:?}");
+        // 40 rows of 2,000 characters, in scripts that each fit a request.
+        for part in 0..4 {
+            let script: Vec<String> = (0..10)
+                .map(|i| {
+                    format!(
+                        "insert into t values ({}, '{}')",
+                        part * 10 + i,
+                        "x".repeat(2000)
+                    )
+                })
+                .collect();
+            let out = c.execute(&script.join(";")).await.unwrap();
+            assert!(out.error.is_none(), "{out:?}");
+        }
+        let out = c
+            .execute(
+                "insert into t values (100, 'y'); select * from t; insert into t values (101, 'z')",
+            )
+            .await
+            .unwrap();
+        let e = out.error.expect("refused");
+        assert_eq!((e.code.as_str(), e.statement), ("54000", 2), "{e:?}");
+        assert!(e.message.contains("--max-message-bytes"), "{e:?}");
+        assert_eq!(out.results.len(), 1, "the insert before it ran");
+        let out = c.execute("select count(*) from t").await.unwrap();
+        assert_eq!(out.results[0].rows[0][0], Value::Int(41));
+    });
+    let out = node.cli(&["sql", "-e", "select * from t"]);
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("error[54000]"), "{}", stderr(&out));
+}
+
 /// Request bytes as they are, for sending what no generated client would.
 #[derive(Clone, Copy)]
 struct Raw;

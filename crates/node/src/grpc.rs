@@ -118,6 +118,45 @@ fn pb_result(r: &hawser_sql::StatementResult) -> v1::StatementResult {
     }
 }
 
+/// An upper bound of the bytes [`pb_result`] of `r` takes in an ExecuteResponse,
+/// counted without building it: each message and string with its tag and a length of
+/// at most 5 bytes.
+fn result_bytes(r: &hawser_sql::StatementResult) -> usize {
+    const AROUND: usize = 6;
+    let text = |t: &str| AROUND + t.len();
+    let columns: usize = r
+        .columns
+        .iter()
+        .map(|c| AROUND + text(&c.name) + text(&c.data_type) + 2)
+        .sum();
+    let rows: usize = r
+        .rows
+        .iter()
+        .map(|row| {
+            AROUND
+                + row
+                    .iter()
+                    .map(hawser_proto::value_encoded_bound)
+                    .sum::<usize>()
+        })
+        .sum();
+    let warnings: usize = r
+        .warnings
+        .iter()
+        .map(|w| AROUND + text(&w.code) + text(&w.message))
+        .sum();
+    AROUND + text(&r.tag) + columns + rows + 11 + warnings
+}
+
+/// What one reply may carry of a script's results: the largest message, less room for
+/// the rest of the reply (an error with its text, flags).
+fn result_limit(max_message_bytes: usize) -> hawser_sql::ResultLimit {
+    hawser_sql::ResultLimit {
+        max_bytes: max_message_bytes.saturating_sub(8 * 1024),
+        measure: Arc::new(result_bytes),
+    }
+}
+
 /// A script's outcome as a response; a write refused because this node receives the
 /// table names where the table's master is in `state`.
 fn pb_outcome(
@@ -333,6 +372,7 @@ impl Client for Services {
     ) -> Result<Response<v1::ExecuteResponse>, Status> {
         let sql = request.into_inner().sql;
         let mut session = self.state.sql.session();
+        session.limit_results(result_limit(self.state.config.max_message_bytes));
         let outcome = session.execute(&sql).await;
         crate::dataplane::wake_all(&self.state.senders);
         let mut resp = pb_outcome(&outcome, false, false, &self.state.plane.state());
@@ -377,6 +417,7 @@ impl Client for Services {
         // transaction. It ends with the client's stream or at shutdown.
         tasks.spawn(async move {
             let mut session = state.sql.session();
+            session.limit_results(result_limit(state.config.max_message_bytes));
             state
                 .sessions
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);

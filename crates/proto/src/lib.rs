@@ -41,6 +41,25 @@ pub fn value_to_pb(v: &Value) -> v1::Value {
     v1::Value { kind: Some(kind) }
 }
 
+/// An upper bound of the bytes [`value_to_pb`] of `v` takes as an element of a repeated
+/// field (its tag, its length and the message), counted without building it.
+pub fn value_encoded_bound(v: &Value) -> usize {
+    // The element's tag and length (at most 5 bytes), then the oneof's tag.
+    const AROUND: usize = 1 + 5 + 1;
+    AROUND
+        + match v {
+            Value::Null => 1,
+            Value::Bool(_) => 1,
+            Value::Int(_) | Value::Timestamp(_) => 10,
+            // At most 29 digits, a sign and a point, after its length.
+            Value::Decimal(_) => 1 + 32,
+            Value::Double(_) => 8,
+            Value::Text(t) => 5 + t.len(),
+            Value::Bytes(b) => 5 + b.len(),
+            Value::Date(_) => 5,
+        }
+}
+
 /// Decodes a value; `index` names its position in error messages.
 pub fn value_from_pb(v: &v1::Value, index: usize) -> Result<Value, ConvertError> {
     Ok(
@@ -80,6 +99,35 @@ pub fn row_from_pb(row: &v1::Row) -> Result<Row, ConvertError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_bound_of_a_value_is_never_below_its_encoding() {
+        use prost::Message;
+        let long = "é".repeat(70_000);
+        let values = [
+            Value::Null,
+            Value::Bool(false),
+            Value::Int(i64::MIN),
+            Value::Int(0),
+            Value::Decimal(rust_decimal::Decimal::MIN),
+            Value::Decimal("-0.0000000000000000000000000001".parse().unwrap()),
+            Value::Double(f64::MAX),
+            Value::Text(String::new()),
+            Value::Text(long.clone()),
+            Value::Bytes(long.into_bytes()),
+            Value::Date(i32::MIN),
+            Value::Timestamp(i64::MAX),
+        ];
+        for v in &values {
+            let row = v1::Row {
+                values: vec![value_to_pb(v)],
+            };
+            let exact = row.encoded_len();
+            let bound = value_encoded_bound(v);
+            assert!(bound >= exact, "{v:?}: {bound} < {exact}");
+            assert!(bound <= exact + 40, "{v:?}: {bound} far above {exact}");
+        }
+    }
 
     #[test]
     fn values_round_trip() {

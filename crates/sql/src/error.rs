@@ -67,6 +67,10 @@ pub enum ErrorKind {
     /// `statement_too_complex`); the text names the limit.
     #[error("statement too complex: {0}")]
     TooComplex(String),
+    /// A script whose results would not fit in one reply (54000, as PostgreSQL's
+    /// `program_limit_exceeded`); the text names the limit.
+    #[error("{0}")]
+    ResultTooLarge(String),
     /// A value that does not fit a column type (the coercion's own SQLSTATE).
     #[error(transparent)]
     Coerce(#[from] CoerceError),
@@ -107,6 +111,7 @@ impl ErrorKind {
             ErrorKind::CurrvalUndefined(_) => "55000",
             ErrorKind::TransactionState(_) => "25001",
             ErrorKind::TooComplex(_) => "54001",
+            ErrorKind::ResultTooLarge(_) => "54000",
             ErrorKind::Coerce(e) => e.code(),
             ErrorKind::Store(e) => e.code(),
             ErrorKind::Replication(e) => &e.code,

@@ -201,6 +201,7 @@ impl SqlEngine {
             sync: SyncSettings::default(),
             last_token: None,
             open: None,
+            result_limit: None,
         }
     }
 
@@ -223,6 +224,18 @@ pub struct Session {
     /// A commit left open by LOCAL COMMIT ACTION NO ACTION: only COMMIT (and the
     /// return-service procedures) may run until it ends.
     open: Option<OpenCommit>,
+    /// How large a script's results may grow ([`Session::limit_results`]).
+    result_limit: Option<ResultLimit>,
+}
+
+/// How large the results of one script may grow: what the caller can send back in one
+/// reply. A statement whose result would take the script's past `max_bytes` fails with
+/// 54000 (its rows are not kept) and the script stops there, as at any error.
+#[derive(Clone)]
+pub struct ResultLimit {
+    pub max_bytes: usize,
+    /// An upper bound of the bytes one statement's result takes in the reply.
+    pub measure: Arc<dyn Fn(&StatementResult) -> usize + Send + Sync>,
 }
 
 impl fmt::Debug for Session {
@@ -246,6 +259,11 @@ impl Session {
     /// Runs every statement of `text` in order; stops at the first error.
     ///
     /// The whole script is parsed first, so a syntax error anywhere runs nothing.
+    /// Bounds the results of every script this session runs from now on.
+    pub fn limit_results(&mut self, limit: ResultLimit) {
+        self.result_limit = Some(limit);
+    }
+
     pub async fn execute(&mut self, text: &str) -> ScriptOutcome {
         let statements = match script::parse_script(text) {
             Ok(s) => s,
@@ -257,10 +275,25 @@ impl Session {
             }
         };
         let mut outcome = ScriptOutcome::default();
+        let mut result_bytes = 0usize;
         for (i, stmt) in statements.iter().enumerate() {
             match self.run(stmt).await {
                 Ok(result) => {
                     tracing::debug!(statement = i + 1, tag = %result.tag, rows = result.rows_affected, "statement ran");
+                    if let Some(limit) = &self.result_limit {
+                        result_bytes = result_bytes.saturating_add((limit.measure)(&result));
+                        if result_bytes > limit.max_bytes {
+                            let e = Error::from(ErrorKind::ResultTooLarge(format!(
+                                "the results come to more than {} bytes, the most one reply \
+                                 carries (--max-message-bytes): select fewer rows or columns \
+                                 (WHERE, LIMIT), split the script, or page with Scan",
+                                limit.max_bytes
+                            )))
+                            .or_at(stmt.at);
+                            outcome.error = Some(SqlError::from_error(e, i + 1));
+                            break;
+                        }
+                    }
                     outcome.results.push(result);
                 }
                 Err(e) => {

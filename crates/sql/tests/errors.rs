@@ -215,3 +215,29 @@ async fn statements_after_an_error_do_not_run() {
     assert_eq!((e.code.as_str(), e.statement), ("23505", 2));
     assert_eq!(text(&mut s, "select k from t").await, vec!["1", "2"]);
 }
+
+#[tokio::test]
+async fn results_past_the_limit_fail_the_statement_and_stop_the_script_there() {
+    let mut s = setup().await;
+    // Counted in rows: a script may return two in all.
+    s.limit_results(hawser_sql::ResultLimit {
+        max_bytes: 2,
+        measure: std::sync::Arc::new(|r: &hawser_sql::StatementResult| r.rows.len()),
+    });
+    ok(&mut s, "insert into t values (2, 'two', 2, 2)").await;
+    let e = fails(
+        &mut s,
+        "insert into t values (3, 'three', 3, 3);\nselect * from t;\ninsert into t values (4, 'four', 4, 4)",
+    )
+    .await;
+    assert_eq!(e.code, "54000");
+    assert_eq!((e.statement, e.line), (2, Some(2)));
+    assert!(e.message.contains("more than 2 bytes"), "{e}");
+    // What ran before it stands; what follows did not run.
+    assert_eq!(text(&mut s, "select k from t where k > 2").await, vec!["3"]);
+    // Each script starts its count again.
+    assert_eq!(
+        text(&mut s, "select k from t where k < 3").await,
+        vec!["1", "2"]
+    );
+}
