@@ -220,11 +220,17 @@ fn demo_failover_moves_the_master_and_brings_the_old_one_back_equal() {
     assert_eq!(f["new_master"], "ds2", "{f}");
     assert!(f["write_after_ms"].as_u64().is_some_and(|ms| ms > 0), "{f}");
     assert_eq!(f["copies_equal"], true, "{f}");
-    // The write made after the kill is on every node, ds1 (rejoined) included.
+    // The writers ran through the failover; every write acknowledged with TWOSAFE's
+    // promise is on the new master.
+    let load = &f["load"];
+    assert!(load["acknowledged"].as_u64().unwrap() >= 100, "{f}");
+    assert_eq!(load["lost_promised"], 0, "{f}");
+    // The write made after the kill and the writers' are on every node, ds1 (rejoined)
+    // included: the demo's 200 and the one after the kill, at least.
     for table in f["checksums"].as_array().unwrap() {
         if table[0] == "events" {
             for (_, sum) in table[1].as_array().unwrap().iter().map(|p| (&p[0], &p[1])) {
-                assert_eq!(sum["rows"], 202, "{table}");
+                assert!(sum["rows"].as_u64().unwrap() > 202, "{table}");
             }
         }
     }

@@ -1,15 +1,19 @@
 //! `hawser demo --failover`: what hawser exists for, on the demo's cluster.
 //!
 //! ```text
+//!  two writers upserting events under TWOSAFE, every acknowledgement recorded
 //!  SIGKILL ds1 (master of every element, Raft leader)
 //!    ─► a ClusterClient write to events: refused / unanswered until the Raft leader
 //!       elected in ds1's place has promoted ds2 (TWOSAFE, so it holds every commit
 //!       ds1 acknowledged) — timed from the kill to the acknowledgement
 //!    ─► ds1 started again on its data and address: deposed, it sets aside what only
 //!       it had (hawser_lost) and receives from ds2
-//!    ─► every table's checksum on every node
+//!    ─► every table's checksum on every node; every write the writers had
+//!       acknowledged with TWOSAFE's promise on the new master
 //! ```
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
@@ -42,6 +46,76 @@ pub(crate) struct FailoverReport {
     /// Per table, each node's checksum after the rejoin.
     pub(crate) checksums: Vec<(String, Vec<(String, Checksum)>)>,
     pub(crate) copies_equal: bool,
+    /// The writers that ran through the failover.
+    pub(crate) load: LoadReport,
+}
+
+/// What the writers running through the failover saw, and what the new master holds.
+#[derive(Debug, Clone, Default, Serialize)]
+pub(crate) struct LoadReport {
+    pub(crate) acknowledged: u64,
+    /// Acknowledged with TWOSAFE's promise (no 8170).
+    pub(crate) promised: u64,
+    /// Promised and missing on the new master: must be 0.
+    pub(crate) lost_promised: u64,
+    /// Acknowledged without the promise and missing (set aside on the old master).
+    pub(crate) lost_async: u64,
+}
+
+/// Keys of the failover's writers: writer w writes LOAD_BASE + w × 10⁸ + i, far from
+/// the demo's own.
+const LOAD_BASE: i64 = 1_000_000_000;
+const LOAD_WRITERS: i64 = 2;
+
+/// Writers upserting into events through the cluster, following the master.
+struct Load {
+    /// (key, promised) of every acknowledged write.
+    acked: Arc<Mutex<Vec<(i64, bool)>>>,
+    stop: Arc<AtomicBool>,
+    tasks: tokio::task::JoinSet<()>,
+}
+
+impl Load {
+    async fn start(seeds: &[String]) -> anyhow::Result<Load> {
+        let acked = Arc::new(Mutex::new(Vec::new()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut tasks = tokio::task::JoinSet::new();
+        for w in 0..LOAD_WRITERS {
+            let mut client = ClusterClient::connect(seeds, CALL_TIMEOUT)
+                .await
+                .context("connect the failover's writers")?;
+            client.retry_for = FAILOVER_TIMEOUT;
+            let (acked, stop) = (acked.clone(), stop.clone());
+            tasks.spawn(async move {
+                for i in 0.. {
+                    if stop.load(Ordering::Relaxed) {
+                        break;
+                    }
+                    let key = LOAD_BASE + w * 100_000_000 + i;
+                    let row = vec![Value::Int(key), Value::Text(format!("writer {w}"))];
+                    let op = RowOp::Upsert {
+                        table: WORKLOAD_TABLE.into(),
+                        row,
+                    };
+                    if let Ok(o) = client.write(vec![op]).await {
+                        let promised = o.return_outcome == "acknowledged";
+                        acked.lock().expect("not poisoned").push((key, promised));
+                    }
+                }
+            });
+        }
+        Ok(Load { acked, stop, tasks })
+    }
+
+    fn acknowledged(&self) -> usize {
+        self.acked.lock().expect("not poisoned").len()
+    }
+
+    async fn finish(mut self) -> Vec<(i64, bool)> {
+        self.stop.store(true, Ordering::Relaxed);
+        while self.tasks.join_next().await.is_some() {}
+        std::mem::take(&mut *self.acked.lock().expect("not poisoned"))
+    }
 }
 
 /// The tables the demo creates.
@@ -61,8 +135,22 @@ pub(crate) async fn drill(demo: &mut Demo) -> anyhow::Result<FailoverReport> {
         .with_context(|| format!("{killed} is not running"))?;
     let (old_grpc, old_dir) = (demo.nodes[index].grpc.clone(), demo.root.join(killed));
 
+    let load = Load::start(&seeds).await?;
+    wait_until(
+        "the failover's writers to get going",
+        FAILOVER_TIMEOUT,
+        async || {
+            if load.acknowledged() >= 50 {
+                Ok(())
+            } else {
+                Err(format!("{} writes acknowledged", load.acknowledged()))
+            }
+        },
+    )
+    .await?;
     demo.progress(&format!(
-        "failover: SIGKILL of {killed}, the master of every element and the Raft leader…"
+        "failover: SIGKILL of {killed}, the master of every element and the Raft leader, \
+         under {LOAD_WRITERS} writers…"
     ));
     demo.nodes[index].kill().await;
     let t0 = Instant::now();
@@ -92,6 +180,21 @@ pub(crate) async fn drill(demo: &mut Demo) -> anyhow::Result<FailoverReport> {
         "  {new_master} took a write {:.2} s after the kill",
         write_after.as_secs_f64()
     ));
+    // The writers go on a little under the new master, then stop.
+    let before = load.acknowledged();
+    wait_until(
+        "the writers to go on under the new master",
+        FAILOVER_TIMEOUT,
+        async || {
+            if load.acknowledged() >= before + 50 {
+                Ok(())
+            } else {
+                Err(format!("{} writes acknowledged", load.acknowledged()))
+            }
+        },
+    )
+    .await?;
+    let acked = load.finish().await;
 
     demo.progress(&format!("starting {killed} again on its data…"));
     let join: Vec<String> = demo
@@ -159,6 +262,21 @@ pub(crate) async fn drill(demo: &mut Demo) -> anyhow::Result<FailoverReport> {
         Err(_) => 0,
     };
 
+    // Every write acknowledged with TWOSAFE's promise is on the new master.
+    let held = load_keys(&master).await?;
+    let missing = |promised: bool| {
+        acked
+            .iter()
+            .filter(|(k, p)| *p == promised && !held.contains(k))
+            .count() as u64
+    };
+    let load = LoadReport {
+        acknowledged: acked.len() as u64,
+        promised: acked.iter().filter(|(_, p)| *p).count() as u64,
+        lost_promised: missing(true),
+        lost_async: missing(false),
+    };
+
     let mut checksums = Vec::new();
     let mut copies_equal = true;
     for table in TABLES {
@@ -180,7 +298,31 @@ pub(crate) async fn drill(demo: &mut Demo) -> anyhow::Result<FailoverReport> {
         set_aside_changes,
         checksums,
         copies_equal,
+        load,
     })
+}
+
+/// The failover writers' keys `node` holds.
+async fn load_keys(node: &hawser_client::Client) -> anyhow::Result<std::collections::HashSet<i64>> {
+    let out = node
+        .clone()
+        .execute(&format!(
+            "select k from {WORKLOAD_TABLE} where k >= {LOAD_BASE}"
+        ))
+        .await
+        .context("read the writers' rows on the new master")?;
+    if let Some(e) = out.error {
+        anyhow::bail!("read the writers' rows on the new master: {}", e.message);
+    }
+    Ok(out
+        .results
+        .iter()
+        .flat_map(|r| &r.rows)
+        .filter_map(|row| match row.first() {
+            Some(Value::Int(k)) => Some(*k),
+            _ => None,
+        })
+        .collect())
 }
 
 /// Starts `name` again on its data and gRPC address. The kernel may have handed the
@@ -219,6 +361,19 @@ impl FailoverReport {
             self.rejoined_after_ms as f64 / 1000.0,
             self.set_aside_changes,
         );
+        let l = &self.load;
+        out.push_str(&format!(
+            "under load: {} writes acknowledged through the failover, {} with TWOSAFE's \
+             promise: {} of those lost{}\n",
+            l.acknowledged,
+            l.promised,
+            l.lost_promised,
+            if l.lost_async > 0 {
+                format!(", {} asynchronous ones set aside", l.lost_async)
+            } else {
+                String::new()
+            }
+        ));
         for (table, per_node) in &self.checksums {
             let cells: Vec<String> = per_node.iter().map(|(n, c)| format!("{n} {c}")).collect();
             out.push_str(&format!("  {table:<9} {}\n", cells.join(" | ")));

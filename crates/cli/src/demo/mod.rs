@@ -129,7 +129,7 @@ impl Demo {
             let report = failover::drill(self)
                 .await
                 .map_err(|e| self.explain(e.context("the failover drill")))?;
-            summary.all_match &= report.copies_equal;
+            summary.all_match &= report.copies_equal && report.load.lost_promised == 0;
             summary.failover = Some(report);
         }
         let text = summary.render();
