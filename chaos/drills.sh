@@ -98,7 +98,8 @@ for round in $(seq "$runs"); do
             grep -q "healthy cluster" "$work/$kind-$round.err" || break
             sleep 0.2
         done
-        if ! jq -e '.held' "$out" >/dev/null 2>&1; then
+        # jq finds nothing false in an empty file: a drill that printed no report broke.
+        if ! [[ -s "$out" ]] || ! jq -e '.held' "$out" >/dev/null 2>&1; then
             broke=1
             echo "round $round $kind: PROMISE BROKEN or no report: $(cat "$out" "$work/$kind-$round.err" | head -c 600)" >&2
         else

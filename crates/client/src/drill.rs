@@ -92,7 +92,13 @@ pub async fn leader_status(host: &str) -> Result<v1::ClusterStatus, DrillError> 
     if cluster.role == "leader" || cluster.leader_addr.is_empty() {
         return Ok(cluster);
     }
-    ask(cluster.leader_addr.clone()).await
+    // The leader a member names may be the node a drill just crashed, not replaced yet.
+    ask(cluster.leader_addr.clone()).await.map_err(|e| {
+        DrillError(format!(
+            "the Raft leader {host} names does not answer ({e}): a drill starts from a \
+             healthy cluster; try again once it has a leader"
+        ))
+    })
 }
 
 /// What a drill does to the cluster.
