@@ -450,6 +450,50 @@ fn a_result_too_large_for_one_reply_is_refused_naming_the_limit() {
     assert!(stderr(&out).contains("error[54000]"), "{}", stderr(&out));
 }
 
+/// Sessions past --max-sessions are refused with 53300 naming the limit; one-shot
+/// scripts still run, and a session that ends makes room.
+#[test]
+fn sessions_past_the_limit_are_refused_until_one_ends() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start_with("few", &dir.path().join("few"), &["--max-sessions", "2"]);
+    runtime().block_on(async {
+        let mut c = Client::connect(&node.grpc).await.unwrap();
+        let mut a = c.session().await.unwrap();
+        let mut b = c.session().await.unwrap();
+        for s in [&mut a, &mut b] {
+            assert!(s.execute("select 1").await.unwrap().error.is_none());
+        }
+        let err = match c.session().await {
+            Err(e) => e,
+            Ok(_) => panic!("a third session was opened"),
+        };
+        let hawser_client::ClientError::Status(status) = &err else {
+            panic!("{err}")
+        };
+        assert_eq!(status.code(), tonic::Code::ResourceExhausted, "{status:?}");
+        assert_eq!(hawser_client::sqlstate(status), Some("53300"), "{status:?}");
+        assert!(status.message().contains("--max-sessions"), "{status:?}");
+        assert!(c.execute("select 1").await.unwrap().error.is_none());
+        drop(a);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let mut c2 = c.clone();
+        loop {
+            match c2.session().await {
+                Ok(mut s) => {
+                    assert!(s.execute("select 1").await.unwrap().error.is_none());
+                    break;
+                }
+                Err(e) if std::time::Instant::now() < deadline => {
+                    assert!(e.to_string().contains("too many sessions"), "{e}");
+                    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                }
+                Err(e) => panic!("no room after a session ended: {e}"),
+            }
+        }
+        drop(b);
+    });
+}
+
 /// Request bytes as they are, for sending what no generated client would.
 #[derive(Clone, Copy)]
 struct Raw;

@@ -35,7 +35,7 @@ const LATENCY_BUCKETS: &[f64] = &[
 #[derive(Args, Debug)]
 pub struct StartArgs {
     /// TOML file with node settings (keys as in `NodeConfig`: name, listen, http,
-    /// data_dir, durable_commits, lock_timeout, max_message_bytes, join, advertise,
+    /// data_dir, durable_commits, lock_timeout, max_message_bytes, max_sessions, join, advertise,
     /// raft_heartbeat, raft_election_min, raft_election_max, raft_snapshot_every,
     /// raft_log_keep, report_interval, master_lease, failover_timeout, auto_failover,
     /// failover_max_lag, compile, compile_threshold_txns, compile_threshold_bytes,
@@ -69,6 +69,11 @@ pub struct StartArgs {
     /// Largest gRPC message accepted, in bytes [default: 16777216].
     #[arg(long, env = "HAWSER_MAX_MESSAGE_BYTES")]
     max_message_bytes: Option<usize>,
+    /// Interactive sessions (`hawser sql` shells, Client.Session streams) open at once at
+    /// most; one more is refused (RESOURCE_EXHAUSTED, SQLSTATE 53300) until one ends
+    /// [default: 1000].
+    #[arg(long, env = "HAWSER_MAX_SESSIONS")]
+    max_sessions: Option<u32>,
     /// Cluster members to join through, HOST:PORT of their gRPC servers, comma-separated;
     /// the node keeps trying until one admits it. Leave out on the first node and run
     /// `hawser init` on it instead.
@@ -273,6 +278,9 @@ impl StartArgs {
         }
         if let Some(v) = self.max_message_bytes {
             c.max_message_bytes = v;
+        }
+        if let Some(v) = self.max_sessions {
+            c.max_sessions = v;
         }
         if let Some(v) = &self.join {
             c.join = v

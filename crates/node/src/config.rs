@@ -33,6 +33,9 @@ pub struct NodeConfig {
     pub lock_timeout: Duration,
     /// Largest gRPC message accepted or sent.
     pub max_message_bytes: usize,
+    /// Interactive sessions (`Client.Session`) open at once at most; one more is refused
+    /// with RESOURCE_EXHAUSTED (53300) until one ends.
+    pub max_sessions: u32,
     /// Members (`host:port` of their gRPC servers) to join the cluster through; empty
     /// for the first node, which `hawser init` bootstraps.
     pub join: Vec<String>,
@@ -145,6 +148,7 @@ impl Default for NodeConfig {
             durable_commits: true,
             lock_timeout: Duration::from_secs(10),
             max_message_bytes: 16 * 1024 * 1024,
+            max_sessions: 1000,
             join: Vec::new(),
             advertise: None,
             raft_heartbeat: Duration::from_millis(100),
@@ -388,6 +392,9 @@ impl NodeConfig {
                 "threads {} is above the maximum of {MAX_THREADS} (0 runs one per CPU core)",
                 self.threads
             )));
+        }
+        if self.max_sessions == 0 {
+            return Err(ConfigError("max_sessions must be at least 1".into()));
         }
         if self.lock_timeout.is_zero() {
             return Err(ConfigError("lock_timeout must be greater than 0".into()));

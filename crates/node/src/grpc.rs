@@ -408,6 +408,25 @@ impl Client for Services {
         &self,
         request: Request<Streaming<v1::ExecuteRequest>>,
     ) -> Result<Response<Self::SessionStream>, Status> {
+        // Counted here, before the session's task starts, so that a burst of opens
+        // cannot pass the bound between a check and the count.
+        let open = self
+            .state
+            .sessions
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if open >= self.state.config.max_sessions {
+            self.state
+                .sessions
+                .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+            return Err(status_with_code(
+                tonic::Code::ResourceExhausted,
+                "53300",
+                format!(
+                    "too many sessions: this node has {open} open, its limit \
+                     (--max-sessions); close one, or use Execute for one-shot scripts"
+                ),
+            ));
+        }
         let mut inbound = request.into_inner();
         let (tx, rx) = tokio::sync::mpsc::channel(4);
         let state = self.state.clone();
@@ -418,9 +437,6 @@ impl Client for Services {
         tasks.spawn(async move {
             let mut session = state.sql.session();
             session.limit_results(result_limit(state.config.max_message_bytes));
-            state
-                .sessions
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             loop {
                 let req = match next_request_or_failure(&mut inbound, &shutdown, "session").await {
                     Ok(Some(req)) => req,
