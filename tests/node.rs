@@ -743,6 +743,59 @@ fn a_client_command_piped_into_a_reader_that_stops_ends_quietly() {
         "{:?}: {err}",
         out.status
     );
+    // `status` prints with println!, which panics on a closed stdout: the same end.
+    let mut child = std::process::Command::new(common::hawser_bin())
+        .args(["status"])
+        .env("HAWSER_HOST", &node.grpc)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    let err = stderr(&out);
+    assert!(!err.contains("panicked"), "{err}");
+    assert_eq!(
+        out.status.signal(),
+        Some(SIGPIPE),
+        "{:?}: {err}",
+        out.status
+    );
+}
+
+/// A client command whose node dies under it reports that, with an exit code: writes to
+/// a socket whose peer has gone raise SIGPIPE (`writev` has no MSG_NOSIGNAL), which must
+/// not end the command without a word, as it ended a drill whose master it crashed.
+#[test]
+fn a_client_command_whose_node_dies_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut node = Node::start("ds1", &dir.path().join("ds1"));
+    let bench = std::process::Command::new(common::hawser_bin())
+        .args(["bench", "--duration", "20s", "--clients", "16"])
+        .env("HAWSER_HOST", &node.grpc)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Under load: commits counted on the node.
+    let grpc = node.grpc.clone();
+    common::poll_until(std::time::Duration::from_secs(30), || {
+        let c =
+            runtime().block_on(async { Client::connect(&grpc).await.ok()?.status().await.ok() })?;
+        (c.commits > 100).then_some(())
+    })
+    .expect("the bench commits");
+    node.kill9();
+    let out = bench.wait_with_output().unwrap();
+    let err = stderr(&out);
+    assert!(
+        out.status.code().is_some(),
+        "ended by a signal: {:?}: {err}",
+        out.status
+    );
+    assert!(!out.status.success() && err.contains("error"), "{err}");
 }
 
 /// Whether process `pid` is still running (a zombie waiting for its new parent to

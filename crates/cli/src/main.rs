@@ -191,9 +191,9 @@ fn main() -> ExitCode {
         _ => (0, None),
     };
     // A client command piped into a reader that stops early ends quietly; a node (and
-    // the demo, which supervises nodes) keeps Rust's ignored SIGPIPE.
+    // the demo, which supervises nodes) must outlive any one reader.
     if !matches!(cli.command, Command::Start(_) | Command::Demo(_)) {
-        os::default_sigpipe();
+        os::end_quietly_when_stdout_closes();
     }
     // Before any thread starts, so that every thread of the node inherits the class.
     if start_config
@@ -250,6 +250,7 @@ fn main() -> ExitCode {
     });
     match result {
         Ok(code) => code,
+        Err(e) if os::is_closed_stdout(&e) => os::die_of_sigpipe(),
         Err(e) => {
             eprintln!("error: {e:#}");
             ExitCode::FAILURE

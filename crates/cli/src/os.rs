@@ -1,7 +1,7 @@
 //! Process settings the C library has and the Rust crates hawser uses do not wrap
 //! safely: the CPU scheduling class a node runs in (`hawser start --cpu-class`), its
-//! opting out of transparent huge pages (`--transparent-huge-pages`), and SIGPIPE for
-//! the client commands.
+//! opting out of transparent huge pages (`--transparent-huge-pages`), and ending a
+//! client command by SIGPIPE when its reader goes.
 //!
 //! The one place hawser calls the C library directly: neither rustix nor nix offers
 //! `sched_setscheduler` (and `chrt` may not be in the image a node runs from), nix's
@@ -60,20 +60,50 @@ pub fn disable_transparent_huge_pages() -> Result<(), String> {
     Ok(())
 }
 
-/// Restores SIGPIPE's default action (end the process quietly), which Rust's runtime
-/// sets to ignored: a client command whose output goes to a reader that stopped early
-/// (`hawser sql ... | head`) then ends as other Unix tools do, instead of failing (or,
-/// where it prints with `println!`, panicking) on the write. Sockets are unaffected: Rust writes to them with MSG_NOSIGNAL, so
-/// a peer that goes away is still an error the command reports. Not for a node, which
-/// must outlive any one reader of anything.
+/// Makes a client command whose output goes to a reader that stopped early (`hawser
+/// sql ... | head`) end as other Unix tools do — killed by SIGPIPE, quietly — instead of
+/// panicking in `println!`. SIGPIPE itself stays ignored, as Rust's runtime sets it:
+/// the command's sockets are written with `writev` too, which raises SIGPIPE when a
+/// node it talks to has gone, and a drill or a bench must report that node's death,
+/// not die of it without a word.
+pub fn end_quietly_when_stdout_closes() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let payload = info.payload();
+        let message = payload
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| payload.downcast_ref::<&str>().copied())
+            .unwrap_or("");
+        if message.starts_with("failed printing to stdout") && message.contains("Broken pipe") {
+            die_of_sigpipe();
+        }
+        default(info);
+    }));
+}
+
+/// Whether `e` is a write to standard output whose reader went away (an I/O error of
+/// kind BrokenPipe at the root: a socket's broken pipe reaches a command as a gRPC
+/// transport error instead).
+pub fn is_closed_stdout(e: &anyhow::Error) -> bool {
+    e.root_cause()
+        .downcast_ref::<std::io::Error>()
+        .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+}
+
+/// Ends the process as SIGPIPE's default action does.
 #[cfg(unix)]
-pub fn default_sigpipe() {
+pub fn die_of_sigpipe() -> ! {
     // SAFETY: setting a standard signal's disposition to SIG_DFL installs no handler
-    // (no code of ours runs in signal context) and is done before any thread starts.
+    // (no code of ours runs in signal context), and raising it ends the process.
     unsafe {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        libc::raise(libc::SIGPIPE);
     }
+    std::process::exit(141)
 }
 
 #[cfg(not(unix))]
-pub fn default_sigpipe() {}
+pub fn die_of_sigpipe() -> ! {
+    std::process::exit(141)
+}
