@@ -28,6 +28,7 @@ Options:
                    built if missing; else hawser on PATH)
   --json           one JSON object instead of text
   --keep           keep the nodes' data directories and the reports
+  --log LEVEL      the nodes' log level (default warn; info shows each stream's sessions)
   -h, --help       show this help
 
 Needs jq. Progress goes to stderr; results to stdout. Exits 1 if any drill broke a
@@ -54,6 +55,7 @@ while [[ $# -gt 0 ]]; do
     --hawser) need_value "$@"; hawser="$2"; shift 2 ;;
     --json) json=1; shift ;;
     --keep) keep=1; shift ;;
+    --log) need_value "$@"; node_log="$2"; shift 2 ;;
     -h | --help) usage; exit 0 ;;
     *) die "unknown option $1 (see --help)" ;;
     esac

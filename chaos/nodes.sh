@@ -40,7 +40,7 @@ start() {
     shift
     : >"$work/$n.out"
     "$hawser" start --name "$n" --listen "${grpc[$n]}" --http "${http[$n]}" --data "$work/$n" \
-        --log warn "$@" >>"$work/$n.out" 2>>"$work/$n.log" &
+        --log "${node_log:-warn}" "$@" >>"$work/$n.out" 2>>"$work/$n.log" &
     pid[$n]=$!
     for _ in $(seq 300); do
         grep -q '^ready ' "$work/$n.out" && return 0
