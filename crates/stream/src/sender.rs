@@ -1555,10 +1555,27 @@ impl Sender {
                     return Ok(());
                 }
                 // Nothing of this batch was the receiver's (it has those origins' commits
-                // already, or they were forked off), so nothing awaited: past a failover a
-                // whole backlog can be like that. Let the runtime's other tasks (Raft,
-                // liveness reports, commits) run between batches, or the node stalls for
-                // as long as the scan and is failed over as silent.
+                // already, or they were forked off): past a failover a whole backlog can
+                // be like that. Say how far the stream has come, as at the log's end, or
+                // the receiver takes the silence for a dead sender (peer timeout) and
+                // every new session scans the same backlog again.
+                if last_sent.elapsed() >= tuning.position_every {
+                    self.send(
+                        tx,
+                        Vec::new(),
+                        through,
+                        None,
+                        false,
+                        in_flight,
+                        in_flight_bytes,
+                    )
+                    .await?;
+                    *last_sent = Instant::now();
+                    reader.unsent = None;
+                }
+                // And let the runtime's other tasks (Raft, liveness reports, commits)
+                // run between batches, or the node stalls for as long as the scan and
+                // is failed over as silent.
                 tokio::task::yield_now().await;
                 continue;
             }
