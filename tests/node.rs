@@ -494,6 +494,88 @@ fn sessions_past_the_limit_are_refused_until_one_ends() {
     });
 }
 
+/// Client calls past --max-requests are refused at once with 53300 naming the limit
+/// (one call holds the only permit while it waits for a row lock); Admin calls have
+/// their own bound and still answer.
+#[test]
+fn calls_past_the_limit_are_refused_at_once_while_admin_calls_still_answer() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start_with("busy", &dir.path().join("busy"), &["--max-requests", "1"]);
+    runtime().block_on(async {
+        let mut c = Client::connect(&node.grpc).await.unwrap();
+        let out = c
+            .execute("create table t (k int primary key, v int); insert into t values (1, 0)")
+            .await
+            .unwrap();
+        assert!(out.error.is_none(), "{out:?}");
+        // A session (not counted once open) holds the row's lock.
+        let mut holder = c.session().await.unwrap();
+        let out = holder
+            .execute("begin; update t set v = 1 where k = 1")
+            .await
+            .unwrap();
+        assert!(out.error.is_none(), "{out:?}");
+        // This call waits for the lock, holding the node's one permit.
+        let mut waiter = c.clone();
+        let waiting =
+            tokio::spawn(async move { waiter.execute("update t set v = 2 where k = 1").await });
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let status = loop {
+            match c.execute("select 1").await {
+                Err(hawser_client::ClientError::Status(s)) => break s,
+                Err(e) => panic!("{e}"),
+                // The waiting call is not in yet.
+                Ok(_) if std::time::Instant::now() < deadline => {
+                    tokio::time::sleep(std::time::Duration::from_millis(10)).await
+                }
+                Ok(_) => panic!("no call was refused while one waited for a lock"),
+            }
+        };
+        assert_eq!(status.code(), tonic::Code::ResourceExhausted, "{status:?}");
+        assert_eq!(
+            hawser_client::sqlstate(&status),
+            Some("53300"),
+            "{status:?}"
+        );
+        assert!(status.message().contains("--max-requests"), "{status:?}");
+        assert!(c.status().await.is_ok(), "Admin has a bound of its own");
+        // The lock freed, the waiting call ends and makes room.
+        let out = holder.execute("commit").await.unwrap();
+        assert!(out.error.is_none(), "{out:?}");
+        let out = waiting.await.unwrap().unwrap();
+        assert!(out.error.is_none(), "{out:?}");
+        let out = c.execute("select v from t").await.unwrap();
+        assert_eq!(out.results[0].rows[0][0], Value::Int(2));
+    });
+}
+
+/// A statement past --statement-timeout fails with 57014 naming the timeout, and
+/// commits nothing.
+#[test]
+fn a_statement_past_the_statement_timeout_fails_with_57014() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start_with(
+        "hasty",
+        &dir.path().join("hasty"),
+        &["--statement-timeout", "1ns"],
+    );
+    runtime().block_on(async {
+        let mut c = Client::connect(&node.grpc).await.unwrap();
+        let out = c
+            .execute("create table t (k int primary key); insert into t values (1)")
+            .await
+            .unwrap();
+        let e = out.error.expect("timed out");
+        assert_eq!((e.code.as_str(), e.statement), ("57014", 2), "{e:?}");
+        assert!(e.message.contains("statement timeout"), "{e:?}");
+        let out = c.execute("select count(*) from t").await.unwrap();
+        assert_eq!(out.error.map(|e| e.code), Some("57014".to_string()));
+    });
+    // A session's statements too.
+    let out = node.cli(&["sql", "-e", "select 1"]);
+    assert!(stderr(&out).contains("error[57014]"), "{}", stderr(&out));
+}
+
 /// Request bytes as they are, for sending what no generated client would.
 #[derive(Clone, Copy)]
 struct Raw;

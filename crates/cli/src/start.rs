@@ -35,8 +35,9 @@ const LATENCY_BUCKETS: &[f64] = &[
 #[derive(Args, Debug)]
 pub struct StartArgs {
     /// TOML file with node settings (keys as in `NodeConfig`: name, listen, http,
-    /// data_dir, durable_commits, lock_timeout, max_message_bytes, max_sessions, join, advertise,
-    /// raft_heartbeat, raft_election_min, raft_election_max, raft_snapshot_every,
+    /// data_dir, durable_commits, lock_timeout, max_message_bytes, max_sessions,
+    /// max_requests, statement_timeout, join, advertise, raft_heartbeat,
+    /// raft_election_min, raft_election_max, raft_snapshot_every,
     /// raft_log_keep, report_interval, master_lease, failover_timeout, auto_failover,
     /// failover_max_lag, compile, compile_threshold_txns, compile_threshold_bytes,
     /// apply_slice, log_file_size, log_keep_bytes, min_free_bytes, compress_codec, threads,
@@ -74,6 +75,16 @@ pub struct StartArgs {
     /// [default: 1000].
     #[arg(long, env = "HAWSER_MAX_SESSIONS")]
     max_sessions: Option<u32>,
+    /// Client calls (Execute, Write, Read, Scan, session opens, ...) handled at once at
+    /// most; one more is refused at once (RESOURCE_EXHAUSTED, SQLSTATE 53300), not queued.
+    /// Admin calls have a bound of their own [default: 1000].
+    #[arg(long, env = "HAWSER_MAX_REQUESTS")]
+    max_requests: Option<u32>,
+    /// How long one SQL statement may run, e.g. 30s; one that runs longer fails with
+    /// SQLSTATE 57014 and is undone. 0 sets no bound; a call's gRPC deadline also bounds
+    /// its statements [default: 0].
+    #[arg(long, env = "HAWSER_STATEMENT_TIMEOUT", value_parser = humantime::parse_duration)]
+    statement_timeout: Option<Duration>,
     /// Cluster members to join through, HOST:PORT of their gRPC servers, comma-separated;
     /// the node keeps trying until one admits it. Leave out on the first node and run
     /// `hawser init` on it instead.
@@ -281,6 +292,12 @@ impl StartArgs {
         }
         if let Some(v) = self.max_sessions {
             c.max_sessions = v;
+        }
+        if let Some(v) = self.max_requests {
+            c.max_requests = v;
+        }
+        if let Some(v) = self.statement_timeout {
+            c.statement_timeout = v;
         }
         if let Some(v) = &self.join {
             c.join = v

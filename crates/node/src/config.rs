@@ -36,6 +36,17 @@ pub struct NodeConfig {
     /// Interactive sessions (`Client.Session`) open at once at most; one more is refused
     /// with RESOURCE_EXHAUSTED (53300) until one ends.
     pub max_sessions: u32,
+    /// `Client` calls handled at once at most (a session's stream counts while it is
+    /// being opened; its scripts are bounded by `max_sessions`); one more is refused with
+    /// RESOURCE_EXHAUSTED (53300) at once, not queued. `Admin` calls have their own,
+    /// fixed bound ([`crate::ADMIN_REQUESTS`]), so an operator reaches a node its clients
+    /// flood.
+    pub max_requests: u32,
+    /// How long one SQL statement may run before it fails with 57014 and is undone
+    /// (0: no bound, as in TimesTen, PostgreSQL and CockroachDB). A call's own gRPC
+    /// deadline bounds its statements too (docs/sql.md, "Limits").
+    #[serde(with = "humantime_serde")]
+    pub statement_timeout: Duration,
     /// Members (`host:port` of their gRPC servers) to join the cluster through; empty
     /// for the first node, which `hawser init` bootstraps.
     pub join: Vec<String>,
@@ -149,6 +160,8 @@ impl Default for NodeConfig {
             lock_timeout: Duration::from_secs(10),
             max_message_bytes: 16 * 1024 * 1024,
             max_sessions: 1000,
+            max_requests: 1000,
+            statement_timeout: Duration::ZERO,
             join: Vec::new(),
             advertise: None,
             raft_heartbeat: Duration::from_millis(100),
@@ -395,6 +408,9 @@ impl NodeConfig {
         }
         if self.max_sessions == 0 {
             return Err(ConfigError("max_sessions must be at least 1".into()));
+        }
+        if self.max_requests == 0 {
+            return Err(ConfigError("max_requests must be at least 1".into()));
         }
         if self.lock_timeout.is_zero() {
             return Err(ConfigError("lock_timeout must be greater than 0".into()));

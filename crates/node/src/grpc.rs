@@ -8,6 +8,7 @@
 use std::ops::Bound;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::time::Duration;
 
 use hawser_core::coerce::coerce;
 use hawser_core::{QualName, Row, TableDef, Value};
@@ -155,6 +156,43 @@ fn result_limit(max_message_bytes: usize) -> hawser_sql::ResultLimit {
         max_bytes: max_message_bytes.saturating_sub(8 * 1024),
         measure: Arc::new(result_bytes),
     }
+}
+
+/// How long each statement of a call may run: the node's `statement_timeout`, or the
+/// call's own deadline (`grpc-timeout`) where that is sooner; `None` for no bound.
+fn statement_timeout(
+    configured: Duration,
+    metadata: &tonic::metadata::MetadataMap,
+) -> Option<Duration> {
+    let configured = (!configured.is_zero()).then_some(configured);
+    let deadline = metadata
+        .get("grpc-timeout")
+        .and_then(|v| v.to_str().ok())
+        .and_then(grpc_timeout);
+    match (configured, deadline) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+/// A `grpc-timeout` header's value (gRPC over HTTP/2: at most 8 digits and a unit,
+/// H M S m u n); `None` when it is not one.
+fn grpc_timeout(value: &str) -> Option<Duration> {
+    let unit = value.chars().last()?;
+    let digits = &value[..value.len() - unit.len_utf8()];
+    if digits.is_empty() || digits.len() > 8 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let n: u64 = digits.parse().ok()?;
+    Some(match unit {
+        'H' => Duration::from_secs(n * 3600),
+        'M' => Duration::from_secs(n * 60),
+        'S' => Duration::from_secs(n),
+        'm' => Duration::from_millis(n),
+        'u' => Duration::from_micros(n),
+        'n' => Duration::from_nanos(n),
+        _ => return None,
+    })
 }
 
 /// A script's outcome as a response; a write refused because this node receives the
@@ -370,9 +408,11 @@ impl Client for Services {
         &self,
         request: Request<v1::ExecuteRequest>,
     ) -> Result<Response<v1::ExecuteResponse>, Status> {
+        let timeout = statement_timeout(self.state.config.statement_timeout, request.metadata());
         let sql = request.into_inner().sql;
         let mut session = self.state.sql.session();
         session.limit_results(result_limit(self.state.config.max_message_bytes));
+        session.set_statement_timeout(timeout);
         let outcome = session.execute(&sql).await;
         crate::dataplane::wake_all(&self.state.senders);
         let mut resp = pb_outcome(&outcome, false, false, &self.state.plane.state());
@@ -437,6 +477,9 @@ impl Client for Services {
         tasks.spawn(async move {
             let mut session = state.sql.session();
             session.limit_results(result_limit(state.config.max_message_bytes));
+            // A session's stream lives as long as the client likes: only the node's
+            // bound applies to its statements.
+            session.set_statement_timeout(Some(state.config.statement_timeout));
             loop {
                 let req = match next_request_or_failure(&mut inbound, &shutdown, "session").await {
                     Ok(Some(req)) => req,
@@ -858,5 +901,43 @@ impl Admin for Services {
             )));
         }
         Ok(Response::new(reply))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grpc_timeouts_are_read_by_their_unit_and_the_sooner_bound_wins() {
+        assert_eq!(grpc_timeout("5S"), Some(Duration::from_secs(5)));
+        assert_eq!(grpc_timeout("250m"), Some(Duration::from_millis(250)));
+        assert_eq!(grpc_timeout("2H"), Some(Duration::from_secs(7200)));
+        assert_eq!(
+            grpc_timeout("99999999n"),
+            Some(Duration::from_nanos(99_999_999))
+        );
+        for bad in ["", "S", "5", "5s", "123456789S", "-5S", "5 S", "5é"] {
+            assert_eq!(grpc_timeout(bad), None, "{bad:?}");
+        }
+        let mut md = tonic::metadata::MetadataMap::new();
+        assert_eq!(statement_timeout(Duration::ZERO, &md), None);
+        assert_eq!(
+            statement_timeout(Duration::from_secs(30), &md),
+            Some(Duration::from_secs(30))
+        );
+        md.insert("grpc-timeout", "2S".parse().unwrap());
+        assert_eq!(
+            statement_timeout(Duration::ZERO, &md),
+            Some(Duration::from_secs(2))
+        );
+        assert_eq!(
+            statement_timeout(Duration::from_secs(30), &md),
+            Some(Duration::from_secs(2))
+        );
+        assert_eq!(
+            statement_timeout(Duration::from_secs(1), &md),
+            Some(Duration::from_secs(1))
+        );
     }
 }

@@ -20,6 +20,7 @@
 //! The same holds when Raft stops under the node (a storage error) or the cluster
 //! refuses to let the node join.
 
+mod admission;
 pub mod cluster;
 mod codes;
 pub mod config;
@@ -53,6 +54,11 @@ use tracing::{error, info, instrument, warn};
 
 pub use config::{CompressCodec, ConfigError, CpuClass, HugePages, NodeConfig};
 pub use grpc::MAX_SCAN_ROWS;
+
+/// `Admin` calls a node handles at once at most; one more is refused (53300). Fixed:
+/// operators' calls are few, and their own bound keeps them reaching a node whose
+/// `Client` calls are at `--max-requests`.
+pub const ADMIN_REQUESTS: usize = 64;
 
 /// Why a node could not start or stopped on its own.
 ///
@@ -570,16 +576,20 @@ pub async fn run(
     let grpc_shutdown = state.shutdown.clone();
     let grpc = tonic::transport::Server::builder()
         .timeout(Duration::from_secs(300))
-        .add_service(codes::Corrected(
+        .add_service(codes::Corrected(admission::Bounded::new(
             v1::client_server::ClientServer::new(services.clone())
                 .max_decoding_message_size(max)
                 .max_encoding_message_size(max),
-        ))
-        .add_service(codes::Corrected(
+            state.config.max_requests as usize,
+            "--max-requests",
+        )))
+        .add_service(codes::Corrected(admission::Bounded::new(
             v1::admin_server::AdminServer::new(services)
                 .max_decoding_message_size(max)
                 .max_encoding_message_size(max),
-        ))
+            ADMIN_REQUESTS,
+            "Admin calls at once, fixed",
+        )))
         .add_service(InterceptedService::new(
             state.plane.raft_service(),
             refuse_while_isolated,

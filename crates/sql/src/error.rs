@@ -67,6 +67,10 @@ pub enum ErrorKind {
     /// `statement_too_complex`); the text names the limit.
     #[error("statement too complex: {0}")]
     TooComplex(String),
+    /// A statement that ran past the session's statement timeout (57014, as
+    /// PostgreSQL's `query_canceled`); the text names the timeout.
+    #[error("{0}")]
+    StatementTimeout(String),
     /// A script whose results would not fit in one reply (54000, as PostgreSQL's
     /// `program_limit_exceeded`); the text names the limit.
     #[error("{0}")]
@@ -112,6 +116,7 @@ impl ErrorKind {
             ErrorKind::TransactionState(_) => "25001",
             ErrorKind::TooComplex(_) => "54001",
             ErrorKind::ResultTooLarge(_) => "54000",
+            ErrorKind::StatementTimeout(_) => "57014",
             ErrorKind::Coerce(e) => e.code(),
             ErrorKind::Store(e) => e.code(),
             ErrorKind::Replication(e) => &e.code,

@@ -15,6 +15,7 @@
 use std::cmp::Ordering;
 use std::collections::{HashMap, HashSet};
 use std::ops::Bound;
+use std::time::{Duration, Instant};
 
 use hawser_core::coerce::coerce;
 use hawser_core::{QualName, Row, TableDef, Value};
@@ -37,6 +38,45 @@ pub struct SeqCtx<'a> {
     pub db: &'a Database,
     pub currval: &'a mut HashMap<QualName, i64>,
     row: HashMap<QualName, i64>,
+    deadline: Option<Deadline>,
+}
+
+/// When a statement must have finished ([`crate::Session::set_statement_timeout`]):
+/// checked every [`Deadline::EVERY`] rows, so that a long statement costs a clock read
+/// per that many rows, not per row.
+#[derive(Debug, Clone, Copy)]
+pub struct Deadline {
+    pub at: Instant,
+    /// What the caller asked for, for the error's text.
+    pub timeout: Duration,
+    rows: u32,
+}
+
+impl Deadline {
+    const EVERY: u32 = 256;
+
+    pub fn after(timeout: Duration) -> Self {
+        Deadline {
+            at: Instant::now() + timeout,
+            timeout,
+            rows: 0,
+        }
+    }
+
+    /// Counts one row; an error once the deadline has passed (checked on the first
+    /// row and then every [`Deadline::EVERY`]).
+    fn tick(&mut self) -> Result<()> {
+        let due = self.rows.is_multiple_of(Self::EVERY);
+        self.rows = self.rows.wrapping_add(1);
+        if due && Instant::now() >= self.at {
+            return Err(ErrorKind::StatementTimeout(format!(
+                "canceling statement due to statement timeout: it ran longer than {}",
+                humantime::format_duration(self.timeout)
+            ))
+            .into());
+        }
+        Ok(())
+    }
 }
 
 impl<'a> SeqCtx<'a> {
@@ -45,12 +85,29 @@ impl<'a> SeqCtx<'a> {
             db,
             currval,
             row: HashMap::new(),
+            deadline: None,
         }
     }
 
-    /// Starts a new row: the next NEXTVAL advances again.
-    fn new_row(&mut self) {
+    /// Fails the statement once `deadline` has passed.
+    pub fn with_deadline(mut self, deadline: Option<Deadline>) -> Self {
+        self.deadline = deadline;
+        self
+    }
+
+    /// Starts a new row: the next NEXTVAL advances again. Fails once the statement's
+    /// deadline has passed.
+    fn new_row(&mut self) -> Result<()> {
         self.row.clear();
+        self.check_deadline()
+    }
+
+    /// Fails once the statement's deadline has passed (counted as one row's work).
+    fn check_deadline(&mut self) -> Result<()> {
+        match &mut self.deadline {
+            Some(d) => d.tick(),
+            None => Ok(()),
+        }
     }
 }
 
@@ -182,7 +239,7 @@ fn select(
     };
     let mut rows = Vec::with_capacity(input.len());
     for row in input {
-        ctx.new_row();
+        ctx.new_row()?;
         if match &p.filter {
             Some(f) => f.holds(&row, ctx)?,
             None => true,
@@ -197,7 +254,7 @@ fn select(
     let mut out: Vec<Row> = Vec::with_capacity(rows.len());
     let mut seen = HashSet::new();
     for row in &rows {
-        ctx.new_row();
+        ctx.new_row()?;
         let mut o = Vec::with_capacity(p.outputs.len());
         for e in &p.outputs {
             o.push(e.eval(row, ctx)?);
@@ -324,7 +381,7 @@ fn aggregate(
         index.insert(Vec::new(), 0);
     }
     for row in &rows {
-        ctx.new_row();
+        ctx.new_row()?;
         let mut key = Vec::with_capacity(agg.group_by.len());
         for g in &agg.group_by {
             key.push(g.eval(row, ctx)?);
@@ -346,7 +403,7 @@ fn aggregate(
         for acc in accs {
             key.push(acc.finish()?);
         }
-        ctx.new_row();
+        ctx.new_row()?;
         if match &agg.having {
             Some(h) => h.holds(&key, ctx)?,
             None => true,
@@ -393,7 +450,7 @@ async fn insert(
     match &p.source {
         InsertSource::Values(values) => {
             for exprs in values {
-                ctx.new_row();
+                ctx.new_row()?;
                 let mut vals = Vec::with_capacity(exprs.len());
                 for (e, at) in exprs {
                     vals.push((e.eval(&[], ctx).at(*at)?, *at));
@@ -409,6 +466,7 @@ async fn insert(
     }
     let mut n = 0;
     for vals in rows {
+        ctx.check_deadline()?;
         let mut row = template.clone();
         for (&i, (v, at)) in p.targets.iter().zip(vals) {
             row[i] = fit(def, i, v, at)?;
@@ -442,7 +500,7 @@ async fn update(
     let mut written: HashSet<Row> = HashSet::new();
     let mut n = 0;
     for row in candidates {
-        ctx.new_row();
+        ctx.new_row()?;
         if !passes(&p.filter, &row, ctx)? {
             continue;
         }
@@ -454,7 +512,7 @@ async fn update(
         let Some(current) = txn.lock_and_get(&def.name, &key).await? else {
             continue;
         };
-        ctx.new_row();
+        ctx.new_row()?;
         if !passes(&p.filter, &current, ctx)? {
             continue;
         }
@@ -481,7 +539,7 @@ async fn delete(
     let candidates = read(&p.access, txn, ctx, stats)?;
     let mut n = 0;
     for row in candidates {
-        ctx.new_row();
+        ctx.new_row()?;
         if !passes(&p.filter, &row, ctx)? {
             continue;
         }
@@ -489,7 +547,7 @@ async fn delete(
         let Some(current) = txn.lock_and_get(&def.name, &key).await? else {
             continue;
         };
-        ctx.new_row();
+        ctx.new_row()?;
         if !passes(&p.filter, &current, ctx)? {
             continue;
         }

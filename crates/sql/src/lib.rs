@@ -49,6 +49,7 @@ use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::time::Duration;
 
 use hawser_core::Value;
 use hawser_core::{QualName, TableDef};
@@ -202,6 +203,7 @@ impl SqlEngine {
             last_token: None,
             open: None,
             result_limit: None,
+            statement_timeout: None,
         }
     }
 
@@ -226,6 +228,8 @@ pub struct Session {
     open: Option<OpenCommit>,
     /// How large a script's results may grow ([`Session::limit_results`]).
     result_limit: Option<ResultLimit>,
+    /// How long one statement may run ([`Session::set_statement_timeout`]).
+    statement_timeout: Option<Duration>,
 }
 
 /// How large the results of one script may grow: what the caller can send back in one
@@ -262,6 +266,16 @@ impl Session {
     /// Bounds the results of every script this session runs from now on.
     pub fn limit_results(&mut self, limit: ResultLimit) {
         self.result_limit = Some(limit);
+    }
+
+    /// Bounds how long each DML statement, SELECT or EXPLAIN ANALYZE of the scripts this
+    /// session runs from now on may take (`None`: no bound). One that runs longer fails
+    /// with 57014 and is undone (its transaction keeps running); a timed out
+    /// autocommitted statement commits nothing. The bound is checked between the rows a
+    /// statement reads and writes: a row lock wait ends at the lock timeout, a commit's
+    /// wait for a return service at its RETURN WAIT TIME, and DDL is not bounded.
+    pub fn set_statement_timeout(&mut self, timeout: Option<Duration>) {
+        self.statement_timeout = timeout.filter(|t| !t.is_zero());
     }
 
     pub async fn execute(&mut self, text: &str) -> ScriptOutcome {
@@ -373,7 +387,8 @@ impl Session {
                 self.run_ddl(ddl).await
             }
             dml => {
-                let mut ctx = SeqCtx::new(&self.db, &mut self.currval);
+                let deadline = self.statement_timeout.map(exec::Deadline::after);
+                let mut ctx = SeqCtx::new(&self.db, &mut self.currval).with_deadline(deadline);
                 match &mut self.txn {
                     Some(txn) => {
                         // Statement-level atomicity: a failure undoes this statement only.

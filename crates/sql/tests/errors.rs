@@ -241,3 +241,28 @@ async fn results_past_the_limit_fail_the_statement_and_stop_the_script_there() {
         vec!["1", "2"]
     );
 }
+
+#[tokio::test]
+async fn a_statement_past_its_timeout_fails_with_57014_and_is_undone() {
+    let mut s = setup().await;
+    ok(&mut s, "insert into t values (2, 'two', 2, 2)").await;
+    // A timeout no statement can meet: the first row already finds it passed.
+    s.set_statement_timeout(Some(std::time::Duration::from_nanos(1)));
+    let e = fails(&mut s, "select * from t").await;
+    assert_eq!(e.code, "57014");
+    assert!(e.message.contains("statement timeout"), "{e}");
+    let e = fails(&mut s, "update t set small = 9").await;
+    assert_eq!(e.code, "57014");
+    // Inside a transaction only the statement is undone; the transaction goes on.
+    let e = fails(&mut s, "begin; insert into t values (3, 'c', 1, 1)").await;
+    assert_eq!((e.code.as_str(), e.statement), ("57014", 2));
+    s.set_statement_timeout(None);
+    ok(&mut s, "insert into t values (4, 'd', 1, 1); commit").await;
+    assert_eq!(
+        text(&mut s, "select k, small from t").await,
+        vec!["1|1", "2|2", "4|1"]
+    );
+    // Zero means no bound.
+    s.set_statement_timeout(Some(std::time::Duration::ZERO));
+    ok(&mut s, "select * from t").await;
+}
