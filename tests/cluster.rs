@@ -369,7 +369,8 @@ fn nodes_joining_through_every_members_address_form_one_cluster_once_the_first_i
 /// (a new node id): it never adopts the vote or membership meant for the member it
 /// replaces. The leader's Raft calls name the member they are for and are refused
 /// there, saying so, and the replacement stays uninitialized; once the old member is
-/// removed it joins as a new one.
+/// removed (`--keep-in-schemes`: the new node takes the store's place in the scheme) it
+/// joins as a new one.
 #[test]
 fn a_node_restarted_on_an_empty_data_directory_is_not_taken_for_the_member_it_replaces() {
     let dir = tempfile::tempdir().unwrap();
@@ -444,8 +445,18 @@ fn a_node_restarted_on_an_empty_data_directory_is_not_taken_for_the_member_it_re
             .any(|n| n["id"] == old_id && n["health"] == "unreachable")
             .then_some(())
     });
-    // The documented way: remove the old member, start the new node joining.
-    let out = nodes[0].cli(&["node", "remove", "--node-id", &old_id.to_string()]);
+    // The documented way: remove the old member, leaving its store in the scheme for
+    // the new node (a plain removal is refused: the scheme names n3), and start the
+    // new node joining.
+    let old = old_id.to_string();
+    let out = nodes[0].cli(&["node", "remove", "--node-id", &old]);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("--keep-in-schemes"),
+        "{}",
+        stderr(&out)
+    );
+    let out = nodes[0].cli(&["node", "remove", "--node-id", &old, "--keep-in-schemes"]);
     assert!(out.status.success(), "{}", stderr(&out));
     nodes[2].kill9();
     nodes[2] = start("n3", d, &addr, Some(&nodes[0].grpc));

@@ -2,7 +2,7 @@
 //!
 //! `init` bootstraps the Raft group on the node it addresses (run it on one node only;
 //! the others `hawser start --join` it). `node remove` takes a member out through the
-//! Raft leader, wherever the addressed node is. `receiver` sets a subscriber's receiver
+//! Raft leader, wherever the addressed node is (docs/control.md, "Removing a node"). `receiver` sets a subscriber's receiver
 //! state, as TimesTen's `ttRepAdmin -receiver -state`; `return-service` enables or
 //! disables a subscriber's return service, as TimesTen's DISABLE RETURN would.
 
@@ -26,15 +26,49 @@ pub struct NodeArgs {
 
 #[derive(Subcommand, Debug)]
 enum NodeCommand {
-    /// Take a node out of the cluster (Raft membership and registry). Refused while the
-    /// node masters an element of a replication scheme: move the role first.
+    /// Take a node out of the cluster for good: out of the registry, then out of the
+    /// Raft membership, through the Raft leader.
+    ///
+    /// Refused while the node's store is the MASTER or PROPAGATOR of an element (move
+    /// the role first: `hawser switchover`), not even --force removes it then. Refused
+    /// while any replication scheme names the store as a SUBSCRIBER, unless --force
+    /// (take it out of every scheme in the same step, as ALTER REPLICATION ... DROP
+    /// SUBSCRIBER would) or --keep-in-schemes (leave it there for a new node under the
+    /// same store name).
+    ///
+    /// The removed node learns it was removed (it applies its removal, a member refuses
+    /// its next call, or the leader tells it), says so in its log and `hawser status`,
+    /// answers 503 on /readyz, and stops replicating, taking writes and campaigning. It
+    /// is never let back in under its id: to bring the machine back, start it on an
+    /// empty data directory with --join (a new node).
+    #[command(after_help = "\
+Examples:
+  hawser node remove 1234                      # refused if a scheme names its store
+  hawser node remove 1234 --force              # also drops it from every scheme
+  hawser node remove --node-id 1234 --keep-in-schemes   # a lost volume: a new node takes the store's name")]
     Remove {
         /// Any member of the cluster; the request goes to the Raft leader.
         #[arg(long, env = "HAWSER_HOST", default_value = "127.0.0.1:7420")]
         host: String,
         /// Id of the node to remove (as `hawser status` lists it).
+        #[arg(
+            value_name = "ID",
+            required_unless_present = "node_id",
+            conflicts_with = "node_id"
+        )]
+        id: Option<u64>,
+        /// The same as ID.
+        #[arg(long, value_name = "ID")]
+        node_id: Option<u64>,
+        /// Take the node's store out of every replication scheme that names it, in the
+        /// same Raft entry as the removal (refused where it is an element's last
+        /// subscriber: drop the element or the scheme first).
+        #[arg(long, conflicts_with = "keep_in_schemes")]
+        force: bool,
+        /// Leave the schemes naming the store: a new node started under the same store
+        /// name (on an empty data directory, with --join) takes its place in them.
         #[arg(long)]
-        node_id: u64,
+        keep_in_schemes: bool,
     },
 }
 
@@ -156,15 +190,31 @@ pub async fn init(args: InitArgs) -> anyhow::Result<ExitCode> {
 
 pub async fn node(args: NodeArgs) -> anyhow::Result<ExitCode> {
     match args.command {
-        NodeCommand::Remove { host, node_id } => {
+        NodeCommand::Remove {
+            host,
+            id,
+            node_id,
+            force,
+            keep_in_schemes,
+        } => {
+            let node_id = id
+                .or(node_id)
+                .context("give the id of the node to remove")?;
             let mut client = hawser_client::Client::connect(&host)
                 .await
                 .with_context(|| format!("connect to {host}"))?;
-            client
-                .remove_node(node_id)
+            let reply = client
+                .remove_node_with(hawser_proto::v1::RemoveNodeRequest {
+                    node_id,
+                    force,
+                    keep_in_schemes,
+                })
                 .await
                 .with_context(|| format!("remove node {node_id}"))?;
             println!("node {node_id} removed from the cluster");
+            for role in &reply.schemes_changed {
+                println!("  its store is no longer {role}");
+            }
             Ok(ExitCode::SUCCESS)
         }
     }

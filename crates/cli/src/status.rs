@@ -35,7 +35,11 @@ pub async fn run(args: StatusArgs) -> anyhow::Result<ExitCode> {
         .await
         .with_context(|| format!("status of {}", args.host))?;
     match args.format {
-        Format::Json => println!("{}", hawser_node::status_json(&s)),
+        Format::Json => {
+            let mut json = hawser_node::status_json(&s);
+            hawser_node::cluster::add_removal_json(&mut json, &s);
+            println!("{json}");
+        }
         Format::Table => {
             println!("node        {} (id {})", s.name, s.node_id);
             println!("version     {}", s.version);
@@ -238,6 +242,11 @@ fn print_replication(r: &v1::ReplicationStatus) {
 
 fn print_cluster(c: &hawser_client::ClusterStatus) {
     println!();
+    if let Some(r) = &c.removed {
+        println!("cluster     REMOVED: {}", r.message);
+        println!("            (what follows is the cluster as this node last knew it)");
+        println!();
+    }
     if !c.initialized {
         println!(
             "cluster     not initialized (run `hawser init` on one node, or start with --join)"

@@ -27,8 +27,8 @@ use tokio::sync::mpsc;
 use tonic::transport::{Channel, Endpoint};
 
 pub use hawser_proto::v1::{
-    ClusterNode, ClusterStatus, ElementStatus, InitResponse, SchemeDdl, SchemeStatus,
-    ShowSchemesResponse, StatusResponse, Warning,
+    ClusterNode, ClusterRemoval, ClusterStatus, ElementStatus, InitResponse, SchemeDdl,
+    SchemeStatus, ShowSchemesResponse, StatusResponse, Warning,
 };
 
 /// Largest message the client sends or accepts.
@@ -379,13 +379,29 @@ impl Client {
     }
 
     /// Takes node `node_id` out of the cluster (through the Raft leader). Fails with
-    /// FAILED_PRECONDITION while the node masters an element, UNAVAILABLE without a
-    /// leader.
+    /// FAILED_PRECONDITION while the node masters an element or any replication scheme
+    /// names its store, UNAVAILABLE without a leader.
     pub async fn remove_node(&mut self, node_id: u64) -> Result<(), ClientError> {
-        self.admin
-            .remove_node(self.request(v1::RemoveNodeRequest { node_id }))
-            .await?;
-        Ok(())
+        self.remove_node_with(v1::RemoveNodeRequest {
+            node_id,
+            ..Default::default()
+        })
+        .await
+        .map(|_| ())
+    }
+
+    /// [`Client::remove_node`] with its options: `force` also takes the store out of
+    /// every scheme in the same step, `keep_in_schemes` leaves it there for a new node
+    /// under the same store name.
+    pub async fn remove_node_with(
+        &mut self,
+        request: v1::RemoveNodeRequest,
+    ) -> Result<v1::RemoveNodeResponse, ClientError> {
+        Ok(self
+            .admin
+            .remove_node(self.request(request))
+            .await?
+            .into_inner())
     }
 
     /// Switches the master role of every element `from` (empty: the scheme's one master

@@ -5,7 +5,7 @@
 //! §2, §5). Row data never goes through Raft.
 //!
 //! ```text
-//!   ControlPlane (plane) ── propose / join / remove / state / metrics
+//!   ControlPlane (plane) ── propose / join / remove / state / metrics / removal
 //!        │                        ▲
 //!        ▼                        │ applied ClusterState (watch)
 //!   openraft::Raft ── store: LogStore + StateMachineStore ── KvEngine (sled | memory)
@@ -20,6 +20,7 @@
 //! * [`health`]: the leader's book of liveness reports and the master leases it grants.
 //! * [`failover`]: the pure failover decision.
 //! * [`plane`]: [`ControlPlane`], what the node holds.
+//! * [`removal`]: how a node learns it was removed, and keeps knowing it.
 //! * [`types`]: the openraft type configuration.
 //!
 //! `docs/control.md` records the layout, the RPCs, the timing settings and the
@@ -29,6 +30,7 @@ pub mod failover;
 pub mod health;
 pub mod network;
 pub mod plane;
+pub mod removal;
 pub mod service;
 pub mod state;
 pub mod store;
@@ -43,6 +45,7 @@ pub mod pb {
 pub use network::PeerError;
 pub use plane::{
     ControlConfig, ControlMetrics, ControlPlane, FailoverTick, JoinReply, JoinRequest, PlaneError,
-    RaftRole,
+    RaftRole, RemoveReply, RemoveRequest,
 };
-pub use state::{ClusterState, Command, ControlError, NodeInfo, Response};
+pub use removal::{Learned, Removal};
+pub use state::{ClusterState, Command, ControlError, NodeInfo, RemovalMode, Response};

@@ -35,6 +35,7 @@ use tonic::transport::{Channel, Endpoint};
 
 use crate::pb::raft_peer_client::RaftPeerClient;
 use crate::pb::Payload;
+use crate::removal::{Learned, Removal, RemovalBook};
 use crate::state::ControlError;
 use crate::types::{BasicNode, RaftNodeId, TypeConfig};
 
@@ -52,6 +53,7 @@ pub enum Rpc {
     ForwardPropose,
     RemoveNode,
     Report,
+    NotifyRemoved,
 }
 
 impl Rpc {
@@ -65,6 +67,7 @@ impl Rpc {
             Rpc::ForwardPropose => "forward_propose",
             Rpc::RemoveNode => "remove_node",
             Rpc::Report => "report",
+            Rpc::NotifyRemoved => "notify_removed",
         }
     }
 }
@@ -95,6 +98,14 @@ pub enum CallError {
 }
 
 impl CallError {
+    /// The removal a peer's refusal says this node had, if that is why it refused.
+    pub fn removal(&self) -> Option<Removal> {
+        match self {
+            CallError::Status { status, .. } => removal_refusal(status),
+            _ => None,
+        }
+    }
+
     /// Whether the peer is down or not listening (as opposed to slow or confused).
     pub fn is_unreachable(&self) -> bool {
         match self {
@@ -143,8 +154,73 @@ pub const FROM_NODE: &str = "hawser-from-node";
 pub const TO_NODE: &str = "hawser-to-node";
 pub const CLUSTER: &str = "hawser-cluster";
 
+/// Metadata key of a peer's refusal that the caller must act on; its one value now is
+/// [`REFUSED_REMOVED`], with the status details a JSON [`Removal`].
+pub const REFUSAL: &str = "hawser-refusal";
+/// [`REFUSAL`]: the caller was removed from the cluster.
+pub const REFUSED_REMOVED: &str = "removed";
+
+/// Refuses a call from node `from` when the cluster (`state`, applied here by node
+/// `me`) removed it, with a typed refusal the caller records ([`removal_refusal`]).
+/// `raft_member`: the call is a Raft call (AppendEntries, Vote, InstallSnapshot) and
+/// the caller is still in this node's committed membership — taken, since the
+/// membership change that follows a removal may still be under way (a leader removing
+/// itself leads it), and Raft needs the call then.
+pub fn check_not_removed(
+    from: Option<u64>,
+    state: &ClusterState,
+    me: u64,
+    raft_member: bool,
+) -> Result<(), tonic::Status> {
+    let Some(from) = from else {
+        return Ok(());
+    };
+    let Some(removed) = state.removed.get(&hawser_core::NodeId(from)) else {
+        return Ok(());
+    };
+    if raft_member {
+        return Ok(());
+    }
+    let removal = Removal {
+        node: hawser_core::NodeId(from),
+        cluster_id: state.cluster_id,
+        log_index: removed.log_index,
+        at_unix_ms: removed.at_unix_ms,
+        learned: Learned::Refused {
+            by: hawser_core::NodeId(me),
+        },
+    };
+    let message = format!(
+        "node {from} (store {}) was {}: it takes no part in the cluster any more; \
+         refused",
+        removed.store,
+        removal.describe()
+    );
+    // A Removal always serializes (plain numbers and an enum).
+    let details = serde_json::to_vec(&removal).unwrap_or_default();
+    let mut status =
+        tonic::Status::with_details(tonic::Code::FailedPrecondition, message, details.into());
+    status.metadata_mut().insert(
+        REFUSAL,
+        tonic::metadata::MetadataValue::from_static(REFUSED_REMOVED),
+    );
+    Err(status)
+}
+
+/// The removal a peer's refusal ([`check_not_removed`]) names, if it is one.
+pub fn removal_refusal(status: &tonic::Status) -> Option<Removal> {
+    let typed = status
+        .metadata()
+        .get(REFUSAL)
+        .is_some_and(|v| v.as_bytes() == REFUSED_REMOVED.as_bytes());
+    typed
+        .then(|| serde_json::from_slice(status.details()).ok())
+        .flatten()
+}
+
 /// Lazily connected channels to peers, by address, and deadline-bounded calls that say
-/// who sends them, to which node and in which cluster.
+/// who sends them, to which node and in which cluster. A peer's refusal saying this
+/// node was removed is recorded in the removal book, whichever call met it.
 #[derive(Clone)]
 pub struct PeerPool {
     channels: Arc<Mutex<HashMap<String, Channel>>>,
@@ -153,19 +229,22 @@ pub struct PeerPool {
     from: u64,
     /// The applied cluster state, for the cluster id (0 until this node has one).
     state: watch::Receiver<Arc<ClusterState>>,
+    removal: Arc<RemovalBook>,
 }
 
 impl PeerPool {
-    pub fn new(
+    pub(crate) fn new(
         connect_timeout: Duration,
         from: u64,
         state: watch::Receiver<Arc<ClusterState>>,
+        removal: Arc<RemovalBook>,
     ) -> Self {
         Self {
             channels: Arc::default(),
             connect_timeout,
             from,
             state,
+            removal,
         }
     }
 
@@ -234,6 +313,7 @@ impl PeerPool {
                 Rpc::ForwardPropose => client.forward_propose(request).await,
                 Rpc::RemoveNode => client.remove_node(request).await,
                 Rpc::Report => client.report(request).await,
+                Rpc::NotifyRemoved => client.notify_removed(request).await,
             }
         };
         let started = std::time::Instant::now();
@@ -254,10 +334,20 @@ impl PeerPool {
                 addr: addr.to_string(),
                 deadline,
             }),
-            Ok(Err(status)) => Err(CallError::Status {
-                addr: addr.to_string(),
-                status,
-            }),
+            Ok(Err(status)) => {
+                if let Some(removal) = removal_refusal(&status) {
+                    // Whichever call met it (a vote, a report, a join), this node was
+                    // removed: recorded once, which turns its elections off.
+                    let cluster = self.state.borrow().cluster_id;
+                    if cluster == 0 || removal.cluster_id == cluster {
+                        self.removal.record(removal).await;
+                    }
+                }
+                Err(CallError::Status {
+                    addr: addr.to_string(),
+                    status,
+                })
+            }
             Ok(Ok(reply)) => Ok(reply.into_inner().json),
         }
     }
@@ -480,5 +570,47 @@ mod tests {
             check_peer_call(&garbled, 7, 99, false).unwrap_err().code(),
             tonic::Code::InvalidArgument
         );
+    }
+
+    #[test]
+    fn a_removed_node_is_refused_with_a_removal_it_can_read_unless_a_raft_member() {
+        let mut state = ClusterState {
+            cluster_id: 99,
+            ..Default::default()
+        };
+        state.removed.insert(
+            hawser_core::NodeId(5),
+            crate::state::RemovedNode {
+                store: hawser_core::Ident::unquoted("n5"),
+                at_unix_ms: 1_700_000_000_000,
+                log_index: 31,
+            },
+        );
+        assert!(check_not_removed(Some(6), &state, 1, false).is_ok());
+        assert!(check_not_removed(None, &state, 1, false).is_ok());
+        // Still in the committed membership: its Raft calls are taken.
+        assert!(check_not_removed(Some(5), &state, 1, true).is_ok());
+        let refusal = check_not_removed(Some(5), &state, 1, false).unwrap_err();
+        assert_eq!(refusal.code(), tonic::Code::FailedPrecondition);
+        assert!(
+            refusal
+                .message()
+                .contains("node 5 (store n5) was removed from cluster 99"),
+            "{}",
+            refusal.message()
+        );
+        let removal = removal_refusal(&refusal).expect("a typed refusal");
+        assert_eq!(
+            (removal.node, removal.cluster_id, removal.log_index),
+            (hawser_core::NodeId(5), 99, 31)
+        );
+        assert_eq!(
+            removal.learned,
+            Learned::Refused {
+                by: hawser_core::NodeId(1)
+            }
+        );
+        // Any other refusal is not one.
+        assert!(removal_refusal(&tonic::Status::failed_precondition("no")).is_none());
     }
 }

@@ -31,8 +31,11 @@ use crate::failover::{self, Blocked, FailoverSettings, HealthReport, HealthView}
 use crate::health::{HealthBook, LeaseGrant, Report, ReportReply};
 use crate::network::{CallError, NetworkFactory, PeerError, PeerPool, Rpc};
 use crate::pb::raft_peer_server::RaftPeerServer;
+use crate::removal::{Learned, Removal, RemovalBook};
 use crate::service::PeerService;
-use crate::state::{self, ClusterState, Command, ControlError, NodeInfo, Response};
+use crate::state::{
+    self, ClusterState, Command, ControlError, NodeInfo, RemovalMode, Response, SchemeRole,
+};
 use crate::store;
 use crate::types::{BasicNode, Raft, RaftMetrics, RaftNodeId};
 
@@ -242,6 +245,14 @@ pub enum PlaneError {
     /// Raft stopped (shut down or a fatal storage error): the node must restart.
     #[error("raft stopped: {0}")]
     Fatal(String),
+    /// This node was removed from the cluster: it takes no part any more, and no call
+    /// of it will succeed (docs/control.md, "Removing a node").
+    #[error(
+        "this node (id {}) was {}; it takes no part in the cluster any more (to bring the \
+         machine back, start it on an empty data directory with --join)",
+        .0.node, .0.describe()
+    )]
+    Removed(Removal),
 }
 
 impl PlaneError {
@@ -279,6 +290,9 @@ impl PlaneError {
     }
 
     fn from_call(e: CallError) -> Self {
+        if let Some(removal) = e.removal() {
+            return PlaneError::Removed(removal);
+        }
         PlaneError::Unavailable {
             leader_addr: None,
             reason: e.to_string(),
@@ -292,6 +306,21 @@ pub struct JoinRequest {
     pub node: NodeInfo,
     /// Whether the joining node's Raft storage is empty (never initialized or joined).
     pub fresh: bool,
+}
+
+/// What a RemoveNode request carries.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RemoveRequest {
+    pub node: NodeId,
+    #[serde(default)]
+    pub mode: RemovalMode,
+}
+
+/// What a successful removal returns.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct RemoveReply {
+    /// The roles a forced removal took the node's store out of (none otherwise).
+    pub schemes_changed: Vec<SchemeRole>,
 }
 
 /// What a successful join returns.
@@ -355,6 +384,8 @@ pub(crate) struct Inner {
     health: HealthBook,
     /// Serializes membership changes on this node (when it leads).
     membership: tokio::sync::Mutex<()>,
+    /// Whether this node was removed from the cluster ([`crate::removal`]).
+    removal: Arc<RemovalBook>,
 }
 
 /// One node's handle on the cluster's control plane.
@@ -371,12 +402,27 @@ impl ControlPlane {
         cfg.validate()?;
         let config = Arc::new(cfg.raft_config()?);
         let credit = cfg.takeover_credit();
-        let (log, sm) = store::open(engine).map_err(|e| PlaneError::Storage(Box::new(e)))?;
-        let peers = PeerPool::new(cfg.election_timeout_min, cfg.node_id.0, sm.subscribe());
+        let (log, sm) =
+            store::open(engine.clone()).map_err(|e| PlaneError::Storage(Box::new(e)))?;
+        // Read before Raft starts: a node removed already must never campaign.
+        let removal = Arc::new(
+            RemovalBook::open(engine, cfg.node_id, &sm.state())
+                .map_err(|e| PlaneError::Fatal(format!("cannot read the removal record: {e}")))?,
+        );
+        sm.watch_removal(removal.clone());
+        let peers = PeerPool::new(
+            cfg.election_timeout_min,
+            cfg.node_id.0,
+            sm.subscribe(),
+            removal.clone(),
+        );
         let network = NetworkFactory::new(peers.clone(), cfg.unreachable_backoff);
         let raft = Raft::new(cfg.node_id.0, config, network, log, sm.clone())
             .await
             .map_err(|e| PlaneError::Fatal(e.to_string()))?;
+        // The first election comes an election timeout after the start at the earliest,
+        // long after this.
+        removal.attach(raft.clone());
         Ok(Self {
             inner: Arc::new(Inner {
                 cfg,
@@ -385,6 +431,7 @@ impl ControlPlane {
                 peers,
                 health: HealthBook::new(credit),
                 membership: tokio::sync::Mutex::new(()),
+                removal,
             }),
         })
     }
@@ -441,6 +488,7 @@ impl ControlPlane {
     /// this returns. A node that is a member already is re-registered (a restart).
     /// Callers retry a retryable error (no leader yet, members unreachable).
     pub async fn join(&self, members: &[String]) -> Result<JoinReply, PlaneError> {
+        self.not_removed()?;
         let fresh = !self
             .inner
             .raft
@@ -487,10 +535,33 @@ impl ControlPlane {
                     return Err(PlaneError::from_peer(e))
                 }
                 Ok(Err(e)) => last = PlaneError::from_peer(e),
-                Err(e) => last = PlaneError::from_call(e),
+                Err(e) => {
+                    last = PlaneError::from_call(e);
+                    if matches!(last, PlaneError::Removed(_)) {
+                        return Err(last);
+                    }
+                }
             }
         }
         Err(last)
+    }
+
+    /// Whether this node was removed from the cluster, and how it learned it
+    /// ([`crate::removal`]).
+    pub fn removal(&self) -> Option<Removal> {
+        self.inner.removal.get()
+    }
+
+    /// A watch of [`ControlPlane::removal`]; it changes once, when the node learns it.
+    pub fn removal_watch(&self) -> watch::Receiver<Option<Removal>> {
+        self.inner.removal.subscribe()
+    }
+
+    fn not_removed(&self) -> Result<(), PlaneError> {
+        match self.removal() {
+            Some(r) => Err(PlaneError::Removed(r)),
+            None => Ok(()),
+        }
     }
 
     /// Proposes `cmd`: validated against this node's state first, then committed
@@ -498,6 +569,7 @@ impl ControlPlane {
     /// the command; [`ControlPlane::wait_for_version`] waits until this node has
     /// applied it.
     pub async fn propose(&self, cmd: Command) -> Result<u64, PlaneError> {
+        self.not_removed()?;
         state::validate(&self.state(), &cmd).map_err(PlaneError::Rejected)?;
         let mut target: Option<String> = None;
         let mut last_leader = None;
@@ -550,30 +622,45 @@ impl ControlPlane {
         })
     }
 
-    /// Takes node `id` out of the cluster: out of the Raft membership, then out of the
-    /// registry. Refused while the node masters an element. Runs on the leader, wherever
-    /// it is called.
-    pub async fn remove_node(&self, id: NodeId) -> Result<(), PlaneError> {
-        state::validate(&self.state(), &Command::RemoveNode { node: id })
-            .map_err(PlaneError::Rejected)?;
+    /// Takes node `id` out of the cluster, through the Raft leader wherever it is: one
+    /// entry takes it out of the registry for good (and, with [`RemovalMode::Force`],
+    /// its store out of every scheme), then the membership change takes it out of Raft.
+    /// Refused while its store masters or propagates an element, and (unless `mode`
+    /// says otherwise) while any scheme names it. Calling it again for a node whose
+    /// membership change did not finish finishes it.
+    pub async fn remove_node(
+        &self,
+        id: NodeId,
+        mode: RemovalMode,
+    ) -> Result<RemoveReply, PlaneError> {
+        let state = self.state();
+        if !state.removed.contains_key(&id) {
+            let cmd = Command::RemoveNode {
+                node: id,
+                mode,
+                at_unix_ms: 0,
+            };
+            state::validate(&state, &cmd).map_err(PlaneError::Rejected)?;
+        }
+        let request = RemoveRequest { node: id, mode };
         let mut target: Option<String> = None;
         for _ in 0..MAX_HOPS {
             let result = match &target {
-                None => self.inner.handle_remove(id.0).await,
+                None => self.inner.handle_remove(request.clone()).await,
                 Some(addr) => self
                     .inner
                     .peers
-                    .call::<_, Result<(), PeerError>>(
+                    .call::<_, Result<RemoveReply, PeerError>>(
                         addr,
                         Rpc::RemoveNode,
-                        &id.0,
+                        &request,
                         self.inner.cfg.request_timeout,
                     )
                     .await
                     .map_err(PlaneError::from_call)?,
             };
             match result {
-                Ok(()) => return Ok(()),
+                Ok(reply) => return Ok(reply),
                 Err(PeerError::NotLeader {
                     addr: Some(addr), ..
                 }) => target = Some(addr),
@@ -662,6 +749,7 @@ impl ControlPlane {
     /// Sends this node's liveness report to the Raft leader (handled here when this
     /// node leads) and returns its answer, with a master lease or why there is none.
     pub async fn report(&self, health: HealthReport) -> Result<ReportReply, PlaneError> {
+        self.not_removed()?;
         let (leader, addr) = {
             let m = self.inner.raft.metrics();
             let m = m.borrow();
@@ -723,7 +811,9 @@ impl ControlPlane {
     /// interval.
     pub async fn failover_tick(&self) -> Result<FailoverTick, PlaneError> {
         let m = self.inner.raft.metrics().borrow().clone();
-        if m.state != ServerState::Leader {
+        // A removed node still leading (it removed itself, and the membership change
+        // is under way) decides nothing more.
+        if m.state != ServerState::Leader || self.removal().is_some() {
             return Ok(FailoverTick::default());
         }
         let term = m.current_term;
@@ -1173,44 +1263,142 @@ impl Inner {
         })
     }
 
-    /// Takes a node out of the membership and the registry (on the leader), and
-    /// promotes a learner if that leaves fewer voters than wanted.
-    pub(crate) async fn handle_remove(&self, id: RaftNodeId) -> Result<(), PeerError> {
+    /// Takes a node out of the registry and then the membership (on the leader), and
+    /// promotes a learner if that leaves fewer voters than wanted; then tells the node
+    /// (best effort). The registry goes first, in one entry with whatever a forced
+    /// removal does to the schemes, so that the check against the schemes and the
+    /// change are atomic, and so that a removed node that is up applies its own removal
+    /// while still a member: the surest way for it to learn, as openraft tells a
+    /// removed voter nothing. A node found removed already (a removal whose membership
+    /// change did not finish: the leader changed, a timeout) only has the membership
+    /// change finished.
+    pub(crate) async fn handle_remove(
+        &self,
+        request: RemoveRequest,
+    ) -> Result<RemoveReply, PeerError> {
         if !self.is_leader() {
             return Err(self.leader_hint());
         }
         let _one_at_a_time = self.membership.lock().await;
-        let cmd = Command::RemoveNode { node: NodeId(id) };
-        state::validate(&self.sm.state(), &cmd).map_err(PeerError::Rejected)?;
+        let id = request.node;
+        let state = self.sm.state();
         let membership = self.raft.metrics().borrow().membership_config.clone();
+        let mut addr = membership
+            .membership()
+            .get_node(&id.0)
+            .map(|n| n.addr.clone());
+        let mut reply = RemoveReply::default();
+        if !state.removed.contains_key(&id) {
+            let cmd = Command::RemoveNode {
+                node: id,
+                mode: request.mode,
+                at_unix_ms: std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_millis() as u64),
+            };
+            state::validate(&state, &cmd).map_err(PeerError::Rejected)?;
+            if let Some(node) = state.nodes.get(&id) {
+                addr = addr.or_else(|| Some(node.grpc_addr.clone()));
+                if request.mode == RemovalMode::Force {
+                    reply.schemes_changed = state::store_roles(&state, &node.store);
+                }
+            }
+            match self.propose_here(cmd).await? {
+                Response::Rejected(e) => return Err(PeerError::Rejected(e)),
+                Response::Applied { .. } | Response::Empty => {}
+            }
+        }
         let voters: BTreeSet<u64> = membership.membership().voter_ids().collect();
         let learners: Vec<u64> = membership.membership().learner_ids().collect();
-        if voters.contains(&id) {
-            self.raft
-                .change_membership(ChangeMembers::RemoveVoters(BTreeSet::from([id])), true)
+        let change = if voters.contains(&id.0) {
+            // Not kept as a learner: out of the membership in one joint change.
+            Some(ChangeMembers::RemoveVoters(BTreeSet::from([id.0])))
+        } else if membership.membership().get_node(&id.0).is_some() {
+            Some(ChangeMembers::RemoveNodes(BTreeSet::from([id.0])))
+        } else {
+            None
+        };
+        let deadline = self.cfg.request_timeout;
+        if let Some(change) = change {
+            tokio::time::timeout(deadline, self.raft.change_membership(change, false))
                 .await
+                .map_err(|_| {
+                    PeerError::Failed(format!(
+                        "node {id} is out of the registry, but taking it out of the Raft \
+                         membership did not commit within {deadline:?}; run the removal \
+                         again to finish it"
+                    ))
+                })?
                 .map_err(write_error)?;
         }
-        if membership.membership().get_node(&id).is_some() {
-            self.raft
-                .change_membership(ChangeMembers::RemoveNodes(BTreeSet::from([id])), false)
-                .await
-                .map_err(write_error)?;
-        }
-        match self.propose_here(cmd).await? {
-            Response::Rejected(e) => return Err(PeerError::Rejected(e)),
-            Response::Applied { .. } | Response::Empty => {}
-        }
-        let remaining = voters.len() - usize::from(voters.contains(&id));
-        if remaining < self.cfg.max_voters {
-            if let Some(&learner) = learners.iter().find(|&&l| l != id) {
+        let remaining = voters.len() - usize::from(voters.contains(&id.0));
+        if remaining < self.cfg.max_voters && self.is_leader() {
+            if let Some(&learner) = learners.iter().find(|&&l| l != id.0) {
                 self.raft
                     .change_membership(ChangeMembers::AddVoterIds(BTreeSet::from([learner])), true)
                     .await
                     .map_err(write_error)?;
             }
         }
-        tracing::info!(node = id, "node removed from the cluster");
+        tracing::info!(node = %id, mode = ?request.mode, "node removed from the cluster");
+        if let (Some(addr), true) = (addr, id != self.cfg.node_id) {
+            self.tell_removed(id, &addr).await;
+        }
+        Ok(reply)
+    }
+
+    /// Tells node `id` at `addr` that it was removed, once: best effort (it may be down;
+    /// it then learns when it next calls a member), bounded by a short deadline.
+    async fn tell_removed(&self, id: NodeId, addr: &str) {
+        let Some(mut removal) = Removal::from_state(&self.sm.state(), id) else {
+            return;
+        };
+        removal.learned = Learned::Told {
+            by: self.cfg.node_id,
+        };
+        let deadline = self.cfg.request_timeout.min(Duration::from_secs(1));
+        let told: Result<Result<(), PeerError>, CallError> = self
+            .peers
+            .call_to(addr, Some(id.0), Rpc::NotifyRemoved, &removal, deadline)
+            .await;
+        match told {
+            Ok(Ok(())) => tracing::debug!(node = %id, "told the node it was removed"),
+            Ok(Err(e)) => tracing::debug!(node = %id, error = %e, "the node did not take the news"),
+            Err(e) => {
+                tracing::debug!(node = %id, error = %e, "could not tell the node it was removed")
+            }
+        }
+    }
+
+    /// The leader's word that this node was removed: recorded when it names this node
+    /// and comes, from the node it says it comes from (`from`, the call's metadata), a
+    /// member of the committed membership (the leader that removed it is one).
+    pub(crate) async fn handle_notify_removed(
+        &self,
+        from: Option<u64>,
+        removal: Removal,
+    ) -> Result<(), PeerError> {
+        let by = match removal.learned {
+            Learned::Told { by } if from == Some(by.0) => by,
+            _ => {
+                return Err(PeerError::Failed(
+                    "a removal notice must come from the node it names as its teller".into(),
+                ))
+            }
+        };
+        if removal.node != self.cfg.node_id {
+            return Err(PeerError::Misaddressed {
+                meant: removal.node.0,
+                here: self.cfg.node_id.0,
+            });
+        }
+        if !self.sm.members().contains(&by.0) {
+            return Err(PeerError::Failed(format!(
+                "node {by} is not a member this node knows; a removal notice is taken from \
+                 the leader only"
+            )));
+        }
+        self.removal.record(removal).await;
         Ok(())
     }
 }

@@ -9,15 +9,16 @@ use std::sync::Arc;
 
 use openraft::raft::{AppendEntriesRequest, InstallSnapshotRequest, VoteRequest};
 use serde::de::DeserializeOwned;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use tonic::{Request, Response, Status};
 
 use crate::health::Report;
-use crate::network::check_peer_call;
+use crate::network::{check_not_removed, check_peer_call, FROM_NODE};
 use crate::pb::raft_peer_server::RaftPeer;
 use crate::pb::Payload;
-use crate::plane::{Inner, JoinRequest};
-use crate::state::Command;
+use crate::plane::{Inner, JoinRequest, RemoveRequest};
+use crate::removal::Removal;
+use crate::state::{Command, RemovalMode};
 use crate::types::{RaftNodeId, TypeConfig};
 
 /// The peer service of one node; the node adds [`crate::ControlPlane::raft_service`] to
@@ -27,11 +28,52 @@ pub struct PeerService {
 }
 
 impl PeerService {
-    /// The call's identity checked against this node's ([`check_peer_call`]).
-    fn check(&self, req: &Request<Payload>, raft: bool) -> Result<(), Status> {
-        let cluster = self.inner.sm.state().cluster_id;
-        check_peer_call(req.metadata(), self.inner.cfg.node_id.0, cluster, raft)
-            .inspect_err(|e| tracing::warn!(error = %e.message(), "refused a peer call"))
+    /// The call's identity checked against this node's ([`check_peer_call`]), and its
+    /// sender against the nodes the cluster removed ([`check_not_removed`]).
+    /// Returns the caller's id, when it says it.
+    fn check(&self, req: &Request<Payload>, raft: bool) -> Result<Option<u64>, Status> {
+        let state = self.inner.sm.state();
+        let me = self.inner.cfg.node_id.0;
+        check_peer_call(req.metadata(), me, state.cluster_id, raft)
+            .inspect_err(|e| tracing::warn!(error = %e.message(), "refused a peer call"))?;
+        let from = req
+            .metadata()
+            .get(FROM_NODE)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok());
+        // The committed membership is only looked up for a caller the cluster removed.
+        let member = raft
+            && from.is_some_and(|f| {
+                state.removed.contains_key(&hawser_core::NodeId(f))
+                    && self.inner.sm.members().contains(&f)
+            });
+        // Not a WARN: a removed node that is down when removed calls until it hears
+        // this once; the removal itself was logged where it was made.
+        check_not_removed(from, &state, me, member).inspect_err(
+            |e| tracing::debug!(error = %e.message(), "refused a removed node's call"),
+        )?;
+        Ok(from)
+    }
+}
+
+/// A RemoveNode request: a [`RemoveRequest`], or a bare node id as builds before
+/// removal modes sent (mode Refuse).
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum RemoveWire {
+    Id(RaftNodeId),
+    Request(RemoveRequest),
+}
+
+impl From<RemoveWire> for RemoveRequest {
+    fn from(w: RemoveWire) -> Self {
+        match w {
+            RemoveWire::Id(id) => RemoveRequest {
+                node: hawser_core::NodeId(id),
+                mode: RemovalMode::Refuse,
+            },
+            RemoveWire::Request(r) => r,
+        }
     }
 }
 
@@ -80,8 +122,14 @@ impl RaftPeer for PeerService {
 
     async fn remove_node(&self, req: Request<Payload>) -> Result<Response<Payload>, Status> {
         self.check(&req, false)?;
-        let id: RaftNodeId = decode(req)?;
-        encode(&self.inner.handle_remove(id).await)
+        let remove: RemoveWire = decode(req)?;
+        encode(&self.inner.handle_remove(remove.into()).await)
+    }
+
+    async fn notify_removed(&self, req: Request<Payload>) -> Result<Response<Payload>, Status> {
+        let from = self.check(&req, false)?;
+        let removal: Removal = decode(req)?;
+        encode(&self.inner.handle_notify_removed(from, removal).await)
     }
 
     async fn report(&self, req: Request<Payload>) -> Result<Response<Payload>, Status> {

@@ -11,6 +11,7 @@
 //! ```text
 //!  ClusterState
 //!  ├── nodes: NodeId ─► NodeInfo (store name, host, gRPC / HTTP address, voter?)
+//!  ├── removed: NodeId ─► RemovedNode (store, when, log index): never let back in
 //!  └── schemes: QualName ─► SchemeState
 //!        ├── scheme: the effective AST (DDL and role changes applied), version
 //!        ├── elements: name ─► ElementState (epoch, epoch history)
@@ -222,6 +223,108 @@ pub struct ClusterState {
     /// whichever node leads. `None` (the default): failover is automatic.
     #[serde(default)]
     pub failover_pause: Option<FailoverPause>,
+    /// Every node taken out of the cluster ([`Command::RemoveNode`]), kept for good:
+    /// node ids are random and never reused, so a member that finds a call from one of
+    /// these knows for certain its sender was removed (and tells it so), and the id is
+    /// never registered again. Empty in states written before it existed.
+    #[serde(default)]
+    pub removed: BTreeMap<NodeId, RemovedNode>,
+}
+
+/// A node taken out of the cluster ([`ClusterState::removed`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RemovedNode {
+    /// The store it held (a new node may take the name).
+    pub store: Ident,
+    /// Milliseconds since the Unix epoch by the clock of the leader that proposed the
+    /// removal: shown to operators, never compared.
+    pub at_unix_ms: u64,
+    /// The Raft log index of the entry that removed it (0 where unknown).
+    pub log_index: u64,
+}
+
+/// What a removal does with the replication schemes that name the node's store
+/// ([`Command::RemoveNode`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub enum RemovalMode {
+    /// Refused while any scheme names the store (`hawser node remove ID`).
+    #[default]
+    Refuse,
+    /// Takes the store out of every scheme in the same entry, by the rules of `ALTER
+    /// REPLICATION … DROP SUBSCRIBER` (`--force`). A master or propagator is still
+    /// refused.
+    Force,
+    /// Leaves the store named in the schemes (`--keep-in-schemes`): for a node whose
+    /// data directory was lost and that comes back as a new node under the same store
+    /// name, which then takes the store's place in them.
+    KeepInSchemes,
+}
+
+/// A role a store has in a replication scheme.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum StoreRole {
+    Master,
+    Propagator,
+    Subscriber,
+}
+
+impl StoreRole {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StoreRole::Master => "MASTER",
+            StoreRole::Propagator => "PROPAGATOR",
+            StoreRole::Subscriber => "SUBSCRIBER",
+        }
+    }
+}
+
+impl std::fmt::Display for StoreRole {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Where a scheme names a store: element `element` of scheme `scheme`, as `role`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SchemeRole {
+    pub scheme: QualName,
+    pub element: Ident,
+    pub role: StoreRole,
+}
+
+impl std::fmt::Display for SchemeRole {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} of element {} in scheme {}",
+            self.role, self.element, self.scheme
+        )
+    }
+}
+
+/// Every role `store` has in the schemes of `state`, in scheme and element order.
+pub fn store_roles(state: &ClusterState, store: &Ident) -> Vec<SchemeRole> {
+    let mut roles = Vec::new();
+    for (name, s) in &state.schemes {
+        for el in &s.scheme.elements {
+            let role = if named(&el.owner) == Some(store) {
+                match el.owner_role {
+                    OwnerRole::Master => StoreRole::Master,
+                    OwnerRole::Propagator => StoreRole::Propagator,
+                }
+            } else if el.subscriber_stores().any(|s| named(s) == Some(store)) {
+                StoreRole::Subscriber
+            } else {
+                continue;
+            };
+            roles.push(SchemeRole {
+                scheme: name.clone(),
+                element: el.name.clone(),
+                role,
+            });
+        }
+    }
+    roles
 }
 
 /// Why and since when automatic failover is paused ([`ClusterState::failover_pause`]).
@@ -279,8 +382,18 @@ pub enum Command {
     /// Adds a node to the registry, or updates the addresses of a registered one (a node
     /// restarted on another address keeps its id and store name).
     RegisterNode(NodeInfo),
-    /// Takes a node out of the registry. Refused while the node masters an element.
-    RemoveNode { node: NodeId },
+    /// Takes a node out of the registry and records it in [`ClusterState::removed`] for
+    /// good. Refused while its store masters or propagates an element, and — as `mode`
+    /// says — while any scheme names its store, or the store is taken out of every
+    /// scheme in the same entry. `at_unix_ms` is the proposer's clock (shown, never
+    /// compared). The Raft membership change is separate (`ControlPlane::remove_node`).
+    RemoveNode {
+        node: NodeId,
+        #[serde(default)]
+        mode: RemovalMode,
+        #[serde(default)]
+        at_unix_ms: u64,
+    },
     /// `CREATE REPLICATION`.
     CreateScheme { scheme: Scheme },
     /// `ALTER REPLICATION`. A change of owner (SET MASTER / SET PROPAGATOR) starts a new
@@ -382,12 +495,44 @@ pub enum ControlError {
         existing: NodeId,
         existing_store: Ident,
     },
-    #[error("node {node} masters element {element} of scheme {scheme}; move the role first")]
+    /// The node's store masters or propagates an element: never removed, not even
+    /// with force, since the element would have no owner.
+    #[error("{}", holds_role(*.node, .store, .role))]
     NodeHoldsRole {
         node: NodeId,
-        scheme: QualName,
-        element: Ident,
+        store: Ident,
+        role: Box<SchemeRole>,
     },
+    /// The node's store subscribes to an element (`others`: how many more roles it
+    /// has in the schemes) and the removal was not forced.
+    #[error("{}", in_scheme(*.node, .store, .role, *.others))]
+    StoreInScheme {
+        node: NodeId,
+        store: Ident,
+        role: Box<SchemeRole>,
+        others: usize,
+    },
+    /// A forced removal whose change to a scheme the scheme rules refuse (the store is
+    /// the last subscriber of an element).
+    #[error(
+        "node {node} cannot be removed with --force: taking store {store} out of \
+         replication scheme {scheme} is refused: {finding}; drop the element (ALTER \
+         REPLICATION {scheme} DROP ELEMENT ...) or the scheme (DROP REPLICATION {scheme}) \
+         first"
+    )]
+    ForcedRemovalRefused {
+        node: NodeId,
+        store: Ident,
+        scheme: QualName,
+        finding: Box<SchemeError>,
+    },
+    /// The node was removed from the cluster: its id is never registered or removed
+    /// again.
+    #[error(
+        "node {0} was removed from the cluster and cannot be part of it again; start the \
+         machine on an empty data directory with --join to add it as a new node"
+    )]
+    NodeRemoved(NodeId),
     #[error("no registered node holds store {0}")]
     UnknownStore(Ident),
     #[error("replication scheme {0} already exists")]
@@ -420,6 +565,44 @@ pub enum ControlError {
     NotSchemeSubscriber { scheme: QualName, store: Ident },
 }
 
+fn holds_role(node: NodeId, store: &Ident, role: &SchemeRole) -> String {
+    let (scheme, element) = (&role.scheme, &role.element);
+    let how = match role.role {
+        StoreRole::Propagator => format!(
+            "ALTER REPLICATION {scheme} ALTER ELEMENT {element} SET PROPAGATOR <store>, or \
+             drop the element"
+        ),
+        _ => format!(
+            "hawser switchover --scheme {scheme} --to <subscriber>, or ALTER REPLICATION \
+             {scheme} ALTER ELEMENT {element} SET MASTER <store>"
+        ),
+    };
+    format!(
+        "node {node} cannot be removed, not even with --force: its store {store} is the \
+         {} of element {element} in replication scheme {scheme}; move the role first \
+         ({how})",
+        role.role
+    )
+}
+
+fn in_scheme(node: NodeId, store: &Ident, role: &SchemeRole, others: usize) -> String {
+    let (scheme, element) = (&role.scheme, &role.element);
+    let more = match others {
+        0 => String::new(),
+        1 => " (and has 1 more role in the schemes)".into(),
+        n => format!(" (and has {n} more roles in the schemes)"),
+    };
+    format!(
+        "node {node} cannot be removed: its store {store} is a {} of element {element} in \
+         replication scheme {scheme}{more}. Take it out first (ALTER REPLICATION {scheme} \
+         ALTER ELEMENT {element} DROP SUBSCRIBER {store}, or DROP REPLICATION {scheme}), or \
+         remove the node with --force, which drops the store from every scheme in the same \
+         step (--keep-in-schemes instead leaves the store in them for a new node that takes \
+         its name)",
+        role.role
+    )
+}
+
 fn join(errors: &[SchemeError]) -> String {
     errors
         .iter()
@@ -437,10 +620,17 @@ pub fn validate(state: &ClusterState, cmd: &Command) -> Result<(), ControlError>
 /// result on every replica. A command that does not fit changes nothing but the
 /// state's version and is answered with [`Response::Rejected`].
 pub fn apply(state: &mut ClusterState, cmd: &Command) -> Response {
+    apply_at(state, cmd, 0)
+}
+
+/// [`apply`] for the entry at Raft log index `log_index`, which a removal records
+/// ([`RemovedNode::log_index`]). Every replica applies an entry at the same index, so
+/// this stays deterministic.
+pub fn apply_at(state: &mut ClusterState, cmd: &Command, log_index: u64) -> Response {
     state.version += 1;
     match plan(state, cmd) {
         Ok(change) => {
-            change.commit(state);
+            change.commit(state, log_index);
             Response::Applied {
                 version: state.version,
             }
@@ -452,7 +642,9 @@ pub fn apply(state: &mut ClusterState, cmd: &Command) -> Response {
 /// A validated change, computed from the state without touching it.
 enum Change {
     PutNode(NodeInfo),
-    RemoveNode(NodeId),
+    /// The node, its record in `removed` (its log index set at commit), and the schemes
+    /// a forced removal took its store out of.
+    RemoveNode(NodeId, RemovedNode, Vec<SchemeState>),
     PutScheme(SchemeState),
     /// A failover: the scheme, and the next era.
     Failover(SchemeState),
@@ -462,7 +654,7 @@ enum Change {
 }
 
 impl Change {
-    fn commit(self, state: &mut ClusterState) {
+    fn commit(self, state: &mut ClusterState, log_index: u64) {
         match self {
             Change::PutNode(n) => {
                 if state.cluster_id == 0 && state.nodes.is_empty() {
@@ -470,9 +662,14 @@ impl Change {
                 }
                 state.nodes.insert(n.id, n);
             }
-            Change::RemoveNode(id) => {
+            Change::RemoveNode(id, mut removed, schemes) => {
                 if let Some(node) = state.nodes.remove(&id) {
                     state.catalogs.remove(&node.store);
+                }
+                removed.log_index = log_index;
+                state.removed.insert(id, removed);
+                for s in schemes {
+                    state.schemes.insert(s.scheme.name.clone(), s);
                 }
             }
             Change::PutCatalog(store, catalog) => {
@@ -498,7 +695,11 @@ impl Change {
 fn plan(state: &ClusterState, cmd: &Command) -> Result<Change, ControlError> {
     match cmd {
         Command::RegisterNode(info) => register_node(state, info),
-        Command::RemoveNode { node } => remove_node(state, *node),
+        Command::RemoveNode {
+            node,
+            mode,
+            at_unix_ms,
+        } => remove_node(state, *node, *mode, *at_unix_ms),
         Command::CreateScheme { scheme } => create_scheme(state, scheme),
         Command::AlterScheme { alter } => alter_scheme(state, alter),
         Command::DropScheme { name } => {
@@ -558,6 +759,9 @@ fn plan(state: &ClusterState, cmd: &Command) -> Result<Change, ControlError> {
 }
 
 fn register_node(state: &ClusterState, info: &NodeInfo) -> Result<Change, ControlError> {
+    if state.removed.contains_key(&info.id) {
+        return Err(ControlError::NodeRemoved(info.id));
+    }
     let clash = state
         .nodes
         .values()
@@ -576,20 +780,108 @@ fn register_node(state: &ClusterState, info: &NodeInfo) -> Result<Change, Contro
     Ok(Change::PutNode(info))
 }
 
-fn remove_node(state: &ClusterState, id: NodeId) -> Result<Change, ControlError> {
+/// A removal, checked against the schemes as `mode` says (see [`RemovalMode`]).
+fn remove_node(
+    state: &ClusterState,
+    id: NodeId,
+    mode: RemovalMode,
+    at_unix_ms: u64,
+) -> Result<Change, ControlError> {
+    if state.removed.contains_key(&id) {
+        return Err(ControlError::NodeRemoved(id));
+    }
     let node = state.nodes.get(&id).ok_or(ControlError::UnknownNode(id))?;
-    for (name, s) in &state.schemes {
-        for el in &s.scheme.elements {
-            if named(&el.owner) == Some(&node.store) {
-                return Err(ControlError::NodeHoldsRole {
-                    node: id,
-                    scheme: name.clone(),
-                    element: el.name.clone(),
-                });
+    let store = &node.store;
+    let roles = store_roles(state, store);
+    // An element keeps its owner whatever the mode: the role moves first.
+    if let Some(owner) = roles.iter().find(|r| r.role != StoreRole::Subscriber) {
+        return Err(ControlError::NodeHoldsRole {
+            node: id,
+            store: store.clone(),
+            role: Box::new(owner.clone()),
+        });
+    }
+    let mut schemes = Vec::new();
+    match (mode, roles.first()) {
+        (_, None) | (RemovalMode::KeepInSchemes, _) => {}
+        (RemovalMode::Refuse, Some(first)) => {
+            return Err(ControlError::StoreInScheme {
+                node: id,
+                store: store.clone(),
+                role: Box::new(first.clone()),
+                others: roles.len() - 1,
+            })
+        }
+        (RemovalMode::Force, Some(_)) => {
+            let names: BTreeSet<&QualName> = roles.iter().map(|r| &r.scheme).collect();
+            for name in names {
+                schemes.push(drop_store(state, id, name, store)?);
             }
         }
     }
-    Ok(Change::RemoveNode(id))
+    Ok(Change::RemoveNode(
+        id,
+        RemovedNode {
+            store: store.clone(),
+            at_unix_ms,
+            log_index: 0,
+        },
+        schemes,
+    ))
+}
+
+/// Scheme `name` with `store` (a subscriber only) taken out: `ALTER REPLICATION name
+/// ALTER ELEMENT e DROP SUBSCRIBER store` for every element it subscribes to, applied
+/// as any ALTER is (so an element left without subscribers is refused, HW2006), after
+/// dropping the STORE and ROUTE clauses that name it — the store is in no element
+/// afterwards, and the checker refuses clauses naming such a store (HW1002), which no
+/// ALTER can drop.
+fn drop_store(
+    state: &ClusterState,
+    node: NodeId,
+    name: &QualName,
+    store: &Ident,
+) -> Result<SchemeState, ControlError> {
+    let old = scheme(state, name)?;
+    let mut base = old.scheme.clone();
+    base.stores.retain(|c| named(&c.store) != Some(store));
+    base.routes
+        .retain(|r| named(&r.master) != Some(store) && named(&r.subscriber) != Some(store));
+    let ops = old
+        .scheme
+        .elements
+        .iter()
+        .filter(|el| el.subscriber_stores().any(|s| named(s) == Some(store)))
+        .map(|el| AlterOp::AlterElement {
+            target: ElementTarget::Named {
+                name: el.name.clone(),
+                span: Span::default(),
+            },
+            action: ElementAction::DropSubscriber(vec![StoreRef {
+                name: StoreName::Named(store.clone()),
+                host: None,
+                span: Span::default(),
+            }]),
+            span: Span::default(),
+        })
+        .collect();
+    let alter = AlterReplication {
+        name: name.clone(),
+        name_span: Span::default(),
+        ops,
+        span: Span::default(),
+    };
+    altered(state, old, &base, &alter).map_err(|e| match e {
+        ControlError::Invalid(mut findings) if !findings.is_empty() => {
+            ControlError::ForcedRemovalRefused {
+                node,
+                store: store.clone(),
+                scheme: name.clone(),
+                finding: Box::new(findings.swap_remove(0)),
+            }
+        }
+        other => other,
+    })
 }
 
 fn create_scheme(state: &ClusterState, scheme: &Scheme) -> Result<Change, ControlError> {
@@ -616,8 +908,20 @@ fn create_scheme(state: &ClusterState, scheme: &Scheme) -> Result<Change, Contro
 
 fn alter_scheme(state: &ClusterState, alter: &AlterReplication) -> Result<Change, ControlError> {
     let old = scheme(state, &alter.name)?;
-    let next =
-        hawser_scheme::apply(&old.scheme, alter).map_err(|e| ControlError::Invalid(vec![e]))?;
+    altered(state, old, &old.scheme, alter).map(Change::PutScheme)
+}
+
+/// Scheme `old` after `alter`, applied to `base` (`old.scheme`, or a copy of it a
+/// removal already took some clauses out of): the epoch of every element whose owner
+/// changes grows, renamed elements keep their history, and the receiver and return
+/// service states of stores that no longer subscribe are forgotten.
+fn altered(
+    state: &ClusterState,
+    old: &SchemeState,
+    base: &Scheme,
+    alter: &AlterReplication,
+) -> Result<SchemeState, ControlError> {
+    let next = hawser_scheme::apply(base, alter).map_err(|e| ControlError::Invalid(vec![e]))?;
     if mentions_self(&next) {
         return Err(ControlError::UnresolvedSelf(next.name.clone()));
     }
@@ -669,7 +973,7 @@ fn alter_scheme(state: &ClusterState, alter: &AlterReplication) -> Result<Change
     s.receivers.retain(|store, _| subscribers.contains(store));
     s.return_services
         .retain(|store, _| subscribers.contains(store));
-    Ok(Change::PutScheme(s))
+    Ok(s)
 }
 
 fn set_master(
@@ -955,7 +1259,7 @@ mod tests {
     fn the_cluster_id_is_the_first_registered_node_and_never_changes() {
         let mut st = cluster();
         assert_eq!(st.cluster_id, 1);
-        must_apply(&mut st, Command::RemoveNode { node: NodeId(3) });
+        must_apply(&mut st, remove(3, RemovalMode::Force));
         must_apply(&mut st, Command::RegisterNode(node(4, "other")));
         assert_eq!(st.cluster_id, 1);
         // A state written before the id existed reads as 0, and stays so.
@@ -1276,26 +1580,232 @@ mod tests {
         json.as_object_mut().unwrap().remove("catalogs");
         let old: ClusterState = serde_json::from_value(json).unwrap();
         assert!(old.catalogs.is_empty());
-        must_apply(&mut st, Command::RemoveNode { node: NodeId(2) });
+        must_apply(&mut st, remove(2, RemovalMode::Force));
         assert!(
             st.catalogs.is_empty(),
             "a removed node's catalog goes with it"
         );
     }
 
+    fn remove(id: u64, mode: RemovalMode) -> Command {
+        Command::RemoveNode {
+            node: NodeId(id),
+            mode,
+            at_unix_ms: 1_700_000_000_000,
+        }
+    }
+
+    /// `cmd` refused by `validate` and by `apply` with `err`, changing nothing but the
+    /// state's version.
+    fn must_refuse(st: &mut ClusterState, cmd: Command) -> ControlError {
+        let err = validate(st, &cmd).unwrap_err();
+        let mut before = st.clone();
+        assert_eq!(apply(st, &cmd), Response::Rejected(err.clone()));
+        before.version += 1;
+        assert_eq!(*st, before, "a refused removal changes nothing");
+        err
+    }
+
     #[test]
-    fn a_node_holding_a_role_cannot_be_removed() {
+    fn a_node_whose_store_a_scheme_names_is_refused_naming_scheme_element_and_role() {
         let mut st = cluster();
-        assert!(matches!(
-            validate(&st, &Command::RemoveNode { node: NodeId(1) }),
-            Err(ControlError::NodeHoldsRole { .. })
-        ));
-        must_apply(&mut st, Command::RemoveNode { node: NodeId(2) });
-        assert!(!st.nodes.contains_key(&NodeId(2)));
+        let err = must_refuse(&mut st, remove(2, RemovalMode::Refuse));
         assert_eq!(
-            validate(&st, &Command::RemoveNode { node: NodeId(2) }),
-            Err(ControlError::UnknownNode(NodeId(2)))
+            err,
+            ControlError::StoreInScheme {
+                node: NodeId(2),
+                store: Ident::unquoted("subscriber1"),
+                role: Box::new(SchemeRole {
+                    scheme: r1(),
+                    element: e(),
+                    role: StoreRole::Subscriber,
+                }),
+                others: 0,
+            }
         );
+        let text = err.to_string();
+        for part in [
+            "SUBSCRIBER of element e in replication scheme r1",
+            "ALTER REPLICATION r1 ALTER ELEMENT e DROP SUBSCRIBER subscriber1",
+            "DROP REPLICATION r1",
+            "--force",
+        ] {
+            assert!(text.contains(part), "{part:?} not in {text}");
+        }
+        // Taken out of the scheme first, it goes; a node no scheme names goes at once.
+        must_apply(
+            &mut st,
+            ddl("ALTER REPLICATION r1 ALTER ELEMENT e DROP SUBSCRIBER subscriber1;"),
+        );
+        must_apply(&mut st, remove(2, RemovalMode::Refuse));
+        must_apply(&mut st, Command::RegisterNode(node(4, "other")));
+        must_apply(&mut st, remove(4, RemovalMode::Refuse));
+        assert!(!st.nodes.contains_key(&NodeId(2)) && !st.nodes.contains_key(&NodeId(4)));
+    }
+
+    #[test]
+    fn a_master_or_propagator_is_refused_even_with_force() {
+        let mut st = cluster();
+        for mode in [
+            RemovalMode::Refuse,
+            RemovalMode::Force,
+            RemovalMode::KeepInSchemes,
+        ] {
+            let err = must_refuse(&mut st, remove(1, mode));
+            assert!(
+                matches!(&err, ControlError::NodeHoldsRole { role, .. } if role.role == StoreRole::Master),
+                "{err:?}"
+            );
+            let text = err.to_string();
+            assert!(
+                text.contains("not even with --force")
+                    && text.contains("MASTER of element e in replication scheme r1")
+                    && text.contains("move the role first")
+                    && text.contains("hawser switchover --scheme r1"),
+                "{text}"
+            );
+        }
+        must_apply(
+            &mut st,
+            ddl("CREATE REPLICATION r2
+                 ELEMENT a TABLE t2 MASTER masterds SUBSCRIBER subscriber1
+                 ELEMENT b TABLE t2 PROPAGATOR subscriber1 SUBSCRIBER subscriber2;"),
+        );
+        let err = must_refuse(&mut st, remove(2, RemovalMode::Force));
+        assert!(
+            matches!(&err, ControlError::NodeHoldsRole { role, .. } if role.role == StoreRole::Propagator),
+            "{err:?}"
+        );
+        assert!(err.to_string().contains("SET PROPAGATOR"), "{err}");
+    }
+
+    #[test]
+    fn force_takes_the_store_out_of_every_scheme_in_the_same_entry() {
+        let mut st = cluster();
+        must_apply(
+            &mut st,
+            ddl(r#"CREATE REPLICATION r2
+                   ELEMENT x TABLE t2 MASTER masterds SUBSCRIBER subscriber1, subscriber2
+                   ELEMENT y TABLE t3 MASTER subscriber1 SUBSCRIBER subscriber2, masterds
+                   STORE subscriber2 RETURN WAIT TIME 5
+                   ROUTE MASTER masterds SUBSCRIBER subscriber2
+                     MASTERIP "10.0.0.1" PRIORITY 1 SUBSCRIBERIP "10.0.0.3" PRIORITY 1;"#),
+        );
+        let sub2 = Ident::unquoted("subscriber2");
+        must_apply(
+            &mut st,
+            Command::SetReceiverState {
+                scheme: r1(),
+                store: sub2.clone(),
+                state: ReceiverState::Pause,
+            },
+        );
+        let roles = store_roles(&st, &sub2);
+        assert_eq!(roles.len(), 3, "{roles:?}");
+        // Unforced: refused, naming the first role and counting the others.
+        let err = must_refuse(&mut st, remove(3, RemovalMode::Refuse));
+        assert!(err.to_string().contains("and has 2 more roles"), "{err}");
+        let before = st.clone();
+        let cmd = remove(3, RemovalMode::Force);
+        validate(&st, &cmd).unwrap();
+        assert!(matches!(
+            apply_at(&mut st, &cmd, 42),
+            Response::Applied { .. }
+        ));
+        // One entry: one state version, the node gone and recorded, both schemes
+        // without the store, its states forgotten, every epoch kept.
+        assert_eq!(st.version, before.version + 1);
+        assert!(!st.nodes.contains_key(&NodeId(3)));
+        assert_eq!(
+            st.removed[&NodeId(3)],
+            RemovedNode {
+                store: sub2.clone(),
+                at_unix_ms: 1_700_000_000_000,
+                log_index: 42,
+            }
+        );
+        assert!(store_roles(&st, &sub2).is_empty());
+        for name in [r1(), QualName::bare("r2")] {
+            let (old, new) = (&before.schemes[&name], &st.schemes[&name]);
+            assert_eq!(new.version, old.version + 1, "{name}");
+            assert!(!new.ddl().contains("subscriber2"), "{}", new.ddl());
+            assert_eq!(
+                new.elements.values().map(|e| e.epoch).collect::<Vec<_>>(),
+                old.elements.values().map(|e| e.epoch).collect::<Vec<_>>()
+            );
+            assert!(new.receivers.is_empty(), "{:?}", new.receivers);
+        }
+        assert!(st.schemes[&r1()].ddl().contains("SUBSCRIBER subscriber1"));
+        // The same checks the DDL path makes still hold on what force left.
+        for s in st.schemes.values() {
+            hawser_scheme::validate(&s.scheme).unwrap();
+        }
+    }
+
+    #[test]
+    fn force_is_refused_where_the_store_is_the_last_subscriber_of_an_element() {
+        let mut st = cluster();
+        must_apply(
+            &mut st,
+            ddl("CREATE REPLICATION r2 ELEMENT x TABLE t2 MASTER masterds SUBSCRIBER subscriber2;"),
+        );
+        // Nothing changes, r1 included: the removal is one entry or none.
+        let err = must_refuse(&mut st, remove(3, RemovalMode::Force));
+        match &err {
+            ControlError::ForcedRemovalRefused {
+                scheme, finding, ..
+            } => {
+                assert_eq!(scheme, &QualName::bare("r2"));
+                assert_eq!(finding.code.as_str(), "HW2006");
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+        assert!(err.to_string().contains("DROP REPLICATION r2"), "{err}");
+    }
+
+    #[test]
+    fn keep_in_schemes_leaves_the_store_for_a_new_node_and_a_removed_id_never_returns() {
+        let mut st = cluster();
+        let sub2 = Ident::unquoted("subscriber2");
+        must_apply(&mut st, remove(3, RemovalMode::KeepInSchemes));
+        assert!(st.schemes[&r1()].subscriber_stores().contains(&sub2));
+        assert!(st.removed.contains_key(&NodeId(3)));
+        // The old id may not come back, nor be removed twice.
+        assert_eq!(
+            must_refuse(&mut st, Command::RegisterNode(node(3, "subscriber2"))),
+            ControlError::NodeRemoved(NodeId(3))
+        );
+        let err = must_refuse(&mut st, remove(3, RemovalMode::Force));
+        assert_eq!(err, ControlError::NodeRemoved(NodeId(3)));
+        assert!(err.to_string().contains("empty data directory"), "{err}");
+        // A new node (a new id) takes the store's name and its place in the scheme.
+        must_apply(&mut st, Command::RegisterNode(node(9, "subscriber2")));
+        assert_eq!(st.node_by_store(&sub2).map(|n| n.id), Some(NodeId(9)));
+        // Unknown ids are still unknown.
+        assert_eq!(
+            validate(&st, &remove(8, RemovalMode::Refuse)),
+            Err(ControlError::UnknownNode(NodeId(8)))
+        );
+    }
+
+    #[test]
+    fn removals_written_before_modes_existed_read_as_refuse_and_states_without_removed_read() {
+        let cmd: Command = serde_json::from_str(r#"{"RemoveNode":{"node":5}}"#).unwrap();
+        assert_eq!(
+            cmd,
+            Command::RemoveNode {
+                node: NodeId(5),
+                mode: RemovalMode::Refuse,
+                at_unix_ms: 0,
+            }
+        );
+        let mut st = cluster();
+        must_apply(&mut st, remove(3, RemovalMode::KeepInSchemes));
+        let mut json = serde_json::to_value(&st).unwrap();
+        assert!(json["removed"]["3"].is_object(), "{json}");
+        json.as_object_mut().unwrap().remove("removed");
+        let old: ClusterState = serde_json::from_value(json).unwrap();
+        assert!(old.removed.is_empty());
     }
 
     #[test]
@@ -1357,7 +1867,7 @@ mod tests {
                 epoch: Epoch(1),
                 fork_point: Some(Gtid::new(NodeId(1), 7)),
             },
-            Command::RemoveNode { node: NodeId(7) },
+            remove(7, RemovalMode::Refuse),
         ];
         let run = || {
             let mut st = ClusterState::default();

@@ -14,6 +14,7 @@
 //! rft/m            applied state machine          JSON {last_applied, membership, state}
 //! rft/s            current snapshot's metadata    JSON
 //! rft/d            current snapshot's data        JSON of the ClusterState
+//! rft/x            this node's removal            JSON, flushed (crate::removal)
 //! ```
 //!
 //! Durability order: a vote or an appended entry is flushed ([`KvEngine::flush`])
@@ -32,7 +33,7 @@
 use std::fmt::Debug;
 use std::io::Cursor;
 use std::ops::{Bound, RangeBounds};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use hawser_store::{KvEngine, StoreError, WriteBatch};
 use openraft::storage::{LogFlushed, LogState, RaftLogStorage, RaftStateMachine, Snapshot};
@@ -44,6 +45,7 @@ use parking_lot::RwLock;
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
+use crate::removal::RemovalBook;
 use crate::state::{self, ClusterState, Response};
 use crate::types::{Entry, LogId, SnapshotMeta, StorageError, StoredMembership, TypeConfig, Vote};
 
@@ -277,6 +279,8 @@ pub struct StateMachineStore {
     engine: Arc<dyn KvEngine>,
     applied: Arc<RwLock<Applied>>,
     watch: Arc<watch::Sender<Arc<ClusterState>>>,
+    /// Told of every applied state, to notice this node's own removal.
+    removal: Arc<OnceLock<Arc<RemovalBook>>>,
 }
 
 impl StateMachineStore {
@@ -288,7 +292,31 @@ impl StateMachineStore {
             engine,
             applied: Arc::new(RwLock::new(applied)),
             watch: Arc::new(tx),
+            removal: Arc::default(),
         })
+    }
+
+    /// Has every applied state checked for this node's removal by `book`.
+    pub(crate) fn watch_removal(&self, book: Arc<RemovalBook>) {
+        let _ = self.removal.set(book);
+    }
+
+    /// The ids in the last applied (committed) membership, voters and learners.
+    pub fn members(&self) -> std::collections::BTreeSet<u64> {
+        self.applied
+            .read()
+            .membership
+            .membership()
+            .nodes()
+            .map(|(id, _)| *id)
+            .collect()
+    }
+
+    async fn publish(&self, state: Arc<ClusterState>) {
+        if let Some(book) = self.removal.get() {
+            book.observe(&state).await;
+        }
+        self.watch.send_replace(state);
     }
 
     /// A receiver that always holds the latest applied cluster state.
@@ -371,7 +399,9 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                 // One response per entry, blank and membership entries included.
                 let response = match entry.payload {
                     EntryPayload::Blank => Response::Empty,
-                    EntryPayload::Normal(cmd) => state::apply(&mut applied.state, &cmd),
+                    EntryPayload::Normal(cmd) => {
+                        state::apply_at(&mut applied.state, &cmd, entry.log_id.index)
+                    }
                     EntryPayload::Membership(m) => {
                         let voters = m.voter_ids().map(hawser_core::NodeId).collect();
                         applied.state.set_voters(&voters);
@@ -392,7 +422,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         };
         self.engine.apply(batch).map_err(|e| sm_err(&e))?;
         flush(&self.engine).await.map_err(|e| sm_err(&e))?;
-        self.watch.send_replace(state);
+        self.publish(state).await;
         Ok(responses)
     }
 
@@ -428,7 +458,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         flush(&self.engine).await.map_err(|e| snap_err(&e))?;
         let state = Arc::new(new.state.clone());
         *self.applied.write() = new;
-        self.watch.send_replace(state);
+        self.publish(state).await;
         Ok(())
     }
 

@@ -4,7 +4,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use hawser_control::{ClusterState, Command, ControlConfig, ControlPlane, PlaneError};
+use hawser_control::{
+    ClusterState, Command, ControlConfig, ControlPlane, Learned, PlaneError, RemovalMode,
+};
 use hawser_core::{Ident, NodeId, QualName};
 use hawser_store::{KvEngine, MemEngine};
 use tokio::net::TcpListener;
@@ -22,6 +24,7 @@ async fn retry_backoff() {
 struct TestNode {
     plane: ControlPlane,
     addr: String,
+    engine: Arc<dyn KvEngine>,
     stop: Option<oneshot::Sender<()>>,
     server: tokio::task::JoinHandle<()>,
 }
@@ -33,6 +36,16 @@ impl TestNode {
 
     /// A node with id `id` and store name `store{store}`.
     async fn start_as(id: u64, store: u64, snapshot_every: u64) -> TestNode {
+        Self::start_on(id, store, snapshot_every, Arc::new(MemEngine::new())).await
+    }
+
+    /// A node on `engine` (a restart keeps its Raft state there).
+    async fn start_on(
+        id: u64,
+        store: u64,
+        snapshot_every: u64,
+        engine: Arc<dyn KvEngine>,
+    ) -> TestNode {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap().to_string();
         let mut cfg = ControlConfig::new(
@@ -47,8 +60,7 @@ impl TestNode {
         cfg.election_timeout_max = Duration::from_millis(400);
         cfg.snapshot_every = snapshot_every;
         cfg.max_in_snapshot_log_to_keep = 0;
-        let engine: Arc<dyn KvEngine> = Arc::new(MemEngine::new());
-        let plane = ControlPlane::start(cfg, engine).await.unwrap();
+        let plane = ControlPlane::start(cfg, engine.clone()).await.unwrap();
         let (stop, stopped) = oneshot::channel::<()>();
         let service = plane.raft_service();
         let server = tokio::spawn(async move {
@@ -63,6 +75,7 @@ impl TestNode {
         TestNode {
             plane,
             addr,
+            engine,
             stop: Some(stop),
             server,
         }
@@ -352,6 +365,209 @@ async fn nodes_join_as_voters_up_to_five_and_as_learners_after() {
     .await;
     let learner = &nodes[0].plane.state().nodes[&NodeId(6)];
     assert!(!learner.voter);
+    for n in &mut nodes {
+        n.kill().await;
+    }
+}
+
+/// Removes `id` through `plane`, retrying while the cluster has no leader.
+async fn remove_retrying(plane: &ControlPlane, id: u64, mode: RemovalMode) {
+    tokio::time::timeout(WAIT, async {
+        loop {
+            match plane.remove_node(NodeId(id), mode).await {
+                Ok(_) => return,
+                Err(e) if e.is_retryable() => retry_backoff().await,
+                Err(e) => panic!("removal failed: {e}"),
+            }
+        }
+    })
+    .await
+    .expect("removal within the deadline")
+}
+
+/// Waits until `node` knows it was removed; returns how it learned it.
+async fn wait_removed(node: &TestNode) -> Learned {
+    let mut rx = node.plane.removal_watch();
+    let removal = tokio::time::timeout(WAIT, rx.wait_for(Option::is_some))
+        .await
+        .expect("the node learns it was removed")
+        .unwrap()
+        .clone()
+        .unwrap();
+    removal.learned
+}
+
+/// Waits until `plane` has applied a membership of exactly `voters`.
+async fn wait_voters(plane: &ControlPlane, voters: &[u64]) {
+    let want: std::collections::BTreeSet<NodeId> = voters.iter().copied().map(NodeId).collect();
+    plane
+        .raft()
+        .wait(Some(WAIT))
+        .metrics(
+            |m| {
+                let got: std::collections::BTreeSet<NodeId> = m
+                    .membership_config
+                    .membership()
+                    .voter_ids()
+                    .map(NodeId)
+                    .collect();
+                got == want && m.membership_config.membership().learner_ids().count() == 0
+            },
+            "the membership without the removed node",
+        )
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_removed_node_that_is_up_learns_it_and_refuses_to_propose() {
+    let mut nodes = three_nodes(1000).await;
+    let leader = nodes[0].plane.metrics().leader.expect("a leader").0;
+    let gone = nodes
+        .iter()
+        .position(|n| n.plane.metrics().node.0 != leader)
+        .unwrap();
+    let gone_id = nodes[gone].plane.metrics().node.0;
+    let other = nodes
+        .iter()
+        .position(|n| ![leader, gone_id].contains(&n.plane.metrics().node.0))
+        .unwrap();
+    // Through the third node: the request goes to the leader.
+    remove_retrying(&nodes[other].plane, gone_id, RemovalMode::Refuse).await;
+    let learned = wait_removed(&nodes[gone]).await;
+    // Up and a member when the entry committed, it applied it (or the leader's word
+    // came first).
+    assert!(
+        matches!(learned, Learned::Applied | Learned::Told { .. }),
+        "{learned:?}"
+    );
+    let removal = nodes[gone].plane.removal().unwrap();
+    assert!(
+        removal.log_index > 0 && removal.at_unix_ms > 0,
+        "{removal:?}"
+    );
+    assert_eq!(removal.cluster_id, nodes[0].plane.state().cluster_id);
+    let rest: Vec<u64> = [leader, nodes[other].plane.metrics().node.0].into();
+    for n in nodes.iter().filter(|n| n.plane.metrics().node.0 != gone_id) {
+        wait_voters(&n.plane, &rest).await;
+        assert!(n.plane.state().removed.contains_key(&NodeId(gone_id)));
+        assert!(n.plane.removal().is_none());
+    }
+    match nodes[gone].plane.propose(scheme_ddl("late")).await {
+        Err(PlaneError::Removed(r)) => assert_eq!(r.node, NodeId(gone_id)),
+        other => panic!("expected the removal, got {other:?}"),
+    }
+    // The two left still commit.
+    let v = propose_retrying(&nodes[other].plane, scheme_ddl("after")).await;
+    nodes[leader_index(&nodes, leader)]
+        .plane
+        .wait_for_version(v, WAIT)
+        .await
+        .unwrap();
+    for n in &mut nodes {
+        n.kill().await;
+    }
+}
+
+fn leader_index(nodes: &[TestNode], leader: u64) -> usize {
+    nodes
+        .iter()
+        .position(|n| n.plane.metrics().node.0 == leader)
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_voter_removed_while_down_learns_it_from_its_refused_vote_and_never_campaigns_again() {
+    let mut nodes = three_nodes(1000).await;
+    let leader = nodes[0].plane.metrics().leader.expect("a leader").0;
+    let gone = nodes
+        .iter()
+        .position(|n| n.plane.metrics().node.0 != leader)
+        .unwrap();
+    let gone_id = nodes[gone].plane.metrics().node.0;
+    let engine = nodes[gone].engine.clone();
+    nodes[gone].kill().await;
+    let li = leader_index(&nodes, leader);
+    remove_retrying(&nodes[li].plane, gone_id, RemovalMode::Refuse).await;
+    // Back on its Raft state, it still thinks itself a voter of three, and campaigns:
+    // the members refuse its vote, saying it was removed.
+    nodes[gone] = TestNode::start_on(gone_id, gone_id, 1000, engine.clone()).await;
+    let learned = wait_removed(&nodes[gone]).await;
+    assert!(matches!(learned, Learned::Refused { .. }), "{learned:?}");
+    // Elections are off from then on: its term stays where it is.
+    let term = nodes[gone].plane.metrics().term;
+    let campaigned = nodes[gone]
+        .plane
+        .raft()
+        .wait(Some(Duration::from_millis(1500)))
+        .metrics(|m| m.current_term > term, "another election")
+        .await;
+    assert!(campaigned.is_err(), "a removed node campaigned again");
+    // And so after a restart: the record is read before Raft starts.
+    nodes[gone].kill().await;
+    nodes[gone] = TestNode::start_on(gone_id, gone_id, 1000, engine).await;
+    let removal = nodes[gone]
+        .plane
+        .removal()
+        .expect("kept across the restart");
+    assert!(matches!(removal.learned, Learned::Refused { .. }));
+    // Raft's metrics start at term 0 and show the stored vote once it runs.
+    let started = nodes[gone]
+        .plane
+        .raft()
+        .wait(Some(WAIT))
+        .metrics(|m| m.last_applied.is_some(), "Raft running on its log")
+        .await
+        .unwrap();
+    let term = started.current_term;
+    let campaigned = nodes[gone]
+        .plane
+        .raft()
+        .wait(Some(Duration::from_millis(1500)))
+        .metrics(|m| m.current_term > term, "an election")
+        .await;
+    assert!(
+        campaigned.is_err(),
+        "a removed node campaigned after a restart (term {term}): {campaigned:?}"
+    );
+    match nodes[gone].plane.join(&[nodes[li].addr.clone()]).await {
+        Err(PlaneError::Removed(_)) => {}
+        other => panic!("a removed node may not join again: {other:?}"),
+    }
+    for n in &mut nodes {
+        n.kill().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_leader_removing_itself_hands_over_and_learns_it() {
+    let mut nodes = three_nodes(1000).await;
+    let leader = nodes[0].plane.metrics().leader.expect("a leader").0;
+    let li = leader_index(&nodes, leader);
+    remove_retrying(&nodes[li].plane, leader, RemovalMode::Refuse).await;
+    wait_removed(&nodes[li]).await;
+    let rest: Vec<u64> = nodes
+        .iter()
+        .map(|n| n.plane.metrics().node.0)
+        .filter(|&id| id != leader)
+        .collect();
+    for n in nodes.iter().filter(|n| n.plane.metrics().node.0 != leader) {
+        wait_voters(&n.plane, &rest).await;
+        n.plane
+            .raft()
+            .wait(Some(WAIT))
+            .metrics(
+                |m| m.current_leader.is_some_and(|l| l != leader),
+                "a new leader",
+            )
+            .await
+            .unwrap();
+    }
+    let survivor = nodes
+        .iter()
+        .position(|n| n.plane.metrics().node.0 != leader)
+        .unwrap();
+    propose_retrying(&nodes[survivor].plane, scheme_ddl("after")).await;
     for n in &mut nodes {
         n.kill().await;
     }

@@ -24,7 +24,7 @@ use std::time::Duration;
 use hawser_control::failover::{liveness, Liveness};
 use hawser_control::state::{FailoverPause, ReceiverState, ReturnServiceState};
 use hawser_control::{
-    ClusterState, Command, ControlConfig, ControlError, ControlPlane, PlaneError, RaftRole,
+    ClusterState, Command, ControlConfig, ControlError, ControlPlane, PlaneError, RaftRole, Removal,
 };
 use hawser_core::{Ident, QualName};
 use hawser_proto::v1;
@@ -205,7 +205,7 @@ pub(crate) async fn report_catalog(
             _ = tick.tick() => {}
         }
         let state = plane.state();
-        if state.node_by_store(&store).is_none() {
+        if state.node_by_store(&store).is_none() || plane.removal().is_some() {
             continue;
         }
         let catalog = local_catalog(&db);
@@ -318,11 +318,49 @@ fn plane_error(e: PlaneError) -> ReplicationError {
 pub(crate) fn plane_status(e: PlaneError) -> tonic::Status {
     match &e {
         PlaneError::Unavailable { .. } => tonic::Status::unavailable(e.to_string()),
-        PlaneError::Rejected(_) | PlaneError::LostState(_) => {
+        PlaneError::Rejected(_) | PlaneError::LostState(_) | PlaneError::Removed(_) => {
             tonic::Status::failed_precondition(e.to_string())
         }
         PlaneError::Config(_) => tonic::Status::invalid_argument(e.to_string()),
         PlaneError::Storage(_) | PlaneError::Fatal(_) => tonic::Status::internal(e.to_string()),
+    }
+}
+
+/// Why a removed node takes no part, in full: its log line, its write refusals, its
+/// status and `/readyz` say this.
+pub(crate) fn removal_message(r: &Removal) -> String {
+    format!(
+        "this node (id {}) was {} ({}): it takes no part in the cluster any more — it \
+         neither sends nor receives replication, takes no writes and does not campaign. To \
+         bring this machine back, start it on an empty data directory with --join: it \
+         joins as a new node (docs/control.md, \"Removing a node\")",
+        r.node,
+        r.describe(),
+        r.learned.describe()
+    )
+}
+
+/// `cluster.removed` of `hawser status --format json` and `/status`: null unless this
+/// node was removed (docs/status.md).
+pub fn removal_json(r: Option<&v1::ClusterRemoval>) -> serde_json::Value {
+    match r {
+        None => serde_json::Value::Null,
+        Some(r) => serde_json::json!({
+            "cluster_id": r.cluster_id,
+            "log_index": (r.log_index != 0).then_some(r.log_index),
+            "at_unix_ms": (r.at_unix_ms != 0).then_some(r.at_unix_ms),
+            "learned": r.learned,
+            "message": r.message,
+        }),
+    }
+}
+
+/// Adds `cluster.removed` ([`removal_json`]) to a status JSON object made by
+/// [`crate::status_json`].
+pub fn add_removal_json(json: &mut serde_json::Value, s: &v1::StatusResponse) {
+    if let Some(cluster) = json.get_mut("cluster").and_then(|c| c.as_object_mut()) {
+        let removed = s.cluster.as_ref().and_then(|c| c.removed.as_ref());
+        cluster.insert("removed".into(), removal_json(removed));
     }
 }
 
@@ -355,7 +393,8 @@ pub(crate) fn cluster_status(
     let raw = plane.raft_metrics().borrow().clone();
     let state = plane.state();
     let me = m.node;
-    let is_leader = m.role == RaftRole::Leader;
+    let removal = plane.removal();
+    let is_leader = m.role == RaftRole::Leader && removal.is_none();
     let last_log = m.last_log_index.unwrap_or(0);
     let leader_addr = m
         .leader
@@ -365,14 +404,18 @@ pub(crate) fn cluster_status(
         .nodes
         .values()
         .map(|n| {
-            let membership = if m.voters.contains(&n.id) {
+            let membership = if n.id == me && removal.is_some() {
+                "removed"
+            } else if m.voters.contains(&n.id) {
                 "voter"
             } else if m.learners.contains(&n.id) {
                 "learner"
             } else {
                 "none"
             };
-            let role = if n.id == me {
+            let role = if n.id == me && removal.is_some() {
+                "removed"
+            } else if n.id == me {
                 role_name(m.role)
             } else if Some(n.id) == m.leader {
                 "leader"
@@ -493,8 +536,13 @@ pub(crate) fn cluster_status(
         })
         .collect();
     v1::ClusterStatus {
-        initialized: !m.voters.is_empty(),
-        role: role_name(m.role).into(),
+        initialized: !m.voters.is_empty() || removal.is_some(),
+        // A removed node's Raft role (often a learner that never heard the end of its
+        // membership) means nothing any more.
+        role: match &removal {
+            Some(_) => "removed".into(),
+            None => role_name(m.role).into(),
+        },
         term: m.term,
         leader_id: m.leader.map_or(0, |l| l.0),
         leader_addr,
@@ -508,6 +556,13 @@ pub(crate) fn cluster_status(
         purged_index: raw.purged.map_or(0, |l| l.index),
         blocked_failovers: if is_leader { blocked } else { Vec::new() },
         failover: Some(failover_status(&state, plane.config())),
+        removed: removal.as_ref().map(|r| v1::ClusterRemoval {
+            cluster_id: r.cluster_id,
+            log_index: r.log_index,
+            at_unix_ms: r.at_unix_ms,
+            learned: r.learned.describe(),
+            message: removal_message(r),
+        }),
     }
 }
 
@@ -605,8 +660,26 @@ pub(crate) async fn watch_raft(
     fatal: tokio::sync::mpsc::Sender<String>,
 ) {
     let mut rx = plane.raft_metrics();
+    let mut removal = plane.removal_watch();
     let mut leader = None;
+    let mut announced = false;
     loop {
+        // Said once, at WARN: from here on the node takes no part (the data plane,
+        // the lease task and the reports stop; its elections are off already).
+        if !announced {
+            let removed = removal.borrow_and_update().clone();
+            if let Some(r) = removed {
+                warn!(
+                    cluster = r.cluster_id,
+                    log_index = r.log_index,
+                    learned = %r.learned.describe(),
+                    "{}",
+                    removal_message(&r)
+                );
+                metrics::gauge!("hawser_node_removed").set(1.0);
+                announced = true;
+            }
+        }
         let (role, stopped) = {
             let m = rx.borrow_and_update();
             metrics::gauge!("hawser_raft_term").set(m.current_term as f64);
@@ -655,6 +728,8 @@ pub(crate) async fn watch_raft(
                 }
                 return;
             },
+            // The book lives as long as the plane; a closed watch only ends this arm.
+            Ok(()) = removal.changed(), if !announced => {}
         }
     }
 }
@@ -683,6 +758,9 @@ pub(crate) async fn join_loop(
                 info!(leader = %reply.leader, voter = reply.voter, attempt, "joined the cluster");
                 return;
             }
+            // A removed node does not join again, and does not stop either: it stays up
+            // to say why (its status, its log, /readyz).
+            Err(PlaneError::Removed(_)) => return,
             // A leader that could not finish the change (a learner slow to catch up, a
             // membership change that did not commit in time) may finish it next time.
             Err(e) if e.is_retryable() || matches!(e, PlaneError::Fatal(_)) => {

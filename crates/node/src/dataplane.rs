@@ -34,6 +34,9 @@
 //!
 //! The gRPC client handlers wake every sender after each request that may have
 //! committed ([`wake_all`]); the sender's poll (every few milliseconds) covers the rest.
+//!
+//! A node the cluster removed ([`ControlPlane::removal`]) stops every sender and
+//! subscribes its receiver to nothing, for good: it neither sends nor receives.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -304,7 +307,20 @@ pub(crate) async fn run(task: DataPlaneTask) {
             BTreeMap::new()
         }
     };
+    let mut removal_rx = task.plane.removal_watch();
     loop {
+        let removal = removal_rx.borrow_and_update().clone();
+        if let Some(removal) = removal {
+            // Removed from the cluster, for good: nothing is sent or received here
+            // any more, whatever the state this node applied still says.
+            retire(
+                &task,
+                &mut running,
+                &crate::cluster::removal_message(&removal),
+            );
+            task.shutdown.cancelled().await;
+            break;
+        }
         let state = state_rx.borrow_and_update().clone();
         task.epochs.send_if_modified(|current| {
             replace_if_changed(current, subscribed(&state, &task.store))
@@ -366,12 +382,31 @@ pub(crate) async fn run(task: DataPlaneTask) {
         tokio::select! {
             _ = task.shutdown.cancelled() => break,
             changed = state_rx.changed() => if changed.is_err() { break },
+            Ok(()) = removal_rx.changed() => {}
             _ = tick.tick() => {}
         }
     }
     for r in running.values() {
         r.stop.cancel();
     }
+}
+
+/// Stops every sender and has the receiver refuse every stream (it subscribes to
+/// nothing now), for a node the cluster removed; `why` is what status shows.
+fn retire(task: &DataPlaneTask, running: &mut BTreeMap<(QualName, Ident), Running>, why: &str) {
+    for ((scheme, receiver), r) in std::mem::take(running) {
+        info!(%scheme, %receiver, "stopping sender: this node was removed from the cluster");
+        r.stop.cancel();
+    }
+    task.senders.lock().clear();
+    // Nothing is received any more, so no write is refused as another store's to
+    // make: every write of its own is refused as the removal's (lease::rescope).
+    let seen = task.db.catalog_generation();
+    task.db
+        .set_write_refusals(std::collections::HashMap::new(), seen);
+    task.epochs.send_replace(BTreeMap::new());
+    task.rebuilds.send_replace(BTreeSet::new());
+    *task.problems.lock() = vec![why.to_string()];
 }
 
 fn replace_if_changed<T: PartialEq>(current: &mut T, new: T) -> bool {
@@ -855,7 +890,15 @@ impl ForkVerdicts {
             return *v;
         }
         let through = self.rebuilt.through;
-        let verdict = match off_the_runtime(|| forked_records(db, f, through)) {
+        let verdict = match off_the_runtime(|| {
+            // A commit of this node's own that passed its lease check before it was
+            // deposed may be finishing its append (a process stopped mid-commit and
+            // continued): let it, so the answer kept below counts it.
+            if f.origin == db.node_id() {
+                db.commit_barrier();
+            }
+            forked_records(db, f, through)
+        }) {
             Ok((found, _)) if !found.is_empty() => Some(true),
             Ok((_, true)) => Some(false),
             Ok((_, false)) => None,

@@ -701,16 +701,35 @@ impl Admin for Services {
         &self,
         request: Request<v1::RemoveNodeRequest>,
     ) -> Result<Response<v1::RemoveNodeResponse>, Status> {
-        let id = request.into_inner().node_id;
-        if id == 0 {
+        let req = request.into_inner();
+        if req.node_id == 0 {
             return Err(bad_request("node_id 0 names no node".into()));
         }
-        self.state
+        let mode = match (req.force, req.keep_in_schemes) {
+            (true, true) => {
+                return Err(bad_request(
+                    "force takes the store out of the schemes, keep_in_schemes leaves it \
+                     there: give one of them"
+                        .into(),
+                ))
+            }
+            (true, false) => hawser_control::RemovalMode::Force,
+            (false, true) => hawser_control::RemovalMode::KeepInSchemes,
+            (false, false) => hawser_control::RemovalMode::Refuse,
+        };
+        let reply = self
+            .state
             .plane
-            .remove_node(hawser_core::NodeId(id))
+            .remove_node(hawser_core::NodeId(req.node_id), mode)
             .await
             .map_err(crate::cluster::plane_status)?;
-        Ok(Response::new(v1::RemoveNodeResponse {}))
+        Ok(Response::new(v1::RemoveNodeResponse {
+            schemes_changed: reply
+                .schemes_changed
+                .iter()
+                .map(ToString::to_string)
+                .collect(),
+        }))
     }
 
     async fn set_receiver_state(

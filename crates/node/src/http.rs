@@ -3,7 +3,7 @@
 //! | path       | answers                                                    |
 //! |------------|------------------------------------------------------------|
 //! | `/healthz` | 200 while the process serves at all (liveness)             |
-//! | `/readyz`  | 200 once the database is open and gRPC is serving, else 503 |
+//! | `/readyz`  | 200 once the database is open and gRPC is serving, else 503 (for good once the node was removed from the cluster) |
 //! | `/metrics` | Prometheus text format (with `process_*`: CPU, memory, threads, fds) |
 //! | `/status`  | the same status `hawser status --format json` prints       |
 //! | `/replication` | this node's data-plane streams, outbound and inbound    |
@@ -30,6 +30,11 @@ pub(crate) fn router(state: Arc<NodeState>) -> Router {
 }
 
 async fn readyz(State(state): State<Arc<NodeState>>) -> Response {
+    if let Some(removal) = state.plane.removal() {
+        // Never ready again: a load balancer must not send clients here.
+        let body = format!("removed: {}\n", crate::cluster::removal_message(&removal));
+        return (StatusCode::SERVICE_UNAVAILABLE, body).into_response();
+    }
     if state.ready.load(Ordering::Acquire) {
         (StatusCode::OK, "ready\n").into_response()
     } else {
@@ -66,7 +71,9 @@ async fn metrics(State(state): State<Arc<NodeState>>) -> Response {
 
 async fn status(State(state): State<Arc<NodeState>>) -> Response {
     let s = state.status();
-    axum::Json(crate::status_json(&s)).into_response()
+    let mut json = crate::status_json(&s);
+    crate::cluster::add_removal_json(&mut json, &s);
+    axum::Json(json).into_response()
 }
 
 async fn replication(State(state): State<Arc<NodeState>>) -> Response {

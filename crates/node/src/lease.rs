@@ -7,6 +7,7 @@
 //!        grant's state version
 //!        ─► LeaseGate: scope from that state, lease until (sent + lease)
 //!  report_loop, on every cluster state change: LeaseGate scope from the new state
+//!  a node the cluster removed: no reports, no scope, every write of its own refused
 //!  failover_loop, every report interval: ControlPlane::failover_tick (acts only on the
 //!     Raft leader); blocked failovers logged when they change, and kept for status
 //! ```
@@ -21,7 +22,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hawser_control::failover::{BlockReason, Echo, HealthReport};
-use hawser_control::{ClusterState, ControlPlane};
+use hawser_control::{ClusterState, ControlPlane, PlaneError};
 use hawser_core::{Epoch, Ident, QualName};
 use hawser_scheme::ast::{ElementKind, OwnerRole, StoreName};
 use hawser_store::{Database, LeaseScope};
@@ -117,9 +118,21 @@ pub(crate) fn master_term(state: &ClusterState, store: &Ident, table: &QualName)
     term
 }
 
-/// Sets the gate's scope and the commit epoch from the latest applied state.
+/// Sets the gate's scope and the commit epoch from the latest applied state. On a node
+/// the cluster removed, refuses every write of its own instead, for good, saying why
+/// (the removal is never undone; the node may not even have applied the entry that
+/// removed it, so its state is no guide to what it may write).
 pub(crate) fn rescope(plane: &ControlPlane, db: &Database, store: &Ident) -> Arc<ClusterState> {
     let state = plane.state();
+    if let Some(removal) = plane.removal() {
+        db.lease().set_scope(None);
+        db.lease().revoke();
+        let why = crate::cluster::removal_message(&removal);
+        if db.writes_paused().as_deref() != Some(why.as_str()) {
+            db.pause_writes(Some(why));
+        }
+        return state;
+    }
     db.lease().set_scope(lease_scope(&state, store));
     // This node's commits carry the failover era it knows: a deposed master's commits
     // made before it heard of the failover carry an older one than any made since.
@@ -186,7 +199,8 @@ pub(crate) async fn report_loop(
             _ = tick.tick() => {}
         }
         let state = rescope(&plane, &db, &store);
-        if state.node_by_store(&store).is_none() {
+        // A removed node reports to nobody: every member would refuse it.
+        if state.node_by_store(&store).is_none() || plane.removal().is_some() {
             continue;
         }
         let Some(report) = health_report(&db, state.version, echo) else {
@@ -202,6 +216,13 @@ pub(crate) async fn report_loop(
                     db.lease().drain();
                 }
                 reply.lease
+            }
+            // Removed from the cluster (a member just refused this report): the next
+            // rescope refuses every write, and the removal is said where it is
+            // learned (cluster::watch_raft), not as a lease refused.
+            Err(PlaneError::Removed(_)) => {
+                rescope(&plane, &db, &store);
+                continue;
             }
             Err(e) => Err(e.to_string()),
         };
