@@ -138,7 +138,7 @@ start() {
     local n=$1
     shift
     : >"$work/$n.out"
-    ip netns exec "${ns[$n]}" "$hawser" start --name "$n" --listen "$(grpc "$n")" \
+    ip netns exec "${ns[$n]}" "$hawser" start --insecure --name "$n" --listen "$(grpc "$n")" \
         --http "${addr[$n]}:7421" --data "$work/$n" --log warn "$@" \
         >>"$work/$n.out" 2>>"$work/$n.log" &
     pid[$n]=$!

@@ -39,7 +39,7 @@ start() {
     local n=$1
     shift
     : >"$work/$n.out"
-    "$hawser" start --name "$n" --listen "${grpc[$n]}" --http "${http[$n]}" --data "$work/$n" \
+    "$hawser" start --insecure --name "$n" --listen "${grpc[$n]}" --http "${http[$n]}" --data "$work/$n" \
         --log "${node_log:-warn}" "$@" >>"$work/$n.out" 2>>"$work/$n.log" &
     pid[$n]=$!
     for _ in $(seq 300); do

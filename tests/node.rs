@@ -308,6 +308,7 @@ fn a_bad_configuration_is_refused_with_the_reason() {
     let out = std::process::Command::new(common::hawser_bin())
         .args([
             "start",
+            "--insecure",
             "--name",
             "second",
             "--listen",
@@ -574,48 +575,6 @@ fn a_statement_past_the_statement_timeout_fails_with_57014() {
     // A session's statements too.
     let out = node.cli(&["sql", "-e", "select 1"]);
     assert!(stderr(&out).contains("error[57014]"), "{}", stderr(&out));
-}
-
-/// Request bytes as they are, for sending what no generated client would.
-#[derive(Clone, Copy)]
-struct Raw;
-
-impl tonic::codec::Codec for Raw {
-    type Encode = Vec<u8>;
-    type Decode = Vec<u8>;
-    type Encoder = Raw;
-    type Decoder = Raw;
-    fn encoder(&mut self) -> Raw {
-        Raw
-    }
-    fn decoder(&mut self) -> Raw {
-        Raw
-    }
-}
-
-impl tonic::codec::Encoder for Raw {
-    type Item = Vec<u8>;
-    type Error = tonic::Status;
-    fn encode(
-        &mut self,
-        item: Vec<u8>,
-        dst: &mut tonic::codec::EncodeBuf<'_>,
-    ) -> Result<(), tonic::Status> {
-        bytes::BufMut::put_slice(dst, &item);
-        Ok(())
-    }
-}
-
-impl tonic::codec::Decoder for Raw {
-    type Item = Vec<u8>;
-    type Error = tonic::Status;
-    fn decode(
-        &mut self,
-        src: &mut tonic::codec::DecodeBuf<'_>,
-    ) -> Result<Option<Vec<u8>>, tonic::Status> {
-        let n = bytes::Buf::remaining(src);
-        Ok(Some(bytes::Buf::copy_to_bytes(src, n).to_vec()))
-    }
 }
 
 /// Bytes that are no request, or a request whose text is not UTF-8, are the caller's
@@ -903,7 +862,7 @@ fn a_node_started_with_exit_with_parent_stops_when_its_parent_is_killed() {
     let mut parent = Command::new("sh")
         .arg("-c")
         .arg(
-            "\"$0\" start --name ds1 --listen 127.0.0.1:0 --http 127.0.0.1:0 --data \"$1\" \
+            "\"$0\" start --insecure --name ds1 --listen 127.0.0.1:0 --http 127.0.0.1:0 --data \"$1\" \
              --exit-with-parent >\"$2\" 2>\"$2.log\" & echo $!; wait",
         )
         .arg(common::hawser_bin())

@@ -187,7 +187,7 @@ trap_cleanup
 start_node() {
     local name="$1"
     shift
-    "$hawser" start --name "$name" --listen 127.0.0.1:0 --http 127.0.0.1:0 \
+    "$hawser" start --insecure --name "$name" --listen 127.0.0.1:0 --http 127.0.0.1:0 \
         --data "$cell/$name" --log warn "$@" >"$cell/$name.out" 2>"$cell/$name.log" &
     pids+=($!)
     local pid=$! line=""

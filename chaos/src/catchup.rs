@@ -225,7 +225,14 @@ fn start(
         .open(data.with_extension("log"))?;
     let mut cmd = Command::new(bin);
     cmd.args([
-        "start", "--name", name, "--listen", addrs.0, "--http", addrs.1,
+        "start",
+        "--insecure",
+        "--name",
+        name,
+        "--listen",
+        addrs.0,
+        "--http",
+        addrs.1,
     ])
     .arg("--data")
     .arg(data)

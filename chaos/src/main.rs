@@ -167,7 +167,14 @@ impl Cluster {
         let fmt = |d: Duration| format!("{}ms", d.as_millis());
         let mut cmd = Command::new(&self.bin);
         cmd.args([
-            "start", "--name", name, "--listen", addrs.0, "--http", addrs.1,
+            "start",
+            "--insecure",
+            "--name",
+            name,
+            "--listen",
+            addrs.0,
+            "--http",
+            addrs.1,
         ])
         .arg("--data")
         .arg(data)

@@ -241,7 +241,14 @@ impl Drill<'_> {
         loop {
             let mut cmd = Command::new(self.bin);
             cmd.args([
-                "start", "--name", name, "--listen", addrs.0, "--http", addrs.1,
+                "start",
+                "--insecure",
+                "--name",
+                name,
+                "--listen",
+                addrs.0,
+                "--http",
+                addrs.1,
             ])
             .arg("--data")
             .arg(data)

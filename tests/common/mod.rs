@@ -26,6 +26,9 @@ pub struct Node {
     pub http: String,
     pub node_id: u64,
     log: PathBuf,
+    /// The certificates directory it was started with (`--certs-dir`), which its
+    /// client commands use too; `None`: it runs `--insecure`.
+    pub certs: Option<PathBuf>,
 }
 
 /// Why a node did not start: its first line on stdout (or the wait's error), its whole
@@ -96,16 +99,16 @@ impl Node {
             .append(true)
             .open(&log)
             .expect("create node log");
+        // Insecure unless the test gives certificates.
+        let certs = extra
+            .iter()
+            .position(|a| *a == "--certs-dir")
+            .and_then(|i| extra.get(i + 1))
+            .map(PathBuf::from);
         let mut child = Command::new(hawser_bin())
-            .args([
-                "start",
-                "--name",
-                name,
-                "--listen",
-                listen,
-                "--http",
-                "127.0.0.1:0",
-            ])
+            .arg("start")
+            .args(certs.is_none().then_some("--insecure"))
+            .args(["--name", name, "--listen", listen, "--http", "127.0.0.1:0"])
             .arg("--data")
             .arg(data_dir)
             .args(extra)
@@ -152,6 +155,7 @@ impl Node {
             node_id: field("node_id").parse().expect("node id"),
             child: Some(child),
             log,
+            certs,
         })
     }
 
@@ -217,12 +221,12 @@ impl Node {
 
     /// Runs `hawser ARGS...` (a client command) and returns its output.
     pub fn cli(&self, args: &[&str]) -> Output {
-        Command::new(hawser_bin())
-            .args(args)
-            .env("HAWSER_HOST", &self.grpc)
-            .stdin(Stdio::null())
-            .output()
-            .expect("run hawser")
+        let mut cmd = Command::new(hawser_bin());
+        cmd.args(args).env("HAWSER_HOST", &self.grpc);
+        if let Some(certs) = &self.certs {
+            cmd.env("HAWSER_CERTS_DIR", certs);
+        }
+        cmd.stdin(Stdio::null()).output().expect("run hawser")
     }
 }
 
@@ -360,4 +364,46 @@ pub fn sql_json(node: &Node, text: &str) -> (bool, Vec<serde_json::Value>, Strin
         .filter_map(|l| serde_json::from_str(l).ok())
         .collect();
     (out.status.success(), results, stderr(&out))
+}
+
+/// Request bytes as they are, for sending what no generated client would.
+#[derive(Clone, Copy)]
+pub struct Raw;
+
+impl tonic::codec::Codec for Raw {
+    type Encode = Vec<u8>;
+    type Decode = Vec<u8>;
+    type Encoder = Raw;
+    type Decoder = Raw;
+    fn encoder(&mut self) -> Raw {
+        Raw
+    }
+    fn decoder(&mut self) -> Raw {
+        Raw
+    }
+}
+
+impl tonic::codec::Encoder for Raw {
+    type Item = Vec<u8>;
+    type Error = tonic::Status;
+    fn encode(
+        &mut self,
+        item: Vec<u8>,
+        dst: &mut tonic::codec::EncodeBuf<'_>,
+    ) -> Result<(), tonic::Status> {
+        bytes::BufMut::put_slice(dst, &item);
+        Ok(())
+    }
+}
+
+impl tonic::codec::Decoder for Raw {
+    type Item = Vec<u8>;
+    type Error = tonic::Status;
+    fn decode(
+        &mut self,
+        src: &mut tonic::codec::DecodeBuf<'_>,
+    ) -> Result<Option<Vec<u8>>, tonic::Status> {
+        let n = bytes::Buf::remaining(src);
+        Ok(Some(bytes::Buf::copy_to_bytes(src, n).to_vec()))
+    }
 }

@@ -4,6 +4,7 @@
 //! sets up logging, runs the chosen command and turns its outcome into an exit status.
 
 mod bench;
+mod cert_cmd;
 mod cluster_cmd;
 mod demo;
 mod drill_cmd;
@@ -38,6 +39,16 @@ use clap::{Parser, Subcommand};
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// The certificates directory (`hawser cert`): a node reads ca.crt, node.crt and
+    /// node.key there; a client command ca.crt and client.USER.crt / .key, and connects
+    /// with TLS. Without it, clients connect in plain HTTP/2 (to a node started with
+    /// --insecure).
+    #[arg(long, global = true, env = "HAWSER_CERTS_DIR")]
+    certs_dir: Option<std::path::PathBuf>,
+    /// The user a client command connects as: its certificate is client.USER.crt in
+    /// --certs-dir.
+    #[arg(long, global = true, env = "HAWSER_USER", default_value = hawser_tls::DEFAULT_USER)]
+    user: String,
 }
 
 #[derive(Subcommand, Debug)]
@@ -101,6 +112,9 @@ enum Command {
     /// Pause, resume or show automatic failover for the whole cluster (Patroni's
     /// maintenance mode): paused, silent masters are reported, not replaced.
     Failover(failover_cmd::FailoverArgs),
+    /// Make the certificates a secure cluster runs with: its CA, node certificates,
+    /// client certificates with a role.
+    Cert(cert_cmd::CertArgs),
     /// Wait until subscribers have acknowledged everything a master committed so far
     /// (TimesTen's ttRepAdmin -wait); exit 1 if they do not within --timeout.
     Wait(wait_cmd::WaitArgs),
@@ -178,7 +192,7 @@ fn main() -> ExitCode {
     // before the runtime starts, and so is bench's; every other command runs one per
     // core.
     let (threads, start_config) = match &cli.command {
-        Command::Start(args) => match args.config() {
+        Command::Start(args) => match args.config(cli.certs_dir.as_deref()) {
             Ok(c) => (c.threads, Some(c)),
             Err(e) => {
                 eprintln!("error: {e:#}");
@@ -215,6 +229,31 @@ fn main() -> ExitCode {
             eprintln!("warning: {e}; the machine's setting applies");
         }
     }
+    // Every connection a client command makes, however deep in a library, shows the
+    // user's certificate (a node loads its own; the demo makes its own CA).
+    if !matches!(
+        cli.command,
+        Command::Start(_) | Command::Demo(_) | Command::Cert(_)
+    ) {
+        if let Some(dir) = &cli.certs_dir {
+            match hawser_tls::load_client(dir, &cli.user) {
+                Ok(tls) => hawser_client::set_default_tls(Some(tls)),
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    return ExitCode::FAILURE;
+                }
+            }
+        }
+    }
+    if let Command::Cert(args) = cli.command {
+        return match cert_cmd::run(args, cli.certs_dir.as_deref()) {
+            Ok(code) => code,
+            Err(e) => {
+                eprintln!("error: {e:#}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     let runtime = match runtime(threads) {
         Ok(rt) => rt,
         Err(e) => {
@@ -243,7 +282,7 @@ fn main() -> ExitCode {
             Command::Switchover(args) => switchover_cmd::run(args).await,
             Command::Drill(args) => drill_cmd::run(args).await,
             Command::Failover(args) => failover_cmd::run(args).await,
-            Command::InternalRestart(_) | Command::InternalResume(_) => {
+            Command::InternalRestart(_) | Command::InternalResume(_) | Command::Cert(_) => {
                 unreachable!("run before the runtime")
             }
         }

@@ -80,6 +80,11 @@ pub struct StartArgs {
     /// Admin calls have a bound of their own [default: 1000].
     #[arg(long, env = "HAWSER_MAX_REQUESTS")]
     max_requests: Option<u32>,
+    /// Run without TLS and without checking callers: anyone who reaches the gRPC port
+    /// may do anything, peer calls included. A node refuses to start without either
+    /// this or --certs-dir (ca.crt, node.crt, node.key; see `hawser cert`).
+    #[arg(long, env = "HAWSER_INSECURE", value_parser = clap::builder::FalseyValueParser::new())]
+    insecure: bool,
     /// How long one SQL statement may run, e.g. 30s; one that runs longer fails with
     /// SQLSTATE 57014 and is undone. 0 sets no bound; a call's gRPC deadline also bounds
     /// its statements [default: 0].
@@ -259,7 +264,8 @@ pub enum LogFormat {
 
 impl StartArgs {
     /// Layers file, environment and flags over the defaults.
-    pub fn config(&self) -> anyhow::Result<NodeConfig> {
+    /// The node's configuration; `certs_dir` is the global `--certs-dir`.
+    pub fn config(&self, certs_dir: Option<&std::path::Path>) -> anyhow::Result<NodeConfig> {
         let mut c = match &self.config {
             Some(path) => {
                 let text = std::fs::read_to_string(path)
@@ -296,6 +302,7 @@ impl StartArgs {
         if let Some(v) = self.max_requests {
             c.max_requests = v;
         }
+        c.insecure |= self.insecure;
         if let Some(v) = self.statement_timeout {
             c.statement_timeout = v;
         }
@@ -379,6 +386,9 @@ impl StartArgs {
             c.salvage = true;
         }
         c.allow_faults = self.allow_faults;
+        if let Some(dir) = certs_dir {
+            c.certs_dir = Some(dir.to_path_buf());
+        }
         c.validate()?;
         Ok(c)
     }
@@ -460,6 +470,12 @@ pub async fn run(args: StartArgs, config: NodeConfig) -> anyhow::Result<ExitCode
             .and_then(|()| out.flush());
         }
     });
+    // What this process connects to through the client library on its own (a drill's
+    // calls to other nodes) it does as this node.
+    if let Some(dir) = &config.certs_dir {
+        let tls = hawser_tls::load_node(dir).context("certificates")?;
+        hawser_client::set_default_tls(Some(tls.peer));
+    }
     hawser_node::run(config, grpc, http, Some(metrics), shutdown, Some(ready_tx)).await?;
     Ok(ExitCode::SUCCESS)
 }

@@ -24,7 +24,7 @@ use hawser_proto::v1::{self, admin_client::AdminClient, client_client::ClientCli
 use hawser_proto::{row_from_pb, row_to_pb, ConvertError};
 use thiserror::Error;
 use tokio::sync::mpsc;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::{Channel, ClientTlsConfig};
 
 pub use hawser_proto::v1::{
     ClusterNode, ClusterRemoval, ClusterStatus, ElementStatus, InitResponse, SchemeDdl,
@@ -83,7 +83,29 @@ impl ClientError {
 fn status_text(s: &tonic::Status) -> String {
     match sqlstate(s) {
         Some(code) => format!("error[{code}]: {}", s.message()),
+        // A node that runs secure answers a plain HTTP/2 connection with a TLS alert
+        // (garbage to HTTP/2), or drops it.
+        None if plain_to_secure(s) && DEFAULT_TLS.read().expect("not poisoned").is_none() => {
+            format!(
+                "{:?}: {} (the node closed the connection: if it runs secure, connect with \
+                 --certs-dir and a client certificate)",
+                s.code(),
+                s.message()
+            )
+        }
         None => format!("{:?}: {}", s.code(), s.message()),
+    }
+}
+
+/// Whether `s` is how a call in plain HTTP/2 to a server that speaks TLS fails.
+fn plain_to_secure(s: &tonic::Status) -> bool {
+    let m = s.message();
+    match s.code() {
+        tonic::Code::Cancelled => m.contains("canceled"),
+        tonic::Code::Internal | tonic::Code::Unknown | tonic::Code::Unavailable => {
+            m.contains("h2 protocol error") || m.contains("connection closed")
+        }
+        _ => false,
     }
 }
 
@@ -208,6 +230,18 @@ pub struct Client {
     timeout: Duration,
 }
 
+/// What every [`Client::connect`] of this process shows a secure cluster: its CA and a
+/// certificate (a client's, or a node's own). Process-wide because a process speaks for
+/// one identity — the CLI for its `--user`, a node for itself when it runs a drill or
+/// asks a peer — and every connection it makes, however deep in a library, must use it.
+static DEFAULT_TLS: std::sync::RwLock<Option<ClientTlsConfig>> = std::sync::RwLock::new(None);
+
+/// Sets what later connections of this process use ([`DEFAULT_TLS`]); `None` connects in
+/// plain HTTP/2.
+pub fn set_default_tls(tls: Option<ClientTlsConfig>) {
+    *DEFAULT_TLS.write().expect("not poisoned") = tls;
+}
+
 impl Client {
     /// Connects to `addr` (`host:port` or `http://host:port`) with a 30 s deadline per call.
     pub async fn connect(addr: &str) -> Result<Self, ClientError> {
@@ -216,12 +250,8 @@ impl Client {
 
     /// Connects with the given per-call deadline (also the connect timeout).
     pub async fn connect_with_timeout(addr: &str, timeout: Duration) -> Result<Self, ClientError> {
-        let uri = if addr.contains("://") {
-            addr.to_string()
-        } else {
-            format!("http://{addr}")
-        };
-        let endpoint = Endpoint::from_shared(uri)
+        let tls = DEFAULT_TLS.read().expect("not poisoned").clone();
+        let endpoint = hawser_tls::endpoint(addr, tls.as_ref())
             .map_err(|source| ClientError::BadAddress {
                 addr: addr.to_string(),
                 source,

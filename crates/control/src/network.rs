@@ -31,7 +31,7 @@ use thiserror::Error;
 use tokio::sync::watch;
 
 use crate::state::ClusterState;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::{Channel, ClientTlsConfig};
 
 use crate::pb::raft_peer_client::RaftPeerClient;
 use crate::pb::Payload;
@@ -230,6 +230,8 @@ pub struct PeerPool {
     /// The applied cluster state, for the cluster id (0 until this node has one).
     state: watch::Receiver<Arc<ClusterState>>,
     removal: Arc<RemovalBook>,
+    /// This node's certificate and the cluster's CA, when the cluster runs secure.
+    tls: Option<ClientTlsConfig>,
 }
 
 impl PeerPool {
@@ -238,6 +240,7 @@ impl PeerPool {
         from: u64,
         state: watch::Receiver<Arc<ClusterState>>,
         removal: Arc<RemovalBook>,
+        tls: Option<ClientTlsConfig>,
     ) -> Self {
         Self {
             channels: Arc::default(),
@@ -245,6 +248,7 @@ impl PeerPool {
             from,
             state,
             removal,
+            tls,
         }
     }
 
@@ -258,7 +262,7 @@ impl PeerPool {
             source,
         };
         // Connects on first use and reconnects by itself after a failure.
-        let ch = Endpoint::from_shared(format!("http://{addr}"))
+        let ch = hawser_tls::endpoint(addr, self.tls.as_ref())
             .map_err(bad)?
             .connect_timeout(self.connect_timeout)
             .tcp_nodelay(true)

@@ -47,6 +47,9 @@ const MAX_HOPS: usize = 3;
 #[derive(Debug, Clone)]
 pub struct ControlConfig {
     pub node_id: NodeId,
+    /// What this node calls its peers with when the cluster runs secure: the cluster's
+    /// CA and this node's certificate (`None`: plain HTTP/2).
+    pub tls: Option<tonic::transport::ClientTlsConfig>,
     /// This node's database name in replication schemes.
     pub store_name: Ident,
     /// The advertised host name.
@@ -95,6 +98,7 @@ impl ControlConfig {
     ) -> Self {
         Self {
             node_id,
+            tls: None,
             store_name,
             host: host.into(),
             grpc_addr: grpc_addr.into(),
@@ -415,6 +419,7 @@ impl ControlPlane {
             cfg.node_id.0,
             sm.subscribe(),
             removal.clone(),
+            cfg.tls.clone(),
         );
         let network = NetworkFactory::new(peers.clone(), cfg.unreachable_backoff);
         let raft = Raft::new(cfg.node_id.0, config, network, log, sm.clone())

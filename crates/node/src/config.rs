@@ -147,6 +147,13 @@ pub struct NodeConfig {
     /// Take `Admin.Fault` requests (crash or pause this node, for `hawser drill`);
     /// refused when false (`hawser start --allow-faults`).
     pub allow_faults: bool,
+    /// The certificates directory: `ca.crt`, `node.crt`, `node.key` (`hawser cert`).
+    /// Every gRPC call to the node is then TLS, and every caller shows a certificate of
+    /// the cluster's CA; the peer services take node certificates only.
+    pub certs_dir: Option<PathBuf>,
+    /// Run without TLS and without checking callers: anyone who reaches the gRPC port
+    /// may do anything, peer calls included. Required when no `certs_dir` is given.
+    pub insecure: bool,
 }
 
 impl Default for NodeConfig {
@@ -188,6 +195,8 @@ impl Default for NodeConfig {
             boot_id: None,
             salvage: false,
             allow_faults: false,
+            certs_dir: None,
+            insecure: false,
         }
     }
 }
@@ -409,6 +418,24 @@ impl NodeConfig {
         if self.max_sessions == 0 {
             return Err(ConfigError("max_sessions must be at least 1".into()));
         }
+        match (&self.certs_dir, self.insecure) {
+            (None, false) => {
+                return Err(ConfigError(
+                    "no certificates: give --certs-dir DIR (ca.crt, node.crt and node.key, \
+                     made by `hawser cert create-ca` and `hawser cert create-node`), or \
+                     --insecure to run without TLS, where anyone who reaches the gRPC port \
+                     can do anything"
+                        .into(),
+                ))
+            }
+            (Some(dir), true) => {
+                return Err(ConfigError(format!(
+                    "both --certs-dir {} and --insecure: choose one",
+                    dir.display()
+                )))
+            }
+            _ => {}
+        }
         if self.max_requests == 0 {
             return Err(ConfigError("max_requests must be at least 1".into()));
         }
@@ -548,9 +575,17 @@ mod tests {
     #[test]
     fn validate_explains_bad_combinations() {
         let mut c = NodeConfig {
-            name: "1bad".into(),
+            name: "good".into(),
             ..NodeConfig::default()
         };
+        // Secure by default: certificates, or --insecure said out loud.
+        let e = c.validate().unwrap_err().0;
+        assert!(e.contains("--certs-dir") && e.contains("--insecure"), "{e}");
+        c.certs_dir = Some(PathBuf::from("certs"));
+        c.insecure = true;
+        assert!(c.validate().unwrap_err().0.contains("choose one"));
+        c.certs_dir = None;
+        c.name = "1bad".into();
         assert!(c.validate().unwrap_err().0.contains("identifier"));
         c.name = "good".into();
         c.http = c.listen;

@@ -61,7 +61,6 @@ use hawser_stream::{
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use tonic::transport::Endpoint;
 use tracing::{debug, info, warn};
 
 use crate::returns::{Returns, SubscriberWait};
@@ -284,6 +283,8 @@ pub(crate) struct DataPlaneTask {
     /// This node's receiver's marks of what each sender decided, read by its relays
     /// (`SenderStart::upstream`).
     pub(crate) decided: hawser_stream::DecidedMarks,
+    /// What senders call receivers with when the cluster runs secure.
+    pub(crate) peer_tls: Option<tonic::transport::ClientTlsConfig>,
 }
 
 /// Keeps this node's senders and its receiver's epochs in line with the cluster state
@@ -442,7 +443,7 @@ fn reconcile(
     });
     wanted.retain(|key, _| !running.contains_key(key));
     for (key, (link, addr)) in wanted {
-        let endpoint = match Endpoint::from_shared(format!("http://{addr}")) {
+        let endpoint = match hawser_tls::endpoint(&addr, task.peer_tls.as_ref()) {
             Ok(e) => e,
             Err(e) => {
                 warn!(receiver = %key.1, %addr, error = %e, "bad receiver address");

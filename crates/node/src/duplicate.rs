@@ -26,7 +26,6 @@ use hawser_store::CopyCursor;
 use hawser_stream::copy::{decode_rows, from_pb};
 use hawser_stream::pb as peer;
 use tokio::sync::mpsc;
-use tonic::transport::Endpoint;
 use tonic::Status;
 use tracing::{info, warn};
 
@@ -179,7 +178,7 @@ pub(crate) async fn run(
         }
     };
     info!(scheme = %target.scheme, from = %target.from, tables = target.tables.len(), "duplicate starts");
-    let endpoint = Endpoint::from_shared(format!("http://{}", target.from_addr))
+    let endpoint = hawser_tls::endpoint(&target.from_addr, state.peer_tls.as_ref())
         .map_err(|e| Status::internal(format!("bad address of {}: {e}", target.from)))?;
     let channel = endpoint.connect().await.map_err(|e| {
         Status::unavailable(format!(

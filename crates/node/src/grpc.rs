@@ -823,7 +823,13 @@ impl Admin for Services {
                     "no Raft leader is known now; retry".into(),
                 ));
             }
-            let endpoint = format!("http://{}", cluster.leader_addr);
+            let endpoint = hawser_tls::endpoint(&cluster.leader_addr, self.state.peer_tls.as_ref())
+                .map_err(|e| {
+                    Status::unavailable(format!(
+                        "bad address of the Raft leader {}: {e}",
+                        cluster.leader_addr
+                    ))
+                })?;
             let mut leader = v1::admin_client::AdminClient::connect(endpoint)
                 .await
                 .map_err(|e| {

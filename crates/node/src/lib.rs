@@ -70,6 +70,8 @@ pub enum NodeError {
     Config(#[from] ConfigError),
     #[error("node identity: {0}")]
     Identity(String),
+    #[error("certificates: {0}")]
+    Tls(String),
     #[error("cannot create data directory {path}: {error}")]
     DataDir { path: String, error: std::io::Error },
     #[error("cannot open the database ({code}): {0}", code = .0.code())]
@@ -117,6 +119,8 @@ pub(crate) struct NodeState {
     pub(crate) blocked_failovers: lease::Blocked,
     /// Held while a duplicate runs here: one at a time.
     pub(crate) duplicating: tokio::sync::Mutex<()>,
+    /// What this node calls its peers with when the cluster runs secure.
+    pub(crate) peer_tls: Option<tonic::transport::ClientTlsConfig>,
 }
 
 impl NodeState {
@@ -449,6 +453,10 @@ pub async fn run(
     ready: Option<tokio::sync::oneshot::Sender<NodeId>>,
 ) -> Result<(), NodeError> {
     config.validate()?;
+    let tls = match &config.certs_dir {
+        Some(dir) => Some(hawser_tls::load_node(dir).map_err(|e| NodeError::Tls(e.to_string()))?),
+        None => None,
+    };
     std::fs::create_dir_all(&config.data_dir).map_err(|error| NodeError::DataDir {
         path: config.data_dir.display().to_string(),
         error,
@@ -493,7 +501,8 @@ pub async fn run(
         })?;
     info!(node_id = %node_id, grpc = %grpc_addr, http = %http_addr, data = %config.data_dir.display(), "node starting");
 
-    let plane = start_control(&config, node_id, grpc_addr, http_addr).await?;
+    let peer_tls = tls.as_ref().map(|t| t.peer.clone());
+    let plane = start_control(&config, node_id, grpc_addr, http_addr, peer_tls.clone()).await?;
     let store = Ident::unquoted(&config.name);
     let ddl = Arc::new(cluster::RaftDdl {
         plane: plane.clone(),
@@ -551,16 +560,40 @@ pub async fn run(
         returns,
         blocked_failovers: Default::default(),
         duplicating: Default::default(),
+        peer_tls,
     });
 
-    /// Peer RPCs are refused while a drill isolates this node
-    /// ([`hawser_core::isolation`]); client and admin RPCs go on.
-    fn refuse_while_isolated(r: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+    // Peer RPCs come from nodes only, when the cluster runs secure (a client's
+    // certificate of the same CA is refused), and are refused while a drill isolates
+    // this node (`hawser_core::isolation`); client and admin RPCs go on.
+    let secure = tls.is_some();
+    let peer_gate = move |r: tonic::Request<()>| -> Result<tonic::Request<()>, tonic::Status> {
+        if secure {
+            match hawser_tls::caller(&r) {
+                Some(Ok(hawser_tls::Subject::Node { .. })) => {}
+                Some(Ok(other)) => {
+                    return Err(tonic::Status::permission_denied(format!(
+                        "peer services take calls from nodes only; the caller's \
+                         certificate names {other}"
+                    )))
+                }
+                Some(Err(e)) => {
+                    return Err(tonic::Status::unauthenticated(format!(
+                        "the caller's certificate: {e}"
+                    )))
+                }
+                None => {
+                    return Err(tonic::Status::unauthenticated(
+                        "peer services take calls from nodes only, with a node certificate",
+                    ))
+                }
+            }
+        }
         if hawser_core::isolation::isolated() {
             return Err(tonic::Status::unavailable(hawser_core::isolation::REFUSAL));
         }
         Ok(r)
-    }
+    };
     use tonic::service::interceptor::InterceptedService;
 
     // What this store masters, receives and the failover era, from the cluster state it
@@ -574,7 +607,13 @@ pub async fn run(
     };
     let max = state.config.max_message_bytes;
     let grpc_shutdown = state.shutdown.clone();
-    let grpc = tonic::transport::Server::builder()
+    let mut builder = tonic::transport::Server::builder();
+    if let Some(tls) = &tls {
+        builder = builder
+            .tls_config(tls.server.clone())
+            .map_err(|e| NodeError::Tls(e.to_string()))?;
+    }
+    let grpc = builder
         .timeout(Duration::from_secs(300))
         .add_service(codes::Corrected(admission::Bounded::new(
             v1::client_server::ClientServer::new(services.clone())
@@ -592,7 +631,7 @@ pub async fn run(
         )))
         .add_service(InterceptedService::new(
             state.plane.raft_service(),
-            refuse_while_isolated,
+            peer_gate.clone(),
         ))
         .add_service(InterceptedService::new(
             state
@@ -601,7 +640,7 @@ pub async fn run(
                 .into_server()
                 .max_decoding_message_size(max)
                 .max_encoding_message_size(max),
-            refuse_while_isolated,
+            peer_gate,
         ))
         .serve_with_incoming_shutdown(
             // The builder's tcp_nodelay applies only to sockets tonic binds itself:
@@ -690,6 +729,7 @@ pub async fn run(
         problems: state.problems.clone(),
         tracker: state.tasks.clone(),
         shutdown: state.shutdown.clone(),
+        peer_tls: state.peer_tls.clone(),
     }));
 
     state.ready.store(true, Ordering::Release);
@@ -765,6 +805,7 @@ async fn start_control(
     node_id: NodeId,
     grpc_addr: std::net::SocketAddr,
     http_addr: std::net::SocketAddr,
+    tls: Option<tonic::transport::ClientTlsConfig>,
 ) -> Result<ControlPlane, NodeError> {
     let raft_dir = config.data_dir.join("raft");
     let engine = tokio::task::spawn_blocking(move || SledEngine::open(&raft_dir))
@@ -786,6 +827,7 @@ async fn start_control(
         advertise,
         http_addr.to_string(),
     );
+    cfg.tls = tls;
     cfg.heartbeat_interval = config.raft_heartbeat;
     cfg.election_timeout_min = config.raft_election_min;
     cfg.election_timeout_max = config.raft_election_max;

@@ -167,11 +167,11 @@ impl Demo {
                 format!("{}: members, Raft roles, schemes", n.name),
             ));
         }
+        commands.push((
+            format!("hawser scheme show --host {}", master.grpc),
+            "the effective scheme".to_string(),
+        ));
         commands.extend([
-            (
-                format!("hawser scheme show --host {}", master.grpc),
-                "the effective scheme".to_string(),
-            ),
             (
                 format!("curl http://{}/replication", master.http),
                 "streams: state, lag, acked, bytes".to_string(),
@@ -185,8 +185,13 @@ impl Demo {
         println!();
         println!(
             "The cluster runs while this shell is open (\\q or Ctrl-D leaves and stops it). \
-             From another terminal:"
+             It runs secure: from another terminal, first"
         );
+        println!(
+            "  export HAWSER_CERTS_DIR={}  # its CA and client root's certificate",
+            self.root.join(CERTS).display()
+        );
+        println!("then:");
         for (command, what) in &commands {
             println!("  {command:<width$}  # {what}");
         }
@@ -255,6 +260,27 @@ impl Demo {
     }
 }
 
+/// The demo's certificates directory, in its data directory.
+pub(crate) const CERTS: &str = "certs";
+
+/// A CA, a node certificate for localhost and client root's, in `certs`.
+fn make_certs(certs: &Path) -> anyhow::Result<()> {
+    let issue = hawser_tls::Issue {
+        certs_dir: certs.to_path_buf(),
+        ca_key: certs.join(hawser_tls::CA_KEY),
+        days: 30,
+        overwrite: false,
+    };
+    issue.create_ca().context("make the demo's CA")?;
+    issue
+        .create_node("demo", &["localhost".into(), "127.0.0.1".into()])
+        .context("make the demo's node certificate")?;
+    issue
+        .create_client(hawser_tls::DEFAULT_USER, hawser_tls::Role::Admin)
+        .context("make the demo's client certificate")?;
+    Ok(())
+}
+
 /// Runs `hawser demo`.
 pub async fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
     let started = Instant::now();
@@ -272,6 +298,15 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
             (Some(tmp), root)
         }
     };
+    // The demo runs secure, as a real cluster should: a CA of its own, one node
+    // certificate for its three nodes on loopback, and client root (admin), whose
+    // certificate every connection of this process shows.
+    let certs = root.join(CERTS);
+    make_certs(&certs)?;
+    hawser_client::set_default_tls(Some(
+        hawser_tls::load_client(&certs, hawser_tls::DEFAULT_USER)
+            .context("load the demo's client certificate")?,
+    ));
     // Listen for signals before any child exists, so none can be missed.
     let mut interrupts = Interrupts::new()?;
     eprintln!(

@@ -61,10 +61,17 @@ impl ChildNode {
             .with_context(|| format!("open the log file {}", log.display()))?;
         let mut cmd = Command::new(exe);
         // --exit-with-parent: the nodes stop even if the demo itself is SIGKILLed.
+        // The demo's certificates sit beside its nodes' data directories.
+        let certs = data_dir
+            .parent()
+            .context("a node's data directory has a parent")?
+            .join(super::CERTS);
         cmd.args(["start", "--name", name, "--exit-with-parent"])
             .args(["--listen", listen, "--http", "127.0.0.1:0"])
             .arg("--data")
-            .arg(data_dir);
+            .arg(data_dir)
+            .arg("--certs-dir")
+            .arg(certs);
         if !join.is_empty() {
             cmd.arg("--join").arg(join.join(","));
         }

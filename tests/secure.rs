@@ -1,0 +1,199 @@
+//! A cluster with certificates: rows replicate over mutual TLS, and whoever lacks a
+//! certificate of the cluster's CA — or holds a client's where a node's is needed — is
+//! turned away.
+
+mod common;
+
+use std::path::Path;
+use std::time::Duration;
+
+use common::*;
+use hawser_tls::{Issue, Role};
+
+const WAIT: Duration = Duration::from_secs(20);
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+fn issue(dir: &Path) -> Issue {
+    Issue {
+        certs_dir: dir.to_path_buf(),
+        ca_key: dir.join(hawser_tls::CA_KEY),
+        days: 1,
+        overwrite: false,
+    }
+}
+
+/// A CA, a node certificate for loopback and client root's, in `dir`.
+fn make_certs(dir: &Path) {
+    let i = issue(dir);
+    i.create_ca().unwrap();
+    i.create_node("nodes", &["localhost".into(), "127.0.0.1".into()])
+        .unwrap();
+    i.create_client("root", Role::Admin).unwrap();
+}
+
+/// A call of `path` with no request body worth decoding, over `channel`.
+async fn raw_call(
+    channel: tonic::transport::Channel,
+    path: &'static str,
+) -> Result<tonic::Response<Vec<u8>>, tonic::Status> {
+    let mut grpc = tonic::client::Grpc::new(channel);
+    grpc.ready()
+        .await
+        .map_err(|e| tonic::Status::unavailable(e.to_string()))?;
+    grpc.unary(
+        tonic::Request::new(Vec::new()),
+        tonic::codegen::http::uri::PathAndQuery::from_static(path),
+        common::Raw,
+    )
+    .await
+}
+
+#[test]
+fn a_secure_cluster_replicates_and_refuses_callers_without_the_right_certificate() {
+    let dir = tempfile::tempdir().unwrap();
+    let certs = dir.path().join("certs");
+    make_certs(&certs);
+    let certs_arg = certs.to_str().unwrap();
+    let n1 = Node::start_with("n1", &dir.path().join("n1"), &["--certs-dir", certs_arg]);
+    let out = n1.cli(&["init"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let n2 = Node::start_with(
+        "n2",
+        &dir.path().join("n2"),
+        &["--certs-dir", certs_arg, "--join", &n1.grpc],
+    );
+    // Joined through TLS, Raft and reports through TLS.
+    wait_for("n2 to be a member that reports", WAIT, || {
+        let s = n1.try_status()?;
+        let nodes = s["cluster"]["nodes"].as_array()?.clone();
+        (nodes.len() == 2 && nodes.iter().all(|n| n["health"] == "ok")).then_some(())
+    });
+    for n in [&n1, &n2] {
+        let out = n.cli(&[
+            "sql",
+            "-e",
+            "create table t (k int primary key, v varchar(10))",
+        ]);
+        assert!(out.status.success(), "{}", stderr(&out));
+    }
+    let out = n1.cli(&[
+        "sql",
+        "-e",
+        "create replication r element e table t master n1 subscriber n2",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let out = n1.cli(&["sql", "-e", "insert into t values (1, 'sealed')"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    // The stream runs over TLS too.
+    wait_for("the row on n2", WAIT, || {
+        let out = n2.cli(&["sql", "-e", "select v from t where k = 1"]);
+        stdout(&out).contains("sealed").then_some(())
+    });
+
+    // A client without certificates: the node drops the plain connection.
+    let out = std::process::Command::new(hawser_bin())
+        .args(["status", "--host", &n1.grpc])
+        .env_remove("HAWSER_CERTS_DIR")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("--certs-dir"), "{}", stderr(&out));
+
+    // A client certificate of another CA: refused at the handshake.
+    let other = dir.path().join("other");
+    make_certs(&other);
+    let out = std::process::Command::new(hawser_bin())
+        .args(["status", "--host", &n1.grpc, "--certs-dir"])
+        .arg(&other)
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "{}", stdout(&out));
+
+    runtime().block_on(async {
+        let connect = |tls: tonic::transport::ClientTlsConfig| {
+            let addr = n1.grpc.clone();
+            async move {
+                hawser_tls::endpoint(&addr, Some(&tls))
+                    .unwrap()
+                    .connect_timeout(Duration::from_secs(5))
+                    .connect()
+                    .await
+            }
+        };
+        // A client of this CA may call the client services, not the peer ones: a
+        // client's certificate is no node's.
+        let client = hawser_tls::load_client(&certs, "root").unwrap();
+        let channel = connect(client).await.unwrap();
+        for path in [
+            "/hawser.raft.v1.RaftPeer/Vote",
+            "/hawser.raft.v1.RaftPeer/RemoveNode",
+            "/hawser.replication.v1.Replication/Replicate",
+        ] {
+            let status = raw_call(channel.clone(), path).await.unwrap_err();
+            assert_eq!(
+                status.code(),
+                tonic::Code::PermissionDenied,
+                "{path}: {status:?}"
+            );
+            assert!(
+                status.message().contains("client root (admin)"),
+                "{status:?}"
+            );
+        }
+        // A node's certificate passes the gate (the empty request then fails to mean
+        // anything, which is another matter).
+        let node = hawser_tls::load_node(&certs).unwrap();
+        let channel = connect(node.peer).await.unwrap();
+        let status = raw_call(channel, "/hawser.raft.v1.RaftPeer/Vote")
+            .await
+            .unwrap_err();
+        assert_ne!(status.code(), tonic::Code::PermissionDenied, "{status:?}");
+        assert_ne!(status.code(), tonic::Code::Unauthenticated, "{status:?}");
+        // Another CA's client: no connection at all.
+        let foreign = hawser_tls::load_client(&other, "root").unwrap();
+        let refused = match connect(foreign).await {
+            Err(_) => true,
+            Ok(ch) => raw_call(ch, "/hawser.v1.Admin/Status").await.is_err(),
+        };
+        assert!(refused, "a certificate of another CA was let in");
+    });
+}
+
+#[test]
+fn a_node_without_certificates_refuses_to_start_unless_told_insecure() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new(hawser_bin())
+        .args(["start", "--name", "bare", "--data"])
+        .arg(dir.path().join("bare"))
+        .env_remove("HAWSER_INSECURE")
+        .env_remove("HAWSER_CERTS_DIR")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(
+        err.contains("--certs-dir") && err.contains("--insecure"),
+        "{err}"
+    );
+    // Certificates that are not there are named.
+    let out = std::process::Command::new(hawser_bin())
+        .args(["start", "--name", "bare", "--data"])
+        .arg(dir.path().join("bare"))
+        .arg("--certs-dir")
+        .arg(dir.path().join("nothing"))
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(
+        err.contains("ca.crt") && err.contains("hawser cert"),
+        "{err}"
+    );
+}
