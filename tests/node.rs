@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{http_get, stderr, stdout, Node};
+use common::{http_get, stderr, stdout, Node, Raw};
 use hawser_client::{Client, RowOp};
 use hawser_core::Value;
 

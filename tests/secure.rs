@@ -36,6 +36,8 @@ fn make_certs(dir: &Path) {
     i.create_node("nodes", &["localhost".into(), "127.0.0.1".into()])
         .unwrap();
     i.create_client("root", Role::Admin).unwrap();
+    i.create_client("ann", Role::Writer).unwrap();
+    i.create_client("rex", Role::Reader).unwrap();
 }
 
 /// A call of `path` with no request body worth decoding, over `channel`.
@@ -96,6 +98,41 @@ fn a_secure_cluster_replicates_and_refuses_callers_without_the_right_certificate
         let out = n2.cli(&["sql", "-e", "select v from t where k = 1"]);
         stdout(&out).contains("sealed").then_some(())
     });
+
+    // Each role does what it may and no more.
+    let as_user = |user: &str, args: &[&str]| {
+        let mut all = vec!["--user", user];
+        all.extend_from_slice(args);
+        n1.cli(&all)
+    };
+    let denied = |out: &std::process::Output, code: &str| {
+        assert!(!out.status.success(), "{}", stdout(out));
+        assert!(stderr(out).contains(code), "{}", stderr(out));
+    };
+    for user in ["root", "ann", "rex"] {
+        let out = as_user(user, &["sql", "-e", "select count(*) from t"]);
+        assert!(out.status.success(), "{user}: {}", stderr(&out));
+        let out = as_user(user, &["status"]);
+        assert!(out.status.success(), "{user}: {}", stderr(&out));
+    }
+    let out = as_user("ann", &["sql", "-e", "insert into t values (2, 'ann')"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let out = as_user("rex", &["sql", "-e", "insert into t values (3, 'rex')"]);
+    denied(&out, "error[25006]");
+    assert!(
+        stderr(&out).contains("client rex has role reader"),
+        "{}",
+        stderr(&out)
+    );
+    for user in ["ann", "rex"] {
+        let out = as_user(user, &["failover", "pause", "--reason", "not mine"]);
+        denied(&out, "error[42501]");
+        assert!(stderr(&out).contains("needs admin"), "{}", stderr(&out));
+    }
+    let out = as_user("root", &["failover", "pause", "--reason", "drill"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let out = as_user("root", &["failover", "resume"]);
+    assert!(out.status.success(), "{}", stderr(&out));
 
     // A client without certificates: the node drops the plain connection.
     let out = std::process::Command::new(hawser_bin())

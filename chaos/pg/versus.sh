@@ -60,6 +60,10 @@ Options:
   --connections N    connections hawser bench's clients share (default 1: the clients
                      of a gRPC application share one channel, HTTP/2 carrying one
                      stream per client; 0 = one per client, as pgbench's have)
+  --tls              run hawser secure: a CA and certificates made in the work
+                     directory, every call between the nodes and from the bench
+                     mutual TLS (default: --insecure, as PostgreSQL's side runs
+                     without SSL)
   --json             JSON lines instead of text
   --keep             keep the hawser nodes' data directories
   -h, --help         show this help
@@ -87,6 +91,7 @@ connections=1
 async_class=normal
 json=0
 keep=0
+tls=0
 
 prog=versus.sh
 # shellcheck source=chaos/pg/args.sh
@@ -109,6 +114,7 @@ while [[ $# -gt 0 ]]; do
     --rate) need_value "$@"; rate="$2"; shift 2 ;;
     --async-cpu-class) need_value "$@"; async_class="$2"; shift 2 ;;
     --json) json=1; shift ;;
+    --tls) tls=1; shift ;;
     --keep) keep=1; shift ;;
     -h | --help) usage; exit 0 ;;
     *) die "unknown argument '$1' (see --help)" ;;
@@ -155,6 +161,18 @@ fi
 
 work="$(mktemp -d "${TMPDIR:-/tmp}/hawser-versus.XXXXXX")"
 pids=()
+# Secure: every hawser command below (nodes, init, sql, bench) reads the certificates
+# from HAWSER_CERTS_DIR; one node certificate serves the three on loopback.
+security=(--insecure)
+if [[ $tls == 1 ]]; then
+    export HAWSER_CERTS_DIR="$work/certs"
+    "$hawser" cert create-ca >/dev/null
+    "$hawser" cert create-node nodes localhost 127.0.0.1 >/dev/null
+    "$hawser" cert create-client root --role admin >/dev/null
+    security=()
+else
+    unset HAWSER_CERTS_DIR
+fi
 
 # Stops the cluster's nodes: SIGTERM, and SIGKILL for one still there after 5 s.
 stop_cluster() {
@@ -187,7 +205,7 @@ trap_cleanup
 start_node() {
     local name="$1"
     shift
-    "$hawser" start --insecure --name "$name" --listen 127.0.0.1:0 --http 127.0.0.1:0 \
+    "$hawser" start "${security[@]}" --name "$name" --listen 127.0.0.1:0 --http 127.0.0.1:0 \
         --data "$cell/$name" --log warn "$@" >"$cell/$name.out" 2>"$cell/$name.log" &
     pids+=($!)
     local pid=$! line=""

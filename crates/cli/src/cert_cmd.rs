@@ -23,6 +23,8 @@ pub struct CertArgs {
     command: CertCommand,
 }
 
+// The variants are the commands' names (cockroach's `cert create-*`).
+#[allow(clippy::enum_variant_names)]
 #[derive(Subcommand, Debug)]
 enum CertCommand {
     /// Make the cluster's certificate authority: ca.crt in the certificates directory,

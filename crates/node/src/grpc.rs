@@ -158,6 +158,15 @@ fn result_limit(max_message_bytes: usize) -> hawser_sql::ResultLimit {
     }
 }
 
+/// Why the SQL of this call may only read: its caller's certificate gives the reader
+/// role (`crate::roles`).
+fn read_only<T>(request: &Request<T>) -> Option<String> {
+    request
+        .extensions()
+        .get::<crate::roles::Caller>()
+        .and_then(crate::roles::Caller::read_only)
+}
+
 /// How long each statement of a call may run: the node's `statement_timeout`, or the
 /// call's own deadline (`grpc-timeout`) where that is sooner; `None` for no bound.
 fn statement_timeout(
@@ -409,10 +418,12 @@ impl Client for Services {
         request: Request<v1::ExecuteRequest>,
     ) -> Result<Response<v1::ExecuteResponse>, Status> {
         let timeout = statement_timeout(self.state.config.statement_timeout, request.metadata());
+        let read_only = read_only(&request);
         let sql = request.into_inner().sql;
         let mut session = self.state.sql.session();
         session.limit_results(result_limit(self.state.config.max_message_bytes));
         session.set_statement_timeout(timeout);
+        session.set_read_only(read_only);
         let outcome = session.execute(&sql).await;
         crate::dataplane::wake_all(&self.state.senders);
         let mut resp = pb_outcome(&outcome, false, false, &self.state.plane.state());
@@ -467,6 +478,7 @@ impl Client for Services {
                 ),
             ));
         }
+        let read_only = read_only(&request);
         let mut inbound = request.into_inner();
         let (tx, rx) = tokio::sync::mpsc::channel(4);
         let state = self.state.clone();
@@ -480,6 +492,7 @@ impl Client for Services {
             // A session's stream lives as long as the client likes: only the node's
             // bound applies to its statements.
             session.set_statement_timeout(Some(state.config.statement_timeout));
+            session.set_read_only(read_only);
             loop {
                 let req = match next_request_or_failure(&mut inbound, &shutdown, "session").await {
                     Ok(Some(req)) => req,

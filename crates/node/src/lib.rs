@@ -33,6 +33,7 @@ mod http;
 pub mod identity;
 mod lease;
 mod returns;
+mod roles;
 mod stall;
 mod switchover;
 
@@ -615,23 +616,29 @@ pub async fn run(
     }
     let grpc = builder
         .timeout(Duration::from_secs(300))
-        .add_service(codes::Corrected(admission::Bounded::new(
-            v1::client_server::ClientServer::new(services.clone())
-                .max_decoding_message_size(max)
-                .max_encoding_message_size(max),
-            state.config.max_requests as usize,
-            "--max-requests",
+        .add_service(codes::Corrected(roles::Authorized::new(
+            admission::Bounded::new(
+                v1::client_server::ClientServer::new(services.clone())
+                    .max_decoding_message_size(max)
+                    .max_encoding_message_size(max),
+                state.config.max_requests as usize,
+                "--max-requests",
+            ),
+            secure,
         )))
-        .add_service(codes::Corrected(admission::Bounded::new(
-            v1::admin_server::AdminServer::new(services)
-                .max_decoding_message_size(max)
-                .max_encoding_message_size(max),
-            ADMIN_REQUESTS,
-            "Admin calls at once, fixed",
+        .add_service(codes::Corrected(roles::Authorized::new(
+            admission::Bounded::new(
+                v1::admin_server::AdminServer::new(services)
+                    .max_decoding_message_size(max)
+                    .max_encoding_message_size(max),
+                ADMIN_REQUESTS,
+                "Admin calls at once, fixed",
+            ),
+            secure,
         )))
         .add_service(InterceptedService::new(
             state.plane.raft_service(),
-            peer_gate.clone(),
+            peer_gate,
         ))
         .add_service(InterceptedService::new(
             state

@@ -67,6 +67,10 @@ pub enum ErrorKind {
     /// `statement_too_complex`); the text names the limit.
     #[error("statement too complex: {0}")]
     TooComplex(String),
+    /// A write in a session that may only read (25006, as PostgreSQL's
+    /// `read_only_sql_transaction`); the text says why it may only read.
+    #[error("{0}")]
+    ReadOnly(String),
     /// A statement that ran past the session's statement timeout (57014, as
     /// PostgreSQL's `query_canceled`); the text names the timeout.
     #[error("{0}")]
@@ -117,6 +121,7 @@ impl ErrorKind {
             ErrorKind::TooComplex(_) => "54001",
             ErrorKind::ResultTooLarge(_) => "54000",
             ErrorKind::StatementTimeout(_) => "57014",
+            ErrorKind::ReadOnly(_) => "25006",
             ErrorKind::Coerce(e) => e.code(),
             ErrorKind::Store(e) => e.code(),
             ErrorKind::Replication(e) => &e.code,

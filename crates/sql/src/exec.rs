@@ -39,6 +39,8 @@ pub struct SeqCtx<'a> {
     pub currval: &'a mut HashMap<QualName, i64>,
     row: HashMap<QualName, i64>,
     deadline: Option<Deadline>,
+    /// Why NEXTVAL may not advance a sequence here (a read-only session).
+    read_only: Option<String>,
 }
 
 /// When a statement must have finished ([`crate::Session::set_statement_timeout`]):
@@ -86,7 +88,14 @@ impl<'a> SeqCtx<'a> {
             currval,
             row: HashMap::new(),
             deadline: None,
+            read_only: None,
         }
+    }
+
+    /// Refuses NEXTVAL, which writes, with `why` (a read-only session).
+    pub fn read_only(mut self, why: Option<String>) -> Self {
+        self.read_only = why;
+        self
     }
 
     /// Fails the statement once `deadline` has passed.
@@ -115,6 +124,11 @@ impl EvalContext for SeqCtx<'_> {
     fn next_val(&mut self, seq: &QualName) -> Result<i64> {
         if let Some(v) = self.row.get(seq) {
             return Ok(*v);
+        }
+        if let Some(why) = &self.read_only {
+            return Err(
+                ErrorKind::ReadOnly(format!("cannot advance sequence {seq}: {why}")).into(),
+            );
         }
         let v = self.db.next_val(seq)?;
         self.row.insert(seq.clone(), v);

@@ -204,6 +204,7 @@ impl SqlEngine {
             open: None,
             result_limit: None,
             statement_timeout: None,
+            read_only: None,
         }
     }
 
@@ -230,6 +231,8 @@ pub struct Session {
     result_limit: Option<ResultLimit>,
     /// How long one statement may run ([`Session::set_statement_timeout`]).
     statement_timeout: Option<Duration>,
+    /// Why this session may only read, if it may ([`Session::set_read_only`]).
+    read_only: Option<String>,
 }
 
 /// How large the results of one script may grow: what the caller can send back in one
@@ -276,6 +279,35 @@ impl Session {
     /// wait for a return service at its RETURN WAIT TIME, and DDL is not bounded.
     pub fn set_statement_timeout(&mut self, timeout: Option<Duration>) {
         self.statement_timeout = timeout.filter(|t| !t.is_zero());
+    }
+
+    /// Lets this session only read from now on (`Some(why)`, e.g. the caller's role):
+    /// SELECT, EXPLAIN (ANALYZE of a SELECT only) and transaction control run; any other
+    /// statement, replication DDL, a CALL or a NEXTVAL fails with 25006 saying `why`.
+    pub fn set_read_only(&mut self, why: Option<String>) {
+        self.read_only = why;
+    }
+
+    /// Refuses what a read-only session may not run ([`Session::set_read_only`]).
+    fn check_read_only(&self, stmt: &ScriptStatement) -> Result<()> {
+        let Some(why) = &self.read_only else {
+            return Ok(());
+        };
+        let what = match &stmt.parsed {
+            Parsed::Sql(ast) => match plan::plan(ast, &DbCatalog(&self.db))? {
+                Plan::Select(_) | Plan::Begin | Plan::Commit | Plan::Rollback => return Ok(()),
+                Plan::Explain { plan, analyze } => match *plan {
+                    Plan::Select(_) => return Ok(()),
+                    _ if !analyze => return Ok(()),
+                    other => format!("EXPLAIN ANALYZE {}", other.tag()),
+                },
+                other => other.tag().to_string(),
+            },
+            Parsed::Replication(_) => "replication DDL".to_string(),
+            Parsed::Call(_) => "CALL".to_string(),
+            Parsed::Rejected(_) => return Ok(()),
+        };
+        Err(ErrorKind::ReadOnly(format!("cannot run {what}: {why}")).into())
     }
 
     pub async fn execute(&mut self, text: &str) -> ScriptOutcome {
@@ -334,6 +366,7 @@ impl Session {
     }
 
     async fn run(&mut self, stmt: &ScriptStatement) -> Result<StatementResult> {
+        self.check_read_only(stmt)?;
         if self.open.is_some() {
             return self.run_while_open(stmt).await;
         }
@@ -388,7 +421,9 @@ impl Session {
             }
             dml => {
                 let deadline = self.statement_timeout.map(exec::Deadline::after);
-                let mut ctx = SeqCtx::new(&self.db, &mut self.currval).with_deadline(deadline);
+                let mut ctx = SeqCtx::new(&self.db, &mut self.currval)
+                    .with_deadline(deadline)
+                    .read_only(self.read_only.clone());
                 match &mut self.txn {
                     Some(txn) => {
                         // Statement-level atomicity: a failure undoes this statement only.

@@ -266,3 +266,42 @@ async fn a_statement_past_its_timeout_fails_with_57014_and_is_undone() {
     s.set_statement_timeout(Some(std::time::Duration::ZERO));
     ok(&mut s, "select * from t").await;
 }
+
+#[tokio::test]
+async fn a_read_only_session_reads_and_refuses_every_write_with_25006() {
+    let mut s = setup().await;
+    ok(&mut s, "create sequence sq").await;
+    s.set_read_only(Some("client ann has role reader".into()));
+    ok(
+        &mut s,
+        "select * from t; begin; select count(*) from t; commit; explain select * from t; \
+         explain insert into t values (2, 'b', 1, 1); explain analyze select * from t",
+    )
+    .await;
+    for (sql, what) in [
+        ("insert into t values (2, 'b', 1, 1)", "cannot run INSERT"),
+        ("update t set small = 2", "cannot run UPDATE"),
+        ("delete from t", "cannot run DELETE"),
+        (
+            "create table u (k int primary key)",
+            "cannot run CREATE TABLE",
+        ),
+        (
+            "explain analyze delete from t",
+            "cannot run EXPLAIN ANALYZE DELETE",
+        ),
+        ("select sq.nextval from t", "cannot advance sequence"),
+        ("call ttRepSyncSet(0x01, 5, 1)", "cannot run CALL"),
+        ("drop replication r", "cannot run replication DDL"),
+    ] {
+        let e = fails(&mut s, sql).await;
+        assert_eq!(e.code, "25006", "{sql}: {e}");
+        assert!(
+            e.message.contains(what) && e.message.contains("role reader"),
+            "{sql}: {e}"
+        );
+    }
+    unchanged(&mut s).await;
+    s.set_read_only(None);
+    ok(&mut s, "insert into t values (2, 'b', 1, 1)").await;
+}
