@@ -40,6 +40,27 @@ fn make_certs(dir: &Path) {
     i.create_client("rex", Role::Reader).unwrap();
 }
 
+/// The HTTP status of `GET path` on `addr` over TLS with `config`.
+async fn https_status(
+    addr: &str,
+    path: &str,
+    config: std::sync::Arc<hawser_tls::rustls::ClientConfig>,
+) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let name = hawser_tls::rustls::pki_types::ServerName::try_from("127.0.0.1").unwrap();
+    let mut tls = tokio_rustls::TlsConnector::from(config)
+        .connect(name, tcp)
+        .await
+        .unwrap();
+    let request = format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n");
+    tls.write_all(request.as_bytes()).await.unwrap();
+    let mut response = Vec::new();
+    let _ = tls.read_to_end(&mut response).await;
+    let response = String::from_utf8_lossy(&response);
+    response.split_whitespace().nth(1).unwrap_or("").to_string()
+}
+
 /// A call of `path` with no request body worth decoding, over `channel`.
 async fn raw_call(
     channel: tonic::transport::Channel,
@@ -193,6 +214,23 @@ fn a_secure_cluster_replicates_and_refuses_callers_without_the_right_certificate
             .unwrap_err();
         assert_ne!(status.code(), tonic::Code::PermissionDenied, "{status:?}");
         assert_ne!(status.code(), tonic::Code::Unauthenticated, "{status:?}");
+        // The HTTP port is TLS too: the probes answer anyone, the rest a certificate.
+        let anonymous = hawser_tls::http_client_config(&certs, None).unwrap();
+        let reader = hawser_tls::http_client_config(&certs, Some("rex")).unwrap();
+        assert_eq!(
+            https_status(&n1.http, "/healthz", anonymous.clone()).await,
+            "200"
+        );
+        assert_eq!(
+            https_status(&n1.http, "/readyz", anonymous.clone()).await,
+            "200"
+        );
+        assert_eq!(https_status(&n1.http, "/status", anonymous).await, "401");
+        assert_eq!(
+            https_status(&n1.http, "/status", reader.clone()).await,
+            "200"
+        );
+        assert_eq!(https_status(&n1.http, "/metrics", reader).await, "200");
         // Another CA's client: no connection at all.
         let foreign = hawser_tls::load_client(&other, "root").unwrap();
         let refused = match connect(foreign).await {

@@ -7,26 +7,122 @@
 //! | `/metrics` | Prometheus text format (with `process_*`: CPU, memory, threads, fds) |
 //! | `/status`  | the same status `hawser status --format json` prints       |
 //! | `/replication` | this node's data-plane streams, outbound and inbound    |
+//!
+//! A node with certificates serves the port over TLS (docs/security.md): the probes
+//! answer anyone, the rest only a caller showing a certificate of the cluster's CA (any
+//! role: what they show, `hawser status` shows a reader too).
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 
-use axum::extract::State;
+use axum::extract::{Request, State};
 use axum::http::{header, StatusCode};
+use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use axum::Router;
+use axum::{Extension, Router};
+use tokio::net::TcpListener;
+use tracing::{debug, warn};
 
 use crate::NodeState;
 
-pub(crate) fn router(state: Arc<NodeState>) -> Router {
-    Router::new()
+/// How long a TLS handshake on the HTTP port may take.
+const HANDSHAKE: Duration = Duration::from_secs(10);
+
+/// Who called, on a secure node's HTTP port: the subject of the certificate of the
+/// cluster's CA it showed, if it showed one.
+#[derive(Clone)]
+struct HttpCaller(Option<hawser_tls::Subject>);
+
+pub(crate) fn router(state: Arc<NodeState>, secure: bool) -> Router {
+    let probes = Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
-        .route("/readyz", get(readyz))
+        .route("/readyz", get(readyz));
+    let mut rest = Router::new()
         .route("/metrics", get(metrics))
         .route("/status", get(status))
-        .route("/replication", get(replication))
-        .with_state(state)
+        .route("/replication", get(replication));
+    if secure {
+        rest = rest.route_layer(middleware::from_fn(require_certificate));
+    }
+    probes.merge(rest).with_state(state)
+}
+
+async fn require_certificate(
+    caller: Option<Extension<HttpCaller>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    match caller {
+        Some(Extension(HttpCaller(Some(_)))) => next.run(request).await,
+        _ => (
+            StatusCode::UNAUTHORIZED,
+            "this node runs secure: show a certificate of its cluster's CA (curl --cacert \
+             ca.crt --cert client.root.crt --key client.root.key); /healthz and /readyz \
+             need none\n",
+        )
+            .into_response(),
+    }
+}
+
+/// Serves the HTTP port until shutdown: plain, or over TLS with `tls`.
+pub(crate) async fn serve(
+    listener: TcpListener,
+    state: Arc<NodeState>,
+    tls: Option<Arc<hawser_tls::rustls::ServerConfig>>,
+) -> std::io::Result<()> {
+    let shutdown = state.shutdown.clone();
+    let tasks = state.tasks.clone();
+    let Some(tls) = tls else {
+        return axum::serve(listener, router(state, false))
+            .with_graceful_shutdown(async move { shutdown.cancelled().await })
+            .await;
+    };
+    let acceptor = tokio_rustls::TlsAcceptor::from(tls);
+    let router = router(state, true);
+    loop {
+        let tcp = tokio::select! {
+            biased;
+            () = shutdown.cancelled() => return Ok(()),
+            accepted = listener.accept() => match accepted {
+                Ok((tcp, _)) => tcp,
+                // Out of file descriptors and the like: the next accept may work.
+                Err(e) => {
+                    warn!(error = %e, "cannot accept an HTTP connection");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+        };
+        let (acceptor, router, shutdown) = (acceptor.clone(), router.clone(), shutdown.clone());
+        tasks.spawn(async move {
+            let tls = match tokio::time::timeout(HANDSHAKE, acceptor.accept(tcp)).await {
+                Ok(Ok(tls)) => tls,
+                Ok(Err(e)) => return debug!(error = %e, "HTTP port: TLS handshake failed"),
+                Err(_) => return debug!("HTTP port: TLS handshake timed out"),
+            };
+            // rustls checked the chain against the CA; the subject says who it is.
+            let caller = tls
+                .get_ref()
+                .1
+                .peer_certificates()
+                .and_then(|c| c.first())
+                .and_then(|der| hawser_tls::subject(der).ok());
+            let service = hyper_util::service::TowerToHyperService::new(
+                router.layer(Extension(HttpCaller(caller))),
+            );
+            let builder =
+                hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new());
+            let connection = builder.serve_connection(hyper_util::rt::TokioIo::new(tls), service);
+            tokio::select! {
+                r = connection => if let Err(e) = r {
+                    debug!(error = %e, "HTTP connection ended with an error");
+                },
+                () = shutdown.cancelled() => {}
+            }
+        });
+    }
 }
 
 async fn readyz(State(state): State<Arc<NodeState>>) -> Response {

@@ -656,9 +656,13 @@ pub async fn run(
             tonic::transport::server::TcpIncoming::from(grpc_listener).with_nodelay(Some(true)),
             async move { grpc_shutdown.cancelled().await },
         );
-    let http_shutdown = state.shutdown.clone();
-    let http = axum::serve(http_listener, http::router(state.clone()))
-        .with_graceful_shutdown(async move { http_shutdown.cancelled().await });
+    let http_tls = match &state.config.certs_dir {
+        Some(dir) => {
+            Some(hawser_tls::http_server_config(dir).map_err(|e| NodeError::Tls(e.to_string()))?)
+        }
+        None => None,
+    };
+    let http = http::serve(http_listener, state.clone(), http_tls);
 
     // Raft watch and join: a message on `fatal` stops the node with an error.
     let (fatal_tx, mut fatal_rx) = tokio::sync::mpsc::channel::<String>(2);

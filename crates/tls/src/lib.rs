@@ -18,6 +18,9 @@
 
 use std::fmt;
 use std::path::{Path, PathBuf};
+
+/// The rustls the HTTP port's settings are made of ([`http_server_config`]).
+pub use rustls;
 use std::str::FromStr;
 
 use rcgen::{
@@ -428,6 +431,95 @@ pub fn load_client(certs_dir: &Path, user: &str) -> Result<ClientTlsConfig, TlsE
     Ok(ClientTlsConfig::new()
         .ca_certificate(Certificate::from_pem(&ca))
         .identity(Identity::from_pem(&cert, &key)))
+}
+
+/// The HTTP port's TLS settings for a node (`crates/node/src/http.rs`): its certificate,
+/// and callers' certificates of the cluster's CA checked where given but not required,
+/// so that probes reach `/healthz` and `/readyz` without one.
+pub fn http_server_config(
+    certs_dir: &Path,
+) -> Result<std::sync::Arc<rustls::ServerConfig>, TlsError> {
+    use rustls_pki_types::pem::PemObject;
+    use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+    let ca_path = certs_dir.join(CA_CERT);
+    let cert_path = certs_dir.join(NODE_CERT);
+    let key_path = certs_dir.join(NODE_KEY);
+    let certs = |path: &Path, what: &str| -> Result<Vec<CertificateDer<'static>>, TlsError> {
+        let pem = read(path, what)?;
+        CertificateDer::pem_slice_iter(pem.as_bytes())
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| file_error(path, format!("not a PEM certificate: {e}")))
+    };
+    let mut roots = rustls::RootCertStore::empty();
+    for ca in certs(&ca_path, "CA certificate")? {
+        roots
+            .add(ca)
+            .map_err(|e| file_error(&ca_path, format!("not a CA certificate: {e}")))?;
+    }
+    let chain = certs(&cert_path, "node certificate")?;
+    let key = PrivateKeyDer::from_pem_slice(read(&key_path, "node key")?.as_bytes())
+        .map_err(|e| file_error(&key_path, format!("not a private key: {e}")))?;
+    // ring, as tonic's `tls-ring` uses for the gRPC port; rustls now prefers aws-lc-rs
+    // for its post-quantum key exchange, which both ports would move to together.
+    #[allow(deprecated)]
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+        std::sync::Arc::new(roots),
+        provider.clone(),
+    )
+    .allow_unauthenticated()
+    .build()
+    .map_err(|e| TlsError::Invalid(format!("client certificate checks: {e}")))?;
+    let mut config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| TlsError::Invalid(e.to_string()))?
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(chain, key)
+        .map_err(|e| file_error(&cert_path, format!("does not go with {NODE_KEY}: {e}")))?;
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    Ok(std::sync::Arc::new(config))
+}
+
+/// A rustls client configuration for HTTPS to a secure node's HTTP port: the cluster's
+/// CA, and `user`'s client certificate (none: only the probes answer).
+pub fn http_client_config(
+    certs_dir: &Path,
+    user: Option<&str>,
+) -> Result<std::sync::Arc<rustls::ClientConfig>, TlsError> {
+    use rustls_pki_types::pem::PemObject;
+    use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+    let certs = |path: &Path, what: &str| -> Result<Vec<CertificateDer<'static>>, TlsError> {
+        let pem = read(path, what)?;
+        CertificateDer::pem_slice_iter(pem.as_bytes())
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| file_error(path, format!("not a PEM certificate: {e}")))
+    };
+    let ca_path = certs_dir.join(CA_CERT);
+    let mut roots = rustls::RootCertStore::empty();
+    for ca in certs(&ca_path, "CA certificate")? {
+        roots
+            .add(ca)
+            .map_err(|e| file_error(&ca_path, format!("not a CA certificate: {e}")))?;
+    }
+    #[allow(deprecated)] // ring, as for the server side (http_server_config)
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let builder = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| TlsError::Invalid(e.to_string()))?
+        .with_root_certificates(roots);
+    let Some(user) = user else {
+        return Ok(std::sync::Arc::new(builder.with_no_client_auth()));
+    };
+    let (cert_name, key_name) = client_files(user);
+    let cert_path = certs_dir.join(cert_name);
+    let key_path = certs_dir.join(key_name);
+    let chain = certs(&cert_path, &format!("client certificate of {user}"))?;
+    let key = PrivateKeyDer::from_pem_slice(read(&key_path, "client key")?.as_bytes())
+        .map_err(|e| file_error(&key_path, format!("not a private key: {e}")))?;
+    let config = builder
+        .with_client_auth_cert(chain, key)
+        .map_err(|e| file_error(&cert_path, format!("does not go with its key: {e}")))?;
+    Ok(std::sync::Arc::new(config))
 }
 
 /// An endpoint for `addr` (`host:port`, or a URI): `https` with `tls` where given (the

@@ -157,6 +157,9 @@ impl Demo {
         let Ok(master) = self.node(&self.master) else {
             return;
         };
+        // The HTTP port is TLS too: curl shows client root's certificate.
+        let curl = "curl --cacert $HAWSER_CERTS_DIR/ca.crt --cert \
+                    $HAWSER_CERTS_DIR/client.root.crt --key $HAWSER_CERTS_DIR/client.root.key";
         let mut commands = vec![(
             format!("hawser sql --host {}", master.grpc),
             format!("SQL on {}, the master", master.name),
@@ -173,15 +176,20 @@ impl Demo {
         ));
         commands.extend([
             (
-                format!("curl http://{}/replication", master.http),
+                format!("{curl} https://{}/replication", master.http),
                 "streams: state, lag, acked, bytes".to_string(),
             ),
             (
-                format!("curl http://{}/metrics", master.http),
+                format!("{curl} https://{}/metrics", master.http),
                 "Prometheus metrics".to_string(),
             ),
         ]);
-        let width = commands.iter().map(|(c, _)| c.len()).max().unwrap_or(0);
+        let width = commands
+            .iter()
+            .filter(|(c, _)| !c.starts_with("curl"))
+            .map(|(c, _)| c.len())
+            .max()
+            .unwrap_or(0);
         println!();
         println!(
             "The cluster runs while this shell is open (\\q or Ctrl-D leaves and stops it). \
@@ -307,6 +315,10 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
         hawser_tls::load_client(&certs, hawser_tls::DEFAULT_USER)
             .context("load the demo's client certificate")?,
     ));
+    probe::use_tls(
+        hawser_tls::http_client_config(&certs, Some(hawser_tls::DEFAULT_USER))
+            .context("load the demo's client certificate")?,
+    );
     // Listen for signals before any child exists, so none can be missed.
     let mut interrupts = Interrupts::new()?;
     eprintln!(
