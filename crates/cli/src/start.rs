@@ -36,7 +36,7 @@ const LATENCY_BUCKETS: &[f64] = &[
 pub struct StartArgs {
     /// TOML file with node settings (keys as in `NodeConfig`: name, listen, http,
     /// data_dir, durable_commits, lock_timeout, max_message_bytes, max_sessions,
-    /// max_requests, statement_timeout, join, advertise, raft_heartbeat,
+    /// max_requests, statement_timeout, certs_dir, insecure, join, advertise, raft_heartbeat,
     /// raft_election_min, raft_election_max, raft_snapshot_every,
     /// raft_log_keep, report_interval, master_lease, failover_timeout, auto_failover,
     /// failover_max_lag, compile, compile_threshold_txns, compile_threshold_bytes,

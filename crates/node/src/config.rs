@@ -617,7 +617,7 @@ mod tests {
 
         c.threads = MAX_THREADS + 1;
         assert!(c.validate().unwrap_err().0.contains("threads 1025"));
-        c = NodeConfig::from_toml("threads = 1\n").unwrap();
+        c = NodeConfig::from_toml("threads = 1\ninsecure = true\n").unwrap();
         assert_eq!((c.threads, c.validate()), (1, Ok(())));
     }
 
@@ -730,6 +730,7 @@ mod tests {
         );
         let zero = NodeConfig {
             compile_threshold_bytes: 0,
+            insecure: true,
             ..NodeConfig::default()
         };
         assert!(zero.validate().unwrap_err().0.contains("compile = false"));
