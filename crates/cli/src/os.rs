@@ -82,13 +82,38 @@ pub fn end_quietly_when_stdout_closes() {
     }));
 }
 
-/// Whether `e` is a write to standard output whose reader went away (an I/O error of
-/// kind BrokenPipe at the root: a socket's broken pipe reaches a command as a gRPC
-/// transport error instead).
+/// Whether `e` is a write to standard output whose reader went away: an I/O error of
+/// kind BrokenPipe at the root, and standard output a pipe with no reader now. A
+/// socket's broken pipe has the same root (a node that dropped the connection, such as
+/// a secure node a plain client reached) and must be reported, not swallowed.
 pub fn is_closed_stdout(e: &anyhow::Error) -> bool {
     e.root_cause()
         .downcast_ref::<std::io::Error>()
         .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+        && stdout_reader_gone()
+}
+
+#[cfg(unix)]
+fn stdout_reader_gone() -> bool {
+    reader_gone(libc::STDOUT_FILENO)
+}
+
+/// Whether `fd` is the write end of a pipe whose read end is closed (poll says POLLERR).
+#[cfg(unix)]
+fn reader_gone(fd: libc::c_int) -> bool {
+    let mut fd = libc::pollfd {
+        fd,
+        events: 0,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd for the call's duration, and a zero timeout.
+    let ready = unsafe { libc::poll(&mut fd, 1, 0) };
+    ready == 1 && fd.revents & libc::POLLERR != 0
+}
+
+#[cfg(not(unix))]
+fn stdout_reader_gone() -> bool {
+    true
 }
 
 /// Ends the process as SIGPIPE's default action does.
@@ -106,4 +131,23 @@ pub fn die_of_sigpipe() -> ! {
 #[cfg(not(unix))]
 pub fn die_of_sigpipe() -> ! {
     std::process::exit(141)
+}
+
+#[cfg(all(test, unix))]
+mod tests {
+    use super::reader_gone;
+
+    #[test]
+    fn a_pipe_is_closed_only_once_its_reader_is_gone() {
+        let mut fds = [0; 2];
+        // SAFETY: `fds` has room for the two descriptors pipe writes.
+        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+        let (read, write) = (fds[0], fds[1]);
+        assert!(!reader_gone(write));
+        // SAFETY: `read` is ours and closed once.
+        unsafe { libc::close(read) };
+        assert!(reader_gone(write));
+        // SAFETY: `write` is ours and closed once.
+        unsafe { libc::close(write) };
+    }
 }

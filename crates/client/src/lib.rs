@@ -97,14 +97,24 @@ fn status_text(s: &tonic::Status) -> String {
     }
 }
 
-/// Whether `s` is how a call in plain HTTP/2 to a server that speaks TLS fails.
+/// Whether `s` is how a call in plain HTTP/2 to a server that speaks TLS fails: the
+/// server's TLS alert read as HTTP/2, or the connection dropped (a broken pipe, a
+/// cancelled call), whichever the timing gives.
 fn plain_to_secure(s: &tonic::Status) -> bool {
     let m = s.message();
     match s.code() {
-        tonic::Code::Cancelled => m.contains("canceled"),
-        tonic::Code::Internal | tonic::Code::Unknown | tonic::Code::Unavailable => {
-            m.contains("h2 protocol error") || m.contains("connection closed")
-        }
+        tonic::Code::Cancelled
+        | tonic::Code::Internal
+        | tonic::Code::Unknown
+        | tonic::Code::Unavailable => [
+            "canceled",
+            "h2 protocol error",
+            "connection closed",
+            "broken pipe",
+            "transport error",
+        ]
+        .iter()
+        .any(|p| m.contains(p)),
         _ => false,
     }
 }
