@@ -45,6 +45,74 @@ pub mod space;
 pub mod txn;
 mod wal;
 
+/// The decoders that read the commit log, the catalog and the write-ahead log back,
+/// for the fuzz targets in `crates/fuzz` (they are private to the store otherwise).
+/// Each takes bytes as they would come off disk. Not part of the store's API.
+#[doc(hidden)]
+pub mod fuzzing {
+    use hawser_core::{TableDef, Value};
+
+    use crate::error::StoreError;
+    use crate::log::LogRecord;
+    use crate::sequence::SequenceDef;
+    use crate::{codec, wal, WriteBatch};
+
+    /// A commit log record, as reading the log decodes it.
+    pub fn decode_record(bytes: &[u8]) -> Result<LogRecord, StoreError> {
+        codec::decode_record(b"fuzz", bytes)
+    }
+
+    /// The Gtid, commit time and DDL flag a record's head holds (read without the rest).
+    pub fn record_head(bytes: &[u8]) -> Result<(hawser_core::Gtid, i64, bool), StoreError> {
+        codec::record_head(b"fuzz", bytes).map(|h| (h.gtid, h.commit_micros, h.ddl))
+    }
+
+    /// What [`decode_record`] reads.
+    pub fn encode_record(record: &LogRecord) -> Vec<u8> {
+        codec::encode_record(record)
+    }
+
+    /// A stored row.
+    pub fn decode_row(bytes: &[u8]) -> Result<Vec<Value>, StoreError> {
+        codec::decode_row(b"fuzz", bytes)
+    }
+
+    /// What [`decode_row`] reads.
+    pub fn encode_row(row: &[Value]) -> Vec<u8> {
+        codec::encode_row(row)
+    }
+
+    /// A catalog entry of a table: id, version, definition.
+    pub fn decode_table(bytes: &[u8]) -> Result<(u64, u64, TableDef), StoreError> {
+        codec::decode_table(b"fuzz", bytes)
+    }
+
+    /// What [`decode_table`] reads.
+    pub fn encode_table(id: u64, version: u64, def: &TableDef) -> Vec<u8> {
+        codec::encode_table(id, version, def)
+    }
+
+    /// A catalog entry of a sequence and its restart point.
+    pub fn decode_sequence(bytes: &[u8]) -> Result<(SequenceDef, Option<i64>), StoreError> {
+        codec::decode_sequence(b"fuzz", bytes)
+    }
+
+    /// What [`decode_sequence`] reads.
+    pub fn encode_sequence(def: &SequenceDef, restart_at: Option<i64>) -> Vec<u8> {
+        codec::encode_sequence(def, restart_at)
+    }
+
+    /// The batch a write-ahead log frame's payload holds.
+    pub fn decode_wal_batch(bytes: &[u8]) -> Result<WriteBatch, String> {
+        wal::decode_batch(bytes)
+    }
+
+    /// What [`decode_wal_batch`] reads.
+    pub fn encode_wal_batch(batch: &WriteBatch) -> Vec<u8> {
+        wal::encode_batch(batch)
+    }
+}
+
 pub use apply::{ApplyInfo, ReplicatedTxn};
 pub use aside::KeepReplaced;
 pub use copy::{CopyCursor, CopyPoint, MergeCounts, Rebuilt};
