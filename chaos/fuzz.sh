@@ -104,6 +104,9 @@ if ! cargo fuzz --version >/dev/null 2>&1; then
     cargo install cargo-fuzz --locked || die "cargo install cargo-fuzz failed"
 fi
 
+# Its own target directory, whatever the caller's CARGO_TARGET_DIR says: the binaries
+# are looked for there, and the instrumented build must not replace the workspace's.
+export CARGO_TARGET_DIR="$fuzz_dir/target"
 build_start=$SECONDS
 build_args=(--fuzz-dir "$fuzz_dir" --release --debug-assertions --sanitizer "$sanitizer")
 # All five at once: they share every dependency, so one more target costs a link.
