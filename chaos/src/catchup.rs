@@ -223,20 +223,8 @@ fn start(
         .create(true)
         .append(true)
         .open(data.with_extension("log"))?;
-    let mut cmd = Command::new(bin);
-    cmd.args([
-        "start",
-        "--insecure",
-        "--name",
-        name,
-        "--listen",
-        addrs.0,
-        "--http",
-        addrs.1,
-    ])
-    .arg("--data")
-    .arg(data)
-    .args(extra);
+    let mut cmd = crate::node_command(bin, name, data, addrs);
+    cmd.args(extra);
     Proc::spawn(cmd, name, data, log)
 }
 

@@ -165,22 +165,10 @@ impl Cluster {
         addrs: (&str, &str),
     ) -> anyhow::Result<Proc> {
         let fmt = |d: Duration| format!("{}ms", d.as_millis());
-        let mut cmd = Command::new(&self.bin);
-        cmd.args([
-            "start",
-            "--insecure",
-            "--name",
-            name,
-            "--listen",
-            addrs.0,
-            "--http",
-            addrs.1,
-        ])
-        .arg("--data")
-        .arg(data)
-        .args(["--raft-heartbeat", &fmt(self.args.heartbeat)])
-        .args(["--raft-election-min", &fmt(self.args.election_min)])
-        .args(["--raft-election-max", &fmt(self.args.election_max)]);
+        let mut cmd = crate::node_command(&self.bin, name, data, addrs);
+        cmd.args(["--raft-heartbeat", &fmt(self.args.heartbeat)])
+            .args(["--raft-election-min", &fmt(self.args.election_min)])
+            .args(["--raft-election-max", &fmt(self.args.election_max)]);
         if let Some(j) = join {
             cmd.args(["--join", j]);
         }
@@ -442,4 +430,20 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// `BIN start --insecure --name NAME --listen GRPC --http HTTP --data DATA`: a node of
+/// the loopback clusters the chaos commands run (without TLS, as the test suite's).
+pub(crate) fn node_command(
+    bin: impl AsRef<std::ffi::OsStr>,
+    name: &str,
+    data: &Path,
+    addrs: (&str, &str),
+) -> Command {
+    let mut cmd = Command::new(bin);
+    cmd.args(["start", "--insecure", "--name", name])
+        .args(["--listen", addrs.0, "--http", addrs.1])
+        .arg("--data")
+        .arg(data);
+    cmd
 }

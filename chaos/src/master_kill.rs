@@ -32,7 +32,7 @@
 use std::collections::HashSet;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
-use std::process::{Command, ExitCode};
+use std::process::ExitCode;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -239,25 +239,13 @@ impl Drill<'_> {
         let log_path = data.with_extension("log");
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
-            let mut cmd = Command::new(self.bin);
-            cmd.args([
-                "start",
-                "--insecure",
-                "--name",
-                name,
-                "--listen",
-                addrs.0,
-                "--http",
-                addrs.1,
-            ])
-            .arg("--data")
-            .arg(data)
-            .args(["--raft-heartbeat", &fmt(a.heartbeat)])
-            .args(["--raft-election-min", &fmt(a.election_min)])
-            .args(["--raft-election-max", &fmt(a.election_max)])
-            .args(["--report-interval", &fmt(a.report_interval)])
-            .args(["--master-lease", &fmt(a.master_lease)])
-            .args(["--failover-timeout", &fmt(a.failover_timeout)]);
+            let mut cmd = crate::node_command(self.bin, name, data, addrs);
+            cmd.args(["--raft-heartbeat", &fmt(a.heartbeat)])
+                .args(["--raft-election-min", &fmt(a.election_min)])
+                .args(["--raft-election-max", &fmt(a.election_max)])
+                .args(["--report-interval", &fmt(a.report_interval)])
+                .args(["--master-lease", &fmt(a.master_lease)])
+                .args(["--failover-timeout", &fmt(a.failover_timeout)]);
             if let Some(j) = join {
                 cmd.args(["--join", j]);
             }

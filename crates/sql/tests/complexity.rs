@@ -19,27 +19,16 @@ fn on_stack<T: Send + 'static>(
         + Send
         + 'static,
 ) -> T {
-    std::thread::Builder::new()
-        .stack_size(stack)
-        .spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("runtime");
-            rt.block_on(async move {
-                let mut s = engine().session();
-                ok(
-                    &mut s,
-                    "create table t (k int primary key, v int, s varchar(10000), b boolean);
-                     insert into t values (1, 1, 'x', true), (2, 2, 'y', false)",
-                )
-                .await;
-                f(s).await
-            })
-        })
-        .expect("spawn")
-        .join()
-        .expect("the test thread panicked")
+    on_thread_with_stack(stack, move || async move {
+        let mut s = engine().session();
+        ok(
+            &mut s,
+            "create table t (k int primary key, v int, s varchar(10000), b boolean);
+             insert into t values (1, 1, 'x', true), (2, 2, 'y', false)",
+        )
+        .await;
+        f(s).await
+    })
 }
 
 const TABLE: [&str; 2] = ["1|1|x|TRUE", "2|2|y|FALSE"];

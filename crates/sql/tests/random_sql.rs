@@ -32,29 +32,18 @@ insert into u values (1, 'a', 1), (1, 'b', 2), (2, 'a', 9223372036854775807);
 /// Runs `script` after the seed in a fresh session, on a thread of a worker's stack.
 /// Either outcome is fine; a panic or an overflow is not.
 fn survives(script: String) {
-    std::thread::Builder::new()
-        .stack_size(WORKER_STACK)
-        .spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("runtime");
-            rt.block_on(async move {
-                let mut s = engine().session();
-                ok(&mut s, SEED).await;
-                let out = s.execute(&script).await;
-                if let Some(e) = &out.error {
-                    assert_eq!(e.code.len(), 5, "a SQLSTATE: {e} [{}]", e.code);
-                    let _ = e.to_string();
-                }
-                for v in out.results.iter().flat_map(|r| &r.rows).flatten() {
-                    let _ = v.to_string();
-                }
-            })
-        })
-        .expect("spawn")
-        .join()
-        .expect("the statement's thread panicked");
+    on_thread_with_stack(WORKER_STACK, move || async move {
+        let mut s = engine().session();
+        ok(&mut s, SEED).await;
+        let out = s.execute(&script).await;
+        if let Some(e) = &out.error {
+            assert_eq!(e.code.len(), 5, "a SQLSTATE: {e} [{}]", e.code);
+            let _ = e.to_string();
+        }
+        for v in out.results.iter().flat_map(|r| &r.rows).flatten() {
+            let _ = v.to_string();
+        }
+    })
 }
 
 fn column() -> impl Strategy<Value = String> {

@@ -377,9 +377,47 @@ fn check_cert(path: &Path, pem: &str, ca: Option<&str>) -> Result<Subject, TlsEr
                 ),
             ));
         }
-        return subject_of(&cert).map_err(|e| file_error(path, e));
     }
     subject_of(&cert).map_err(|e| file_error(path, e))
+}
+
+/// The certificates of PEM file `path` (a `what`), for rustls.
+fn pem_certs(
+    path: &Path,
+    what: &str,
+) -> Result<Vec<rustls_pki_types::CertificateDer<'static>>, TlsError> {
+    use rustls_pki_types::pem::PemObject;
+    let pem = read(path, what)?;
+    rustls_pki_types::CertificateDer::pem_slice_iter(pem.as_bytes())
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| file_error(path, format!("not a PEM certificate: {e}")))
+}
+
+/// The private key of PEM file `path` (a `what`), for rustls.
+fn pem_key(path: &Path, what: &str) -> Result<rustls_pki_types::PrivateKeyDer<'static>, TlsError> {
+    use rustls_pki_types::pem::PemObject;
+    rustls_pki_types::PrivateKeyDer::from_pem_slice(read(path, what)?.as_bytes())
+        .map_err(|e| file_error(path, format!("not a private key: {e}")))
+}
+
+/// The cluster's CA in `certs_dir`, as rustls's trust roots.
+fn ca_roots(certs_dir: &Path) -> Result<rustls::RootCertStore, TlsError> {
+    let ca_path = certs_dir.join(CA_CERT);
+    let mut roots = rustls::RootCertStore::empty();
+    for ca in pem_certs(&ca_path, "CA certificate")? {
+        roots
+            .add(ca)
+            .map_err(|e| file_error(&ca_path, format!("not a CA certificate: {e}")))?;
+    }
+    Ok(roots)
+}
+
+/// The crypto of the HTTP port's TLS, both ends: ring, as tonic's `tls-ring` uses for
+/// the gRPC port. rustls now prefers aws-lc-rs for its post-quantum key exchange, which
+/// both ports would move to together.
+fn provider() -> std::sync::Arc<rustls::crypto::CryptoProvider> {
+    #[allow(deprecated)]
+    std::sync::Arc::new(rustls::crypto::ring::default_provider())
 }
 
 /// What a node serves and calls its peers with.
@@ -439,30 +477,11 @@ pub fn load_client(certs_dir: &Path, user: &str) -> Result<ClientTlsConfig, TlsE
 pub fn http_server_config(
     certs_dir: &Path,
 ) -> Result<std::sync::Arc<rustls::ServerConfig>, TlsError> {
-    use rustls_pki_types::pem::PemObject;
-    use rustls_pki_types::{CertificateDer, PrivateKeyDer};
-    let ca_path = certs_dir.join(CA_CERT);
     let cert_path = certs_dir.join(NODE_CERT);
-    let key_path = certs_dir.join(NODE_KEY);
-    let certs = |path: &Path, what: &str| -> Result<Vec<CertificateDer<'static>>, TlsError> {
-        let pem = read(path, what)?;
-        CertificateDer::pem_slice_iter(pem.as_bytes())
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| file_error(path, format!("not a PEM certificate: {e}")))
-    };
-    let mut roots = rustls::RootCertStore::empty();
-    for ca in certs(&ca_path, "CA certificate")? {
-        roots
-            .add(ca)
-            .map_err(|e| file_error(&ca_path, format!("not a CA certificate: {e}")))?;
-    }
-    let chain = certs(&cert_path, "node certificate")?;
-    let key = PrivateKeyDer::from_pem_slice(read(&key_path, "node key")?.as_bytes())
-        .map_err(|e| file_error(&key_path, format!("not a private key: {e}")))?;
-    // ring, as tonic's `tls-ring` uses for the gRPC port; rustls now prefers aws-lc-rs
-    // for its post-quantum key exchange, which both ports would move to together.
-    #[allow(deprecated)]
-    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let chain = pem_certs(&cert_path, "node certificate")?;
+    let key = pem_key(&certs_dir.join(NODE_KEY), "node key")?;
+    let provider = provider();
+    let roots = ca_roots(certs_dir)?;
     let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
         std::sync::Arc::new(roots),
         provider.clone(),
@@ -486,36 +505,17 @@ pub fn http_client_config(
     certs_dir: &Path,
     user: Option<&str>,
 ) -> Result<std::sync::Arc<rustls::ClientConfig>, TlsError> {
-    use rustls_pki_types::pem::PemObject;
-    use rustls_pki_types::{CertificateDer, PrivateKeyDer};
-    let certs = |path: &Path, what: &str| -> Result<Vec<CertificateDer<'static>>, TlsError> {
-        let pem = read(path, what)?;
-        CertificateDer::pem_slice_iter(pem.as_bytes())
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| file_error(path, format!("not a PEM certificate: {e}")))
-    };
-    let ca_path = certs_dir.join(CA_CERT);
-    let mut roots = rustls::RootCertStore::empty();
-    for ca in certs(&ca_path, "CA certificate")? {
-        roots
-            .add(ca)
-            .map_err(|e| file_error(&ca_path, format!("not a CA certificate: {e}")))?;
-    }
-    #[allow(deprecated)] // ring, as for the server side (http_server_config)
-    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
-    let builder = rustls::ClientConfig::builder_with_provider(provider)
+    let builder = rustls::ClientConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()
         .map_err(|e| TlsError::Invalid(e.to_string()))?
-        .with_root_certificates(roots);
+        .with_root_certificates(ca_roots(certs_dir)?);
     let Some(user) = user else {
         return Ok(std::sync::Arc::new(builder.with_no_client_auth()));
     };
     let (cert_name, key_name) = client_files(user);
     let cert_path = certs_dir.join(cert_name);
-    let key_path = certs_dir.join(key_name);
-    let chain = certs(&cert_path, &format!("client certificate of {user}"))?;
-    let key = PrivateKeyDer::from_pem_slice(read(&key_path, "client key")?.as_bytes())
-        .map_err(|e| file_error(&key_path, format!("not a private key: {e}")))?;
+    let chain = pem_certs(&cert_path, &format!("client certificate of {user}"))?;
+    let key = pem_key(&certs_dir.join(key_name), &format!("client key of {user}"))?;
     let config = builder
         .with_client_auth_cert(chain, key)
         .map_err(|e| file_error(&cert_path, format!("does not go with its key: {e}")))?;

@@ -61,3 +61,25 @@ pub fn dec(s: &str) -> Value {
 pub fn txt(s: &str) -> Value {
     Value::Text(s.to_string())
 }
+
+/// Runs the future `f` makes to completion on a thread of its own with `stack` bytes of
+/// stack and a current-thread runtime: a statement's recursion measured against the
+/// stack a node's tokio worker has. A panic there (an overflow aborts) fails the caller.
+pub fn on_thread_with_stack<T, Fut>(stack: usize, f: impl FnOnce() -> Fut + Send + 'static) -> T
+where
+    T: Send + 'static,
+    Fut: std::future::Future<Output = T>,
+{
+    std::thread::Builder::new()
+        .stack_size(stack)
+        .spawn(move || {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime")
+                .block_on(f())
+        })
+        .expect("spawn")
+        .join()
+        .expect("the test thread panicked")
+}
