@@ -46,6 +46,16 @@ async fn https_status(
     path: &str,
     config: std::sync::Arc<hawser_tls::rustls::ClientConfig>,
 ) -> String {
+    https_status_with(addr, path, config, "").await
+}
+
+/// [`https_status`] with extra header lines (each ending in CRLF).
+async fn https_status_with(
+    addr: &str,
+    path: &str,
+    config: std::sync::Arc<hawser_tls::rustls::ClientConfig>,
+    headers: &str,
+) -> String {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
     let name = hawser_tls::rustls::pki_types::ServerName::try_from("127.0.0.1").unwrap();
@@ -53,7 +63,7 @@ async fn https_status(
         .connect(name, tcp)
         .await
         .unwrap();
-    let request = format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n");
+    let request = format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n{headers}\r\n");
     tls.write_all(request.as_bytes()).await.unwrap();
     let mut response = Vec::new();
     let _ = tls.read_to_end(&mut response).await;
@@ -271,4 +281,177 @@ fn a_node_without_certificates_refuses_to_start_unless_told_insecure() {
         err.contains("ca.crt") && err.contains("hawser cert"),
         "{err}"
     );
+}
+
+/// `hawser` as a program holding only `ca.crt` and `token`.
+fn with_token(node: &Node, ca_only: &Path, token: &str, args: &[&str]) -> std::process::Output {
+    std::process::Command::new(hawser_bin())
+        .args(args)
+        .env("HAWSER_HOST", &node.grpc)
+        .env("HAWSER_CERTS_DIR", ca_only)
+        .env("HAWSER_TOKEN", token)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn tokens_let_a_program_without_a_certificate_in_with_its_role_until_revoked() {
+    let dir = tempfile::tempdir().unwrap();
+    let certs = dir.path().join("certs");
+    make_certs(&certs);
+    let token = |user: &str, role: &str| {
+        let out = std::process::Command::new(hawser_bin())
+            .args([
+                "cert",
+                "create-token",
+                user,
+                "--role",
+                role,
+                "--json",
+                "--certs-dir",
+            ])
+            .arg(&certs)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", stderr(&out));
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(v["user"], user);
+        assert_eq!(v["role"], role);
+        (
+            v["token"].as_str().unwrap().to_string(),
+            v["id"].as_str().unwrap().to_string(),
+        )
+    };
+    let (writer, writer_id) = token("etl", "writer");
+    let (reader, _) = token("dash", "reader");
+    // The program's directory: the CA's certificate, nothing else.
+    let ca_only = dir.path().join("ca-only");
+    std::fs::create_dir(&ca_only).unwrap();
+    std::fs::copy(certs.join("ca.crt"), ca_only.join("ca.crt")).unwrap();
+
+    let n1 = Node::start_with(
+        "n1",
+        &dir.path().join("n1"),
+        &["--certs-dir", certs.to_str().unwrap()],
+    );
+    let out = n1.cli(&["init"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+
+    let out = with_token(
+        &n1,
+        &ca_only,
+        &writer,
+        &["sql", "-e", "create table t (k int primary key)"],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let out = with_token(
+        &n1,
+        &ca_only,
+        &writer,
+        &["sql", "-e", "insert into t values (1)"],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let out = with_token(
+        &n1,
+        &ca_only,
+        &reader,
+        &["sql", "-e", "select count(*) from t"],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stdout(&out).contains('1'), "{}", stdout(&out));
+    let out = with_token(
+        &n1,
+        &ca_only,
+        &reader,
+        &["sql", "-e", "insert into t values (2)"],
+    );
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("error[25006]"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("client dash (token"),
+        "{}",
+        stderr(&out)
+    );
+    let out = with_token(
+        &n1,
+        &ca_only,
+        &writer,
+        &["failover", "pause", "--reason", "no"],
+    );
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("error[42501]"), "{}", stderr(&out));
+
+    // Another CA's token: not this cluster's.
+    let other = dir.path().join("other");
+    issue(&other).create_ca().unwrap();
+    let (foreign, _) = issue(&other).create_token("etl", Role::Admin).unwrap();
+    let out = with_token(&n1, &ca_only, &foreign, &["status"]);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("not of this cluster's CA"),
+        "{}",
+        stderr(&out)
+    );
+
+    runtime().block_on(async {
+        // No certificate and no token: refused by every service, and a token is no
+        // node certificate for the peer services.
+        let tls = hawser_tls::load_token_client(&ca_only).unwrap();
+        let channel = hawser_tls::endpoint(&n1.grpc, Some(&tls))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        for path in ["/hawser.v1.Admin/Status", "/hawser.raft.v1.RaftPeer/Vote"] {
+            let status = raw_call(channel.clone(), path).await.unwrap_err();
+            assert_eq!(
+                status.code(),
+                tonic::Code::Unauthenticated,
+                "{path}: {status:?}"
+            );
+        }
+        let mut grpc = tonic::client::Grpc::new(channel);
+        grpc.ready().await.unwrap();
+        let mut request = tonic::Request::new(Vec::new());
+        request
+            .metadata_mut()
+            .insert("authorization", format!("Bearer {writer}").parse().unwrap());
+        let status = grpc
+            .unary(
+                request,
+                tonic::codegen::http::uri::PathAndQuery::from_static(
+                    "/hawser.replication.v1.Replication/Replicate",
+                ),
+                common::Raw,
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(status.code(), tonic::Code::Unauthenticated, "{status:?}");
+
+        // The HTTP port takes the token as Prometheus sends it.
+        let anonymous = hawser_tls::http_client_config(&ca_only, None).unwrap();
+        let bearer = format!("Authorization: Bearer {reader}\r\n");
+        assert_eq!(
+            https_status_with(&n1.http, "/metrics", anonymous.clone(), &bearer).await,
+            "200"
+        );
+        let bad = "Authorization: Bearer hawser1.x.y\r\n";
+        assert_eq!(
+            https_status_with(&n1.http, "/metrics", anonymous, bad).await,
+            "401"
+        );
+    });
+
+    // Revoked in the node's directory: refused within its re-read, without a restart.
+    let out = std::process::Command::new(hawser_bin())
+        .args(["cert", "revoke-token", &writer_id, "--certs-dir"])
+        .arg(&certs)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    wait_for("the revoked token to be refused", WAIT, || {
+        let out = with_token(&n1, &ca_only, &writer, &["sql", "-e", "select 1"]);
+        (!out.status.success() && stderr(&out).contains("revoked")).then_some(())
+    });
 }

@@ -967,7 +967,7 @@ fn may_mean_server_gone(e: &ClientError) -> bool {
     match e {
         ClientError::Status(s) => hawser_client::sqlstate(s).is_none(),
         ClientError::Connect { .. } | ClientError::SessionClosed => true,
-        ClientError::BadAddress { .. } | ClientError::Convert(_) => false,
+        ClientError::BadAddress { .. } | ClientError::BadToken | ClientError::Convert(_) => false,
     }
 }
 

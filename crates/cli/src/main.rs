@@ -49,6 +49,10 @@ struct Cli {
     /// --certs-dir.
     #[arg(long, global = true, env = "HAWSER_USER", default_value = hawser_tls::DEFAULT_USER)]
     user: String,
+    /// A token (`hawser cert create-token`) a client command shows instead of a client
+    /// certificate; --certs-dir then needs only ca.crt, to check the node by.
+    #[arg(long, global = true, env = "HAWSER_TOKEN", hide_env_values = true)]
+    token: Option<String>,
 }
 
 #[derive(Subcommand, Debug)]
@@ -235,7 +239,24 @@ fn main() -> ExitCode {
         cli.command,
         Command::Start(_) | Command::Demo(_) | Command::Cert(_)
     ) {
-        if let Some(dir) = &cli.certs_dir {
+        if let Some(token) = &cli.token {
+            let Some(dir) = &cli.certs_dir else {
+                eprintln!(
+                    "error: --token goes over TLS only: give --certs-dir with the cluster's ca.crt"
+                );
+                return ExitCode::FAILURE;
+            };
+            let loaded = hawser_tls::load_token_client(dir).map_err(|e| e.to_string());
+            let set = loaded.and_then(|tls| {
+                hawser_client::set_default_tls(Some(tls));
+                hawser_client::set_default_token(Some(token.trim().to_string()))
+                    .map_err(|e| e.to_string())
+            });
+            if let Err(e) = set {
+                eprintln!("error: {e}");
+                return ExitCode::FAILURE;
+            }
+        } else if let Some(dir) = &cli.certs_dir {
             match hawser_tls::load_client(dir, &cli.user) {
                 Ok(tls) => hawser_client::set_default_tls(Some(tls)),
                 Err(e) => {

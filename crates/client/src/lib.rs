@@ -24,6 +24,7 @@ use hawser_proto::v1::{self, admin_client::AdminClient, client_client::ClientCli
 use hawser_proto::{row_from_pb, row_to_pb, ConvertError};
 use thiserror::Error;
 use tokio::sync::mpsc;
+use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, ClientTlsConfig};
 
 pub use hawser_proto::v1::{
@@ -37,6 +38,10 @@ pub const MAX_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
 /// What can go wrong talking to a node.
 #[derive(Debug, Error)]
 pub enum ClientError {
+    #[error(
+        "the token is not one line of printable text (as `hawser cert create-token` prints it)"
+    )]
+    BadToken,
     #[error("bad address {addr:?}: {source}")]
     BadAddress {
         addr: String,
@@ -235,9 +240,44 @@ pub struct CommitOptions {
 /// A connection to one hawser node.
 #[derive(Clone)]
 pub struct Client {
-    client: ClientClient<Channel>,
-    admin: AdminClient<Channel>,
+    client: ClientClient<InterceptedService<Channel, Bearer>>,
+    admin: AdminClient<InterceptedService<Channel, Bearer>>,
     timeout: Duration,
+}
+
+/// Adds `authorization: Bearer <token>` to every call when the process holds a token
+/// ([`set_default_token`]); nothing otherwise.
+#[derive(Clone)]
+pub struct Bearer(Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>);
+
+impl tonic::service::Interceptor for Bearer {
+    fn call(
+        &mut self,
+        mut request: tonic::Request<()>,
+    ) -> Result<tonic::Request<()>, tonic::Status> {
+        if let Some(value) = &self.0 {
+            request
+                .metadata_mut()
+                .insert("authorization", value.clone());
+        }
+        Ok(request)
+    }
+}
+
+/// The token every [`Client`] of this process shows a secure node, if it holds one
+/// instead of a client certificate (see [`DEFAULT_TLS`] for why process-wide).
+static DEFAULT_TOKEN: std::sync::RwLock<Option<String>> = std::sync::RwLock::new(None);
+
+/// Sets the token later connections of this process show (`hawser --token`); pair it
+/// with [`set_default_tls`] of `hawser_tls::load_token_client`, so the token goes over
+/// TLS only. A token that is not header text is refused here.
+pub fn set_default_token(token: Option<String>) -> Result<(), ClientError> {
+    if let Some(t) = &token {
+        tonic::metadata::MetadataValue::<tonic::metadata::Ascii>::try_from(format!("Bearer {t}"))
+            .map_err(|_| ClientError::BadToken)?;
+    }
+    *DEFAULT_TOKEN.write().expect("not poisoned") = token;
+    Ok(())
 }
 
 /// What every [`Client::connect`] of this process shows a secure cluster: its CA and a
@@ -280,11 +320,18 @@ impl Client {
 
     /// Wraps an existing channel (for in-memory transports in tests).
     pub fn from_channel(channel: Channel, timeout: Duration) -> Self {
+        let bearer = Bearer(
+            DEFAULT_TOKEN
+                .read()
+                .expect("not poisoned")
+                .as_ref()
+                .and_then(|t| format!("Bearer {t}").try_into().ok()),
+        );
         Client {
-            client: ClientClient::new(channel.clone())
+            client: ClientClient::with_interceptor(channel.clone(), bearer.clone())
                 .max_decoding_message_size(MAX_MESSAGE_BYTES)
                 .max_encoding_message_size(MAX_MESSAGE_BYTES),
-            admin: AdminClient::new(channel)
+            admin: AdminClient::with_interceptor(channel, bearer)
                 .max_decoding_message_size(MAX_MESSAGE_BYTES)
                 .max_encoding_message_size(MAX_MESSAGE_BYTES),
             timeout,

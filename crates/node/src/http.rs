@@ -35,7 +35,9 @@ const HANDSHAKE: Duration = Duration::from_secs(10);
 #[derive(Clone)]
 struct HttpCaller(Option<hawser_tls::Subject>);
 
-pub(crate) fn router(state: Arc<NodeState>, secure: bool) -> Router {
+/// `tokens`: the node runs secure, and a caller without a certificate may show one
+/// of these instead; `None`: insecure, everything open.
+pub(crate) fn router(state: Arc<NodeState>, tokens: Option<Arc<hawser_tls::Tokens>>) -> Router {
     let probes = Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz));
@@ -43,44 +45,57 @@ pub(crate) fn router(state: Arc<NodeState>, secure: bool) -> Router {
         .route("/metrics", get(metrics))
         .route("/status", get(status))
         .route("/replication", get(replication));
-    if secure {
-        rest = rest.route_layer(middleware::from_fn(require_certificate));
+    if let Some(tokens) = tokens {
+        rest = rest.route_layer(middleware::from_fn_with_state(tokens, require_caller));
     }
     probes.merge(rest).with_state(state)
 }
 
-async fn require_certificate(
+/// Any client of the cluster's CA may read the HTTP port's pages, by certificate or
+/// by token (a Prometheus scrape's `authorization: credentials_file`).
+async fn require_caller(
+    State(tokens): State<Arc<hawser_tls::Tokens>>,
     caller: Option<Extension<HttpCaller>>,
     request: Request,
     next: Next,
 ) -> Response {
-    match caller {
-        Some(Extension(HttpCaller(Some(_)))) => next.run(request).await,
-        _ => (
-            StatusCode::UNAUTHORIZED,
-            "this node runs secure: show a certificate of its cluster's CA (curl --cacert \
-             ca.crt --cert client.root.crt --key client.root.key); /healthz and /readyz \
-             need none\n",
-        )
-            .into_response(),
+    if let Some(Extension(HttpCaller(Some(_)))) = caller {
+        return next.run(request).await;
     }
+    let token = request
+        .headers()
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    let why = match token.map(|t| tokens.check(t.trim())) {
+        Some(Ok(_)) => return next.run(request).await,
+        Some(Err(e)) => format!("the token: {e}"),
+        None => "this node runs secure: show a certificate of its cluster's CA (curl \
+                 --cacert ca.crt --cert client.root.crt --key client.root.key) or a token \
+                 (-H 'Authorization: Bearer TOKEN'); /healthz and /readyz need none"
+            .to_string(),
+    };
+    (StatusCode::UNAUTHORIZED, format!("{why}\n")).into_response()
 }
 
 /// Serves the HTTP port until shutdown: plain, or over TLS with `tls`.
 pub(crate) async fn serve(
     listener: TcpListener,
     state: Arc<NodeState>,
-    tls: Option<Arc<hawser_tls::rustls::ServerConfig>>,
+    tls: Option<(
+        Arc<hawser_tls::rustls::ServerConfig>,
+        Arc<hawser_tls::Tokens>,
+    )>,
 ) -> std::io::Result<()> {
     let shutdown = state.shutdown.clone();
     let tasks = state.tasks.clone();
-    let Some(tls) = tls else {
-        return axum::serve(listener, router(state, false))
+    let Some((tls, tokens)) = tls else {
+        return axum::serve(listener, router(state, None))
             .with_graceful_shutdown(async move { shutdown.cancelled().await })
             .await;
     };
     let acceptor = tokio_rustls::TlsAcceptor::from(tls);
-    let router = router(state, true);
+    let router = router(state, Some(tokens));
     loop {
         let tcp = tokio::select! {
             biased;

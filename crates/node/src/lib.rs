@@ -568,6 +568,12 @@ pub async fn run(
     // certificate of the same CA is refused), and are refused while a drill isolates
     // this node (`hawser_core::isolation`); client and admin RPCs go on.
     let secure = tls.is_some();
+    let tokens = match &state.config.certs_dir {
+        Some(dir) if secure => Some(Arc::new(
+            hawser_tls::Tokens::load(dir).map_err(|e| NodeError::Tls(e.to_string()))?,
+        )),
+        _ => None,
+    };
     let peer_gate = move |r: tonic::Request<()>| -> Result<tonic::Request<()>, tonic::Status> {
         if secure {
             match hawser_tls::caller(&r) {
@@ -624,7 +630,7 @@ pub async fn run(
                 state.config.max_requests as usize,
                 "--max-requests",
             ),
-            secure,
+            tokens.clone(),
         )))
         .add_service(codes::Corrected(roles::Authorized::new(
             admission::Bounded::new(
@@ -634,7 +640,7 @@ pub async fn run(
                 ADMIN_REQUESTS,
                 "Admin calls at once, fixed",
             ),
-            secure,
+            tokens.clone(),
         )))
         .add_service(InterceptedService::new(
             state.plane.raft_service(),
@@ -656,11 +662,12 @@ pub async fn run(
             tonic::transport::server::TcpIncoming::from(grpc_listener).with_nodelay(Some(true)),
             async move { grpc_shutdown.cancelled().await },
         );
-    let http_tls = match &state.config.certs_dir {
-        Some(dir) => {
-            Some(hawser_tls::http_server_config(dir).map_err(|e| NodeError::Tls(e.to_string()))?)
-        }
-        None => None,
+    let http_tls = match (&state.config.certs_dir, tokens) {
+        (Some(dir), Some(tokens)) => Some((
+            hawser_tls::http_server_config(dir).map_err(|e| NodeError::Tls(e.to_string()))?,
+            tokens,
+        )),
+        _ => None,
     };
     let http = http::serve(http_listener, state.clone(), http_tls);
 

@@ -2,18 +2,22 @@
 //! secure: the role in the caller's certificate (docs/security.md, "Roles").
 //!
 //! ```text
-//!  call ─► Authorized: the certificate's role ≥ what the method needs?
+//!  call ─► Authorized: the certificate's (or token's) role ≥ what the method needs?
 //!              │ no ─► PERMISSION_DENIED, 42501, naming the caller, its role and the need
 //!              └ yes ─► the service, with the Caller in the request's extensions
 //!                       (Execute / Session make a reader's session read-only)
 //! ```
 //!
+//! A caller without a certificate may show a token instead (`hawser cert create-token`):
+//! the same user and role, signed by the same CA.
+//!
 //! A node's certificate counts as admin: nodes call each other's Admin (a drill's
 //! faults, a switchover asked of the leader). Insecure, every caller may do anything.
 
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use hawser_tls::{Role, Subject};
+use hawser_tls::{Role, Subject, Tokens};
 use tonic::codegen::{http, BoxFuture, Service};
 use tonic::server::NamedService;
 use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo};
@@ -72,16 +76,37 @@ fn caller_of(
     }
 }
 
+/// The caller a bearer token names (`authorization: Bearer hawser1.…`), for a caller
+/// that showed no certificate.
+fn token_caller(
+    authorization: Option<&http::HeaderValue>,
+    tokens: &Tokens,
+) -> Result<Caller, String> {
+    let value = authorization
+        .ok_or("the caller showed no certificate and no token (hawser --certs-dir, or --token)")?;
+    let token = value
+        .to_str()
+        .ok()
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .ok_or("the authorization header is not `Bearer <token>`")?;
+    let claims = tokens.check(token.trim()).map_err(|e| e.to_string())?;
+    Ok(Caller {
+        name: format!("client {} (token {})", claims.user, claims.id),
+        role: claims.role,
+    })
+}
+
 /// A public service that checks each call's role against [`needs`].
 #[derive(Clone)]
 pub(crate) struct Authorized<S> {
     inner: S,
-    /// Off: the node runs insecure, and every caller may do anything.
-    secure: bool,
+    /// `None`: the node runs insecure, and every caller may do anything. Otherwise
+    /// what checks the tokens of callers without a certificate.
+    secure: Option<Arc<Tokens>>,
 }
 
 impl<S> Authorized<S> {
-    pub(crate) fn new(inner: S, secure: bool) -> Self {
+    pub(crate) fn new(inner: S, secure: Option<Arc<Tokens>>) -> Self {
         Authorized { inner, secure }
     }
 }
@@ -105,13 +130,18 @@ where
     }
 
     fn call(&mut self, mut request: http::Request<B>) -> Self::Future {
-        if self.secure {
+        if let Some(tokens) = &self.secure {
             let certs = request
                 .extensions()
                 .get::<TlsConnectInfo<TcpConnectInfo>>()
-                .and_then(|i| i.peer_certs());
+                .and_then(|i| i.peer_certs())
+                .filter(|c| !c.is_empty());
             let need = needs(request.uri().path());
-            let refusal = match caller_of(certs.as_deref().map(Vec::as_slice)) {
+            let caller = match certs {
+                Some(certs) => caller_of(Some(certs.as_slice())),
+                None => token_caller(request.headers().get(http::header::AUTHORIZATION), tokens),
+            };
+            let refusal = match caller {
                 Ok(c) if c.role >= need => {
                     request.extensions_mut().insert(c);
                     None
@@ -178,5 +208,29 @@ mod tests {
     fn a_call_without_a_certificate_names_no_caller() {
         assert!(caller_of(None).is_err());
         assert!(caller_of(Some(&[])).is_err());
+    }
+
+    #[test]
+    fn a_bearer_token_names_its_caller_and_anything_else_is_refused_with_the_reason() {
+        let dir = tempfile::tempdir().unwrap();
+        let issue = hawser_tls::Issue {
+            certs_dir: dir.path().to_path_buf(),
+            ca_key: dir.path().join(hawser_tls::CA_KEY),
+            days: 1,
+            overwrite: false,
+        };
+        issue.create_ca().unwrap();
+        let (token, claims) = issue.create_token("ann", Role::Writer).unwrap();
+        let tokens = Tokens::load(dir.path()).unwrap();
+        let header = |v: &str| http::HeaderValue::from_str(v).unwrap();
+        let caller = token_caller(Some(&header(&format!("Bearer {token}"))), &tokens).unwrap();
+        assert_eq!(caller.role, Role::Writer);
+        assert_eq!(caller.name, format!("client ann (token {})", claims.id));
+        let why = token_caller(None, &tokens).unwrap_err();
+        assert!(why.contains("no certificate and no token"), "{why}");
+        let why = token_caller(Some(&header(&token)), &tokens).unwrap_err();
+        assert!(why.contains("Bearer"), "{why}");
+        let why = token_caller(Some(&header("Bearer hawser1.x.y")), &tokens).unwrap_err();
+        assert!(why.contains("not a hawser token"), "{why}");
     }
 }

@@ -32,6 +32,9 @@ use time::OffsetDateTime;
 use tonic::transport::{Certificate, ClientTlsConfig, Identity, ServerTlsConfig};
 use x509_parser::prelude::{FromDer, X509Certificate};
 
+mod token;
+pub use token::{Claims, Tokens, REVOKED_TOKENS};
+
 /// The CA's certificate, in every certificates directory.
 pub const CA_CERT: &str = "ca.crt";
 /// The CA's key, by default beside `ca.crt` where `hawser cert create-ca` runs.
@@ -291,6 +294,24 @@ impl Issue {
     }
 }
 
+impl Issue {
+    /// Makes a token for `user` with `role`, valid for `days` (docs/security.md,
+    /// "Tokens"): signed with the CA key, written nowhere. Returns it and its claims.
+    pub fn create_token(&self, user: &str, role: Role) -> Result<(String, Claims), TlsError> {
+        if self.days == 0 {
+            return Err(TlsError::Invalid("a lifetime of 0 days".into()));
+        }
+        let key = read(&self.ca_key, "CA key")?;
+        token::sign(
+            &key,
+            &self.ca_key,
+            user,
+            role,
+            std::time::Duration::from_secs(u64::from(self.days) * 86_400),
+        )
+    }
+}
+
 fn check_name(name: &str, what: &str) -> Result<(), TlsError> {
     let ok = !name.is_empty()
         && name.len() <= 64
@@ -448,9 +469,14 @@ pub fn load_node(certs_dir: &Path) -> Result<NodeTls, TlsError> {
     };
     let identity = Identity::from_pem(&cert, &key);
     Ok(NodeTls {
+        // A certificate shown is checked against the CA at the handshake; none is
+        // allowed there because a token caller has none. Each service then demands
+        // what it needs: peer services a node's certificate, client services a
+        // certificate or a token (`crates/node/src/roles.rs`).
         server: ServerTlsConfig::new()
             .identity(identity.clone())
-            .client_ca_root(Certificate::from_pem(&ca)),
+            .client_ca_root(Certificate::from_pem(&ca))
+            .client_auth_optional(true),
         peer: ClientTlsConfig::new()
             .ca_certificate(Certificate::from_pem(&ca))
             .identity(identity),
@@ -469,6 +495,13 @@ pub fn load_client(certs_dir: &Path, user: &str) -> Result<ClientTlsConfig, TlsE
     Ok(ClientTlsConfig::new()
         .ca_certificate(Certificate::from_pem(&ca))
         .identity(Identity::from_pem(&cert, &key)))
+}
+
+/// What a client holding a token connects with: `certs_dir`'s `ca.crt` to check the
+/// node by, and no certificate of its own.
+pub fn load_token_client(certs_dir: &Path) -> Result<ClientTlsConfig, TlsError> {
+    let ca = read(&certs_dir.join(CA_CERT), "CA certificate")?;
+    Ok(ClientTlsConfig::new().ca_certificate(Certificate::from_pem(&ca)))
 }
 
 /// The HTTP port's TLS settings for a node (`crates/node/src/http.rs`): its certificate,
