@@ -390,6 +390,9 @@ pub(crate) struct Inner {
     membership: tokio::sync::Mutex<()>,
     /// Whether this node was removed from the cluster ([`crate::removal`]).
     removal: Arc<RemovalBook>,
+    /// The snapshot being received, as openraft holds it: its last chunk is checked
+    /// before openraft installs it ([`crate::service::SnapshotMirror`]).
+    pub(crate) snapshot: tokio::sync::Mutex<crate::service::SnapshotMirror>,
 }
 
 /// One node's handle on the cluster's control plane.
@@ -437,6 +440,7 @@ impl ControlPlane {
                 health: HealthBook::new(credit),
                 membership: tokio::sync::Mutex::new(()),
                 removal,
+                snapshot: Default::default(),
             }),
         })
     }

@@ -84,6 +84,61 @@ impl From<RemoveWire> for RemoveRequest {
 /// tables).
 pub const MAX_SNAPSHOT_BYTES: u64 = 16 * MAX_MESSAGE_BYTES as u64;
 
+/// The snapshot a follower is receiving, byte for byte as openraft's `Streaming` holds
+/// it: a chunk of a new snapshot id starts over (at offset 0 only), a chunk is written
+/// at its offset, a gap filled with zeros.
+///
+/// openraft hands the whole snapshot to the state machine's `install_snapshot` only
+/// after the last chunk, and an error there is fatal: the control plane stops for good.
+/// A leader (or a node holding a node certificate) that sends bytes which are no cluster
+/// state would stop it; the last chunk is therefore checked against this copy first and
+/// refused with INVALID_ARGUMENT, leaving openraft's stream unfinished until the next
+/// snapshot starts over.
+#[derive(Debug, Default)]
+pub(crate) struct SnapshotMirror {
+    id: Option<String>,
+    data: Vec<u8>,
+}
+
+impl SnapshotMirror {
+    /// The snapshot's bytes once this chunk is written, if it continues the snapshot
+    /// followed (or starts one); `None` when openraft will refuse it as a mismatch.
+    pub(crate) fn with_chunk(&self, id: &str, offset: u64, data: &[u8]) -> Option<Vec<u8>> {
+        let mut data_so_far = if self.id.as_deref() == Some(id) {
+            self.data.clone()
+        } else if offset == 0 {
+            Vec::new()
+        } else {
+            return None;
+        };
+        write_at(&mut data_so_far, offset, data);
+        Some(data_so_far)
+    }
+
+    /// Follows a chunk openraft took.
+    pub(crate) fn accept(&mut self, id: &str, offset: u64, data: &[u8]) {
+        if self.id.as_deref() != Some(id) {
+            if offset != 0 {
+                return;
+            }
+            self.id = Some(id.to_string());
+            self.data.clear();
+        }
+        write_at(&mut self.data, offset, data);
+    }
+}
+
+/// Writes `data` at `offset` into `buf` as a `Cursor<Vec<u8>>` does after a seek.
+/// The offset is bounded by [`check_snapshot_chunk`] before any chunk gets here.
+fn write_at(buf: &mut Vec<u8>, offset: u64, data: &[u8]) {
+    let start = usize::try_from(offset).expect("offset bounded by MAX_SNAPSHOT_BYTES");
+    let end = start + data.len();
+    if buf.len() < end {
+        buf.resize(end, 0);
+    }
+    buf[start..end].copy_from_slice(data);
+}
+
 /// Refuses an InstallSnapshot chunk that would reach past [`MAX_SNAPSHOT_BYTES`].
 ///
 /// openraft writes each chunk at its offset into the buffer the state machine hands out
@@ -134,7 +189,44 @@ impl RaftPeer for PeerService {
         self.check(&req, true)?;
         let rpc: InstallSnapshotRequest<TypeConfig> = decode(req)?;
         check_snapshot_chunk(&rpc)?;
-        encode(&self.inner.raft.install_snapshot(rpc).await)
+        // Held across openraft's handling, so the mirror follows the chunks in the order
+        // openraft took them.
+        let mut mirror = self.inner.snapshot.lock().await;
+        if rpc.done {
+            if let Some(whole) = mirror.with_chunk(&rpc.meta.snapshot_id, rpc.offset, &rpc.data) {
+                if let Err(why) = crate::store::check_snapshot_data(&whole) {
+                    *mirror = SnapshotMirror::default();
+                    tracing::warn!(
+                        snapshot = %rpc.meta.snapshot_id,
+                        error = %why,
+                        "refused a snapshot whose data is not a cluster state"
+                    );
+                    return Err(Status::invalid_argument(format!(
+                        "snapshot {}: its data is not a cluster state ({why}); not installed",
+                        rpc.meta.snapshot_id
+                    )));
+                }
+            }
+        }
+        let (id, offset, data, done, vote) = (
+            rpc.meta.snapshot_id.clone(),
+            rpc.offset,
+            rpc.data.clone(),
+            rpc.done,
+            rpc.vote,
+        );
+        let reply = self.inner.raft.install_snapshot(rpc).await;
+        // Taken unless openraft answered with a higher vote (it then wrote nothing).
+        if let Ok(r) = &reply {
+            if r.vote <= vote {
+                if done {
+                    *mirror = SnapshotMirror::default();
+                } else {
+                    mirror.accept(&id, offset, &data);
+                }
+            }
+        }
+        encode(&reply)
     }
 
     async fn join_cluster(&self, req: Request<Payload>) -> Result<Response<Payload>, Status> {
@@ -219,6 +311,48 @@ mod tests {
             status.message()
         );
         assert_eq!(streaming.into_snapshot_data().into_inner(), b"{");
+    }
+
+    /// The mirror ends with what openraft's own Streaming holds, for chunks in order,
+    /// resent, overlapping, with a gap, and of a new snapshot.
+    #[test]
+    fn the_mirror_holds_what_openraft_holds_chunk_for_chunk() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("runtime");
+        let plan: &[(&str, u64, &[u8])] = &[
+            ("a", 0, b"hel"),
+            ("a", 3, b"lo"),
+            ("a", 3, b"LO"),
+            ("a", 2, b"xx"),
+            ("a", 8, b"!"),
+        ];
+        let mut mirror = SnapshotMirror::default();
+        let mut streaming =
+            Streaming::<TypeConfig>::new("a".to_string(), Box::new(Cursor::new(Vec::new())));
+        let template = chunks(FAR_CHUNK).remove(0);
+        for &(id, offset, data) in plan {
+            let mut req = template.clone();
+            req.meta.snapshot_id = id.to_string();
+            req.offset = offset;
+            req.data = data.to_vec();
+            let expected = mirror.with_chunk(id, offset, data).expect("same stream");
+            rt.block_on(streaming.receive(req)).expect("written");
+            mirror.accept(id, offset, data);
+            assert_eq!(mirror.data, expected);
+        }
+        assert_eq!(streaming.into_snapshot_data().into_inner(), mirror.data);
+        assert_eq!(mirror.data, b"hexxO\0\0\0!");
+        // Another snapshot: only from offset 0, and it starts over.
+        assert_eq!(mirror.with_chunk("b", 4, b"z"), None);
+        mirror.accept("b", 4, b"z");
+        assert_eq!(mirror.data, b"hexxO\0\0\0!");
+        assert_eq!(
+            mirror.with_chunk("b", 0, b"{}").as_deref(),
+            Some(&b"{}"[..])
+        );
+        mirror.accept("b", 0, b"{}");
+        assert_eq!(mirror.data, b"{}");
     }
 
     #[test]

@@ -434,6 +434,8 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         Ok(Box::new(Cursor::new(Vec::new())))
     }
 
+    // What is installed was checked by `check_snapshot_data` when its last chunk came
+    // (crate::service::SnapshotMirror): an error here stops the control plane.
     async fn install_snapshot(
         &mut self,
         meta: &SnapshotMeta,
@@ -489,4 +491,13 @@ pub fn open(engine: Arc<dyn KvEngine>) -> Result<(LogStore, StateMachineStore), 
         LogStore::new(engine.clone()),
         StateMachineStore::open(engine)?,
     ))
+}
+
+/// Whether `data` is a snapshot [`RaftStateMachine::install_snapshot`] can install: the
+/// JSON of a [`ClusterState`]. Checked before openraft is handed the last chunk, since
+/// its failure there is fatal.
+pub(crate) fn check_snapshot_data(data: &[u8]) -> Result<(), String> {
+    serde_json::from_slice::<ClusterState>(data)
+        .map(drop)
+        .map_err(|e| e.to_string())
 }

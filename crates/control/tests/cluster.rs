@@ -572,3 +572,71 @@ async fn the_leader_removing_itself_hands_over_and_learns_it() {
         n.kill().await;
     }
 }
+
+/// A whole snapshot whose bytes are no cluster state, sent to a follower with the
+/// leader's own vote: refused before openraft installs it (an error there is fatal to
+/// openraft, and the node's control plane would stop for good), and the follower goes
+/// on applying what the leader commits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snapshot_of_garbage_is_refused_and_the_follower_keeps_working() {
+    use hawser_control::network::{CLUSTER, FROM_NODE, TO_NODE};
+    use hawser_control::pb::{raft_peer_client::RaftPeerClient, Payload};
+
+    let nodes = three_nodes(1000).await;
+    let leader = nodes[0].plane.metrics().leader.expect("a leader");
+    let follower = nodes
+        .iter()
+        .find(|n| n.plane.metrics().node != leader)
+        .unwrap();
+    let me = follower.plane.metrics().node.0;
+    let vote = follower.plane.raft_metrics().borrow().vote;
+    let cluster = follower.plane.state().cluster_id;
+    let mut client = RaftPeerClient::connect(format!("http://{}", follower.addr))
+        .await
+        .unwrap();
+    let chunk = |snapshot_id: &str, offset: u64, data: &[u8], done: bool| {
+        let rpc = serde_json::json!({
+            "vote": vote,
+            "meta": {"last_log_id": null,
+                     "last_membership": {"log_id": null, "membership": {"configs": [], "nodes": {}}},
+                     "snapshot_id": snapshot_id},
+            "offset": offset, "data": data, "done": done,
+        });
+        let mut req = tonic::Request::new(Payload {
+            json: serde_json::to_vec(&rpc).unwrap(),
+        });
+        for (k, v) in [(FROM_NODE, leader.0), (TO_NODE, me), (CLUSTER, cluster)] {
+            req.metadata_mut().insert(k, v.to_string().parse().unwrap());
+        }
+        req
+    };
+    // In one chunk, and in two.
+    let status = client
+        .install_snapshot(chunk("junk-1", 0, b"not json", true))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+    assert!(
+        status.message().contains("not a cluster state"),
+        "{status:?}"
+    );
+    client
+        .install_snapshot(chunk("junk-2", 0, b"{\"nodes\":", false))
+        .await
+        .unwrap();
+    let status = client
+        .install_snapshot(chunk("junk-2", 9, b"42}", true))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+
+    // Still a working member: it applies what is committed after.
+    let version = propose_retrying(&nodes[0].plane, scheme_ddl("after_junk")).await;
+    let st = follower
+        .plane
+        .wait_for_version(version, WAIT)
+        .await
+        .unwrap();
+    assert!(st.schemes.contains_key(&QualName::bare("after_junk")));
+    assert!(follower.plane.raft_metrics().borrow().running_state.is_ok());
+}
