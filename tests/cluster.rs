@@ -474,3 +474,109 @@ fn a_node_restarted_on_an_empty_data_directory_is_not_taken_for_the_member_it_re
         (rows(&nodes[2]) == Some(10)).then_some(())
     });
 }
+
+/// Three identical nodes, each started with `--join` naming all three and `--replace`,
+/// as the Kubernetes manifest runs them: `hawser init` on any one of them bootstraps
+/// once and never again, and a node restarted on an empty data directory takes the
+/// place of its old self by itself, receiving the store's rows.
+#[test]
+fn identical_nodes_bootstrap_once_and_a_wiped_one_replaces_its_old_self() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    // Addresses fixed before any node starts: every node's --join names them all.
+    let addrs: Vec<String> = (0..3)
+        .map(|_| {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap().to_string()
+        })
+        .collect();
+    let all = addrs.join(",");
+    let start_one = |i: usize| {
+        let name = format!("n{}", i + 1);
+        Node::start_at(
+            &name,
+            &d.join(&name),
+            &addrs[i],
+            &[RAFT, &["--join", &all, "--replace"]].concat(),
+        )
+    };
+    let mut nodes: Vec<Node> = (0..3).map(start_one).collect();
+    // Any one may bootstrap; the second node here.
+    let out = nodes[1].cli(&["init"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    three_voters_everywhere(&nodes);
+    // Again, on any node (as a re-run Job would): nothing changed. An uninitialized
+    // node whose peers are in a cluster refuses instead (grpc::init_tests).
+    for n in &nodes {
+        let out = n.cli(&["init"]);
+        assert!(out.status.success(), "{}", stderr(&out));
+        assert!(stdout(&out).contains("nothing changed"), "{}", stdout(&out));
+    }
+    // Peers' HTTP addresses are what they advertise, never a wildcard.
+    let st = nodes[0].status();
+    for n in cluster(&st)["nodes"].as_array().unwrap() {
+        assert!(
+            n["http"].as_str().unwrap_or("").starts_with("127.0.0.1:"),
+            "{st:#}"
+        );
+    }
+
+    for n in &nodes {
+        let out = n.cli(&["sql", "-e", "create table t (k bigint primary key)"]);
+        assert!(out.status.success(), "{}", stderr(&out));
+    }
+    ddl(
+        &nodes[0],
+        "CREATE REPLICATION r ELEMENT e TABLE t MASTER n1 SUBSCRIBER n3",
+    );
+    for k in 0..10 {
+        wait_for("an insert on the master", WAIT, || {
+            let out = nodes[0].cli(&["sql", "-e", &format!("insert into t values ({k})")]);
+            out.status.success().then_some(())
+        });
+    }
+    let rows = |n: &Node| -> Option<u64> {
+        let out = n.cli(&["sql", "--format", "json", "-e", "select count(*) from t"]);
+        let v: Value = serde_json::from_str(stdout(&out).lines().next()?).ok()?;
+        v["rows"][0][0].as_u64()
+    };
+    wait_for("ten rows on n3", WAIT, || {
+        (rows(&nodes[2]) == Some(10)).then_some(())
+    });
+
+    // n3 loses its volume and comes back with the same command line.
+    let old_id = nodes[2].node_id;
+    nodes[2].kill9();
+    std::fs::remove_dir_all(d.join("n3")).unwrap();
+    nodes[2] = start_one(2);
+    let fresh = nodes[2].node_id;
+    assert_ne!(fresh, old_id);
+    three_voters_everywhere(&nodes);
+    let st = nodes[0].status();
+    let ids: Vec<u64> = cluster(&st)["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|n| n["id"].as_u64())
+        .collect();
+    assert!(ids.contains(&fresh) && !ids.contains(&old_id), "{st:#}");
+    assert!(
+        nodes[0]
+            .log()
+            .contains("takes the place of the silent member")
+            || nodes[1]
+                .log()
+                .contains("takes the place of the silent member"),
+        "the leader did not say it replaced the member"
+    );
+    let out = nodes[2].cli(&["sql", "-e", "create table t (k bigint primary key)"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    wait_for("ten rows on the new n3", WAIT, || {
+        (rows(&nodes[2]) == Some(10)).then_some(())
+    });
+    let out = nodes[0].cli(&["sql", "-e", "insert into t values (10)"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    wait_for("the next row on the new n3", WAIT, || {
+        (rows(&nodes[2]) == Some(11)).then_some(())
+    });
+}

@@ -36,7 +36,8 @@ const LATENCY_BUCKETS: &[f64] = &[
 pub struct StartArgs {
     /// TOML file with node settings (keys as in `NodeConfig`: name, listen, http,
     /// data_dir, durable_commits, lock_timeout, max_message_bytes, max_sessions,
-    /// max_requests, statement_timeout, certs_dir, insecure, join, advertise, raft_heartbeat,
+    /// max_requests, statement_timeout, certs_dir, insecure, join, replace, advertise,
+    /// raft_heartbeat,
     /// raft_election_min, raft_election_max, raft_snapshot_every,
     /// raft_log_keep, report_interval, master_lease, failover_timeout, auto_failover,
     /// failover_max_lag, compile, compile_threshold_txns, compile_threshold_bytes,
@@ -95,6 +96,15 @@ pub struct StartArgs {
     /// `hawser init` on it instead.
     #[arg(long, env = "HAWSER_JOIN", value_delimiter = ',')]
     join: Option<Vec<String>>,
+    /// Joining, take the place of a member the cluster registers under this node's
+    /// --name once the Raft leader has heard nothing from it for the failover timeout
+    /// (at least 10 report intervals): the old node is removed, its store kept in the
+    /// schemes, and this one receives the store's data. For a node restarted on an empty
+    /// data directory where only one process can hold a name (a StatefulSet pod). Never
+    /// replaces a node that still masters or propagates an element: failover moves that
+    /// role first.
+    #[arg(long, env = "HAWSER_REPLACE", value_parser = clap::builder::FalseyValueParser::new())]
+    replace: bool,
     /// The gRPC HOST:PORT peers and clients should use for this node [default: the bound
     /// gRPC address]. Needed when listening on 0.0.0.0 or behind NAT.
     #[arg(long, env = "HAWSER_ADVERTISE")]
@@ -303,6 +313,7 @@ impl StartArgs {
             c.max_requests = v;
         }
         c.insecure |= self.insecure;
+        c.replace |= self.replace;
         if let Some(v) = self.statement_timeout {
             c.statement_timeout = v;
         }

@@ -146,6 +146,12 @@ impl HealthBook {
         }
     }
 
+    /// When the leader of `term` started leading, on the book's clock: its view's
+    /// start without the failover credit.
+    pub fn led_since(&self, term: u64) -> Duration {
+        self.view(term).since + self.credit
+    }
+
     /// The view of the leader of `term`.
     pub fn view(&self, term: u64) -> HealthView {
         let mut guard = self.book.lock();

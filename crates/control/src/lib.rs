@@ -31,6 +31,7 @@ pub mod health;
 pub mod network;
 pub mod plane;
 pub mod removal;
+pub mod replace;
 pub mod service;
 pub mod state;
 pub mod store;

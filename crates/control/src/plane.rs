@@ -32,6 +32,7 @@ use crate::health::{HealthBook, LeaseGrant, Report, ReportReply};
 use crate::network::{CallError, NetworkFactory, PeerError, PeerPool, Rpc};
 use crate::pb::raft_peer_server::RaftPeerServer;
 use crate::removal::{Learned, Removal, RemovalBook};
+use crate::replace;
 use crate::service::PeerService;
 use crate::state::{
     self, ClusterState, Command, ControlError, NodeInfo, RemovalMode, Response, SchemeRole,
@@ -84,6 +85,9 @@ pub struct ControlConfig {
     pub master_lease: Duration,
     /// When the leader decides failovers, and whom it promotes.
     pub failover: FailoverSettings,
+    /// Joining, take the place of a silent member registered under this node's store
+    /// name ([`crate::replace`]; `hawser start --replace`).
+    pub replace: bool,
 }
 
 impl ControlConfig {
@@ -120,7 +124,16 @@ impl ControlConfig {
                 candidate_fresh: Duration::from_millis(500),
                 max_lag: None,
             },
+            replace: false,
         }
+    }
+
+    /// How long a member must have been silent before a node joining with `replace`
+    /// takes its place: the failover timeout, and never under ten reports' time.
+    pub fn replace_after(&self) -> Duration {
+        self.failover
+            .failover_timeout
+            .max(self.report_interval * 10)
     }
 
     /// The longest a leader may have gone without hearing from a quorum and still
@@ -310,6 +323,9 @@ pub struct JoinRequest {
     pub node: NodeInfo,
     /// Whether the joining node's Raft storage is empty (never initialized or joined).
     pub fresh: bool,
+    /// Take the place of a silent member under the same store name ([`crate::replace`]).
+    #[serde(default)]
+    pub replace: bool,
 }
 
 /// What a RemoveNode request carries.
@@ -507,6 +523,7 @@ impl ControlPlane {
         let request = JoinRequest {
             node: self.inner.cfg.node_info(),
             fresh,
+            replace: self.inner.cfg.replace,
         };
         let mut targets: Vec<String> = members.to_vec();
         let mut last = PlaneError::Unavailable {
@@ -1151,6 +1168,9 @@ impl Inner {
         if join.fresh && is_member {
             return Err(PeerError::LostState(id));
         }
+        if join.replace {
+            self.replace_for(&join.node).await?;
+        }
         let state = self.sm.state();
         let cmd = Command::RegisterNode(join.node.clone());
         state::validate(&state, &cmd).map_err(PeerError::Rejected)?;
@@ -1289,6 +1309,44 @@ impl Inner {
             return Err(self.leader_hint());
         }
         let _one_at_a_time = self.membership.lock().await;
+        self.remove_member(request).await
+    }
+
+    /// On the leader, with the membership lock held: removes the member that holds
+    /// `joining`'s store name when [`replace::decide`] says so, or says what to wait for.
+    async fn replace_for(&self, joining: &NodeInfo) -> Result<(), PeerError> {
+        let term = self.raft.metrics().borrow().current_term;
+        let decision = replace::decide(
+            &self.sm.state(),
+            joining,
+            &self.health.view(term),
+            self.health.now(),
+            self.health.led_since(term),
+            self.cfg.replace_after(),
+        );
+        match decision {
+            replace::Replace::Nothing => Ok(()),
+            replace::Replace::Wait(why) => Err(PeerError::Retry(why)),
+            replace::Replace::Remove(old) => {
+                tracing::warn!(
+                    old = %old,
+                    new = %joining.id,
+                    store = %joining.store,
+                    "a joining node takes the place of the silent member holding its store \
+                     name (--replace): removing the old one, its store kept in the schemes"
+                );
+                self.remove_member(RemoveRequest {
+                    node: old,
+                    mode: RemovalMode::KeepInSchemes,
+                })
+                .await
+                .map(drop)
+            }
+        }
+    }
+
+    /// Removes a member (the leader, membership lock held): registry, then Raft.
+    async fn remove_member(&self, request: RemoveRequest) -> Result<RemoveReply, PeerError> {
         let id = request.node;
         let state = self.sm.state();
         let membership = self.raft.metrics().borrow().membership_config.clone();

@@ -154,6 +154,9 @@ pub struct NodeConfig {
     /// Run without TLS and without checking callers: anyone who reaches the gRPC port
     /// may do anything, peer calls included. Required when no `certs_dir` is given.
     pub insecure: bool,
+    /// Joining, take the place of a silent member the cluster registers under this
+    /// node's name: for a node that lost its data directory (`hawser_control::replace`).
+    pub replace: bool,
 }
 
 impl Default for NodeConfig {
@@ -197,6 +200,7 @@ impl Default for NodeConfig {
             allow_faults: false,
             certs_dir: None,
             insecure: false,
+            replace: false,
         }
     }
 }
@@ -529,6 +533,21 @@ impl NodeConfig {
     }
 
     /// The host part of the advertised address, or of the bound one.
+    /// The HTTP `host:port` registered for peers and tools: the bound one, unless it
+    /// is a wildcard address (0.0.0.0, ::), which names no machine; then the advertised
+    /// host with the bound port.
+    pub fn advertised_http(&self, grpc_bound: SocketAddr, http_bound: SocketAddr) -> String {
+        if !http_bound.ip().is_unspecified() {
+            return http_bound.to_string();
+        }
+        let host = self.advertised_host(grpc_bound);
+        if host.contains(':') {
+            format!("[{host}]:{}", http_bound.port())
+        } else {
+            format!("{host}:{}", http_bound.port())
+        }
+    }
+
     pub fn advertised_host(&self, bound: SocketAddr) -> String {
         match &self.advertise {
             Some(a) => a
@@ -749,6 +768,29 @@ mod tests {
         assert_eq!(
             off.receiver_config(Ident::unquoted("ds1")).apply_slice,
             None
+        );
+    }
+
+    #[test]
+    fn a_wildcard_http_address_is_registered_under_the_advertised_host() {
+        let bound = |a: &str| a.parse::<SocketAddr>().unwrap();
+        let mut c = NodeConfig {
+            advertise: Some("hawser-0.hawser:7420".into()),
+            ..NodeConfig::default()
+        };
+        let grpc = bound("0.0.0.0:7420");
+        assert_eq!(
+            c.advertised_http(grpc, bound("0.0.0.0:7421")),
+            "hawser-0.hawser:7421"
+        );
+        assert_eq!(
+            c.advertised_http(grpc, bound("10.0.0.5:7421")),
+            "10.0.0.5:7421"
+        );
+        c.advertise = Some("[fd00::5]:7420".into());
+        assert_eq!(
+            c.advertised_http(grpc, bound("[::]:7421")),
+            "[fd00::5]:7421"
         );
     }
 }

@@ -146,10 +146,124 @@ async fn readyz(State(state): State<Arc<NodeState>>) -> Response {
         let body = format!("removed: {}\n", crate::cluster::removal_message(&removal));
         return (StatusCode::SERVICE_UNAVAILABLE, body).into_response();
     }
-    if state.ready.load(Ordering::Acquire) {
-        (StatusCode::OK, "ready\n").into_response()
-    } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "starting\n").into_response()
+    let metrics = state.plane.raft_metrics().borrow().clone();
+    let seen = Readiness {
+        started: state.ready.load(Ordering::Acquire),
+        joins: !state.config.join.is_empty(),
+        in_cluster: metrics
+            .membership_config
+            .membership()
+            .nodes()
+            .next()
+            .is_some(),
+        member: metrics
+            .membership_config
+            .membership()
+            .get_node(&state.node_id.0)
+            .is_some(),
+        leader_known: metrics.current_leader.is_some(),
+    };
+    match seen.verdict() {
+        Ok(()) => (StatusCode::OK, "ready\n").into_response(),
+        Err(why) => (StatusCode::SERVICE_UNAVAILABLE, format!("{why}\n")).into_response(),
+    }
+}
+
+/// What `/readyz` looks at: ready means a node that can serve — a standalone node
+/// once started; a cluster node once it is a Raft member (a joining node is admitted
+/// as a voter only after it caught up with the log) and knows a leader.
+#[derive(Debug, Clone, Copy)]
+struct Readiness {
+    started: bool,
+    /// Started with --join: meant to be a member, so not ready until it is one.
+    joins: bool,
+    /// Its Raft state names a membership (initialized, or joined).
+    in_cluster: bool,
+    member: bool,
+    leader_known: bool,
+}
+
+impl Readiness {
+    fn verdict(self) -> Result<(), &'static str> {
+        if !self.started {
+            return Err("starting");
+        }
+        if !self.in_cluster {
+            return if self.joins {
+                Err("joining the cluster (--join); not a member yet")
+            } else {
+                // A database on its own (no `hawser init`, no --join) serves as one.
+                Ok(())
+            };
+        }
+        if !self.member {
+            return Err("not in the cluster's Raft membership");
+        }
+        if !self.leader_known {
+            return Err("no Raft leader known");
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod readiness_tests {
+    use super::Readiness;
+
+    #[test]
+    fn ready_means_a_member_that_knows_a_leader_or_a_standalone_node() {
+        let base = Readiness {
+            started: true,
+            joins: true,
+            in_cluster: true,
+            member: true,
+            leader_known: true,
+        };
+        assert!(base.verdict().is_ok());
+        let standalone = Readiness {
+            joins: false,
+            in_cluster: false,
+            member: false,
+            leader_known: false,
+            ..base
+        };
+        assert!(standalone.verdict().is_ok());
+        for (not_ready, why) in [
+            (
+                Readiness {
+                    started: false,
+                    ..base
+                },
+                "starting",
+            ),
+            (
+                Readiness {
+                    in_cluster: false,
+                    member: false,
+                    ..base
+                },
+                "joining",
+            ),
+            (
+                Readiness {
+                    member: false,
+                    ..base
+                },
+                "membership",
+            ),
+            (
+                Readiness {
+                    leader_known: false,
+                    ..base
+                },
+                "leader",
+            ),
+        ] {
+            assert!(
+                not_ready.verdict().unwrap_err().contains(why),
+                "{not_ready:?}"
+            );
+        }
     }
 }
 

@@ -843,9 +843,10 @@ async fn start_control(
         Ident::unquoted(&config.name),
         config.advertised_host(grpc_addr),
         advertise,
-        http_addr.to_string(),
+        config.advertised_http(grpc_addr, http_addr),
     );
     cfg.tls = tls;
+    cfg.replace = config.replace;
     cfg.heartbeat_interval = config.raft_heartbeat;
     cfg.election_timeout_min = config.raft_election_min;
     cfg.election_timeout_max = config.raft_election_max;
