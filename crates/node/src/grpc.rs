@@ -703,7 +703,9 @@ impl Admin for Services {
             format!(
                 "initialized a new cluster with node {} ({}) as its only voter; start the \
                  other nodes with --join {}",
-                self.state.node_id, self.state.config.name, self.state.grpc_addr
+                self.state.node_id,
+                self.state.config.name,
+                self.state.plane.config().grpc_addr
             )
         };
         Ok(Response::new(v1::InitResponse {
