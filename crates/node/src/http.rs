@@ -206,6 +206,44 @@ impl Readiness {
     }
 }
 
+/// The process's CPU time, memory, threads and file descriptors under the names
+/// Prometheus client libraries give them (`process_cpu_seconds_total`,
+/// `process_resident_memory_bytes`, ...), read at every scrape.
+fn process_metrics() -> &'static metrics_process::Collector {
+    static COLLECTOR: OnceLock<metrics_process::Collector> = OnceLock::new();
+    COLLECTOR.get_or_init(|| {
+        let collector = metrics_process::Collector::default();
+        collector.describe();
+        collector
+    })
+}
+
+async fn metrics(State(state): State<Arc<NodeState>>) -> Response {
+    match &state.metrics {
+        Some(handle) => ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], {
+            process_metrics().collect();
+            handle.render()
+        })
+            .into_response(),
+        None => (
+            StatusCode::NOT_FOUND,
+            "metrics are not enabled in this process\n",
+        )
+            .into_response(),
+    }
+}
+
+async fn status(State(state): State<Arc<NodeState>>) -> Response {
+    let s = state.status();
+    let mut json = crate::status_json(&s);
+    crate::cluster::add_removal_json(&mut json, &s);
+    axum::Json(json).into_response()
+}
+
+async fn replication(State(state): State<Arc<NodeState>>) -> Response {
+    axum::Json(crate::replication_json(&state.replication_status())).into_response()
+}
+
 #[cfg(test)]
 mod readiness_tests {
     use super::Readiness;
@@ -265,42 +303,4 @@ mod readiness_tests {
             );
         }
     }
-}
-
-/// The process's CPU time, memory, threads and file descriptors under the names
-/// Prometheus client libraries give them (`process_cpu_seconds_total`,
-/// `process_resident_memory_bytes`, ...), read at every scrape.
-fn process_metrics() -> &'static metrics_process::Collector {
-    static COLLECTOR: OnceLock<metrics_process::Collector> = OnceLock::new();
-    COLLECTOR.get_or_init(|| {
-        let collector = metrics_process::Collector::default();
-        collector.describe();
-        collector
-    })
-}
-
-async fn metrics(State(state): State<Arc<NodeState>>) -> Response {
-    match &state.metrics {
-        Some(handle) => ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], {
-            process_metrics().collect();
-            handle.render()
-        })
-            .into_response(),
-        None => (
-            StatusCode::NOT_FOUND,
-            "metrics are not enabled in this process\n",
-        )
-            .into_response(),
-    }
-}
-
-async fn status(State(state): State<Arc<NodeState>>) -> Response {
-    let s = state.status();
-    let mut json = crate::status_json(&s);
-    crate::cluster::add_removal_json(&mut json, &s);
-    axum::Json(json).into_response()
-}
-
-async fn replication(State(state): State<Arc<NodeState>>) -> Response {
-    axum::Json(crate::replication_json(&state.replication_status())).into_response()
 }
