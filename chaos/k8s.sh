@@ -290,6 +290,8 @@ master_of() { # -> ordinal of the pod holding the master role
     return 1
 }
 
+moved_off() { local now; now="$(master_of)" && [[ $now != "$1" ]]; }
+
 acked=0
 write_rows() { # N rows more, in transactions of 20, through the master; counts acknowledged
     local n="$1" done=0
@@ -402,7 +404,6 @@ if want wipe-master; then
 master="$(master_of)"
 kill -9 "${pid[$master]}"; wait "${pid[$master]}" 2>/dev/null || true
 rm -rf "$work/pod-$master"
-moved_off() { local now; now="$(master_of)" && [[ $now != "$1" ]]; }
 wait_until "failover off hawser-$master" 60 moved_off "$master"
 write_rows 40
 t2=$SECONDS
@@ -414,8 +415,11 @@ fi
 
 # --- scale-down: the highest ordinal leaves ------------------------------------------------
 if want scale-down; then
-master="$(master_of)"
-[[ $master != 2 ]] || fail "hawser-2 holds the master role; scale-down would need a switchover first"
+# A pod holding the master role hands it over before it leaves (docs/kubernetes.md).
+if [[ $(master_of) == 2 ]]; then
+    client 0 switchover --scheme r --to hawser_0 >/dev/null || fail "scale-down: switchover off hawser-2"
+    wait_until "the master role off hawser-2" 60 moved_off 2
+fi
 # Not through jq: a node id is a u64, past what jq 1.6 holds exactly.
 id2="$(client 2 status --format json | grep -o '"node_id": *[0-9]*' | head -1 | grep -o '[0-9]*$')"
 client 0 node remove --node-id "$id2" --force >/dev/null || fail "scale-down: node remove"

@@ -803,7 +803,24 @@ fn remove_node(
     }
     let mut schemes = Vec::new();
     match (mode, roles.first()) {
-        (_, None) | (RemovalMode::KeepInSchemes, _) => {}
+        (_, None) => {}
+        (RemovalMode::KeepInSchemes, _) => {
+            // The store's next holder is a new node with nothing of its own, so nothing
+            // past a fork point: where this node sat as a deposed master not yet
+            // rejoined (receiver STOPPED, return service DISABLED by the failover), the
+            // store is received again in the same entry. Left so, the new node would
+            // never be streamed to: only the deposed node itself starts its receiver,
+            // once it has judged its forked-off commits.
+            for (_, scheme) in state.schemes.iter() {
+                if scheme.is_deposed(state, store) {
+                    let mut s = scheme.clone();
+                    s.receivers.remove(store);
+                    s.return_services.remove(store);
+                    s.version += 1;
+                    schemes.push(s);
+                }
+            }
+        }
         (RemovalMode::Refuse, Some(first)) => {
             return Err(ControlError::StoreInScheme {
                 node: id,
@@ -1280,6 +1297,53 @@ mod tests {
         assert_eq!(m.epoch, Epoch(0));
         assert_eq!(st.schemes[&r1()].version, 1);
         assert_eq!(st.version, 4);
+    }
+
+    #[test]
+    fn a_deposed_master_removed_keeping_its_store_leaves_the_store_received_again() {
+        let mut st = cluster();
+        must_apply(
+            &mut st,
+            Command::SetMaster {
+                scheme: r1(),
+                element: e(),
+                node: NodeId(2),
+                epoch: Epoch(1),
+                fork_point: Some(Gtid::new(NodeId(1), 41)),
+            },
+        );
+        let masterds = Ident::unquoted("masterds");
+        assert!(st.schemes[&r1()].is_deposed(&st, &masterds));
+        let version = st.schemes[&r1()].version;
+        // Replaced by a new node (it lost its data): the store is no longer deposed.
+        must_apply(&mut st, remove(1, RemovalMode::KeepInSchemes));
+        let s = &st.schemes[&r1()];
+        assert_eq!(s.receiver_state(&masterds), ReceiverState::Start);
+        assert_eq!(
+            s.return_service_state(&masterds),
+            ReturnServiceState::Enabled
+        );
+        assert_eq!(s.version, version + 1);
+        assert!(s.ddl().contains("SUBSCRIBER masterds"), "{}", s.ddl());
+        // A subscriber that was never a master keeps what it had.
+        let mut st = cluster();
+        must_apply(
+            &mut st,
+            Command::SetReceiverState {
+                scheme: r1(),
+                store: Ident::unquoted("subscriber2"),
+                state: ReceiverState::Pause,
+            },
+        );
+        let id = st
+            .node_by_store(&Ident::unquoted("subscriber2"))
+            .unwrap()
+            .id;
+        must_apply(&mut st, remove(id.0, RemovalMode::KeepInSchemes));
+        assert_eq!(
+            st.schemes[&r1()].receiver_state(&Ident::unquoted("subscriber2")),
+            ReceiverState::Pause
+        );
     }
 
     #[test]

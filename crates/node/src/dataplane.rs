@@ -591,7 +591,7 @@ fn wanted_links(
                 continue;
             }
         };
-        add_relays(&mut plan.links, s);
+        add_relays(&mut plan.links, s, &nodes);
         // A return service the cluster state disables is not waited for: commits to
         // the subscriber go asynchronously, as the failover choice assumes
         // (`failover::decide` counts a subscriber a holder of acknowledged commits
@@ -691,7 +691,10 @@ fn wanted_links(
                 continue;
             }
             let config = match link_config(link, s.version, &nodes, &epochs, &datastore) {
-                Ok(c) => c,
+                Ok(mut c) => {
+                    relay_replaced_masters(&mut c, s, &nodes);
+                    c
+                }
                 Err(e) => {
                     let to = &link.receiver;
                     problems.insert(format!("scheme {name}: no stream to {to} yet: {e}"));
@@ -727,7 +730,10 @@ fn wanted_links(
             if link.tables.is_empty() && link.sequences.is_empty() {
                 continue;
             }
-            if let Ok(config) = link_config(&link, s.version, &nodes, &epochs, &datastore) {
+            if let Ok(mut config) = link_config(&link, s.version, &nodes, &epochs, &datastore) {
+                if relays {
+                    relay_replaced_masters(&mut config, s, &nodes);
+                }
                 foreign.push((
                     (name.clone(), link.sender.clone(), link.receiver.clone()),
                     config,
@@ -1134,7 +1140,15 @@ fn past_forks(
 /// point before the new master's own (each origin has its own high-water, and the
 /// stream resumes from the receiver's): the surviving copies converge. An earlier
 /// master is never sent its own transactions back.
-fn add_relays(links: &mut [Link], s: &hawser_control::state::SchemeState) {
+///
+/// An earlier master whose store no node holds now (removed) is left to
+/// [`relay_replaced_masters`], which relays by node id: a link naming a store without a
+/// node could not be streamed at all.
+fn add_relays(
+    links: &mut [Link],
+    s: &hawser_control::state::SchemeState,
+    nodes: &BTreeMap<Ident, NodeId>,
+) {
     for link in links.iter_mut() {
         let mut relays = Vec::new();
         for t in link.tables.iter().filter(|t| t.origin == link.sender) {
@@ -1145,6 +1159,7 @@ fn add_relays(links: &mut [Link], s: &hawser_control::state::SchemeState) {
                 .iter()
                 .map(|r| &r.master)
                 .filter(|m| **m != link.sender && **m != link.receiver)
+                .filter(|m| nodes.contains_key(*m))
                 .collect();
             for master in earlier {
                 let mut relay = t.clone();
@@ -1162,6 +1177,59 @@ fn add_relays(links: &mut [Link], s: &hawser_control::state::SchemeState) {
             }
         }
     }
+}
+
+/// Earlier masters of the link's elements whose store another node holds now (one
+/// replaced on an empty data directory, `--replace`) or nobody: their transactions carry
+/// the old node's id, which the store-keyed plan ([`add_relays`]) maps to no node. The
+/// sender relays them by that id like any earlier master's, to every receiver — the
+/// store's new holder included, which never had them (an earlier master is never sent
+/// its own transactions back: that is by node, and the new holder is another node).
+fn relay_replaced_masters(
+    config: &mut LinkConfig,
+    s: &hawser_control::state::SchemeState,
+    nodes: &BTreeMap<Ident, NodeId>,
+) {
+    let (sender, receiver) = (config.sender_node, config.receiver_node);
+    let replaced = |element: &Ident| -> Vec<NodeId> {
+        s.elements
+            .get(element)
+            .map(|e| {
+                e.history
+                    .iter()
+                    .filter_map(|r| r.node.filter(|n| nodes.get(&r.master) != Some(n)))
+                    .filter(|n| *n != sender && *n != receiver)
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let mut tables = Vec::new();
+    for ((table, origin), element) in &config.tables {
+        if *origin == sender {
+            for old in replaced(element) {
+                tables.push(((table.clone(), old), element.clone()));
+            }
+        }
+    }
+    for (key, element) in tables {
+        config.tables.entry(key).or_insert(element);
+    }
+    let mut rules = Vec::new();
+    for rule in config.datastore.iter().filter(|r| r.origin == sender) {
+        for old in replaced(&rule.element) {
+            let known = config
+                .datastore
+                .iter()
+                .any(|r| r.element == rule.element && r.origin == old);
+            if !known {
+                rules.push(DatastoreRule {
+                    origin: old,
+                    ..rule.clone()
+                });
+            }
+        }
+    }
+    config.datastore.extend(rules);
 }
 
 /// A table of `origin` that `sender` sends `receiver`, which this store also sends
@@ -1787,14 +1855,59 @@ mod tests {
         );
         let s = &st.schemes[&QualName::bare("r")];
         let mut links = planned(&hawser_scheme::print_scheme(&s.scheme));
-        super::add_relays(&mut links, s);
-        let carried = |to: &str| -> Vec<String> {
+        let mut nodes: std::collections::BTreeMap<Ident, NodeId> =
+            st.nodes.values().map(|n| (n.store.clone(), n.id)).collect();
+        super::add_relays(&mut links, s, &nodes);
+        let carried = |links: &[Link], to: &str| -> Vec<String> {
             let l = links.iter().find(|l| l.receiver.as_str() == to).unwrap();
             assert_eq!(l.sender.as_str(), "ds2");
             l.tables.iter().map(|t| t.origin.to_string()).collect()
         };
-        assert_eq!(carried("ds3"), ["ds2", "ds1"], "ds1's commits ds3 lacks");
-        assert_eq!(carried("ds1"), ["ds2"], "never its own back to ds1");
+        assert_eq!(
+            carried(&links, "ds3"),
+            ["ds2", "ds1"],
+            "ds1's commits ds3 lacks"
+        );
+        assert_eq!(carried(&links, "ds1"), ["ds2"], "never its own back to ds1");
+
+        // ds1 replaced on an empty data directory by node 7: the store-keyed relay
+        // would name node 7, which has no such commits; node 1's go by its id, to ds3
+        // and to the new ds1 alike.
+        nodes.insert(Ident::unquoted("ds1"), NodeId(7));
+        let epochs = s
+            .elements
+            .iter()
+            .map(|(n, e)| (n.clone(), e.epoch))
+            .collect();
+        let config = |to: &str| {
+            let mut links = planned(&hawser_scheme::print_scheme(&s.scheme));
+            super::add_relays(&mut links, s, &nodes);
+            let link = links.iter().find(|l| l.receiver.as_str() == to).unwrap();
+            let mut c = super::link_config(link, s.version, &nodes, &epochs, &Default::default())
+                .expect("a stream");
+            super::relay_replaced_masters(&mut c, s, &nodes);
+            c.tables.keys().map(|(_, o)| o.0).collect::<Vec<_>>()
+        };
+        assert_eq!(
+            config("ds1"),
+            [1, 2],
+            "the new ds1 gets the old one's commits"
+        );
+        assert!(
+            config("ds3").contains(&1),
+            "ds3 still gets node 1's commits"
+        );
+        // ds1 removed for good: its store has no node; the stream is still planned,
+        // and node 1's commits still relayed.
+        nodes.remove(&Ident::unquoted("ds1"));
+        let mut links = planned(&hawser_scheme::print_scheme(&s.scheme));
+        super::add_relays(&mut links, s, &nodes);
+        assert_eq!(carried(&links, "ds3"), ["ds2"]);
+        let link = links.iter().find(|l| l.receiver.as_str() == "ds3").unwrap();
+        let mut c = super::link_config(link, s.version, &nodes, &epochs, &Default::default())
+            .expect("a stream without the removed store");
+        super::relay_replaced_masters(&mut c, s, &nodes);
+        assert!(c.tables.keys().any(|(_, o)| o.0 == 1));
     }
 
     #[test]
