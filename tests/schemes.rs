@@ -1417,6 +1417,18 @@ fn a_subscriber_past_the_released_log_is_rebuilt_by_a_duplicate_under_load() {
             .into_iter()
             .find(|o| o["state"] == "log_released")
     });
+    // And its metrics, for the alert HawserSubscriberNeedsRebuild.
+    wait_for("hawser_stream_needs_rebuild 1 for ds2", WAIT, || {
+        let (_, metrics) = http_get(&ds1.http, "/metrics");
+        metrics
+            .lines()
+            .any(|l| {
+                l.starts_with("hawser_stream_needs_rebuild{")
+                    && l.contains("receiver=\"ds2\"")
+                    && l.ends_with(" 1")
+            })
+            .then_some(())
+    });
     // Not while the receiver is started: a stream could apply during the copy.
     let out = ds2.cli(&["duplicate"]);
     assert!(!out.status.success());

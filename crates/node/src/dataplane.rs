@@ -1364,6 +1364,14 @@ fn export_metrics(running: &BTreeMap<(QualName, Ident), Running>) {
         ];
         let streaming = matches!(s.state, SenderState::Streaming);
         metrics::gauge!("hawser_stream_up", &labels).set(f64::from(u8::from(streaming)));
+        // The receiver cannot be caught up by this stream: it lacks log released here,
+        // or diverged. Only a duplicate rebuilds it (alert HawserSubscriberNeedsRebuild).
+        let needs_rebuild = matches!(
+            s.state,
+            SenderState::LogReleased { .. } | SenderState::Diverged { .. }
+        );
+        metrics::gauge!("hawser_stream_needs_rebuild", &labels)
+            .set(f64::from(u8::from(needs_rebuild)));
         metrics::gauge!("hawser_stream_lag_records", &labels).set(s.lag_records as f64);
         metrics::gauge!("hawser_stream_lag_seconds", &labels).set(s.lag_micros as f64 / 1e6);
         metrics::gauge!("hawser_stream_ack_round_trip_seconds", &labels)

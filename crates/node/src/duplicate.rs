@@ -146,6 +146,10 @@ pub(crate) async fn run(
             "a duplicate is already running on this node; wait for it to end",
         ));
     };
+    // 1 while this store is being rebuilt from another (alert HawserSubscriberRebuilding);
+    // back to 0 however the duplicate ends.
+    metrics::gauge!("hawser_duplicate_running").set(1.0);
+    let _running = DuplicateRunning;
     let store = Ident::unquoted(&state.config.name);
     // `hawser receiver ... --state stop` returns once the leader applied it; this node
     // may apply it a moment later.
@@ -369,6 +373,15 @@ pub(crate) async fn run(
 }
 
 /// Ends a table's copy: deletes this node's rows past the last key copied.
+/// Sets `hawser_duplicate_running` back to 0 when a duplicate ends, by any path.
+struct DuplicateRunning;
+
+impl Drop for DuplicateRunning {
+    fn drop(&mut self) {
+        metrics::gauge!("hawser_duplicate_running").set(0.0);
+    }
+}
+
 async fn finish_table(
     db: &hawser_store::Database,
     current: Option<(QualName, ColumnMap, CopyCursor)>,
