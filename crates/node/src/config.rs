@@ -443,6 +443,16 @@ impl NodeConfig {
         if self.max_requests == 0 {
             return Err(ConfigError("max_requests must be at least 1".into()));
         }
+        if !self.join.is_empty() && self.listen.ip().is_unspecified() && self.advertise.is_none() {
+            // The cluster would register 0.0.0.0 (or ::) as this node's address, which
+            // names no machine: peers and redirected clients could never reach it.
+            return Err(ConfigError(format!(
+                "--listen {} names no machine for the cluster to reach this node by: give \
+                 --advertise HOST:PORT (the name or address peers dial, e.g. \
+                 $(POD_NAME).hawser:7420 on Kubernetes)",
+                self.listen
+            )));
+        }
         if self.lock_timeout.is_zero() {
             return Err(ConfigError("lock_timeout must be greater than 0".into()));
         }
@@ -769,6 +779,23 @@ mod tests {
             off.receiver_config(Ident::unquoted("ds1")).apply_slice,
             None
         );
+    }
+
+    #[test]
+    fn a_joining_node_on_a_wildcard_address_must_say_how_it_is_reached() {
+        let c = NodeConfig {
+            insecure: true,
+            listen: "0.0.0.0:7420".parse().unwrap(),
+            join: vec!["seed:7420".into()],
+            ..NodeConfig::default()
+        };
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("--advertise"), "{e}");
+        let c = NodeConfig {
+            advertise: Some("n1.example:7420".into()),
+            ..c
+        };
+        assert!(c.validate().is_ok());
     }
 
     #[test]
