@@ -72,8 +72,9 @@ log() { echo "k8s.sh: $*" >&2; }
 fail() { log "FAILED: $*"; exit 1; }
 
 work="$(mktemp -d /tmp/hawser-k8s.XXXXXX)"
-tag="$$"
-tag="${tag: -4}"
+# Four digits however short the pid: every name below is this plus a one-letter role, and
+# interface names must stay under 16 characters.
+tag="$(printf '%04d' $(( $$ % 10000 )))"
 bridge="hwkb$tag"
 ns_client="hwkc$tag"
 declare -a ns pid
@@ -193,7 +194,7 @@ ip link set "$bridge" up
 hosts="127.0.0.1 localhost"
 for i in 0 1 2; do hosts+=$'\n'"$(ip_of $i) hawser-$i.$svc"; done
 plumb() { # NS IP
-    local n="$1" a="$2" v="hwv${1: -5}"
+    local n="$1" a="$2" v="hwv${1:3}"     # hwk<role><tag> -> hwv<role><tag>
     ip netns add "$n"
     ip link add "$v" type veth peer name "${v}p"
     ip link set "$v" master "$bridge" up
