@@ -390,32 +390,32 @@ for i in 0 1 2; do
 done
 fi
 
+# A pod's volume lost: killed, wiped, written around, started again; prints the seconds
+# from its start to a settled cluster.
+wipe() { # ORDINAL STEP
+    local i="$1" step="$2" t
+    kill -9 "${pid[$i]}"; wait "${pid[$i]}" 2>/dev/null || true
+    rm -rf "$work/pod-$i"
+    [[ $step == wipe-master ]] && wait_until "failover off hawser-$i" 60 moved_off "$i"
+    write_rows 40
+    t=$SECONDS
+    start_pod "$i"
+    write_rows 40
+    check_step "$step"
+    wiped_secs=$((SECONDS - t))
+}
+
 # --- a subscriber's volume lost -----------------------------------------------------------
 if want wipe-sub; then
-master="$(master_of)"
-sub=$(( (master + 2) % 3 ))
-kill -9 "${pid[$sub]}"; wait "${pid[$sub]}" 2>/dev/null || true
-rm -rf "$work/pod-$sub"
-write_rows 40
-t1=$SECONDS
-start_pod "$sub"
-write_rows 40
-check_step wipe-sub
-wipe_sub_secs=$((SECONDS - t1))
+    master="$(master_of)"
+    wipe $(( (master + 2) % 3 )) wipe-sub
+    wipe_sub_secs=$wiped_secs
 fi
 
 # --- the master's volume lost -------------------------------------------------------------
 if want wipe-master; then
-master="$(master_of)"
-kill -9 "${pid[$master]}"; wait "${pid[$master]}" 2>/dev/null || true
-rm -rf "$work/pod-$master"
-wait_until "failover off hawser-$master" 60 moved_off "$master"
-write_rows 40
-t2=$SECONDS
-start_pod "$master"
-write_rows 40
-check_step wipe-master
-wipe_master_secs=$((SECONDS - t2))
+    wipe "$(master_of)" wipe-master
+    wipe_master_secs=$wiped_secs
 fi
 
 # --- scale-down: the highest ordinal leaves ------------------------------------------------

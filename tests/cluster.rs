@@ -37,6 +37,13 @@ fn start(name: &str, dir: &Path, listen: &str, join: Option<&str>) -> Node {
     Node::start_at(name, &dir.join(name), listen, &args)
 }
 
+/// The rows of table t on `n`, when it answers.
+fn rows_of_t(n: &Node) -> Option<u64> {
+    let out = n.cli(&["sql", "--format", "json", "-e", "select count(*) from t"]);
+    let v: Value = serde_json::from_str(stdout(&out).lines().next()?).ok()?;
+    v["rows"][0][0].as_u64()
+}
+
 fn cluster(status: &Value) -> &Value {
     &status["cluster"]
 }
@@ -406,13 +413,8 @@ fn a_node_restarted_on_an_empty_data_directory_is_not_taken_for_the_member_it_re
             insert(&nodes[0], k).then_some(())
         });
     }
-    let rows = |n: &Node| -> Option<u64> {
-        let out = n.cli(&["sql", "--format", "json", "-e", "select count(*) from t"]);
-        let v: Value = serde_json::from_str(stdout(&out).lines().next()?).ok()?;
-        v["rows"][0][0].as_u64()
-    };
     wait_for("ten rows on n3", WAIT, || {
-        (rows(&nodes[2]) == Some(10)).then_some(())
+        (rows_of_t(&nodes[2]) == Some(10)).then_some(())
     });
     let (old_id, addr) = (nodes[2].node_id, nodes[2].grpc.clone());
     nodes[2].kill9();
@@ -471,7 +473,7 @@ fn a_node_restarted_on_an_empty_data_directory_is_not_taken_for_the_member_it_re
     ]);
     assert!(out.status.success(), "{}", stderr(&out));
     wait_for("ten rows on the new n3", WAIT, || {
-        (rows(&nodes[2]) == Some(10)).then_some(())
+        (rows_of_t(&nodes[2]) == Some(10)).then_some(())
     });
 }
 
@@ -535,13 +537,8 @@ fn identical_nodes_bootstrap_once_and_a_wiped_one_replaces_its_old_self() {
             out.status.success().then_some(())
         });
     }
-    let rows = |n: &Node| -> Option<u64> {
-        let out = n.cli(&["sql", "--format", "json", "-e", "select count(*) from t"]);
-        let v: Value = serde_json::from_str(stdout(&out).lines().next()?).ok()?;
-        v["rows"][0][0].as_u64()
-    };
     wait_for("ten rows on n3", WAIT, || {
-        (rows(&nodes[2]) == Some(10)).then_some(())
+        (rows_of_t(&nodes[2]) == Some(10)).then_some(())
     });
 
     // n3 loses its volume and comes back with the same command line.
@@ -572,11 +569,11 @@ fn identical_nodes_bootstrap_once_and_a_wiped_one_replaces_its_old_self() {
     let out = nodes[2].cli(&["sql", "-e", "create table t (k bigint primary key)"]);
     assert!(out.status.success(), "{}", stderr(&out));
     wait_for("ten rows on the new n3", WAIT, || {
-        (rows(&nodes[2]) == Some(10)).then_some(())
+        (rows_of_t(&nodes[2]) == Some(10)).then_some(())
     });
     let out = nodes[0].cli(&["sql", "-e", "insert into t values (10)"]);
     assert!(out.status.success(), "{}", stderr(&out));
     wait_for("the next row on the new n3", WAIT, || {
-        (rows(&nodes[2]) == Some(11)).then_some(())
+        (rows_of_t(&nodes[2]) == Some(11)).then_some(())
     });
 }

@@ -1302,16 +1302,7 @@ mod tests {
     #[test]
     fn a_deposed_master_removed_keeping_its_store_leaves_the_store_received_again() {
         let mut st = cluster();
-        must_apply(
-            &mut st,
-            Command::SetMaster {
-                scheme: r1(),
-                element: e(),
-                node: NodeId(2),
-                epoch: Epoch(1),
-                fork_point: Some(Gtid::new(NodeId(1), 41)),
-            },
-        );
+        must_apply(&mut st, master_to_2(Some(Gtid::new(NodeId(1), 41))));
         let masterds = Ident::unquoted("masterds");
         assert!(st.schemes[&r1()].is_deposed(&st, &masterds));
         let version = st.schemes[&r1()].version;
@@ -1350,16 +1341,7 @@ mod tests {
     fn set_master_swaps_roles_and_records_the_fork_point() {
         let mut st = cluster();
         let fork = Some(Gtid::new(NodeId(1), 41));
-        must_apply(
-            &mut st,
-            Command::SetMaster {
-                scheme: r1(),
-                element: e(),
-                node: NodeId(2),
-                epoch: Epoch(1),
-                fork_point: fork,
-            },
-        );
+        must_apply(&mut st, master_to_2(fork));
         let m = st.master_of(&r1(), &e()).unwrap();
         assert_eq!(
             (m.store.as_str(), m.node, m.epoch),
@@ -1437,16 +1419,7 @@ mod tests {
     #[test]
     fn a_switchover_without_fork_point_leaves_the_old_master_receiving() {
         let mut st = cluster();
-        must_apply(
-            &mut st,
-            Command::SetMaster {
-                scheme: r1(),
-                element: e(),
-                node: NodeId(2),
-                epoch: Epoch(1),
-                fork_point: None,
-            },
-        );
+        must_apply(&mut st, master_to_2(None));
         let s = &st.schemes[&r1()];
         assert!(s.receivers.is_empty() && s.return_services.is_empty());
         assert_eq!(st.era, 0, "no failover, no new era");
@@ -1649,6 +1622,18 @@ mod tests {
             st.catalogs.is_empty(),
             "a removed node's catalog goes with it"
         );
+    }
+
+    /// Element e of r1 to node 2 (subscriber1) at epoch 1: a failover with a fork
+    /// point, a switchover without.
+    fn master_to_2(fork_point: Option<Gtid>) -> Command {
+        Command::SetMaster {
+            scheme: r1(),
+            element: e(),
+            node: NodeId(2),
+            epoch: Epoch(1),
+            fork_point,
+        }
     }
 
     fn remove(id: u64, mode: RemovalMode) -> Command {
@@ -1924,13 +1909,7 @@ mod tests {
             Command::RegisterNode(node(1, "masterds")),
             Command::RegisterNode(node(2, "subscriber1")),
             ddl(SCHEME),
-            Command::SetMaster {
-                scheme: r1(),
-                element: e(),
-                node: NodeId(2),
-                epoch: Epoch(1),
-                fork_point: Some(Gtid::new(NodeId(1), 7)),
-            },
+            master_to_2(Some(Gtid::new(NodeId(1), 7))),
             remove(7, RemovalMode::Refuse),
         ];
         let run = || {
