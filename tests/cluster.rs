@@ -503,12 +503,40 @@ fn identical_nodes_bootstrap_once_and_a_wiped_one_replaces_its_old_self() {
         )
     };
     let mut nodes: Vec<Node> = (0..3).map(start_one).collect();
-    // Any one may bootstrap; the second node here.
-    let out = nodes[1].cli(&["init"]);
-    assert!(out.status.success(), "{}", stderr(&out));
+    // Any one may bootstrap, and at most one does: init on all three at once (two Jobs
+    // racing, and an operator) bootstraps one cluster or none (each refused, saying
+    // who else bootstraps); then init on the second node does.
+    let outs: Vec<std::process::Output> = std::thread::scope(|s| {
+        let runs: Vec<_> = nodes
+            .iter()
+            .map(|n| s.spawn(move || n.cli(&["init"])))
+            .collect();
+        runs.into_iter().map(|r| r.join().unwrap()).collect()
+    });
+    let won = outs
+        .iter()
+        .filter(|o| o.status.success() && stdout(o).contains("initialized a new cluster"))
+        .count();
+    assert!(won <= 1, "two clusters bootstrapped: {outs:?}");
+    // A loser is refused, or (having joined the winner's cluster at once) asked to
+    // retry while the new cluster's leader settles.
+    for o in outs.iter().filter(|o| !o.status.success()) {
+        let e = stderr(o);
+        assert!(
+            e.contains("bootstrap")
+                || e.contains("already belongs to a cluster")
+                || e.contains("retry"),
+            "{e}"
+        );
+    }
+    if won == 0 {
+        wait_for("init on the second node", WAIT, || {
+            nodes[1].cli(&["init"]).status.success().then_some(())
+        });
+    }
     three_voters_everywhere(&nodes);
     // Again, on any node (as a re-run Job would): nothing changed. An uninitialized
-    // node whose peers are in a cluster refuses instead (grpc::init_tests).
+    // node whose peers are in a cluster refuses instead (control::bootstrap).
     for n in &nodes {
         let out = n.cli(&["init"]);
         assert!(out.status.success(), "{}", stderr(&out));

@@ -14,6 +14,7 @@
 //!   network: PeerPool, NetworkFactory ──gRPC──► service: PeerService (peers-only)
 //! ```
 //!
+//! * [`bootstrap`]: who may bootstrap a cluster when several nodes are told to at once.
 //! * [`state`]: the pure cluster state machine, unit-tested without I/O.
 //! * [`store`]: openraft storage-v2 over the store's [`hawser_store::KvEngine`].
 //! * [`network`] and [`service`]: the peers-only `hawser.raft.v1.RaftPeer` service.
@@ -26,6 +27,7 @@
 //! `docs/control.md` records the layout, the RPCs, the timing settings and the
 //! decisions.
 
+pub mod bootstrap;
 pub mod failover;
 pub mod health;
 pub mod network;
@@ -43,10 +45,11 @@ pub mod pb {
     tonic::include_proto!("hawser.raft.v1");
 }
 
+pub use bootstrap::BootstrapRefusal;
 pub use network::PeerError;
 pub use plane::{
-    ControlConfig, ControlMetrics, ControlPlane, FailoverTick, JoinReply, JoinRequest, PlaneError,
-    RaftRole, RemoveReply, RemoveRequest,
+    ControlConfig, ControlMetrics, ControlPlane, FailoverTick, InitError, JoinReply, JoinRequest,
+    PlaneError, RaftRole, RemoveReply, RemoveRequest,
 };
 pub use removal::{Learned, Removal};
 pub use state::{ClusterState, Command, ControlError, NodeInfo, RemovalMode, Response};

@@ -54,6 +54,7 @@ pub enum Rpc {
     RemoveNode,
     Report,
     NotifyRemoved,
+    InitIntent,
 }
 
 impl Rpc {
@@ -68,6 +69,7 @@ impl Rpc {
             Rpc::RemoveNode => "remove_node",
             Rpc::Report => "report",
             Rpc::NotifyRemoved => "notify_removed",
+            Rpc::InitIntent => "init_intent",
         }
     }
 }
@@ -318,6 +320,7 @@ impl PeerPool {
                 Rpc::RemoveNode => client.remove_node(request).await,
                 Rpc::Report => client.report(request).await,
                 Rpc::NotifyRemoved => client.notify_removed(request).await,
+                Rpc::InitIntent => client.init_intent(request).await,
             }
         };
         let started = std::time::Instant::now();

@@ -27,6 +27,7 @@ use serde::{Deserialize, Serialize};
 use thiserror::Error;
 use tokio::sync::watch;
 
+use crate::bootstrap::{self, BootstrapGate, BootstrapRefusal, InitAnswer, InitIntent};
 use crate::failover::{self, Blocked, FailoverSettings, HealthReport, HealthView};
 use crate::health::{HealthBook, LeaseGrant, Report, ReportReply};
 use crate::network::{CallError, NetworkFactory, PeerError, PeerPool, Rpc};
@@ -409,6 +410,18 @@ pub(crate) struct Inner {
     /// The snapshot being received, as openraft holds it: its last chunk is checked
     /// before openraft installs it ([`crate::service::SnapshotMirror`]).
     pub(crate) snapshot: tokio::sync::Mutex<crate::service::SnapshotMirror>,
+    /// Who may bootstrap a cluster through this node ([`crate::bootstrap`]).
+    bootstrap: parking_lot::Mutex<BootstrapGate>,
+}
+
+/// Why `hawser init` on a node with `--join` peers did not bootstrap a cluster.
+#[derive(Debug, Error)]
+pub enum InitError {
+    /// A peer's answer forbids it (or a peer did not answer); nothing changed.
+    #[error("{0}")]
+    Refused(BootstrapRefusal),
+    #[error(transparent)]
+    Plane(#[from] PlaneError),
 }
 
 /// One node's handle on the cluster's control plane.
@@ -457,6 +470,7 @@ impl ControlPlane {
                 membership: tokio::sync::Mutex::new(()),
                 removal,
                 snapshot: Default::default(),
+                bootstrap: Default::default(),
             }),
         })
     }
@@ -495,6 +509,80 @@ impl ControlPlane {
             }
         }
         self.ensure_registered().await
+    }
+
+    /// Bootstraps a new cluster as [`ControlPlane::initialize`] does, but only when
+    /// every one of `peers` (the node's `--join` list, which may name the node itself)
+    /// answers that it belongs to no cluster and grants this node the bootstrap
+    /// ([`crate::bootstrap`]): however often and wherever `hawser init` runs, one
+    /// cluster comes of it. `Ok(false)` when this node was initialized already.
+    pub async fn initialize_among(&self, peers: &[String]) -> Result<bool, InitError> {
+        if self.is_initialized().await? {
+            self.initialize().await?;
+            return Ok(false);
+        }
+        let me = self.inner.cfg.node_id.0;
+        self.inner
+            .bootstrap
+            .lock()
+            .claim(me, std::time::Instant::now())
+            .map_err(|holder| {
+                InitError::Refused(BootstrapRefusal::Busy {
+                    addr: self.inner.cfg.grpc_addr.clone(),
+                    node: me,
+                    holder,
+                })
+            })?;
+        let outcome = self.bootstrap_among(me, peers).await;
+        self.inner.bootstrap.lock().unclaim();
+        outcome
+    }
+
+    async fn bootstrap_among(&self, me: u64, peers: &[String]) -> Result<bool, InitError> {
+        // A peer's answer within a few seconds: an init is an operator's command.
+        let deadline = Duration::from_secs(3);
+        let mut answers = Vec::with_capacity(peers.len());
+        for addr in peers {
+            let intent = InitIntent {
+                from: me,
+                release: false,
+            };
+            let answer: Result<InitAnswer, String> = self
+                .inner
+                .peers
+                .call(addr, Rpc::InitIntent, &intent, deadline)
+                .await
+                .map_err(|e| e.to_string());
+            answers.push((addr.clone(), answer));
+        }
+        if let Err(refusal) = bootstrap::verdict(&answers) {
+            tracing::warn!(%refusal, "init refused: this node does not bootstrap a cluster");
+            // Best effort: a grant not given back ends with its lease.
+            for (addr, answer) in &answers {
+                if matches!(answer, Ok(InitAnswer::Granted { node }) if *node != me) {
+                    let release = InitIntent {
+                        from: me,
+                        release: true,
+                    };
+                    let _: Result<InitAnswer, _> = self
+                        .inner
+                        .peers
+                        .call(addr, Rpc::InitIntent, &release, deadline)
+                        .await;
+                }
+            }
+            return Err(InitError::Refused(refusal));
+        }
+        self.initialize().await?;
+        Ok(true)
+    }
+
+    async fn is_initialized(&self) -> Result<bool, PlaneError> {
+        self.inner
+            .raft
+            .is_initialized()
+            .await
+            .map_err(|e| PlaneError::Fatal(e.to_string()))
     }
 
     /// Proposes this node's registry entry unless the registry already has it as is.
@@ -1229,6 +1317,45 @@ impl Inner {
 
     /// A node's liveness report, on the leader: recorded on the leader's clock and
     /// answered with a master lease when the leader may grant one.
+    /// A peer's InitIntent ([`crate::bootstrap`]): this node's gate answers it, a member
+    /// of a cluster always with `Member`.
+    pub(crate) async fn handle_init_intent(&self, intent: InitIntent) -> InitAnswer {
+        let me = self.cfg.node_id.0;
+        if intent.release {
+            self.bootstrap.lock().release(intent.from);
+            return InitAnswer::Granted { node: me };
+        }
+        // An error reading Raft's state answers as a member would: no bootstrap on a
+        // node that cannot say it has no cluster.
+        let member = match self.raft.is_initialized().await {
+            Ok(false) => None,
+            Ok(true) | Err(_) => {
+                let m = self.raft.metrics().borrow().clone();
+                let leader = m.current_leader.and_then(|id| {
+                    m.membership_config
+                        .membership()
+                        .get_node(&id)
+                        .map(|n| n.addr.clone())
+                });
+                Some(leader.unwrap_or_default())
+            }
+        };
+        let answer = self
+            .bootstrap
+            .lock()
+            .ask(me, intent.from, member, std::time::Instant::now());
+        if let InitAnswer::Granted { .. } = answer {
+            if intent.from != me {
+                tracing::info!(
+                    node = intent.from,
+                    "a peer bootstraps a cluster: this node will not for {} s",
+                    bootstrap::BOOTSTRAP_LEASE.as_secs()
+                );
+            }
+        }
+        answer
+    }
+
     pub(crate) fn handle_report(&self, report: Report) -> Result<ReportReply, PeerError> {
         let m = self.raft.metrics().borrow().clone();
         if m.state != ServerState::Leader {

@@ -13,6 +13,7 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use tonic::{Request, Response, Status};
 
+use crate::bootstrap::InitIntent;
 use crate::health::Report;
 use crate::network::{check_not_removed, check_peer_call, FROM_NODE, MAX_MESSAGE_BYTES};
 use crate::pb::raft_peer_server::RaftPeer;
@@ -257,6 +258,19 @@ impl RaftPeer for PeerService {
         self.check(&req, false)?;
         let report: Report = decode(req)?;
         encode(&self.inner.handle_report(report))
+    }
+
+    async fn init_intent(&self, req: Request<Payload>) -> Result<Response<Payload>, Status> {
+        let from = self.check(&req, false)?;
+        let intent: InitIntent = decode(req)?;
+        if from.is_some_and(|f| f != intent.from) {
+            return Err(Status::invalid_argument(format!(
+                "an init intent for node {} sent by node {}; refused",
+                intent.from,
+                from.unwrap_or_default()
+            )));
+        }
+        encode(&self.inner.handle_init_intent(intent).await)
     }
 }
 

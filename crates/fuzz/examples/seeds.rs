@@ -576,6 +576,7 @@ fn raft_seeds() -> Vec<Vec<u8>> {
         &JoinRequest {
             node: hawser_fuzz::node(5, "newcomer"),
             fresh: true,
+            replace: false,
         },
     ));
     seeds.push(json(5, &3u64));
@@ -594,6 +595,13 @@ fn raft_seeds() -> Vec<Vec<u8>> {
             log_index: 40,
             at_unix_ms: 1_700_000_000_000,
             learned: Learned::Told { by: NodeId(1) },
+        },
+    ));
+    seeds.push(json(
+        8,
+        &hawser_control::bootstrap::InitIntent {
+            from: 2,
+            release: false,
         },
     ));
     let report = Report {

@@ -133,8 +133,16 @@ fuzz_target!(|data: &[u8]| {
             }
         }
         8 => {
-            // NotifyRemoved, and the removal a peer's refusal carries in its details.
+            // NotifyRemoved, and the removal a peer's refusal carries in its details;
+            // InitIntent, as a free node's bootstrap gate answers it.
             let _ = decode::<Removal>(bytes);
+            if let Some(intent) = decode::<hawser_control::bootstrap::InitIntent>(bytes) {
+                let mut gate = hawser_control::bootstrap::BootstrapGate::default();
+                let now = std::time::Instant::now();
+                let _ = gate.ask(1, intent.from, None, now);
+                gate.release(intent.from);
+                let _ = gate.claim(1, now);
+            }
             let mut status = tonic::Status::with_details(
                 tonic::Code::FailedPrecondition,
                 "removed",
@@ -158,6 +166,7 @@ fuzz_target!(|data: &[u8]| {
             let _ = decode::<Result<RemoveReply, PeerError>>(bytes);
             let _ = decode::<Result<(), PeerError>>(bytes);
             let _ = decode::<Result<ReportReply, PeerError>>(bytes);
+            let _ = decode::<hawser_control::bootstrap::InitAnswer>(bytes);
         }
     }
 });

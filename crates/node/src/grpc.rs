@@ -678,25 +678,38 @@ impl Admin for Services {
         _request: Request<v1::InitRequest>,
     ) -> Result<Response<v1::InitResponse>, Status> {
         let plane = &self.state.plane;
-        let before = plane
-            .raft()
-            .is_initialized()
-            .await
-            .map_err(|e| Status::internal(e.to_string()))?;
-        if !before && !self.state.config.join.is_empty() {
-            // Every node of a Kubernetes StatefulSet starts with --join naming them all:
-            // one of them bootstraps only when every other answers that it belongs to
-            // no cluster, so running init again, ever, makes no second cluster.
-            let mut answers = Vec::new();
-            for peer in &self.state.config.join {
-                answers.push((peer.clone(), peer_cluster(peer).await));
+        // Every node of a Kubernetes StatefulSet starts with --join naming them all: one
+        // bootstraps only when every --join peer answers that it belongs to no cluster
+        // and lets it (hawser_control::bootstrap), so init run again, anywhere, even
+        // twice at once, makes no second cluster.
+        let join = &self.state.config.join;
+        let before = if join.is_empty() {
+            let before = plane
+                .raft()
+                .is_initialized()
+                .await
+                .map_err(|e| Status::internal(e.to_string()))?;
+            plane
+                .initialize()
+                .await
+                .map_err(crate::cluster::plane_status)?;
+            before
+        } else {
+            match plane.initialize_among(join).await {
+                Ok(now) => !now,
+                Err(hawser_control::InitError::Plane(e)) => {
+                    return Err(crate::cluster::plane_status(e))
+                }
+                Err(hawser_control::InitError::Refused(why)) => {
+                    return Err(match why {
+                        hawser_control::BootstrapRefusal::Unanswered { .. } => {
+                            Status::unavailable(why.to_string())
+                        }
+                        _ => Status::failed_precondition(why.to_string()),
+                    })
+                }
             }
-            init_verdict(self.state.node_id.0, &answers)?;
-        }
-        plane
-            .initialize()
-            .await
-            .map_err(crate::cluster::plane_status)?;
+        };
         let message = if before {
             "this node is already part of an initialized cluster; nothing changed".to_string()
         } else {
@@ -943,110 +956,6 @@ impl Admin for Services {
             )));
         }
         Ok(Response::new(reply))
-    }
-}
-
-/// What a `--join` peer says of its cluster when asked before `hawser init`: its node
-/// id and whether it belongs to an initialized cluster (and that cluster's leader).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct PeerCluster {
-    node_id: u64,
-    initialized: bool,
-    leader: String,
-}
-
-/// Asks `addr` for its cluster, within a few seconds.
-async fn peer_cluster(addr: &str) -> Result<PeerCluster, String> {
-    let wait = Duration::from_secs(3);
-    let mut client = hawser_client::Client::connect_with_timeout(addr, wait)
-        .await
-        .map_err(|e| e.to_string())?;
-    let status = client.status().await.map_err(|e| e.to_string())?;
-    let cluster = status.cluster.unwrap_or_default();
-    Ok(PeerCluster {
-        node_id: status.node_id,
-        initialized: cluster.initialized,
-        leader: cluster.leader_addr,
-    })
-}
-
-/// Whether a node started with --join may bootstrap a new cluster, from what each
-/// --join peer answered: only when every other one answered, and none belongs to a
-/// cluster. An unreachable peer may be a member: no verdict but "try again".
-pub(crate) fn init_verdict(
-    me: u64,
-    answers: &[(String, Result<PeerCluster, String>)],
-) -> Result<(), Status> {
-    for (addr, answer) in answers {
-        match answer {
-            Ok(p) if p.node_id == me => {}
-            Ok(p) if p.initialized => {
-                return Err(Status::failed_precondition(format!(
-                    "{addr} (node {}) already belongs to a cluster (leader {}); this node \
-                     joins it through --join instead of starting another; nothing changed",
-                    p.node_id,
-                    if p.leader.is_empty() {
-                        "unknown"
-                    } else {
-                        &p.leader
-                    }
-                )))
-            }
-            Ok(_) => {}
-            Err(e) => {
-                return Err(Status::unavailable(format!(
-                    "cannot ask {addr} (a --join peer) whether it already belongs to a \
-                     cluster: {e}; init bootstraps only when every peer answers that none \
-                     exists — retry when they are up"
-                )))
-            }
-        }
-    }
-    Ok(())
-}
-
-#[cfg(test)]
-mod init_tests {
-    use super::*;
-
-    fn peer(node_id: u64, initialized: bool) -> Result<PeerCluster, String> {
-        Ok(PeerCluster {
-            node_id,
-            initialized,
-            leader: if initialized {
-                "h:1".into()
-            } else {
-                String::new()
-            },
-        })
-    }
-
-    #[test]
-    fn a_joining_node_bootstraps_only_when_every_other_peer_answers_it_has_no_cluster() {
-        let a =
-            |v: Vec<Result<PeerCluster, String>>| -> Vec<(String, Result<PeerCluster, String>)> {
-                v.into_iter()
-                    .enumerate()
-                    .map(|(i, r)| (format!("p{i}:7420"), r))
-                    .collect()
-            };
-        // Itself (even initialized: it is not) and two uninitialized peers.
-        assert!(init_verdict(1, &a(vec![peer(1, false), peer(2, false), peer(3, false)])).is_ok());
-        let e =
-            init_verdict(1, &a(vec![peer(1, false), peer(2, true), peer(3, false)])).unwrap_err();
-        assert_eq!(e.code(), tonic::Code::FailedPrecondition);
-        assert!(
-            e.message().contains("already belongs to a cluster"),
-            "{}",
-            e.message()
-        );
-        let e = init_verdict(
-            1,
-            &a(vec![peer(1, false), Err("refused".into()), peer(3, false)]),
-        )
-        .unwrap_err();
-        assert_eq!(e.code(), tonic::Code::Unavailable);
-        assert!(e.message().contains("p1:7420"), "{}", e.message());
     }
 }
 
