@@ -36,6 +36,9 @@ Options:
   --bench-args "ARGS"
                      extra `hawser bench` flags (e.g. "--compress", "--connections 0"
                      instead of the default of one shared connection)
+  --tls              run the nodes secure: a CA, one node certificate for the three and
+                     an admin client certificate made in the work directory (default:
+                     --insecure)
   --json             one JSON object per run (and one for the means) instead of text
   -h, --help         show this help
 
@@ -52,6 +55,7 @@ sub_args=""
 master_args=""
 bench_args=""
 json=0
+tls=0
 binaries=()
 
 prog=cpu.sh
@@ -68,6 +72,7 @@ while [[ $# -gt 0 ]]; do
     --sub-args) need_value "$@"; sub_args="$2"; shift 2 ;;
     --master-args) need_value "$@"; master_args="$2"; shift 2 ;;
     --bench-args) need_value "$@"; bench_args="$2"; shift 2 ;;
+    --tls) tls=1; shift ;;
     --json) json=1; shift ;;
     -h | --help) usage; exit 0 ;;
     *) die "unknown argument '$1' (see --help)" ;;
@@ -100,6 +105,14 @@ work="$root/none"
 source "$here/nodes.sh"
 trap 'cleanup; rm -rf "$root"' EXIT
 trap 'exit 130' INT TERM
+if [[ $tls == 1 ]]; then
+    export HAWSER_CERTS_DIR="$root/certs"
+    "${binaries[0]}" cert create-ca >/dev/null
+    "${binaries[0]}" cert create-node nodes localhost 127.0.0.1 >/dev/null
+    "${binaries[0]}" cert create-client root --role admin >/dev/null
+else
+    unset HAWSER_CERTS_DIR
+fi
 
 # The flags $1 (a list of flags) with "$2 $3" in front unless they name $2 themselves:
 # the default a caller's own flags replace (clap refuses a flag given twice).
@@ -140,8 +153,16 @@ run() {
     # Each node's /metrics, for where its flushes' time went (empty from a build without
     # the histograms, or if a node does not answer).
     for n in ds1 ds2 ds3; do
-        python3 -c 'import sys, urllib.request; sys.stdout.write(urllib.request.urlopen(sys.argv[1], timeout=10).read().decode())' \
-            "http://${http[$n]}/metrics" >"$work/metrics.$n" 2>/dev/null || : >"$work/metrics.$n"
+        python3 - "${http[$n]}" "${HAWSER_CERTS_DIR:-}" >"$work/metrics.$n" 2>/dev/null <<'PY' || : >"$work/metrics.$n"
+import ssl, sys, urllib.request
+addr, certs = sys.argv[1], sys.argv[2]
+ctx = None
+if certs:  # secure: HTTPS, the CA's own certificate, the admin client certificate
+    ctx = ssl.create_default_context(cafile=certs + "/ca.crt")
+    ctx.load_cert_chain(certs + "/client.root.crt", certs + "/client.root.key")
+url = ("https://" if certs else "http://") + addr + "/metrics"
+sys.stdout.write(urllib.request.urlopen(url, timeout=10, context=ctx).read().decode())
+PY
     done
     for n in ds1 ds2 ds3; do kill -KILL "${pid[$n]}" 2>/dev/null || true; done
     wait 2>/dev/null || true

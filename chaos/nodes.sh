@@ -8,6 +8,9 @@
 #                        and `work` removed (unless kept) on every exit path
 #   start ds1 [ARGS…]    `hawser start` node ds1 on them and wait until it is ready
 #   sql ds1 ARGS…        `hawser sql` against it
+#
+# Nodes run --insecure unless HAWSER_CERTS_DIR is set: then every node and every hawser
+# command reads its certificates from there.
 
 declare -A pid grpc http
 
@@ -39,7 +42,9 @@ start() {
     local n=$1
     shift
     : >"$work/$n.out"
-    "$hawser" start --insecure --name "$n" --listen "${grpc[$n]}" --http "${http[$n]}" --data "$work/$n" \
+    local security=(--insecure)
+    [[ -n ${HAWSER_CERTS_DIR:-} ]] && security=()
+    "$hawser" start "${security[@]}" --name "$n" --listen "${grpc[$n]}" --http "${http[$n]}" --data "$work/$n" \
         --log "${node_log:-warn}" "$@" >>"$work/$n.out" 2>>"$work/$n.log" &
     pid[$n]=$!
     for _ in $(seq 300); do
