@@ -47,7 +47,7 @@ use hawser_control::{ClusterState, ControlPlane};
 use hawser_core::{Epoch, Ident, Lsn, NodeId, QualName};
 use hawser_proto::v1;
 use hawser_scheme::ast::ReturnService;
-use hawser_scheme::route::Link;
+use hawser_scheme::route::{Link, ResolvedTarget};
 use hawser_scheme::Topology;
 use hawser_sql::{BoxFuture, ReplicationError};
 use hawser_store::{Database, Position};
@@ -263,6 +263,8 @@ pub(crate) struct DataPlaneTask {
     pub(crate) store: Ident,
     /// Fed with the elements this store subscribes to; the receiver checks epochs on it.
     pub(crate) epochs: watch::Sender<BTreeMap<Ident, Epoch>>,
+    /// Fed with the target of each table this store receives (`AS target`).
+    pub(crate) targets: watch::Sender<BTreeMap<QualName, ResolvedTarget>>,
     /// Fed with what failovers forked off; the receiver refuses records of it.
     pub(crate) forked: watch::Sender<Vec<ForkedRange>>,
     /// Fed with the schemes this store must be rebuilt in, keeping what the copy
@@ -328,7 +330,11 @@ pub(crate) async fn run(task: DataPlaneTask) {
         });
         task.forked
             .send_if_modified(|current| replace_if_changed(current, forked_ranges(&state)));
-        let (mut wanted, now) = wanted_links(
+        let Planned {
+            mut wanted,
+            problems: now,
+            targets,
+        } = wanted_links(
             &state,
             &task.db,
             &task.store,
@@ -337,6 +343,8 @@ pub(crate) async fn run(task: DataPlaneTask) {
             &mut known,
             &mut forks,
         );
+        task.targets
+            .send_if_modified(|current| replace_if_changed(current, targets));
         // The plan says whether to compress (COMPRESS TRAFFIC); the node, with what.
         for (config, _) in wanted.values_mut() {
             if config.compression != Compression::None {
@@ -541,6 +549,16 @@ pub(crate) fn local_topology(
     (topology, nodes)
 }
 
+/// What [`wanted_links`] plans for this store.
+struct Planned {
+    /// The links it sends.
+    wanted: Wanted,
+    /// Why some cannot be streamed now, and what is wrong with its targets.
+    problems: BTreeSet<String>,
+    /// The target of each table it receives, by source table.
+    targets: BTreeMap<QualName, ResolvedTarget>,
+}
+
 /// The links `store` sends, with the receiver's gRPC address, by (scheme, receiver);
 /// and why some links cannot be streamed now. Also gives `returns` the routes of this
 /// store's return services and the database the tables it receives (refused to
@@ -553,7 +571,7 @@ fn wanted_links(
     thresholds: &mut Thresholds,
     known: &mut Known,
     forks: &mut ForkVerdicts,
-) -> (Wanted, BTreeSet<String>) {
+) -> Planned {
     thresholds.clear();
     known.clear();
     let mut replication: BTreeMap<Ident, ReplicationState> = BTreeMap::new();
@@ -654,8 +672,15 @@ fn wanted_links(
                 }
             }
             for t in link.tables.iter().filter(|t| &t.origin != store) {
+                // What this store writes: the target table (a plain copy for targets
+                // not built).
+                let written = if hawser_target::is_built(&t.target.kind) {
+                    &t.target.into
+                } else {
+                    &t.table
+                };
                 received.push((
-                    t.table.clone(),
+                    written.clone(),
                     format!(
                         "{store} receives it from master {} (scheme {name}, element {}); \
                          write it on {}",
@@ -753,6 +778,8 @@ fn wanted_links(
         })
         .chain(foreign)
         .collect();
+    let (targets, target_problems) = inbound_targets(store, &planned);
+    problems.extend(target_problems);
     let unseen = unseen_paths(store, &planned);
     let in_parts: BTreeSet<NodeId> = received_in_parts(store, &planned)
         .iter()
@@ -817,6 +844,70 @@ fn wanted_links(
             forks.holds(db, &f)
         })),
         Err(e) => warn!(error = %e, "cannot read the high-water marks"),
+    }
+    Planned {
+        wanted: out,
+        problems,
+        targets,
+    }
+}
+
+/// The target of each table `store` receives, by source table, from every scheme's
+/// links into it; and what is wrong with them: a table given two targets (the first
+/// kept), a target type not built (a plain copy), a CCD fed by several origins (their
+/// commit sequence numbers are independent, so IBMSNAP_COMMITSEQ may repeat).
+fn inbound_targets(
+    store: &Ident,
+    planned: &[Link],
+) -> (BTreeMap<QualName, ResolvedTarget>, BTreeSet<String>) {
+    let mut out: BTreeMap<QualName, ResolvedTarget> = BTreeMap::new();
+    let mut origins: BTreeMap<QualName, BTreeSet<&Ident>> = BTreeMap::new();
+    let mut problems = BTreeSet::new();
+    for link in planned.iter().filter(|l| &l.receiver == store) {
+        for t in link.tables.iter().filter(|t| &t.origin != store) {
+            let kind = hawser_target::kind_name(&t.target.kind);
+            if !hawser_target::is_built(&t.target.kind) {
+                problems.insert(format!(
+                    "table {}: {kind} targets are not applied yet; store {store} keeps a \
+                     plain copy",
+                    t.table
+                ));
+            }
+            origins
+                .entry(t.table.clone())
+                .or_default()
+                .insert(&t.origin);
+            match out.get(&t.table) {
+                None => {
+                    out.insert(t.table.clone(), t.target.clone());
+                }
+                Some(first) if first != &t.target => {
+                    problems.insert(format!(
+                        "table {}: two schemes give store {store} two targets for it ({} into \
+                         {} and {kind} into {}); the first is kept",
+                        t.table,
+                        hawser_target::kind_name(&first.kind),
+                        first.into,
+                        t.target.into
+                    ));
+                }
+                Some(_) => {}
+            }
+        }
+    }
+    for (table, from) in origins.iter().filter(|(_, o)| o.len() > 1) {
+        if let Some(t) = out
+            .get(table)
+            .filter(|t| matches!(t.kind, hawser_scheme::ast::TargetKind::Ccd { .. }))
+        {
+            problems.insert(format!(
+                "table {table}: its {} on store {store} is fed by {} origins, whose commit \
+                 sequence numbers are independent: IBMSNAP_COMMITSEQ orders each origin's \
+                 changes only",
+                hawser_target::kind_name(&t.kind),
+                from.len()
+            ));
+        }
     }
     (out, problems)
 }
@@ -1798,8 +1889,8 @@ pub(crate) fn streams_status(
 #[cfg(test)]
 mod tests {
     use super::{
-        fence_check, measured_from, read_by_siblings, received_in_parts, unseen_paths, Fence,
-        Unseen,
+        fence_check, inbound_targets, measured_from, read_by_siblings, received_in_parts,
+        unseen_paths, Fence, Unseen,
     };
     use hawser_core::{Ident, Lsn, NodeId, QualName};
     use hawser_scheme::route::Link;
@@ -1820,6 +1911,61 @@ mod tests {
         hawser_scheme::plan(&scheme, &topology)
             .expect("plans")
             .links
+    }
+
+    /// A subscriber's targets by source table, plain ones included; an aggregate (not
+    /// built) and a CCD fed by two masters are problems. Another store's are not its.
+    #[test]
+    fn a_subscribers_targets_come_from_the_links_into_it() {
+        let mut links = planned(
+            "CREATE REPLICATION r \
+               ELEMENT a TABLE t MASTER ds1 SUBSCRIBER ds2 AS CCD NONCONDENSED INTO h \
+               ELEMENT b TABLE u MASTER ds1 SUBSCRIBER ds2 AS BASE AGGREGATE (COUNT(*)) \
+               ELEMENT c TABLE v MASTER ds1 SUBSCRIBER ds2, ds3 AS POINT IN TIME",
+        );
+        let ds2 = Ident::unquoted("ds2");
+        let (targets, problems) = inbound_targets(&ds2, &links);
+        let kinds: Vec<(String, &str, String)> = targets
+            .iter()
+            .map(|(t, r)| {
+                (
+                    t.to_string(),
+                    hawser_target::kind_name(&r.kind),
+                    r.into.to_string(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            kinds,
+            [
+                ("t".to_string(), "CCD NONCONDENSED", "h".to_string()),
+                ("u".to_string(), "BASE AGGREGATE", "u".to_string()),
+                ("v".to_string(), "POINT IN TIME", "v".to_string()),
+            ]
+        );
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert!(problems
+            .iter()
+            .next()
+            .unwrap()
+            .contains("BASE AGGREGATE targets are not applied yet"));
+        let (for_ds1, _) = inbound_targets(&Ident::unquoted("ds1"), &links);
+        assert!(for_ds1.is_empty());
+        // t reaching ds2 from a second origin too: its CCD's commit seqs are per origin.
+        let mut second = links[0].clone();
+        second.sender = Ident::unquoted("ds3");
+        for t in &mut second.tables {
+            t.origin = Ident::unquoted("ds3");
+        }
+        links.push(second);
+        let (_, problems) = inbound_targets(&ds2, &links);
+        assert!(
+            problems
+                .iter()
+                .any(|p| p
+                    .contains("table t: its CCD NONCONDENSED on store ds2 is fed by 2 origins")),
+            "{problems:?}"
+        );
     }
 
     /// ds1, ds2, ds3 registered, the scheme of `ddl` (element `e` mastered by ds1), and

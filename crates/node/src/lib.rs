@@ -515,6 +515,7 @@ pub async fn run(
     let node_shutdown = shutdown.child_token();
     let (epochs, epochs_rx) = tokio::sync::watch::channel(std::collections::BTreeMap::new());
     let (forked, forked_rx) = tokio::sync::watch::channel(Vec::new());
+    let (targets, targets_rx) = tokio::sync::watch::channel(std::collections::BTreeMap::new());
     let receiver = hawser_stream::ReceiverService::new(
         db.clone(),
         config.receiver_config(store.clone()),
@@ -523,6 +524,7 @@ pub async fn run(
         node_shutdown.clone(),
     )
     .with_forked(forked_rx)
+    .with_targets(targets_rx)
     .with_copy_plan(duplicate::copy_plan(
         plane.clone(),
         db.clone(),
@@ -741,6 +743,7 @@ pub async fn run(
         db: state.db.clone(),
         store,
         epochs,
+        targets,
         forked,
         rebuilds,
         senders: state.senders.clone(),

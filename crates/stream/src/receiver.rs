@@ -46,7 +46,9 @@ use futures::Stream;
 use hawser_core::{Epoch, Ident, NodeId, QualName, TableDef, Transaction};
 use hawser_rtl::{Compilation, CompileError, Compiler};
 use hawser_scheme::ast::TableDefinitionChecking;
+use hawser_scheme::route::ResolvedTarget;
 use hawser_store::{Database, DdlOp, LogEntry, Pacer, ReplicatedTxn, StoreError};
+use hawser_target::{TargetError, TargetPlan};
 use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
@@ -196,6 +198,9 @@ pub struct ReceiverService {
     config: ReceiverConfig,
     /// The elements this node subscribes to, with the epochs the control plane gives.
     epochs: watch::Receiver<BTreeMap<Ident, Epoch>>,
+    /// The target of each table this store receives (`AS target [INTO table]`), as the
+    /// schemes say; a stream follows what it was at its Hello.
+    targets: watch::Receiver<BTreeMap<QualName, ResolvedTarget>>,
     /// What failovers forked off ([`ForkedRange`]): a record of one is refused, whoever
     /// sends it — a deposed master's commit past the fork point is never applied.
     forked: watch::Receiver<Vec<ForkedRange>>,
@@ -234,6 +239,7 @@ impl ReceiverService {
             db,
             config,
             epochs,
+            targets: watch::channel(BTreeMap::new()).1,
             forked: watch::channel(Vec::new()).1,
             status: watch::Sender::new(BTreeMap::new()),
             decided: DecidedMarks::default(),
@@ -286,6 +292,16 @@ impl ReceiverService {
     /// Lets copies for a scheme (`CopyRequest.scheme`) find what they carry with `plan`.
     pub fn with_copy_plan(mut self, plan: crate::copy::CopyPlan) -> Self {
         self.copy_plan = Some(plan);
+        self
+    }
+
+    /// Writes each received table as its target says (`targets`: by source table; the
+    /// node feeds it from the schemes). Without it every table is a plain copy.
+    pub fn with_targets(
+        mut self,
+        targets: watch::Receiver<BTreeMap<QualName, ResolvedTarget>>,
+    ) -> Self {
+        self.targets = targets;
         self
     }
 
@@ -401,6 +417,16 @@ fn with_status(
     }
 }
 
+/// Where a received table's target table stands at Hello.
+enum TargetTable {
+    /// It exists with the target's shape.
+    Ready,
+    /// It is missing: created (with this definition) before the first batch.
+    Create(TableDef),
+    /// The target type is not built: the table is received as a plain copy.
+    Plain,
+}
+
 /// A stream that passed Hello.
 struct Accepted {
     sender: Ident,
@@ -425,6 +451,11 @@ struct Accepted {
     /// a transaction split between them (`Hello.ships_parts`): one at an origin's
     /// high-water here may be the rest of it ([`ReceiverService::second_part`]).
     ships_parts: bool,
+    /// The tables written into a target table (`hawser_target`): each transaction is
+    /// rewritten before it is applied, and runs are applied in log order.
+    targets: TargetPlan,
+    /// Target tables to create before the first batch (absent at Hello).
+    create: Vec<TableDef>,
 }
 
 impl Accepted {
@@ -578,10 +609,27 @@ impl ReceiverService {
         let mut maps = BTreeMap::new();
         let mut remotes = BTreeMap::new();
         let mut doomed = BTreeSet::new();
+        let mut targets = TargetPlan::default();
+        let mut create = Vec::new();
+        let wanted = self.targets.borrow().clone();
         for spec in &hello.tables {
             let remote: TableDef = codec::decode_table_def(&spec.definition)
                 .map_err(|e| (RefuseCode::Protocol, format!("a table definition: {e}")))?;
             remotes.insert(remote.name.clone(), remote.clone());
+            if let Some(target) = wanted
+                .get(&remote.name)
+                .filter(|t| !hawser_target::is_plain(&remote.name, t))
+            {
+                match self.check_target(&remote, target, &mut targets)? {
+                    TargetTable::Ready => continue,
+                    TargetTable::Create(def) => {
+                        create.push(def);
+                        continue;
+                    }
+                    // Not built (aggregates): a plain copy, checked as one below.
+                    TargetTable::Plain => {}
+                }
+            }
             let Some(local) = self.db.table(&remote.name) else {
                 if hello.carries_ddl || spec.completing {
                     // A DATASTORE element's stream creates the table before its rows;
@@ -623,7 +671,64 @@ impl ReceiverService {
             doomed,
             mode,
             ships_parts: hello.ships_parts,
+            targets,
+            create,
         })
+    }
+
+    /// How `remote` is written into `target`'s table here: that table has the shape
+    /// the target needs (or is refused, naming what differs), or is created before the
+    /// first batch. The target is added to `plan`.
+    fn check_target(
+        &self,
+        remote: &TableDef,
+        target: &ResolvedTarget,
+        plan: &mut TargetPlan,
+    ) -> Result<TargetTable, (RefuseCode, String)> {
+        let refused = |e: TargetError| {
+            (
+                RefuseCode::TableMismatch,
+                format!("store {}: {e}", self.config.store),
+            )
+        };
+        let expected = match hawser_target::shape(remote, target) {
+            Ok(def) => def,
+            Err(TargetError::NotBuilt { .. }) => return Ok(TargetTable::Plain),
+            Err(e) => return Err(refused(e)),
+        };
+        plan.add(remote.clone(), target.clone()).map_err(refused)?;
+        match self.db.table(&expected.name) {
+            Some(local) => {
+                hawser_target::check_shape(&local, &expected).map_err(refused)?;
+                Ok(TargetTable::Ready)
+            }
+            None => Ok(TargetTable::Create(expected)),
+        }
+    }
+
+    /// Creates the target tables a stream's Hello found missing. Another stream may
+    /// create one first: then it is checked as Hello would have.
+    async fn create_targets(&self, accepted: &mut Accepted) -> Result<(), (RefuseCode, String)> {
+        for def in std::mem::take(&mut accepted.create) {
+            if let Some(local) = self.db.table(&def.name) {
+                hawser_target::check_shape(&local, &def).map_err(|e| {
+                    (
+                        RefuseCode::TableMismatch,
+                        format!("store {}: {e}", self.config.store),
+                    )
+                })?;
+                continue;
+            }
+            let name = def.name.clone();
+            match self.db.create_table(def.clone()).await {
+                Ok(_) => info!(table = %name, "created a target table"),
+                Err(e) if self.db.table(&name).is_some() => {
+                    debug!(table = %name, error = %e, "a target table was created meanwhile");
+                }
+                Err(e) => return Err(self.apply_failed(&e)),
+            }
+        }
+        Ok(())
     }
 
     /// Changes `sender`'s status and wakes the watch's waiters (connection, refusal).
@@ -992,6 +1097,8 @@ impl ReceiverService {
                                 }
                             }
                         }
+                        // Into the target tables (the names the log here records).
+                        let mut txn = accepted.targets.rewrite(txn, r.epoch);
                         tally.transactions += 1;
                         tally.row_changes += txn.changes.len() as u64;
                         if accepted.ships_parts && join_part(&mut run, &mut txn) {
@@ -1194,8 +1301,11 @@ impl ReceiverService {
         }
         let failed = |e: hawser_store::StoreError| self.apply_failed(&e);
         let lazy = !accepted.returns_wait;
-        // Transactions a duplicate's copy may reflect in part go in log order.
+        // Transactions a duplicate's copy may reflect in part go in log order, and so
+        // do target tables': a noncondensed CCD keeps every change, which compilation
+        // would net away.
         let compiles = compiles
+            && accepted.targets.is_empty()
             && !run
                 .iter()
                 .any(|r| r.txn.gtid.seq <= self.db.in_order_through(r.txn.gtid.origin));
@@ -1584,7 +1694,11 @@ impl pb::replication_server::Replication for ReceiverService {
         // never wait behind a full channel.
         let (tx, rx) = mpsc::channel(256);
         let sender = Ident::quoted(&hello.sender_store);
-        match self.check_hello(&hello) {
+        let checked = match self.check_hello(&hello) {
+            Ok(mut accepted) => self.create_targets(&mut accepted).await.map(|()| accepted),
+            Err(refusal) => Err(refusal),
+        };
+        match checked {
             Err((code, reason)) => {
                 info!(sender = %sender, reason = %reason, "refusing a replication stream");
                 self.update_status(&sender, |s| {
