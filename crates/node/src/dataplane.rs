@@ -330,6 +330,13 @@ pub(crate) async fn run(task: DataPlaneTask) {
         });
         task.forked
             .send_if_modified(|current| replace_if_changed(current, forked_ranges(&state)));
+        if let Err(e) = task
+            .db
+            .set_conflict_rules(conflict_rules(&state, &task.store))
+            .await
+        {
+            warn!(error = %e, "cannot set up conflict checking");
+        }
         let Planned {
             mut wanted,
             problems: now,
@@ -514,6 +521,47 @@ fn reconcile(
         .iter()
         .map(|(k, r)| (k.clone(), r.handle.clone()))
         .collect();
+}
+
+/// The row-timestamp conflict checking of the tables `store` masters or subscribes to
+/// in a TABLE element with `CHECK CONFLICTS BY ROW TIMESTAMP` (defaults: UPDATE BY
+/// SYSTEM, ON EXCEPTION ROLLBACK WORK). A table checked by two elements keeps the
+/// first's rule (the scheme checker refuses incompatible ones within one scheme).
+pub(crate) fn conflict_rules(
+    state: &ClusterState,
+    store: &Ident,
+) -> std::collections::HashMap<QualName, hawser_store::ConflictRule> {
+    use hawser_scheme::ast::{CheckConflicts, ElementKind, OnException, StoreName, UpdateBy};
+    let mut out = std::collections::HashMap::new();
+    for s in state.schemes.values() {
+        for el in &s.scheme.elements {
+            let ElementKind::Table {
+                table,
+                check:
+                    Some(CheckConflicts::ByRowTimestamp {
+                        column,
+                        update_by,
+                        on_exception,
+                        ..
+                    }),
+                ..
+            } = &el.kind
+            else {
+                continue;
+            };
+            let named = |n: &StoreName| matches!(n, StoreName::Named(s) if s == store);
+            if !named(&el.owner.name) && !el.subscriber_stores().any(|r| named(&r.name)) {
+                continue;
+            }
+            out.entry(table.clone())
+                .or_insert_with(|| hawser_store::ConflictRule {
+                    column: column.clone(),
+                    by_system: *update_by != Some(UpdateBy::User),
+                    rollback: *on_exception != Some(OnException::NoAction),
+                });
+        }
+    }
+    out
 }
 
 /// The elements `store` subscribes to in any scheme, with their current epochs. An
@@ -1966,6 +2014,36 @@ mod tests {
                     .contains("table t: its CCD NONCONDENSED on store ds2 is fed by 2 origins")),
             "{problems:?}"
         );
+    }
+
+    /// Example 10-31's rules (defaults filled in) for both its stores, none for a third;
+    /// NO ACTION and BY USER as written.
+    #[test]
+    fn conflict_rules_come_from_the_elements_a_store_takes_part_in() {
+        let st = failed_over(
+            "CREATE REPLICATION r \
+               ELEMENT e TABLE t CHECK CONFLICTS BY ROW TIMESTAMP COLUMN ts \
+                 MASTER ds1 SUBSCRIBER ds2 \
+               ELEMENT f TABLE u CHECK CONFLICTS BY ROW TIMESTAMP COLUMN ts2 \
+                 UPDATE BY USER ON EXCEPTION NO ACTION \
+                 MASTER ds2 SUBSCRIBER ds1 \
+               ELEMENT g TABLE v MASTER ds1 SUBSCRIBER ds3",
+            0,
+        );
+        let rules = |s: &str| super::conflict_rules(&st, &Ident::unquoted(s));
+        let ds1 = rules("ds1");
+        assert_eq!(ds1.len(), 2);
+        let t = &ds1[&QualName::bare("t")];
+        assert_eq!(
+            (t.column.as_str(), t.by_system, t.rollback),
+            ("ts", true, true)
+        );
+        let u = &rules("ds2")[&QualName::bare("u")];
+        assert_eq!(
+            (u.column.as_str(), u.by_system, u.rollback),
+            ("ts2", false, false)
+        );
+        assert!(rules("ds3").is_empty());
     }
 
     /// ds1, ds2, ds3 registered, the scheme of `ddl` (element `e` mastered by ds1), and

@@ -43,6 +43,7 @@ use hawser_core::{ChangeOp, Epoch, Gtid, Lsn, NodeId, QualName, Row, RowChange, 
 use hawser_rtl::{Compilation, NetOp, NetTable};
 
 use crate::codec;
+use crate::conflict::Found;
 use crate::db::{
     coerce_key, key_text, validate_row, Database, Flusher, ForeignAppend, Inner, Origin, TableRef,
 };
@@ -793,6 +794,61 @@ fn apply_change(
     Ok(out)
 }
 
+/// The conflicts of one received transaction's changes of checked tables
+/// ([`crate::conflict`]), each decided against the row as the changes before it in the
+/// transaction would leave it (the overlay is not changed here).
+fn check_conflicts(
+    ov: &mut Overlay<'_>,
+    tables: &[TableRef],
+    pt: &PreparedTxn<'_>,
+    rules: &HashMap<QualName, crate::conflict::ConflictRule>,
+) -> Result<Vec<Found>, StoreError> {
+    let mut found = Vec::new();
+    // Rows as this transaction's applied changes of checked tables leave them.
+    let mut scratch: HashMap<Slot, Option<Row>> = HashMap::new();
+    for (i, (c, src)) in pt.changes.iter().zip(&pt.src.txn.changes).enumerate() {
+        let Some(rule) = rules.get(&src.table) else {
+            continue;
+        };
+        let def = &tables[c.table].def;
+        let Some(column) = def.column_index(&rule.column) else {
+            continue;
+        };
+        let slot = (c.table, c.enc.clone());
+        let here = match scratch.get(&slot) {
+            Some(row) => row.clone(),
+            None => ov.current(tables, c.table, &c.enc)?,
+        };
+        let incoming = match &c.after {
+            Some((row, _, _)) => Some(row),
+            None => src.before.as_ref(),
+        };
+        match crate::conflict::verdict(c.op, incoming, here.as_ref(), column) {
+            crate::conflict::Verdict::Apply => match &c.after {
+                None => {
+                    scratch.insert(slot, None);
+                }
+                Some((row, _, row_enc)) => {
+                    if row_enc != &c.enc {
+                        scratch.insert(slot, None);
+                    }
+                    scratch.insert((c.table, row_enc.clone()), Some(row.clone()));
+                }
+            },
+            crate::conflict::Verdict::Conflict => found.push(Found {
+                change_no: i,
+                op: c.op,
+                key: c.key.clone(),
+                incoming: incoming.cloned(),
+                here,
+                column,
+                rollback: rule.rollback,
+            }),
+        }
+    }
+    Ok(found)
+}
+
 /// The write step, run under the commit mutex: re-checks the catalog and the
 /// high-water marks, simulates the batch in log order (log records), and fills the
 /// engine batch with the row writes, log order's or the compiled ones. With `part`,
@@ -812,6 +868,9 @@ fn write(
     let mut ov = Overlay::new(inner, p.tables.len());
     let mut records = Vec::with_capacity(p.txns.len());
     let mut row_changes = 0;
+    let rules = inner.conflicts.rules();
+    // Conflicts found, with their transaction and table: kept in the conflicts table.
+    let mut conflicts: Vec<(&ReplicatedTxn, QualName, Found, bool)> = Vec::new();
     for pt in &p.txns {
         let Gtid { origin, seq } = pt.src.txn.gtid;
         let mark = match marks.get(&origin) {
@@ -824,9 +883,39 @@ fn write(
             // (local commits); the apply lock holds every other origin still.
             continue;
         }
+        let found = if rules.is_empty() {
+            Vec::new()
+        } else {
+            check_conflicts(&mut ov, &p.tables, pt, &rules)?
+        };
+        // ON EXCEPTION ROLLBACK WORK: nothing of the transaction is applied; NO
+        // ACTION: all but the conflicting changes.
+        let rollback = found.iter().any(|f| f.rollback);
         let mut effective = Vec::with_capacity(pt.changes.len());
-        for (c, src) in pt.changes.iter().zip(&pt.src.txn.changes) {
+        for (i, (c, src)) in pt.changes.iter().zip(&pt.src.txn.changes).enumerate() {
+            if rollback || found.iter().any(|f| f.change_no == i) {
+                continue;
+            }
             effective.extend(apply_change(&mut ov, &p.tables, &src.table, c)?);
+        }
+        for f in found {
+            let table = pt.src.txn.changes[f.change_no].table.clone();
+            crate::conflict::count(
+                &table,
+                if rollback {
+                    "transaction rejected"
+                } else {
+                    "change rejected"
+                },
+            );
+            tracing::info!(
+                gtid = %pt.src.txn.gtid,
+                table = %table,
+                key = %key_text(&f.key),
+                rollback,
+                "a received change is older than the row here: conflict"
+            );
+            conflicts.push((pt.src, table, f, rollback));
         }
         row_changes += pt.changes.len() as u64;
         records.push((
@@ -842,8 +931,38 @@ fn write(
     let applied = records.len() as u64;
     // Net operations describe the whole run: if a transaction of this node's own
     // origin turned out to be here already, write in log order after all.
-    let net = p.net.as_ref().filter(|_| applied == p.txns.len() as u64);
+    // A rejected change is not in the net operations' view: then too in log order.
+    let net = p
+        .net
+        .as_ref()
+        .filter(|_| applied == p.txns.len() as u64 && conflicts.is_empty());
     let mut batch = WriteBatch::new();
+    if !conflicts.is_empty() {
+        // Kept beside the rows, without a log record: a conflict is this store's own
+        // finding, not a change to replicate.
+        let name = QualName::bare(crate::conflict::CONFLICTS_TABLE);
+        let kept = inner.catalog.read().tables.get(&name).cloned();
+        match kept {
+            Some(t) => {
+                for (src, table, f, rolled_back) in &conflicts {
+                    let row = crate::conflict::conflict_row(
+                        src.txn.gtid,
+                        src.txn.commit_micros,
+                        table,
+                        f,
+                        *rolled_back,
+                    );
+                    let row = validate_row(&t.def, row)?;
+                    let key = layout::row_key(t.id, &encode_key(&t.def.key_of(&row)));
+                    batch.put(key, codec::encode_row(&row));
+                }
+            }
+            None => tracing::warn!(
+                conflicts = conflicts.len(),
+                "conflicts found but the conflicts table is missing: counted and logged only"
+            ),
+        }
+    }
     let mut put = |table: usize, enc: &[u8], row: &Option<Row>| {
         let key = layout::row_key(p.tables[table].id, enc);
         match row {

@@ -33,7 +33,7 @@ use crate::{codec, layout};
 pub const LOST_TABLE: &str = "hawser_lost";
 
 /// The longest image or key text kept (longer ones are cut, marked with `…`).
-const TEXT_LIMIT: u32 = 16_000;
+pub(crate) const TEXT_LIMIT: u32 = 16_000;
 
 /// The definition of [`LOST_TABLE`]: one row per change of a commit set aside.
 pub fn lost_table_def() -> TableDef {
@@ -99,7 +99,8 @@ pub struct SetAsideCounts {
     pub undone: u64,
 }
 
-fn text(s: String) -> Value {
+/// `s` as a text value of at most [`TEXT_LIMIT`] characters (cut with `…`).
+pub(crate) fn text(s: String) -> Value {
     let limit = TEXT_LIMIT as usize;
     if s.chars().count() <= limit {
         return Value::Text(s);
@@ -109,7 +110,8 @@ fn text(s: String) -> Value {
     Value::Text(cut)
 }
 
-fn image(row: &Option<Row>) -> Value {
+/// A row image as text, `(v1, v2, …)`; NULL for none.
+pub(crate) fn image(row: &Option<Row>) -> Value {
     match row {
         Some(r) => text(format!("({})", key_text(r))),
         None => Value::Null,

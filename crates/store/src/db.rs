@@ -381,6 +381,8 @@ pub(crate) struct Inner {
     /// has written its batch.
     pub(crate) apply_lock: tokio::sync::Mutex<()>,
     pub(crate) apply_metrics: crate::apply::ApplyMetrics,
+    /// Row-timestamp conflict checking: rules, stamp clock ([`crate::conflict`]).
+    pub(crate) conflicts: crate::conflict::Conflicts,
     /// Rows of RETURN TWOSAFE commits not yet visible to readers ([`crate::held`]).
     pub(crate) held: crate::held::HeldRows,
     /// Tables this store receives from a master and refuses client writes to, with
@@ -667,6 +669,7 @@ impl Database {
             next_txn_id: AtomicU64::new(1),
             apply_lock: tokio::sync::Mutex::new(()),
             apply_metrics: crate::apply::ApplyMetrics::new(),
+            conflicts: Default::default(),
             held: crate::held::HeldRows::default(),
             refusals: RwLock::new(Refusals::default()),
             created_generation: AtomicU64::new(0),
@@ -1142,6 +1145,31 @@ impl Database {
     /// the moment it exists, before any plan has seen it; that refusal is kept until a
     /// plan that saw the table replaces it (by refusing it with its own reason, or by
     /// leaving it writable where this store masters it too).
+    /// Checks conflicts of received changes by row timestamp, and stamps local writes,
+    /// as `rules` say per table (the node sets them from the schemes). Creates the
+    /// conflicts table when a rule needs it.
+    pub async fn set_conflict_rules(
+        &self,
+        rules: HashMap<QualName, crate::conflict::ConflictRule>,
+    ) -> Result<(), StoreError> {
+        let name = QualName::bare(crate::conflict::CONFLICTS_TABLE);
+        if !rules.is_empty() && self.table(&name).is_none() {
+            match self
+                .create_table(crate::conflict::conflicts_table_def())
+                .await
+            {
+                Ok(_) => {}
+                // Made meanwhile by another caller.
+                Err(_) if self.table(&name).is_some() => {}
+                Err(e) => return Err(e),
+            }
+        }
+        if *self.inner.conflicts.rules() != rules {
+            self.inner.conflicts.set(rules);
+        }
+        Ok(())
+    }
+
     pub fn set_write_refusals(&self, refusals: HashMap<QualName, String>, seen: u64) {
         let mut r = self.inner.refusals.write();
         r.planned = refusals;

@@ -29,6 +29,7 @@
 pub mod apply;
 pub mod aside;
 mod codec;
+pub mod conflict;
 pub mod copy;
 pub mod db;
 pub mod engine;
@@ -115,6 +116,7 @@ pub mod fuzzing {
 
 pub use apply::{ApplyInfo, ReplicatedTxn};
 pub use aside::KeepReplaced;
+pub use conflict::{ConflictRule, CONFLICTS_TABLE};
 pub use copy::{CopyCursor, CopyPoint, MergeCounts, Rebuilt};
 pub use db::{CommitInfo, Database, DbOptions, KeyRange, Position, RowIter, StoreStats};
 pub use engine::{ByteRange, KvEngine, KvIter, MemEngine, SledEngine, WriteBatch};

@@ -234,7 +234,8 @@ impl Txn {
     /// 23505.
     pub async fn insert(&mut self, table: &QualName, row: Row) -> Result<(), StoreError> {
         let t = self.pin(table)?;
-        let row = validate_row(&t.def, row)?;
+        let mut row = validate_row(&t.def, row)?;
+        self.db.inner.conflicts.stamp(&t.def, &mut row);
         let key = t.def.key_of(&row);
         let enc = encode_key(&key);
         self.lock(&t, &enc).await?;
@@ -271,7 +272,8 @@ impl Txn {
         let Some(before) = self.visible(&t, &enc)? else {
             return Ok(false);
         };
-        let row = validate_row(&t.def, new_row)?;
+        let mut row = validate_row(&t.def, new_row)?;
+        self.db.inner.conflicts.stamp(&t.def, &mut row);
         let new_key = t.def.key_of(&row);
         let new_enc = encode_key(&new_key);
         if new_enc != enc {
