@@ -36,6 +36,8 @@ Options:
   --bench-args "ARGS"
                      extra `hawser bench` flags (e.g. "--compress", "--connections 0"
                      instead of the default of one shared connection)
+  --target "CLAUSE"  the subscribers' target table, as `hawser bench --target` takes it
+                     (e.g. "CCD NONCONDENSED INTO bench_hist"; docs/targets.md)
   --tls              run the nodes secure: a CA, one node certificate for the three and
                      an admin client certificate made in the work directory (default:
                      --insecure)
@@ -56,6 +58,7 @@ master_args=""
 bench_args=""
 json=0
 tls=0
+target=()
 binaries=()
 
 prog=cpu.sh
@@ -73,6 +76,7 @@ while [[ $# -gt 0 ]]; do
     --master-args) need_value "$@"; master_args="$2"; shift 2 ;;
     --bench-args) need_value "$@"; bench_args="$2"; shift 2 ;;
     --tls) tls=1; shift ;;
+    --target) need_value "$@"; target=(--target "$2"); shift 2 ;;
     --json) json=1; shift ;;
     -h | --help) usage; exit 0 ;;
     *) die "unknown argument '$1' (see --help)" ;;
@@ -147,7 +151,7 @@ run() {
     for n in ds1 ds2 ds3; do before+=("$(proc_ticks "${pid[$n]}")"); done
     # shellcheck disable=SC2046
     "$hawser" bench --host "${grpc[ds1]}" --mode "$mode" --subscriber ds2 --async-subscriber ds3 \
-        --clients "$clients" --duration "$duration" --warmup 1 --format json \
+        --clients "$clients" --duration "$duration" --warmup 1 --format json "${target[@]}" \
         $(with_default "$bench_args" --connections 1) >"$work/bench.json" 2>"$work/bench.log" || { tail -n 20 "$work/bench.log" >&2; die "hawser bench failed"; }
     for n in ds1 ds2 ds3; do after+=("$(proc_ticks "${pid[$n]}")"); done
     # Each node's /metrics, for where its flushes' time went (empty from a build without
@@ -191,7 +195,9 @@ for n, path in zip(("ds1", "ds2", "ds3"), metrics):
     flush[n] = {k: mean_ms(text, k) for k in ("flush", "log_sync", "move", "checkpoint")}
 print(json.dumps({"round": rnd, "hawser": binary, "server_commits": commits, "commits_per_s": round(d["commits_per_sec"], 1),
                   "p50_us": d["latency_us"]["p50"], "p99_us": d["latency_us"]["p99"],
-                  "steal_pct": d.get("host_steal_pct"), "cpu_us_per_commit": cpu, "flush_ms_mean": flush}))
+                  "steal_pct": d.get("host_steal_pct"), "cpu_us_per_commit": cpu, "flush_ms_mean": flush,
+                  "lag_ms_mean": {s["receiver"]: s["lag_ms_mean"] for s in d.get("streams") or []},
+                  "catch_up_ms": d.get("catch_up_ms")}))
 PY
     rm -rf "$work"
 }
@@ -211,7 +217,11 @@ ms = lambda v: "%.3f" % v if v is not None else "-"
 if any(v is not None for n in f.values() for v in n.values()):
     print("         flush ms (mean: sync + move; checkpoint)  " + "   ".join(
         "%s %s = %s + %s; %s" % (n, ms(f[n]["flush"]), ms(f[n]["log_sync"]), ms(f[n]["move"]), ms(f[n]["checkpoint"]))
-        for n in ("ds1", "ds2", "ds3")))' "$1"
+        for n in ("ds1", "ds2", "ds3")))
+lag = r.get("lag_ms_mean") or {}
+if lag or r.get("catch_up_ms") is not None:
+    print("         lag ms (mean under load) " + "  ".join("%s %.1f" % (k, v) for k, v in sorted(lag.items()) if v is not None)
+          + ("   catch-up %.0f ms" % r["catch_up_ms"] if r.get("catch_up_ms") is not None else ""))' "$1"
     fi
 }
 

@@ -128,6 +128,12 @@ pub struct BenchArgs {
     /// COMPRESS TRAFFIC ON for the master's streams in the scheme --mode creates.
     #[arg(long)]
     pub compress: bool,
+    /// The subscribers' target table in the scheme --mode creates, as the scheme's `AS`
+    /// clause says it, e.g. "CCD NONCONDENSED INTO bench_hist" or "POINT IN TIME INTO
+    /// bench_pit" (docs/targets.md): the scheme then replicates the bench table as a
+    /// TABLE element, and each subscriber creates the target table itself.
+    #[arg(long, value_name = "TARGET")]
+    pub target: Option<String>,
     /// The scheme --mode creates (an existing one of this name is dropped first).
     #[arg(long, value_name = "NAME", default_value = "bench_repl")]
     pub scheme: String,
@@ -299,6 +305,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
             subscribers: &args.subscribers,
             async_subscribers: &args.async_subscribers,
             compress: args.compress,
+            target: args.target.as_deref(),
         };
         if let Err(e) = scheme.install(&mut admin).await {
             eprintln!(

@@ -182,29 +182,40 @@ pub struct BenchScheme<'a> {
     pub subscribers: &'a [String],
     pub async_subscribers: &'a [String],
     pub compress: bool,
+    /// `AS target` for every subscriber: a TABLE element instead of a DATASTORE one.
+    pub target: Option<&'a str>,
 }
 
 impl BenchScheme<'_> {
     /// The CREATE REPLICATION statement.
     pub fn ddl(&self) -> String {
-        let mut s = format!(
-            "CREATE REPLICATION {} ELEMENT bench_e DATASTORE MASTER {}",
-            self.name, self.master
-        );
+        let mut s = match self.target {
+            None => format!(
+                "CREATE REPLICATION {} ELEMENT bench_e DATASTORE MASTER {}",
+                self.name, self.master
+            ),
+            Some(_) => format!(
+                "CREATE REPLICATION {} ELEMENT bench_e TABLE {} MASTER {}",
+                self.name, self.table, self.master
+            ),
+        };
+        let target = self.target.map(|t| format!(" AS {t}")).unwrap_or_default();
         if !self.subscribers.is_empty() {
             s.push_str(&format!(
-                " SUBSCRIBER {}{}",
+                " SUBSCRIBER {}{}{target}",
                 self.subscribers.join(", "),
                 self.mode.clause()
             ));
         }
         if !self.async_subscribers.is_empty() {
             s.push_str(&format!(
-                " SUBSCRIBER {}",
+                " SUBSCRIBER {}{target}",
                 self.async_subscribers.join(", ")
             ));
         }
-        s.push_str(&format!(" INCLUDE TABLE {}", self.table));
+        if self.target.is_none() {
+            s.push_str(&format!(" INCLUDE TABLE {}", self.table));
+        }
         if self.compress {
             s.push_str(&format!(" STORE {} COMPRESS TRAFFIC ON", self.master));
         }
@@ -280,6 +291,7 @@ mod tests {
             subscribers: &subs,
             async_subscribers: &asyncs,
             compress: true,
+            target: None,
         };
         assert_eq!(
             s.ddl(),
@@ -300,6 +312,17 @@ mod tests {
             "CREATE REPLICATION bench_repl ELEMENT bench_e DATASTORE MASTER ds1 \
              SUBSCRIBER ds2 INCLUDE TABLE bench"
         );
+        let s = BenchScheme {
+            target: Some("CCD NONCONDENSED INTO bench_hist"),
+            subscribers: &subs,
+            ..s
+        };
+        assert_eq!(
+            s.ddl(),
+            "CREATE REPLICATION bench_repl ELEMENT bench_e TABLE bench MASTER ds1 \
+             SUBSCRIBER ds2 AS CCD NONCONDENSED INTO bench_hist"
+        );
+        assert!(hawser_scheme::parse(&s.ddl()).is_ok());
         assert_eq!(literal(Some("it's")), "'it''s'");
         assert_eq!(literal(None), "NULL");
     }
