@@ -330,16 +330,16 @@ pub(crate) async fn run(task: DataPlaneTask) {
         });
         task.forked
             .send_if_modified(|current| replace_if_changed(current, forked_ranges(&state)));
-        if let Err(e) = task
-            .db
-            .set_conflict_rules(conflict_rules(&state, &task.store))
-            .await
-        {
+        let (rules, rule_problems) =
+            checked_rules(conflict_rules(&state, &task.store), |t: &QualName| {
+                task.db.table(t).map(|t| (*t).clone())
+            });
+        if let Err(e) = task.db.set_conflict_rules(rules).await {
             warn!(error = %e, "cannot set up conflict checking");
         }
         let Planned {
             mut wanted,
-            problems: now,
+            problems: mut now,
             targets,
         } = wanted_links(
             &state,
@@ -359,6 +359,7 @@ pub(crate) async fn run(task: DataPlaneTask) {
                 config.tuning.zstd_level = task.codec.zstd_level();
             }
         }
+        now.extend(rule_problems);
         // Each problem is logged once, when it appears, not at every re-plan.
         for p in now.difference(&problems) {
             warn!("{p}");
@@ -562,6 +563,58 @@ pub(crate) fn conflict_rules(
         }
     }
     out
+}
+
+/// The rules of `rules` whose timestamp column is a nullable `BINARY(8)` column outside
+/// the primary key of the table here (`table` looks a table up; TimesTen's TT2208 and
+/// TT8004); and why each other one is not applied. A table not here yet has nothing to
+/// check: its rule waits for it, without a problem.
+pub(crate) fn checked_rules(
+    rules: std::collections::HashMap<QualName, hawser_store::ConflictRule>,
+    table: impl Fn(&QualName) -> Option<hawser_core::TableDef>,
+) -> (
+    std::collections::HashMap<QualName, hawser_store::ConflictRule>,
+    BTreeSet<String>,
+) {
+    let mut problems = BTreeSet::new();
+    let kept = rules
+        .into_iter()
+        .filter(|(name, rule)| {
+            let Some(def) = table(name) else {
+                return false;
+            };
+            let why = match def.column_index(&rule.column) {
+                None => Some(format!("has no column {} (TT2208)", rule.column)),
+                Some(i) if def.is_key_column(i) => {
+                    Some(format!("has {} in its primary key (TT8004)", rule.column))
+                }
+                Some(i)
+                    if def.columns[i].data_type != hawser_core::DataType::Binary(8)
+                        || !def.columns[i].nullable =>
+                {
+                    Some(format!(
+                        "has {} as {}{}, not a nullable BINARY(8) (TT8004)",
+                        rule.column,
+                        def.columns[i].data_type,
+                        if def.columns[i].nullable {
+                            ""
+                        } else {
+                            " NOT NULL"
+                        }
+                    ))
+                }
+                Some(_) => None,
+            };
+            if let Some(why) = &why {
+                problems.insert(format!(
+                    "table {name} {why}: its CHECK CONFLICTS BY ROW TIMESTAMP is not \
+                     applied; received changes overwrite it unchecked"
+                ));
+            }
+            why.is_none()
+        })
+        .collect();
+    (kept, problems)
 }
 
 /// The elements `store` subscribes to in any scheme, with their current epochs. An
@@ -2044,6 +2097,41 @@ mod tests {
             ("ts2", false, false)
         );
         assert!(rules("ds3").is_empty());
+
+        // Checked against the tables here: a missing or unfit column is a problem.
+        let col = |name: &str, data_type, nullable| hawser_core::ColumnDef {
+            name: Ident::unquoted(name),
+            data_type,
+            nullable,
+            default: None,
+        };
+        let table = |name: &str, ts: hawser_core::DataType, nullable| hawser_core::TableDef {
+            name: QualName::bare(name),
+            columns: vec![
+                col("k", hawser_core::DataType::BigInt, false),
+                col("ts", ts, nullable),
+            ],
+            primary_key: vec![0],
+            explicit_key: true,
+        };
+        let (kept, problems) = super::checked_rules(ds1.clone(), |n| {
+            (n == &QualName::bare("t")).then(|| table("t", hawser_core::DataType::Binary(8), true))
+        });
+        assert_eq!(kept.len(), 1, "u is not here yet: waits");
+        assert!(problems.is_empty(), "{problems:?}");
+        let (kept, problems) = super::checked_rules(ds1, |n| {
+            (n == &QualName::bare("t"))
+                .then(|| table("t", hawser_core::DataType::Varbinary(8), true))
+        });
+        assert!(kept.is_empty());
+        assert!(
+            problems
+                .iter()
+                .next()
+                .unwrap()
+                .contains("table t has ts as VARBINARY(8), not a nullable BINARY(8) (TT8004)"),
+            "{problems:?}"
+        );
     }
 
     /// ds1, ds2, ds3 registered, the scheme of `ddl` (element `e` mastered by ds1), and
