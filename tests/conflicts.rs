@@ -63,10 +63,8 @@ fn receivers(node: &Node, state: &str) {
 
 const ACCOUNTS: &str = "select custname, curbalance, tstamp from accounts order by custname";
 
-#[test]
-fn the_later_of_two_conflicting_updates_wins_on_both_and_the_earlier_is_recorded() {
-    let dir = tempfile::tempdir().unwrap();
-    let d = dir.path();
+/// westds and eastds, each with `accounts`, under `scheme`; both hold master leases.
+fn pair(d: &std::path::Path, scheme: &str) -> (Node, Node) {
     let west = start_member("westds", d, "127.0.0.1:0", None, &[]);
     let out = west.cli(&["init"]);
     assert!(out.status.success(), "{}", stderr(&out));
@@ -79,9 +77,36 @@ fn the_later_of_two_conflicting_updates_wins_on_both_and_the_earlier_is_recorded
              curbalance DEC(15,2), tstamp BINARY(8), PRIMARY KEY (custname))",
         );
     }
-    ddl(&west, EXAMPLE_10_31);
+    ddl(&west, scheme);
     wait_leased(&west);
     wait_leased(&east);
+    (west, east)
+}
+
+/// Both update ann while neither hears the other, eastds last; then both hear.
+fn conflicting_updates(west: &Node, east: &Node) -> Value {
+    receivers(west, "pause");
+    sql(
+        west,
+        "update accounts set curbalance = 1 where custname = 'ann'",
+    );
+    let west_stamp = rows(west, ACCOUNTS).unwrap()[0][2].clone();
+    wait_for("a later stamp on eastds", WAIT, || {
+        sql(
+            east,
+            "update accounts set curbalance = 2 where custname = 'ann'",
+        );
+        let r = rows(east, ACCOUNTS)?;
+        (r[0][2].as_str()? > west_stamp.as_str()?).then_some(())
+    });
+    receivers(west, "start");
+    west_stamp
+}
+
+#[test]
+fn the_later_of_two_conflicting_updates_wins_on_both_and_the_earlier_is_recorded() {
+    let dir = tempfile::tempdir().unwrap();
+    let (west, east) = pair(dir.path(), EXAMPLE_10_31);
 
     // UPDATE BY SYSTEM: the store stamps the row; the copy carries the same stamp.
     sql(
@@ -96,21 +121,7 @@ fn the_later_of_two_conflicting_updates_wins_on_both_and_the_earlier_is_recorded
     assert_eq!(rows(&west, ACCOUNTS), Some(first.clone()));
 
     // Both update ann while neither hears the other; eastds writes last.
-    receivers(&west, "pause");
-    sql(
-        &west,
-        "update accounts set curbalance = 1 where custname = 'ann'",
-    );
-    let west_stamp = rows(&west, ACCOUNTS).unwrap()[0][2].clone();
-    wait_for("a later stamp on eastds", WAIT, || {
-        sql(
-            &east,
-            "update accounts set curbalance = 2 where custname = 'ann'",
-        );
-        let r = rows(&east, ACCOUNTS)?;
-        (r[0][2].as_str()? > west_stamp.as_str()?).then_some(())
-    });
-    receivers(&west, "start");
+    let west_stamp = conflicting_updates(&west, &east);
 
     // eastds's update is later: applied on westds; westds's is rejected on eastds.
     let mut last = None;
@@ -149,4 +160,64 @@ fn the_later_of_two_conflicting_updates_wins_on_both_and_the_earlier_is_recorded
         ),
         "{metrics}"
     );
+}
+
+/// NO ACTION with a report file in XML under the store's data directory: a conflict is
+/// in the file too, and a second one in the same second is not reported once the
+/// store's SUSPEND AT 1 is passed (it is still in hawser_conflicts).
+#[test]
+fn a_report_file_gets_each_conflict_until_reporting_is_suspended() {
+    let dir = tempfile::tempdir().unwrap();
+    let scheme = "CREATE REPLICATION r1 \
+        ELEMENT e1 TABLE accounts CHECK CONFLICTS BY ROW TIMESTAMP COLUMN tstamp \
+          ON EXCEPTION NO ACTION REPORT TO 'conflicts.xml' FORMAT XML \
+          MASTER westds SUBSCRIBER eastds \
+        ELEMENT e2 TABLE accounts CHECK CONFLICTS BY ROW TIMESTAMP COLUMN tstamp \
+          ON EXCEPTION NO ACTION REPORT TO 'conflicts.xml' FORMAT XML \
+          MASTER eastds SUBSCRIBER westds \
+        STORE eastds CONFLICT REPORTING SUSPEND AT 1 CONFLICT REPORTING RESUME AT 1";
+    let (west, east) = pair(dir.path(), scheme);
+    sql(
+        &west,
+        "insert into accounts values ('ann', 'west st', 100, null), ('bob', 'x', 5, null)",
+    );
+    wait_for("both rows on eastds", WAIT, || {
+        (rows(&east, ACCOUNTS)?.as_array()?.len() == 2).then_some(())
+    });
+    // Two conflicts in one transaction from westds: both rejected on eastds.
+    receivers(&west, "pause");
+    sql(&west, "update accounts set curbalance = 1");
+    let west_rows = rows(&west, ACCOUNTS).unwrap();
+    wait_for("later stamps on eastds", WAIT, || {
+        sql(&east, "update accounts set curbalance = 2");
+        let r = rows(&east, ACCOUNTS)?;
+        (r[0][2].as_str()? > west_rows[0][2].as_str()?
+            && r[1][2].as_str()? > west_rows[1][2].as_str()?)
+        .then_some(())
+    });
+    receivers(&west, "start");
+    wait_for("two conflicts kept on eastds", WAIT, || {
+        (rows(&east, "select count(*) from hawser_conflicts")? == json!([[2]])).then_some(())
+    });
+    let file = dir.path().join("eastds").join("conflicts.xml");
+    let report = wait_for("the report file", WAIT, || {
+        std::fs::read_to_string(&file)
+            .ok()
+            .filter(|s| !s.is_empty())
+    });
+    assert_eq!(
+        report.lines().count(),
+        1,
+        "the second was suspended: {report}"
+    );
+    assert!(
+        report.starts_with("<conflict ")
+            && report.contains("table=\"accounts\"")
+            && report.contains("action=\"skip\""),
+        "{report}"
+    );
+    wait_for("the suspension logged", WAIT, || {
+        east.log().contains("TT17051").then_some(())
+    });
+    assert_eq!(rows(&west, ACCOUNTS), rows(&east, ACCOUNTS));
 }

@@ -24,6 +24,7 @@ mod admission;
 pub mod cluster;
 mod codes;
 pub mod config;
+mod conflict_report;
 mod dataplane;
 mod drill;
 mod duplicate;
@@ -725,6 +726,15 @@ pub async fn run(
     state
         .tasks
         .spawn(duplicate::auto_rebuild(state.clone(), rebuilds_rx));
+
+    // Conflict report files (CHECK CONFLICTS ... REPORT TO).
+    state.tasks.spawn(conflict_report::run(
+        state.db.clone(),
+        state.plane.clone(),
+        store.clone(),
+        state.config.data_dir.clone(),
+        state.shutdown.clone(),
+    ));
 
     // The data plane: senders for the links this store sends, epochs for its receiver.
     let timer = state.returns.clone();

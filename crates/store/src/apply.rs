@@ -430,8 +430,11 @@ impl Database {
             let t = &prepared.tables[*table];
             locks.acquire(t, enc).await?;
         }
-        let (last_lsn, outcome) =
+        let (last_lsn, mut outcome) =
             inner.append_foreign(|own_seq| write(inner, own_seq, &prepared, part))?;
+        inner
+            .conflicts
+            .publish(std::mem::take(&mut outcome.conflicts));
         // The marks are written: the next apply may build its batch while this one
         // waits for the flush (which then often covers both).
         drop(serial);
@@ -663,6 +666,8 @@ struct Outcome {
     row_changes: u64,
     rows_written: u64,
     compiled: bool,
+    /// Conflicts found, published once the batch is written.
+    conflicts: Vec<crate::conflict::ConflictEvent>,
 }
 
 /// Rows as the apply sees them: the committed row the first time a key is read
@@ -1003,6 +1008,18 @@ fn write(
             row_changes,
             rows_written: rows_written as u64,
             compiled: net.is_some(),
+            conflicts: conflicts
+                .iter()
+                .map(|(src, table, f, rolled_back)| {
+                    crate::conflict::event(
+                        src.txn.gtid,
+                        src.txn.commit_micros,
+                        table,
+                        f,
+                        *rolled_back,
+                    )
+                })
+                .collect(),
         },
     ))
 }

@@ -117,16 +117,63 @@ impl StampClock {
     }
 }
 
+/// A conflict an apply found and committed (in [`CONFLICTS_TABLE`]), as the node's
+/// reporter gets it ([`crate::Database::subscribe_conflicts`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ConflictEvent {
+    pub table: QualName,
+    /// The received transaction: its origin node and seq there, its commit time.
+    pub origin: hawser_core::NodeId,
+    pub seq: u64,
+    pub commit_micros: i64,
+    pub change_no: usize,
+    pub op: ChangeOp,
+    pub key: Row,
+    /// The received row (a delete's before-image) and the row here.
+    pub incoming: Option<Row>,
+    pub here: Option<Row>,
+    pub incoming_stamp: Option<Vec<u8>>,
+    pub local_stamp: Option<Vec<u8>>,
+    /// Its whole transaction was rejected (ON EXCEPTION ROLLBACK WORK).
+    pub rolled_back: bool,
+}
+
+/// Conflict events kept for a reporter that falls behind; older ones are lost to it
+/// (never to the conflicts table).
+const EVENTS_KEPT: usize = 1024;
+
 /// A store's conflict checking: the rules the node sets from the schemes, the clock it
-/// stamps with, and the conflict counter. Owned by the database; read by local writes
-/// (stamping) and by the apply (checking).
-#[derive(Debug, Default)]
+/// stamps with, and the committed conflicts it publishes. Owned by the database; read
+/// by local writes (stamping) and by the apply (checking).
+#[derive(Debug)]
 pub(crate) struct Conflicts {
     rules: parking_lot::RwLock<Arc<HashMap<QualName, ConflictRule>>>,
     clock: StampClock,
+    events: tokio::sync::broadcast::Sender<Arc<ConflictEvent>>,
+}
+
+impl Default for Conflicts {
+    fn default() -> Self {
+        Self {
+            rules: Default::default(),
+            clock: StampClock::default(),
+            events: tokio::sync::broadcast::channel(EVENTS_KEPT).0,
+        }
+    }
 }
 
 impl Conflicts {
+    pub(crate) fn subscribe(&self) -> tokio::sync::broadcast::Receiver<Arc<ConflictEvent>> {
+        self.events.subscribe()
+    }
+
+    /// Publishes conflicts an apply committed (nobody listening is fine).
+    pub(crate) fn publish(&self, events: Vec<ConflictEvent>) {
+        for e in events {
+            let _ = self.events.send(Arc::new(e));
+        }
+    }
+
     pub(crate) fn rules(&self) -> Arc<HashMap<QualName, ConflictRule>> {
         self.rules.read().clone()
     }
@@ -168,6 +215,35 @@ pub(crate) struct Found {
     pub(crate) here: Option<Row>,
     pub(crate) column: usize,
     pub(crate) rollback: bool,
+}
+
+/// The [`ConflictEvent`] of `found`, a change of `table` in the transaction `gtid`.
+pub(crate) fn event(
+    gtid: hawser_core::Gtid,
+    commit_micros: i64,
+    table: &QualName,
+    found: &Found,
+    rolled_back: bool,
+) -> ConflictEvent {
+    let stamp = |row: &Option<Row>| {
+        row.as_ref()
+            .and_then(|r| stamp_of(r, found.column))
+            .map(<[u8]>::to_vec)
+    };
+    ConflictEvent {
+        table: table.clone(),
+        origin: gtid.origin,
+        seq: gtid.seq,
+        commit_micros,
+        change_no: found.change_no,
+        op: found.op,
+        key: found.key.clone(),
+        incoming: found.incoming.clone(),
+        here: found.here.clone(),
+        incoming_stamp: stamp(&found.incoming),
+        local_stamp: stamp(&found.here),
+        rolled_back,
+    }
 }
 
 /// The [`CONFLICTS_TABLE`] row of `found`, a change of `table` in the transaction

@@ -1170,6 +1170,14 @@ impl Database {
         Ok(())
     }
 
+    /// The conflicts applies find from now on, once committed (a reporter writes them
+    /// to the scheme's report files).
+    pub fn subscribe_conflicts(
+        &self,
+    ) -> tokio::sync::broadcast::Receiver<std::sync::Arc<crate::conflict::ConflictEvent>> {
+        self.inner.conflicts.subscribe()
+    }
+
     pub fn set_write_refusals(&self, refusals: HashMap<QualName, String>, seen: u64) {
         let mut r = self.inner.refusals.write();
         r.planned = refusals;
@@ -2463,7 +2471,8 @@ pub(crate) fn validate_row(def: &TableDef, row: Row) -> Result<Row, StoreError> 
 }
 
 /// A key for messages: `1, 'a'`.
-pub(crate) fn key_text(key: &[Value]) -> String {
+/// Values as SQL literals, comma-separated: a key or row in messages and reports.
+pub fn key_text(key: &[Value]) -> String {
     key.iter()
         .map(Value::to_sql_literal)
         .collect::<Vec<_>>()

@@ -116,7 +116,7 @@ pub mod fuzzing {
 
 pub use apply::{ApplyInfo, ReplicatedTxn};
 pub use aside::KeepReplaced;
-pub use conflict::{ConflictRule, CONFLICTS_TABLE};
+pub use conflict::{ConflictEvent, ConflictRule, CONFLICTS_TABLE};
 pub use copy::{CopyCursor, CopyPoint, MergeCounts, Rebuilt};
 pub use db::{CommitInfo, Database, DbOptions, KeyRange, Position, RowIter, StoreStats};
 pub use engine::{ByteRange, KvEngine, KvIter, MemEngine, SledEngine, WriteBatch};
