@@ -38,6 +38,11 @@ Options:
                      instead of the default of one shared connection)
   --target "CLAUSE"  the subscribers' target table, as `hawser bench --target` takes it
                      (e.g. "CCD NONCONDENSED INTO bench_hist"; docs/targets.md)
+  --bidirectional    the scheme also sends the bench table back from ds2 to ds1 (two
+                     masters; the bench still writes on ds1): `hawser bench
+                     --bidirectional`, with the table created on every node first
+  --check-conflicts  CHECK CONFLICTS BY ROW TIMESTAMP on the scheme's elements (`hawser
+                     bench --check-conflicts`; the table gets ts BINARY(8))
   --tls              run the nodes secure: a CA, one node certificate for the three and
                      an admin client certificate made in the work directory (default:
                      --insecure)
@@ -59,6 +64,7 @@ bench_args=""
 json=0
 tls=0
 target=()
+pair=()
 binaries=()
 
 prog=cpu.sh
@@ -77,6 +83,8 @@ while [[ $# -gt 0 ]]; do
     --bench-args) need_value "$@"; bench_args="$2"; shift 2 ;;
     --tls) tls=1; shift ;;
     --target) need_value "$@"; target=(--target "$2"); shift 2 ;;
+    --bidirectional) pair+=(--bidirectional); shift ;;
+    --check-conflicts) pair+=(--check-conflicts); shift ;;
     --json) json=1; shift ;;
     -h | --help) usage; exit 0 ;;
     *) die "unknown argument '$1' (see --help)" ;;
@@ -147,11 +155,20 @@ run() {
         ((SECONDS < deadline)) || die "the three nodes did not become voters within 60 s"
         sleep 0.2
     done
+    if [[ " ${pair[*]} " == *" --bidirectional "* ]]; then
+        # A TABLE element's table is created on each node (its DDL is not replicated).
+        local ts=""
+        [[ " ${pair[*]} " == *" --check-conflicts "* ]] && ts=", ts BINARY(8)"
+        for n in ds1 ds2 ds3; do
+            sql "$n" -e "create table bench (k bigint primary key, v varchar(1000)$ts)" >/dev/null ||
+                die "cannot create the bench table on $n"
+        done
+    fi
     local before=() after=()
     for n in ds1 ds2 ds3; do before+=("$(proc_ticks "${pid[$n]}")"); done
     # shellcheck disable=SC2046
     "$hawser" bench --host "${grpc[ds1]}" --mode "$mode" --subscriber ds2 --async-subscriber ds3 \
-        --clients "$clients" --duration "$duration" --warmup 1 --format json "${target[@]}" \
+        --clients "$clients" --duration "$duration" --warmup 1 --format json "${target[@]}" "${pair[@]}" \
         $(with_default "$bench_args" --connections 1) >"$work/bench.json" 2>"$work/bench.log" || { tail -n 20 "$work/bench.log" >&2; die "hawser bench failed"; }
     for n in ds1 ds2 ds3; do after+=("$(proc_ticks "${pid[$n]}")"); done
     # Each node's /metrics, for where its flushes' time went (empty from a build without

@@ -134,6 +134,17 @@ pub struct BenchArgs {
     /// TABLE element, and each subscriber creates the target table itself.
     #[arg(long, value_name = "TARGET")]
     pub target: Option<String>,
+    /// Make the scheme --mode creates bidirectional: a second TABLE element masters the
+    /// bench table on the first subscriber and sends it back to this master (the bench
+    /// still writes here only). The table must exist on that subscriber too.
+    #[arg(long)]
+    pub bidirectional: bool,
+    /// Check conflicts by row timestamp in the scheme --mode creates (`CHECK CONFLICTS
+    /// BY ROW TIMESTAMP COLUMN ts`, UPDATE BY SYSTEM; docs/conflicts.md): the bench table
+    /// has a third column `ts BINARY(8)`, which the stores stamp. With --bidirectional,
+    /// its cost on the commit path of a two-master pair.
+    #[arg(long)]
+    pub check_conflicts: bool,
     /// The scheme --mode creates (an existing one of this name is dropped first).
     #[arg(long, value_name = "NAME", default_value = "bench_repl")]
     pub scheme: String,
@@ -283,7 +294,9 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
             return Ok(ExitCode::FAILURE);
         }
     };
-    if let Err(problem) = prepare_table(&mut admin, &args.table, value_size).await {
+    if let Err(problem) =
+        prepare_table(&mut admin, &args.table, value_size, args.check_conflicts).await
+    {
         eprintln!("error: {problem}");
         return Ok(ExitCode::FAILURE);
     }
@@ -306,6 +319,8 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
             async_subscribers: &args.async_subscribers,
             compress: args.compress,
             target: args.target.as_deref(),
+            bidirectional: args.bidirectional,
+            check_conflicts: args.check_conflicts,
         };
         if let Err(e) = scheme.install(&mut admin).await {
             eprintln!(
@@ -396,6 +411,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
         table: args.table.clone(),
         keys: args.keys,
         value_size,
+        stamped: args.check_conflicts,
         start,
         measure_from: start + args.warmup,
         end: start + args.warmup + args.duration,
@@ -558,13 +574,21 @@ fn is_plain_table_name(name: &str) -> bool {
         })
 }
 
-/// Creates the bench table if it does not exist, or checks that the one there fits.
-async fn prepare_table(client: &mut Client, table: &str, value_size: usize) -> Result<(), String> {
+/// Creates the bench table if it does not exist, or checks that the one there fits;
+/// `stamped`: with the `ts BINARY(8)` column of --check-conflicts.
+async fn prepare_table(
+    client: &mut Client,
+    table: &str,
+    value_size: usize,
+    stamped: bool,
+) -> Result<(), String> {
     match client.describe(table).await {
-        Ok(described) => check_table(&described, value_size),
+        Ok(described) => check_table(&described, value_size, stamped),
         Err(ClientError::Status(s)) if hawser_client::sqlstate(&s) == Some("42P01") => {
-            let sql =
-                format!("CREATE TABLE {table} (k BIGINT PRIMARY KEY, v VARCHAR({value_size}))");
+            let sql = format!(
+                "CREATE TABLE {table} (k BIGINT PRIMARY KEY, v VARCHAR({value_size}){})",
+                if stamped { ", ts BINARY(8)" } else { "" }
+            );
             let outcome = client
                 .execute(&sql)
                 .await
@@ -582,15 +606,28 @@ async fn prepare_table(client: &mut Client, table: &str, value_size: usize) -> R
 }
 
 /// Checks that an existing table has the shape the workload writes:
-/// `(k <integer> PRIMARY KEY, v CHAR/VARCHAR(n ≥ value_size))`.
-fn check_table(d: &v1::DescribeResponse, value_size: usize) -> Result<(), String> {
-    let shape = "it needs (k BIGINT PRIMARY KEY, v VARCHAR(n)); drop it or pick another --table";
-    let [k, v] = d.columns.as_slice() else {
-        return Err(format!(
-            "table {} has {} columns: {shape}",
-            d.table,
-            d.columns.len()
-        ));
+/// `(k <integer> PRIMARY KEY, v CHAR/VARCHAR(n ≥ value_size))`, and `ts BINARY(8)` when
+/// `stamped`.
+fn check_table(d: &v1::DescribeResponse, value_size: usize, stamped: bool) -> Result<(), String> {
+    let shape = if stamped {
+        "it needs (k BIGINT PRIMARY KEY, v VARCHAR(n), ts BINARY(8)); drop it or pick another --table"
+    } else {
+        "it needs (k BIGINT PRIMARY KEY, v VARCHAR(n)); drop it or pick another --table"
+    };
+    let (k, v) = match d.columns.as_slice() {
+        [k, v] if !stamped => (k, v),
+        [k, v, ts]
+            if stamped && ts.name.eq_ignore_ascii_case("ts") && ts.data_type == "BINARY(8)" =>
+        {
+            (k, v)
+        }
+        _ => {
+            return Err(format!(
+                "table {} has {} columns: {shape}",
+                d.table,
+                d.columns.len()
+            ))
+        }
     };
     let int_type = ["TINYINT", "SMALLINT", "INTEGER", "BIGINT"].contains(&k.data_type.as_str());
     if !k.name.eq_ignore_ascii_case("k") || !int_type || d.primary_key != ["k"] {
@@ -621,6 +658,8 @@ struct Workload {
     table: String,
     keys: i64,
     value_size: usize,
+    /// Rows carry a third column, the row timestamp the store sets (--check-conflicts).
+    stamped: bool,
     start: Instant,
     measure_from: Instant,
     end: Instant,
@@ -834,9 +873,13 @@ async fn client_loop(
             .take(work.value_size)
             .map(char::from)
             .collect();
+        let mut row = vec![Value::Int(key), Value::Text(value)];
+        if work.stamped {
+            row.push(Value::Null);
+        }
         let op = RowOp::Upsert {
             table: work.table.clone(),
-            row: vec![Value::Int(key), Value::Text(value)],
+            row,
         };
         // The time a commit's latency counts from: when it is sent, or its place in the
         // schedule. Whether it is measured goes by when it is sent: a server that cannot
@@ -1611,19 +1654,28 @@ mod tests {
     #[test]
     fn an_existing_table_must_fit_the_workload() {
         let good = described(&[("k", "BIGINT"), ("v", "VARCHAR(100)")], &["k"]);
-        assert_eq!(check_table(&good, 100), Ok(()));
-        assert!(check_table(&good, 101)
+        assert_eq!(check_table(&good, 100, false), Ok(()));
+        assert!(check_table(&good, 100, true).is_err());
+        let stamped = described(
+            &[("k", "BIGINT"), ("v", "VARCHAR(100)"), ("ts", "BINARY(8)")],
+            &["k"],
+        );
+        assert_eq!(check_table(&stamped, 100, true), Ok(()));
+        assert!(check_table(&stamped, 100, false).is_err());
+        assert!(check_table(&good, 101, false)
             .unwrap_err()
             .contains("less than --value-size 101"));
         let three = described(
             &[("k", "BIGINT"), ("v", "VARCHAR(9)"), ("w", "DATE")],
             &["k"],
         );
-        assert!(check_table(&three, 1).unwrap_err().contains("3 columns"));
+        assert!(check_table(&three, 1, false)
+            .unwrap_err()
+            .contains("3 columns"));
         let keyed_on_v = described(&[("k", "BIGINT"), ("v", "VARCHAR(100)")], &["v"]);
-        assert!(check_table(&keyed_on_v, 1).is_err());
+        assert!(check_table(&keyed_on_v, 1, false).is_err());
         let not_text = described(&[("k", "BIGINT"), ("v", "DATE")], &["k"]);
-        assert!(check_table(&not_text, 1)
+        assert!(check_table(&not_text, 1, false)
             .unwrap_err()
             .contains("no text column v"));
     }

@@ -184,20 +184,31 @@ pub struct BenchScheme<'a> {
     pub compress: bool,
     /// `AS target` for every subscriber: a TABLE element instead of a DATASTORE one.
     pub target: Option<&'a str>,
+    /// A second TABLE element mastered by the first subscriber, back to the master.
+    pub bidirectional: bool,
+    /// CHECK CONFLICTS BY ROW TIMESTAMP COLUMN ts on the TABLE elements.
+    pub check_conflicts: bool,
 }
 
 impl BenchScheme<'_> {
     /// The CREATE REPLICATION statement.
     pub fn ddl(&self) -> String {
-        let mut s = match self.target {
-            None => format!(
+        let table_element = self.target.is_some() || self.bidirectional || self.check_conflicts;
+        let check = if self.check_conflicts {
+            " CHECK CONFLICTS BY ROW TIMESTAMP COLUMN ts"
+        } else {
+            ""
+        };
+        let mut s = if table_element {
+            format!(
+                "CREATE REPLICATION {} ELEMENT bench_e TABLE {}{check} MASTER {}",
+                self.name, self.table, self.master
+            )
+        } else {
+            format!(
                 "CREATE REPLICATION {} ELEMENT bench_e DATASTORE MASTER {}",
                 self.name, self.master
-            ),
-            Some(_) => format!(
-                "CREATE REPLICATION {} ELEMENT bench_e TABLE {} MASTER {}",
-                self.name, self.table, self.master
-            ),
+            )
         };
         let target = self.target.map(|t| format!(" AS {t}")).unwrap_or_default();
         if !self.subscribers.is_empty() {
@@ -213,8 +224,15 @@ impl BenchScheme<'_> {
                 self.async_subscribers.join(", ")
             ));
         }
-        if self.target.is_none() {
+        if !table_element {
             s.push_str(&format!(" INCLUDE TABLE {}", self.table));
+        }
+        let back = self.subscribers.iter().chain(self.async_subscribers).next();
+        if let Some(back) = back.filter(|_| self.bidirectional) {
+            s.push_str(&format!(
+                " ELEMENT bench_back TABLE {}{check} MASTER {back} SUBSCRIBER {}",
+                self.table, self.master
+            ));
         }
         if self.compress {
             s.push_str(&format!(" STORE {} COMPRESS TRAFFIC ON", self.master));
@@ -292,6 +310,8 @@ mod tests {
             async_subscribers: &asyncs,
             compress: true,
             target: None,
+            bidirectional: false,
+            check_conflicts: false,
         };
         assert_eq!(
             s.ddl(),
@@ -321,6 +341,20 @@ mod tests {
             s.ddl(),
             "CREATE REPLICATION bench_repl ELEMENT bench_e TABLE bench MASTER ds1 \
              SUBSCRIBER ds2 AS CCD NONCONDENSED INTO bench_hist"
+        );
+        assert!(hawser_scheme::parse(&s.ddl()).is_ok());
+        let s = BenchScheme {
+            target: None,
+            bidirectional: true,
+            check_conflicts: true,
+            ..s
+        };
+        assert_eq!(
+            s.ddl(),
+            "CREATE REPLICATION bench_repl ELEMENT bench_e TABLE bench \
+             CHECK CONFLICTS BY ROW TIMESTAMP COLUMN ts MASTER ds1 SUBSCRIBER ds2 \
+             ELEMENT bench_back TABLE bench CHECK CONFLICTS BY ROW TIMESTAMP COLUMN ts \
+             MASTER ds2 SUBSCRIBER ds1"
         );
         assert!(hawser_scheme::parse(&s.ddl()).is_ok());
         assert_eq!(literal(Some("it's")), "'it''s'");
