@@ -9,7 +9,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{ddl, sql_json, start_member, stderr, voters, wait_for, Node};
+use common::{ddl, sql_json, start_member, stderr, stdout, voters, wait_for, Node};
 use serde_json::{json, Value};
 
 const WAIT: Duration = Duration::from_secs(30);
@@ -120,6 +120,39 @@ fn each_target_type_holds_what_the_db2_seed_says_and_a_resend_doubles_nothing() 
     let hist_query = "select ibmsnap_operation, id, owner, bal from acct_hist \
                       order by ibmsnap_commitseq, ibmsnap_intentseq";
     converge(&n2, hist_query, &history);
+    // `hawser status` lists each target with its type and rows.
+    let out = n2.cli(&["status", "--format", "json"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let st: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let targets = &st["replication"]["inbound"][0]["targets"];
+    let mut listed: Vec<(String, String, u64)> = targets
+        .as_array()
+        .unwrap_or_else(|| panic!("no targets in {st:#}"))
+        .iter()
+        .map(|t| {
+            (
+                t["into"].as_str().unwrap().to_string(),
+                t["kind"].as_str().unwrap().to_string(),
+                t["rows"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    listed.sort();
+    assert_eq!(
+        listed,
+        [
+            ("acct_ccd".to_string(), "CCD CONDENSED".to_string(), 3),
+            ("acct_copy".to_string(), "USER COPY".to_string(), 2),
+            ("acct_hist".to_string(), "CCD NONCONDENSED".to_string(), 6),
+            ("acct_p".to_string(), "POINT IN TIME".to_string(), 2),
+        ]
+    );
+    let out = n2.cli(&["status"]);
+    assert!(
+        stdout(&out).contains("TARGET TABLE") && stdout(&out).contains("CCD NONCONDENSED"),
+        "{}",
+        stdout(&out)
+    );
     // The subscriber's target tables are the master's copies: not written locally.
     let out = n2.cli(&["sql", "-e", "insert into acct_copy values (9, 'z', 9)"]);
     assert!(

@@ -34,10 +34,32 @@ pub async fn run(args: StatusArgs) -> anyhow::Result<ExitCode> {
         .status()
         .await
         .with_context(|| format!("status of {}", args.host))?;
+    // Each target table's rows, counted here (a scan): the status RPC, which tools
+    // poll, does not count them.
+    let mut target_rows = std::collections::BTreeMap::new();
+    for i in s.replication.iter().flat_map(|r| &r.inbound) {
+        for t in &i.targets {
+            target_rows.insert(t.into.clone(), count_rows(&mut client, &t.into).await);
+        }
+    }
     match args.format {
         Format::Json => {
             let mut json = hawser_node::status_json(&s);
             hawser_node::cluster::add_removal_json(&mut json, &s);
+            let inbound = json
+                .pointer_mut("/replication/inbound")
+                .and_then(|v| v.as_array_mut());
+            for t in inbound
+                .into_iter()
+                .flatten()
+                .filter_map(|i| i.get_mut("targets").and_then(|t| t.as_array_mut()))
+                .flatten()
+            {
+                let into = t["into"].as_str().unwrap_or_default().to_string();
+                if let Some(rows) = target_rows.get(&into) {
+                    t["rows"] = serde_json::json!(rows);
+                }
+            }
             println!("{json}");
         }
         Format::Table => {
@@ -120,7 +142,7 @@ pub async fn run(args: StatusArgs) -> anyhow::Result<ExitCode> {
             if let Some(c) = &s.cluster {
                 print_cluster(c);
             }
-            print_replication(&replication);
+            print_replication(&replication, &target_rows);
         }
     }
     Ok(ExitCode::SUCCESS)
@@ -149,7 +171,12 @@ fn outbound_reason(o: &v1::OutboundStream) -> String {
 }
 
 /// The streams and return services.
-fn print_replication(r: &v1::ReplicationStatus) {
+/// The replication part of the table output; `target_rows` the rows of each target
+/// table (`None`: not counted).
+fn print_replication(
+    r: &v1::ReplicationStatus,
+    target_rows: &std::collections::BTreeMap<String, Option<u64>>,
+) {
     for (i, p) in r.problems.iter().enumerate() {
         if i == 0 {
             println!();
@@ -209,6 +236,32 @@ fn print_replication(r: &v1::ReplicationStatus) {
                 i.row_changes,
                 i.rows_written,
                 i.refused.as_deref().unwrap_or("-"),
+            );
+        }
+    }
+    let targets: Vec<_> = r
+        .inbound
+        .iter()
+        .flat_map(|i| i.targets.iter().map(move |t| (&i.sender, t)))
+        .collect();
+    if !targets.is_empty() {
+        println!();
+        println!(
+            "{:<24} {:<18} {:<24} {:<12} {:>10}",
+            "TARGET TABLE", "TYPE", "OF TABLE", "FROM", "ROWS"
+        );
+        for (sender, t) in targets {
+            println!(
+                "{:<24} {:<18} {:<24} {:<12} {:>10}",
+                t.into,
+                t.kind,
+                t.table,
+                sender,
+                target_rows
+                    .get(&t.into)
+                    .copied()
+                    .flatten()
+                    .map_or("?".to_string(), |n: u64| n.to_string()),
             );
         }
     }
@@ -333,6 +386,21 @@ fn print_cluster(c: &hawser_client::ClusterStatus) {
         if !s.receivers.is_empty() {
             println!("{:<20} receivers: {}", "", s.receivers.join(", "));
         }
+    }
+}
+
+/// The rows of `table`, or `None` when the count fails (shown as `?`).
+async fn count_rows(client: &mut hawser_client::Client, table: &str) -> Option<u64> {
+    let out = client
+        .execute(&format!("SELECT COUNT(*) FROM {table}"))
+        .await
+        .ok()?;
+    if out.error.is_some() {
+        return None;
+    }
+    match out.results.first()?.rows.first()?.first()? {
+        hawser_core::Value::Int(n) => u64::try_from(*n).ok(),
+        _ => None,
     }
 }
 

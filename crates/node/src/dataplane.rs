@@ -1982,6 +1982,15 @@ pub(crate) fn streams_status(
             apply_pauses: s.apply_pauses,
             raw_bytes: s.raw_bytes,
             wire_bytes: s.wire_bytes,
+            targets: s
+                .targets
+                .iter()
+                .map(|t| v1::TargetTable {
+                    table: t.table.clone(),
+                    kind: t.kind.clone(),
+                    into: t.into.clone(),
+                })
+                .collect(),
         })
         .collect();
     (outbound, inbound)

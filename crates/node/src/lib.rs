@@ -292,6 +292,11 @@ pub fn replication_json(r: &v1::ReplicationStatus) -> serde_json::Value {
                 "apply_pauses": i.apply_pauses,
                 "raw_bytes": i.raw_bytes,
                 "wire_bytes": i.wire_bytes,
+                "targets": i.targets.iter().map(|t| serde_json::json!({
+                    "table": t.table,
+                    "kind": t.kind,
+                    "into": t.into,
+                })).collect::<Vec<_>>(),
             })
         })
         .collect();

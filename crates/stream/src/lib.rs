@@ -82,7 +82,7 @@ pub use link::{
 };
 pub use paths::DecidedMarks;
 pub use receiver::{
-    CompilePolicy, InboundStatus, ReceiverConfig, ReceiverService, DEFAULT_APPLY_SLICE,
+    CompilePolicy, InboundStatus, ReceiverConfig, ReceiverService, TargetInfo, DEFAULT_APPLY_SLICE,
 };
 pub use returns::{
     AckMarks, Await, Release, ReplicationState, ReturnEvent, ReturnLevel, ReturnOutcome,

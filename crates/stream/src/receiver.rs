@@ -189,9 +189,20 @@ pub struct InboundStatus {
     pub apply_pauses: u64,
     pub raw_bytes: u64,
     pub wire_bytes: u64,
+    /// The target tables the current (or last) stream writes, as its Hello set them.
+    pub targets: Vec<TargetInfo>,
 }
 
-/// The `hawser.replication.v1.Replication` service of one node.
+/// A received table written into a target table (docs/targets.md).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TargetInfo {
+    /// The source table.
+    pub table: String,
+    /// Its target type (`CCD NONCONDENSED`, ...).
+    pub kind: String,
+    /// The table written.
+    pub into: String,
+}
 #[derive(Clone)]
 pub struct ReceiverService {
     db: Database,
@@ -1717,11 +1728,21 @@ impl pb::replication_server::Replication for ReceiverService {
                     .high_waters()
                     .map_err(|e| Status::unavailable(e.to_string()))?;
                 let now = Instant::now();
+                let targets: Vec<TargetInfo> = accepted
+                    .targets
+                    .targets()
+                    .map(|(table, t)| TargetInfo {
+                        table: table.to_string(),
+                        kind: hawser_target::kind_name(&t.kind).to_string(),
+                        into: t.into.to_string(),
+                    })
+                    .collect();
                 self.update_status(&sender, |s| {
                     s.connected = true;
                     s.refused = None;
                     s.last_contact = Some(now);
                     s.connected_since = Some(now);
+                    s.targets = targets;
                 });
                 let (held_after, held_after_complete) = match hello.restart_probe {
                     Some(probe) => self.held_after(probe).await?,

@@ -284,6 +284,11 @@ impl TargetPlan {
         self.tables.is_empty()
     }
 
+    /// Each source table with its target.
+    pub fn targets(&self) -> impl Iterator<Item = (&QualName, &ResolvedTarget)> {
+        self.tables.iter().map(|(name, (target, _))| (name, target))
+    }
+
     /// The target of source table `table`, if it has one that is not plain.
     pub fn get(&self, table: &QualName) -> Option<&ResolvedTarget> {
         self.tables.get(table).map(|(t, _)| t)
