@@ -556,6 +556,9 @@ impl Decider<'_> {
         let settled_at = self.view.last_heard(master_node) + self.settings.failover_timeout;
         let kept = kept_of_earlier_masters(self.state, name, el, master_node);
         el.subscriber_stores()
+            // A subscriber that keeps the table as another target (a CCD, a point-in-time
+            // copy with its extra column, INTO another table) holds no copy to master.
+            .filter(|r| state::holds_a_copy(el, &r.name))
             .filter_map(|r| match &r.name {
                 StoreName::Named(store) => Some(store),
                 StoreName::Local => None,
@@ -1331,6 +1334,26 @@ mod tests {
         let view = view_at(now, &[(SUB1, 7)]);
         let plan = decide(&st, &view, now, &settings());
         assert_eq!(plan.commands, vec![set_master(SUB1, 1, 7)]);
+    }
+
+    /// A subscriber keeping the table as a CCD, or INTO another table, holds no copy of
+    /// it: never promoted, however far ahead; a REPLICA or USER COPY of the same table is.
+    #[test]
+    fn a_subscriber_holding_another_target_than_a_copy_is_not_a_candidate() {
+        let st = cluster(
+            r#"
+            CREATE REPLICATION r1
+            ELEMENT e TABLE tab
+              MASTER masterds ON "server1"
+              SUBSCRIBER sub1 ON "server2" AS CCD NONCONDENSED INTO tab_hist
+              SUBSCRIBER sub2 ON "server3" AS USER COPY INTO tab_copy
+              SUBSCRIBER sub3 ON "server4" AS REPLICA;
+            "#,
+        );
+        let now = secs(20);
+        let view = view_at(now, &[(SUB1, 99), (SUB2, 98), (SUB3, 7)]);
+        let plan = decide(&st, &view, now, &settings());
+        assert_eq!(plan.commands, vec![set_master(SUB3, 1, 7)]);
     }
 
     #[test]

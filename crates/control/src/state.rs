@@ -563,6 +563,31 @@ pub enum ControlError {
     },
     #[error("store {store} is not a subscriber of scheme {scheme}")]
     NotSchemeSubscriber { scheme: QualName, store: Ident },
+    #[error(
+        "store {store} keeps element {element} of scheme {scheme} as a target table other \
+         than a copy of it (AS ... in its SUBSCRIBER clause): it holds no copy to master"
+    )]
+    NotACopy {
+        scheme: QualName,
+        element: Ident,
+        store: Ident,
+    },
+}
+
+/// Whether `store` subscribes to `el` as a copy of its table (USER COPY or REPLICA into
+/// the table of the same name, the default), so that it could master it: a CCD, a
+/// point-in-time copy (an extra column) or a copy INTO another table could not.
+pub(crate) fn holds_a_copy(el: &hawser_scheme::ast::Element, store: &StoreName) -> bool {
+    use hawser_scheme::ast::{ElementKind, TargetKind};
+    let Some(target) = el.subscription_of(store).and_then(|c| c.target.as_ref()) else {
+        return true;
+    };
+    let same_table = match (&el.kind, &target.into) {
+        (_, None) => true,
+        (ElementKind::Table { table, .. }, Some(into)) => into == table,
+        _ => false,
+    };
+    same_table && matches!(target.kind, TargetKind::UserCopy | TargetKind::Replica)
 }
 
 fn holds_role(node: NodeId, store: &Ident, role: &SchemeRole) -> String {
@@ -1030,6 +1055,13 @@ fn set_master(
             store: info.store.clone(),
         });
     }
+    if !holds_a_copy(el, &StoreName::Named(info.store.clone())) {
+        return Err(ControlError::NotACopy {
+            scheme: name.clone(),
+            element: element.clone(),
+            store: info.store.clone(),
+        });
+    }
     let store = StoreRef {
         name: StoreName::Named(info.store.clone()),
         host: None,
@@ -1479,6 +1511,38 @@ mod tests {
             validate(&st, &cmd),
             Err(ControlError::UnknownNode(NodeId(9)))
         );
+    }
+
+    /// A subscriber keeping the table as a CCD holds no copy to master: refused, saying
+    /// so; one keeping a plain copy is taken.
+    #[test]
+    fn set_master_refuses_a_subscriber_that_keeps_another_target_than_a_copy() {
+        let mut st = ClusterState::default();
+        for (id, store) in [(1, "masterds"), (2, "subscriber1"), (3, "subscriber2")] {
+            must_apply(&mut st, Command::RegisterNode(node(id, store)));
+        }
+        must_apply(
+            &mut st,
+            ddl("CREATE REPLICATION r1 ELEMENT e TABLE t MASTER masterds \
+                 SUBSCRIBER subscriber1 AS CCD INTO t_ccd SUBSCRIBER subscriber2"),
+        );
+        let to = |n| Command::SetMaster {
+            scheme: r1(),
+            element: e(),
+            node: NodeId(n),
+            epoch: Epoch(1),
+            fork_point: None,
+        };
+        let refused = validate(&st, &to(2)).unwrap_err();
+        assert!(
+            matches!(refused, ControlError::NotACopy { .. }),
+            "{refused}"
+        );
+        assert!(
+            refused.to_string().contains("holds no copy to master"),
+            "{refused}"
+        );
+        assert_eq!(validate(&st, &to(3)), Ok(()));
     }
 
     #[test]
