@@ -989,6 +989,16 @@ fn altered(
         let es = match old.elements.get(before) {
             Some(prev) if &prev.current().master == owner => prev.clone(),
             Some(prev) => {
+                // The new master must hold a copy of the table (not a CCD or another
+                // target) as the element's subscriber before this ALTER.
+                let was = base.elements.iter().find(|e| &e.name == before);
+                if was.is_some_and(|e| !holds_a_copy(e, &StoreName::Named(owner.clone()))) {
+                    return Err(ControlError::NotACopy {
+                        scheme: old.scheme.name.clone(),
+                        element: el.name.clone(),
+                        store: owner.clone(),
+                    });
+                }
                 let mut es = prev.clone();
                 es.epoch = Epoch(es.epoch.0 + 1);
                 es.history.push(EpochRecord {
@@ -1543,6 +1553,17 @@ mod tests {
             "{refused}"
         );
         assert_eq!(validate(&st, &to(3)), Ok(()));
+        // By hand, with ALTER ... SET MASTER, alike.
+        let by_hand = |store: &str| {
+            ddl(&format!(
+                "ALTER REPLICATION r1 ALTER ELEMENT * IN masterds SET MASTER {store}"
+            ))
+        };
+        assert!(matches!(
+            validate(&st, &by_hand("subscriber1")),
+            Err(ControlError::NotACopy { .. })
+        ));
+        assert_eq!(validate(&st, &by_hand("subscriber2")), Ok(()));
     }
 
     #[test]
