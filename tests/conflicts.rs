@@ -9,7 +9,10 @@ mod common;
 
 use std::time::Duration;
 
-use common::{ddl, sql_json, start_member, stderr, voters, wait_for, wait_leased, Node};
+use common::{
+    ddl, query_rows as rows, sql_ok as sql, start_member, stderr, voters, wait_for, wait_leased,
+    Node,
+};
 use serde_json::{json, Value};
 
 const WAIT: Duration = Duration::from_secs(30);
@@ -29,22 +32,6 @@ ELEMENT elem_accounts_2 TABLE accounts
     ON EXCEPTION ROLLBACK WORK
   MASTER eastds ON \"eastcoast\"
   SUBSCRIBER westds ON \"westcoast\"";
-
-fn sql(node: &Node, text: &str) {
-    let out = node.cli(&["sql", "-e", text]);
-    assert!(
-        out.status.success(),
-        "{text} on {}: {}",
-        node.name,
-        stderr(&out)
-    );
-}
-
-fn rows(node: &Node, query: &str) -> Option<Value> {
-    let (ok, results, _) = sql_json(node, query);
-    ok.then(|| results.last().map(|r| r["rows"].clone()))
-        .flatten()
-}
 
 fn receivers(node: &Node, state: &str) {
     for store in ["westds", "eastds"] {

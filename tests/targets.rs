@@ -9,29 +9,12 @@ mod common;
 
 use std::time::Duration;
 
-use common::{ddl, sql_json, start_member, stderr, stdout, voters, wait_for, Node};
+use common::{
+    ddl, query_rows as rows, sql_ok as sql, start_member, stderr, stdout, voters, wait_for, Node,
+};
 use serde_json::{json, Value};
 
 const WAIT: Duration = Duration::from_secs(30);
-
-fn sql(node: &Node, text: &str) {
-    let out = node.cli(&["sql", "-e", text]);
-    assert!(
-        out.status.success(),
-        "{text} on {}: {}",
-        node.name,
-        stderr(&out)
-    );
-}
-
-/// The rows `query` returns on `node`, or `None` while it fails (no such table yet).
-fn rows(node: &Node, query: &str) -> Option<Value> {
-    let (ok, results, _) = sql_json(node, query);
-    if !ok {
-        return None;
-    }
-    results.last().map(|r| r["rows"].clone())
-}
 
 /// Waits until `query` on `node` returns `expected`.
 fn converge(node: &Node, query: &str, expected: &Value) {

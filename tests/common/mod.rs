@@ -355,6 +355,27 @@ pub fn wait_leased(node: &Node) {
     });
 }
 
+/// Runs SQL on `node`; fails the test if it fails.
+pub fn sql_ok(node: &Node, text: &str) {
+    let out = node.cli(&["sql", "-e", text]);
+    assert!(
+        out.status.success(),
+        "{text} on {}: {}",
+        node.name,
+        stderr(&out)
+    );
+}
+
+/// The rows of the last result of `query` on `node`, or `None` while it fails (no such
+/// table yet, the node not answering).
+pub fn query_rows(node: &Node, query: &str) -> Option<serde_json::Value> {
+    let (ok, results, _) = sql_json(node, query);
+    if !ok {
+        return None;
+    }
+    results.last().map(|r| r["rows"].clone())
+}
+
 /// Runs SQL on `node` with JSON output: (success, one JSON result per statement that
 /// ran, stderr).
 pub fn sql_json(node: &Node, text: &str) -> (bool, Vec<serde_json::Value>, String) {

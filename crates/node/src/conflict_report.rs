@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use hawser_control::{ClusterState, ControlPlane};
 use hawser_core::{Ident, QualName, Row};
-use hawser_scheme::ast::{CheckConflicts, ElementKind, Report, ReportFormat, StoreName};
+use hawser_scheme::ast::{CheckConflicts, Report, ReportFormat};
 use hawser_scheme::route::StoreSettings;
 use hawser_store::{ConflictEvent, Database};
 use tokio_util::sync::CancellationToken;
@@ -42,32 +42,21 @@ pub(crate) fn plan(
     data_dir: &Path,
 ) -> BTreeMap<QualName, ReportTo> {
     let mut out = BTreeMap::new();
-    for s in state.schemes.values() {
-        let settings = StoreSettings::of(&s.scheme, store);
-        for el in &s.scheme.elements {
-            let ElementKind::Table {
-                table,
-                check:
-                    Some(CheckConflicts::ByRowTimestamp {
-                        report: Some(Report::To { file, format }),
-                        ..
-                    }),
-                ..
-            } = &el.kind
-            else {
-                continue;
-            };
-            let named = |n: &StoreName| matches!(n, StoreName::Named(s) if s == store);
-            if !named(&el.owner.name) && !el.subscriber_stores().any(|r| named(&r.name)) {
-                continue;
-            }
-            out.entry(table.clone()).or_insert_with(|| ReportTo {
-                file: data_dir.join(file),
-                xml: *format == Some(ReportFormat::Xml),
-                suspend_at: settings.conflict_reporting_suspend_at,
-                resume_at: settings.conflict_reporting_resume_at,
-            });
-        }
+    for (scheme, table, check) in crate::dataplane::checked_tables(state, store) {
+        let CheckConflicts::ByRowTimestamp {
+            report: Some(Report::To { file, format }),
+            ..
+        } = check
+        else {
+            continue;
+        };
+        let settings = StoreSettings::of(scheme, store);
+        out.entry(table.clone()).or_insert_with(|| ReportTo {
+            file: data_dir.join(file),
+            xml: *format == Some(ReportFormat::Xml),
+            suspend_at: settings.conflict_reporting_suspend_at,
+            resume_at: settings.conflict_reporting_resume_at,
+        });
     }
     out
 }

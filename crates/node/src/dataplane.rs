@@ -532,37 +532,57 @@ pub(crate) fn conflict_rules(
     state: &ClusterState,
     store: &Ident,
 ) -> std::collections::HashMap<QualName, hawser_store::ConflictRule> {
-    use hawser_scheme::ast::{CheckConflicts, ElementKind, OnException, StoreName, UpdateBy};
+    use hawser_scheme::ast::{CheckConflicts, OnException, UpdateBy};
     let mut out = std::collections::HashMap::new();
-    for s in state.schemes.values() {
-        for el in &s.scheme.elements {
-            let ElementKind::Table {
-                table,
-                check:
-                    Some(CheckConflicts::ByRowTimestamp {
-                        column,
-                        update_by,
-                        on_exception,
-                        ..
-                    }),
-                ..
-            } = &el.kind
-            else {
-                continue;
-            };
-            let named = |n: &StoreName| matches!(n, StoreName::Named(s) if s == store);
-            if !named(&el.owner.name) && !el.subscriber_stores().any(|r| named(&r.name)) {
-                continue;
-            }
-            out.entry(table.clone())
-                .or_insert_with(|| hawser_store::ConflictRule {
-                    column: column.clone(),
-                    by_system: *update_by != Some(UpdateBy::User),
-                    rollback: *on_exception != Some(OnException::NoAction),
-                });
-        }
+    for (_, table, check) in checked_tables(state, store) {
+        let CheckConflicts::ByRowTimestamp {
+            column,
+            update_by,
+            on_exception,
+            ..
+        } = check
+        else {
+            continue;
+        };
+        out.entry(table.clone())
+            .or_insert_with(|| hawser_store::ConflictRule {
+                column: column.clone(),
+                by_system: *update_by != Some(UpdateBy::User),
+                rollback: *on_exception != Some(OnException::NoAction),
+            });
     }
     out
+}
+
+/// The TABLE elements with `CHECK CONFLICTS BY ROW TIMESTAMP` that `store` masters or
+/// subscribes to, in scheme and element order: each one's scheme, table and clause.
+pub(crate) fn checked_tables<'s>(
+    state: &'s ClusterState,
+    store: &'s Ident,
+) -> impl Iterator<
+    Item = (
+        &'s hawser_scheme::ast::Scheme,
+        &'s QualName,
+        &'s hawser_scheme::ast::CheckConflicts,
+    ),
+> + 's {
+    use hawser_scheme::ast::{CheckConflicts, ElementKind, StoreName};
+    let named = move |n: &StoreName| matches!(n, StoreName::Named(s) if s == store);
+    state.schemes.values().flat_map(move |s| {
+        s.scheme
+            .elements
+            .iter()
+            .filter_map(move |el| match &el.kind {
+                ElementKind::Table {
+                    table,
+                    check: Some(check @ CheckConflicts::ByRowTimestamp { .. }),
+                    ..
+                } if named(&el.owner.name) || el.subscriber_stores().any(|r| named(&r.name)) => {
+                    Some((&s.scheme, table, check))
+                }
+                _ => None,
+            })
+    })
 }
 
 /// The rules of `rules` whose timestamp column is a nullable `BINARY(8)` column outside
