@@ -35,14 +35,19 @@ pub const LOST_TABLE: &str = "hawser_lost";
 /// The longest image or key text kept (longer ones are cut, marked with `…`).
 pub(crate) const TEXT_LIMIT: u32 = 16_000;
 
-/// The definition of [`LOST_TABLE`]: one row per change of a commit set aside.
-pub fn lost_table_def() -> TableDef {
-    let col = |name: &str, data_type: DataType, nullable: bool| ColumnDef {
+/// A column of a system table (`hawser_lost`, `hawser_conflicts`): no default.
+pub(crate) fn system_column(name: &str, data_type: DataType, nullable: bool) -> ColumnDef {
+    ColumnDef {
         name: Ident::unquoted(name),
         data_type,
         nullable,
         default: None,
-    };
+    }
+}
+
+/// The definition of [`LOST_TABLE`]: one row per change of a commit set aside.
+pub fn lost_table_def() -> TableDef {
+    let col = system_column;
     TableDef {
         name: QualName::bare(LOST_TABLE),
         columns: vec![

@@ -26,7 +26,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicI64, Ordering as AtomicOrdering};
 use std::sync::Arc;
 
-use hawser_core::{ChangeOp, ColumnDef, DataType, Ident, QualName, Row, TableDef, Value};
+use hawser_core::{ChangeOp, DataType, Ident, QualName, Row, TableDef, Value};
 
 /// The table conflicts are kept in.
 pub const CONFLICTS_TABLE: &str = "hawser_conflicts";
@@ -87,6 +87,13 @@ pub fn verdict(op: ChangeOp, incoming: Option<&Row>, here: Option<&Row>, column:
     }
 }
 
+/// Microseconds since the Unix epoch by the system clock (0 before it).
+fn unix_micros() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX))
+}
+
 /// This store's clock for `UPDATE BY SYSTEM`: microseconds since the Unix epoch as 8
 /// big-endian bytes (so byte order is time order), never going back on this node, even
 /// if the system clock does.
@@ -98,9 +105,7 @@ pub struct StampClock {
 impl StampClock {
     /// The next stamp: now, or just after the last one given.
     pub fn next(&self) -> Vec<u8> {
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX));
+        let now = unix_micros();
         let mut prev = self.last.load(AtomicOrdering::Relaxed);
         loop {
             let next = now.max(prev.saturating_add(1));
@@ -262,9 +267,7 @@ pub(crate) fn conflict_row(
             .and_then(|r| stamp_of(r, found.column))
             .map_or(Value::Null, |s| Value::Bytes(s.to_vec()))
     };
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX));
+    let now = unix_micros();
     vec![
         Value::Int(gtid.origin.0 as i64),
         Value::Int(gtid.seq as i64),
@@ -294,12 +297,7 @@ pub(crate) const TEXT_LIMIT: u32 = crate::aside::TEXT_LIMIT;
 
 /// The definition of [`CONFLICTS_TABLE`]: one row per conflicting received change.
 pub fn conflicts_table_def() -> TableDef {
-    let col = |name: &str, data_type: DataType, nullable: bool| ColumnDef {
-        name: Ident::unquoted(name),
-        data_type,
-        nullable,
-        default: None,
-    };
+    let col = crate::aside::system_column;
     TableDef {
         name: QualName::bare(CONFLICTS_TABLE),
         columns: vec![
