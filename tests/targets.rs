@@ -3,7 +3,9 @@
 //! it creates itself. One history (inserts, an update, a key change, a delete, a
 //! re-insert) reaches each target as the DB2 seed defines it; n2 is SIGKILLed, misses
 //! more changes and catches up with nothing doubled; a target table that exists with
-//! the wrong shape is refused, naming what differs.
+//! the wrong shape is refused, naming what differs. BASE and CHANGE AGGREGATE targets
+//! hold the aggregates of the source's rows and of each transaction's changes, through
+//! a restart of the subscriber too.
 
 mod common;
 
@@ -187,4 +189,96 @@ fn each_target_type_holds_what_the_db2_seed_says_and_a_resend_doubles_nothing() 
         "{st}"
     );
     assert_eq!(rows(&n2, "select id from bad_ccd"), Some(json!([])));
+}
+
+#[test]
+fn aggregate_targets_hold_the_groups_of_the_rows_and_of_each_transaction() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let n1 = start_member("n1", d, "127.0.0.1:0", None, &[]);
+    let out = n1.cli(&["init"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let mut n2 = start_member("n2", d, "127.0.0.1:0", Some(&n1.grpc), &[]);
+    for n in [&n1, &n2] {
+        wait_for("two voters", WAIT, || (voters(n) == 2).then_some(()));
+    }
+    // A TABLE element's subscriber has the table: the BASE AGGREGATE's copy is it.
+    for (node, t) in [(&n1, "acct_b"), (&n2, "acct_b"), (&n1, "acct_g")] {
+        sql(
+            node,
+            &format!(
+                "create table {t} (id integer primary key, owner varchar(20) not null, \
+                 bal bigint not null)"
+            ),
+        );
+    }
+    ddl(
+        &n1,
+        "CREATE REPLICATION r \
+           ELEMENT eb TABLE acct_b MASTER n1 SUBSCRIBER n2 \
+             AS BASE AGGREGATE (COUNT(*) AS n, SUM(bal) AS total) GROUP BY owner INTO acct_sum \
+           ELEMENT eg TABLE acct_g MASTER n1 SUBSCRIBER n2 \
+             AS CHANGE AGGREGATE (COUNT(*) AS n, SUM(bal) AS total) GROUP BY owner INTO acct_chg",
+    );
+    common::wait_leased(&n1);
+    for t in ["acct_b", "acct_g"] {
+        sql(
+            &n1,
+            &format!("insert into {t} values (1, 'ann', 100), (2, 'bob', 50)"),
+        );
+        sql(&n1, &format!("update {t} set bal = 70 where id = 1"));
+        sql(&n1, &format!("update {t} set id = 3 where id = 2"));
+        sql(&n1, &format!("delete from {t} where id = 1"));
+        sql(&n1, &format!("insert into {t} values (1, 'cy', 5)"));
+    }
+    let sums = "select owner, n, total, ibmsnap_llogmarker <= ibmsnap_hlogmarker \
+                from acct_sum order by owner";
+    converge(
+        &n2,
+        sums,
+        &json!([["bob", 1, 50, true], ["cy", 1, 5, true]]),
+    );
+    let changes = "select owner, n, total from acct_chg order by ibmsnap_commitseq, owner";
+    let per_txn = json!([
+        ["ann", 1, 100],
+        ["bob", 1, 50],
+        ["ann", 1, 70],
+        ["bob", 1, 50],
+        ["ann", 1, 70],
+        ["cy", 1, 5]
+    ]);
+    converge(&n2, changes, &per_txn);
+    let out = n2.cli(&["status"]);
+    assert!(
+        stdout(&out).contains("BASE AGGREGATE") && stdout(&out).contains("CHANGE AGGREGATE"),
+        "{}",
+        stdout(&out)
+    );
+    // Neither the aggregate nor the copy it is computed from takes local writes.
+    for write in [
+        "insert into acct_sum values (current_timestamp, current_timestamp, 'z', 1, 1)",
+        "insert into acct_b values (9, 'z', 9)",
+    ] {
+        let out = n2.cli(&["sql", "-e", write]);
+        assert!(!out.status.success(), "{write}: taken on the subscriber");
+    }
+
+    // n2 dies and misses a transaction of three changes; back, the aggregates take it
+    // once.
+    n2.kill9();
+    for t in ["acct_b", "acct_g"] {
+        sql(
+            &n1,
+            &format!(
+                "begin; insert into {t} values (4, 'cy', 10); update {t} set bal = 1 \
+                 where id = 1; delete from {t} where id = 3; commit"
+            ),
+        );
+    }
+    n2 = start_member("n2", d, &n2.grpc.clone(), Some(&n1.grpc), &[]);
+    converge(&n2, sums, &json!([["cy", 2, 11, true]]));
+    let mut longer = per_txn.as_array().unwrap().clone();
+    longer.push(json!(["bob", 1, 50]));
+    longer.push(json!(["cy", 2, 11]));
+    converge(&n2, changes, &Value::Array(longer));
 }

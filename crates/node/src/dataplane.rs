@@ -350,6 +350,9 @@ pub(crate) async fn run(task: DataPlaneTask) {
             &mut known,
             &mut forks,
         );
+        if let Err(e) = task.db.set_aggregates(base_aggregates(&targets)).await {
+            warn!(error = %e, "cannot keep the BASE AGGREGATE targets");
+        }
         task.targets
             .send_if_modified(|current| replace_if_changed(current, targets));
         // The plan says whether to compress (COMPRESS TRAFFIC); the node, with what.
@@ -793,21 +796,18 @@ fn wanted_links(
                 }
             }
             for t in link.tables.iter().filter(|t| &t.origin != store) {
-                // What this store writes: the target table (a plain copy for targets
-                // not built).
-                let written = if hawser_target::is_built(&t.target.kind) {
-                    &t.target.into
-                } else {
-                    &t.table
-                };
-                received.push((
-                    written.clone(),
-                    format!(
-                        "{store} receives it from master {} (scheme {name}, element {}); \
-                         write it on {}",
-                        t.origin, t.element, t.origin
-                    ),
-                ));
+                // What this store writes: the target table (and a BASE AGGREGATE's
+                // copy of the source).
+                for written in hawser_target::written_tables(&t.table, &t.target) {
+                    received.push((
+                        written,
+                        format!(
+                            "{store} receives it from master {} (scheme {name}, element {}); \
+                             write it on {}",
+                            t.origin, t.element, t.origin
+                        ),
+                    ));
+                }
             }
         }
         all_links.extend(plan.links.iter().filter(|l| &l.sender == store).cloned());
@@ -973,10 +973,19 @@ fn wanted_links(
     }
 }
 
+/// The BASE AGGREGATE targets among `targets` (by source table): the store keeps them.
+fn base_aggregates(targets: &BTreeMap<QualName, ResolvedTarget>) -> hawser_store::AggregateRules {
+    targets
+        .iter()
+        .filter(|(table, t)| hawser_target::keeps_copy(table, t))
+        .map(|(table, t)| (table.clone(), t.clone()))
+        .collect()
+}
+
 /// The target of each table `store` receives, by source table, from every scheme's
 /// links into it; and what is wrong with them: a table given two targets (the first
-/// kept), a target type not built (a plain copy), a CCD fed by several origins (their
-/// commit sequence numbers are independent, so IBMSNAP_COMMITSEQ may repeat).
+/// kept), a CCD or CHANGE AGGREGATE fed by several origins (their commit sequence
+/// numbers are independent, so IBMSNAP_COMMITSEQ may repeat).
 fn inbound_targets(
     store: &Ident,
     planned: &[Link],
@@ -987,13 +996,6 @@ fn inbound_targets(
     for link in planned.iter().filter(|l| &l.receiver == store) {
         for t in link.tables.iter().filter(|t| &t.origin != store) {
             let kind = hawser_target::kind_name(&t.target.kind);
-            if !hawser_target::is_built(&t.target.kind) {
-                problems.insert(format!(
-                    "table {}: {kind} targets are not applied yet; store {store} keeps a \
-                     plain copy",
-                    t.table
-                ));
-            }
             origins
                 .entry(t.table.clone())
                 .or_default()
@@ -1017,10 +1019,13 @@ fn inbound_targets(
         }
     }
     for (table, from) in origins.iter().filter(|(_, o)| o.len() > 1) {
-        if let Some(t) = out
-            .get(table)
-            .filter(|t| matches!(t.kind, hawser_scheme::ast::TargetKind::Ccd { .. }))
-        {
+        if let Some(t) = out.get(table).filter(|t| {
+            matches!(
+                t.kind,
+                hawser_scheme::ast::TargetKind::Ccd { .. }
+                    | hawser_scheme::ast::TargetKind::ChangeAggregate { .. }
+            )
+        }) {
             problems.insert(format!(
                 "table {table}: its {} on store {store} is fed by {} origins, whose commit \
                  sequence numbers are independent: IBMSNAP_COMMITSEQ orders each origin's \
@@ -2043,14 +2048,15 @@ mod tests {
             .links
     }
 
-    /// A subscriber's targets by source table, plain ones included; an aggregate (not
-    /// built) and a CCD fed by two masters are problems. Another store's are not its.
+    /// A subscriber's targets by source table, plain ones included; a CCD fed by two
+    /// masters is a problem. Another store's are not its. A BASE AGGREGATE is kept by
+    /// the store.
     #[test]
     fn a_subscribers_targets_come_from_the_links_into_it() {
         let mut links = planned(
             "CREATE REPLICATION r \
                ELEMENT a TABLE t MASTER ds1 SUBSCRIBER ds2 AS CCD NONCONDENSED INTO h \
-               ELEMENT b TABLE u MASTER ds1 SUBSCRIBER ds2 AS BASE AGGREGATE (COUNT(*)) \
+               ELEMENT b TABLE u MASTER ds1 SUBSCRIBER ds2 AS BASE AGGREGATE (COUNT(*)) INTO n \
                ELEMENT c TABLE v MASTER ds1 SUBSCRIBER ds2, ds3 AS POINT IN TIME",
         );
         let ds2 = Ident::unquoted("ds2");
@@ -2069,16 +2075,16 @@ mod tests {
             kinds,
             [
                 ("t".to_string(), "CCD NONCONDENSED", "h".to_string()),
-                ("u".to_string(), "BASE AGGREGATE", "u".to_string()),
+                ("u".to_string(), "BASE AGGREGATE", "n".to_string()),
                 ("v".to_string(), "POINT IN TIME", "v".to_string()),
             ]
         );
-        assert_eq!(problems.len(), 1, "{problems:?}");
-        assert!(problems
-            .iter()
-            .next()
-            .unwrap()
-            .contains("BASE AGGREGATE targets are not applied yet"));
+        assert!(problems.is_empty(), "{problems:?}");
+        let kept: Vec<(String, String)> = super::base_aggregates(&targets)
+            .into_iter()
+            .map(|(t, r)| (t.to_string(), r.into.to_string()))
+            .collect();
+        assert_eq!(kept, [("u".to_string(), "n".to_string())]);
         let (for_ds1, _) = inbound_targets(&Ident::unquoted("ds1"), &links);
         assert!(for_ds1.is_empty());
         // t reaching ds2 from a second origin too: its CCD's commit seqs are per origin.

@@ -54,7 +54,7 @@ codes! {
     PropagatorWithoutSource = "HW1003": "a PROPAGATOR element whose propagator does not subscribe to the same objects from a master",
     DuplicateRoute = "HW1004": "a ROUTE repeats an address, or the same master/subscriber pair is routed twice",
     TooManySubscribers = "HW1005": "more than 255 subscriber databases in one scheme",
-    InvalidTarget = "HW1006": "an aggregate target repeats a column or alias, or groups by an aggregated column",
+    InvalidTarget = "HW1006": "an aggregate target repeats a column or alias, groups by an aggregated column, or (BASE AGGREGATE) has no INTO naming another table",
     ElementNotFound = "HW2001": "ALTER or DROP names an element the scheme does not have",
     SubscriberNotFound = "HW2002": "ALTER SUBSCRIBER / DROP SUBSCRIBER names a database that does not subscribe to the element",
     NoElementOwnedBy = "HW2003": "ELEMENT * IN store matches no element",

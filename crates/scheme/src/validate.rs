@@ -295,6 +295,20 @@ pub(crate) fn check_subscriber_clause(
             ));
         }
         check_target(target, errors);
+        if let (ElementKind::Table { table, .. }, TargetKind::BaseAggregate { .. }) =
+            (&el.kind, &target.kind)
+        {
+            if target.into.as_ref().is_none_or(|into| into == table) {
+                errors.push(SchemeError::new(
+                    ErrorCode::InvalidTarget,
+                    target.span,
+                    format!(
+                        "a BASE AGGREGATE of {table} needs INTO another table: the subscriber \
+                         keeps the rows of {table} to aggregate them"
+                    ),
+                ));
+            }
+        }
     }
 }
 

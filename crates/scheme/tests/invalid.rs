@@ -155,7 +155,11 @@ fn element_restrictions() {
     );
     expect(
         ErrorCode::InvalidTarget,
-        "CREATE REPLICATION r ELEMENT e TABLE t MASTER m\n  SUBSCRIBER s §AS BASE AGGREGATE (SUM(a) AS region) GROUP BY region;",
+        "CREATE REPLICATION r ELEMENT e TABLE t MASTER m\n  SUBSCRIBER s §AS BASE AGGREGATE (SUM(a) AS region) GROUP BY region INTO a;",
+    );
+    expect(
+        ErrorCode::InvalidTarget,
+        "CREATE REPLICATION r ELEMENT e TABLE t MASTER m\n  SUBSCRIBER s §AS BASE AGGREGATE (SUM(a)) GROUP BY region;",
     );
 }
 

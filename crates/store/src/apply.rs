@@ -874,6 +874,7 @@ fn write(
     let mut records = Vec::with_capacity(p.txns.len());
     let mut row_changes = 0;
     let rules = inner.conflicts.rules();
+    let mut touched = crate::aggregate::Touched::new(&inner.aggregates.rules(), &p.tables);
     // Conflicts found, with their transaction and table: kept in the conflicts table.
     let mut conflicts: Vec<(&ReplicatedTxn, QualName, Found, bool)> = Vec::new();
     for pt in &p.txns {
@@ -901,7 +902,13 @@ fn write(
             if rollback || found.iter().any(|f| f.change_no == i) {
                 continue;
             }
-            effective.extend(apply_change(&mut ov, &p.tables, &src.table, c)?);
+            let applied = apply_change(&mut ov, &p.tables, &src.table, c)?;
+            if !touched.is_empty() {
+                for a in &applied {
+                    touched.note(a, pt.src.txn.commit_micros);
+                }
+            }
+            effective.extend(applied);
         }
         for f in found {
             let table = pt.src.txn.changes[f.change_no].table.clone();
@@ -968,6 +975,8 @@ fn write(
             ),
         }
     }
+    // BASE AGGREGATE rows of the groups the batch touched, beside its rows.
+    touched.write(inner, &p.tables, &ov.after, &mut batch)?;
     let mut put = |table: usize, enc: &[u8], row: &Option<Row>| {
         let key = layout::row_key(p.tables[table].id, enc);
         match row {

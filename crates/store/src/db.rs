@@ -337,7 +337,7 @@ pub(crate) struct Inner {
     pub(crate) opts: DbOptions,
     pub(crate) catalog: RwLock<Catalog>,
     pub(crate) sequences: RwLock<BTreeMap<QualName, Arc<Mutex<SequenceState>>>>,
-    commit: Mutex<CommitState>,
+    pub(crate) commit: Mutex<CommitState>,
     /// Highest LSN whose batch has been applied to the engine.
     applied_lsn: AtomicU64,
     /// Highest LSN known flushed.
@@ -383,6 +383,8 @@ pub(crate) struct Inner {
     pub(crate) apply_metrics: crate::apply::ApplyMetrics,
     /// Row-timestamp conflict checking: rules, stamp clock ([`crate::conflict`]).
     pub(crate) conflicts: crate::conflict::Conflicts,
+    /// BASE AGGREGATE targets kept from received rows ([`crate::aggregate`]).
+    pub(crate) aggregates: crate::aggregate::Aggregates,
     /// Rows of RETURN TWOSAFE commits not yet visible to readers ([`crate::held`]).
     pub(crate) held: crate::held::HeldRows,
     /// Tables this store receives from a master and refuses client writes to, with
@@ -670,6 +672,7 @@ impl Database {
             apply_lock: tokio::sync::Mutex::new(()),
             apply_metrics: crate::apply::ApplyMetrics::new(),
             conflicts: Default::default(),
+            aggregates: Default::default(),
             held: crate::held::HeldRows::default(),
             refusals: RwLock::new(Refusals::default()),
             created_generation: AtomicU64::new(0),

@@ -26,6 +26,7 @@
 //! * [`lease`]: which client writes need a master lease, and until when one is held.
 //! * [`error`]: [`StoreError`] with SQLSTATE codes.
 
+pub mod aggregate;
 pub mod apply;
 pub mod aside;
 mod codec;
@@ -114,6 +115,7 @@ pub mod fuzzing {
     }
 }
 
+pub use aggregate::AggregateRules;
 pub use apply::{ApplyInfo, ReplicatedTxn};
 pub use aside::KeepReplaced;
 pub use conflict::{ConflictEvent, ConflictRule, CONFLICTS_TABLE};

@@ -434,8 +434,6 @@ enum TargetTable {
     Ready,
     /// It is missing: created (with this definition) before the first batch.
     Create(TableDef),
-    /// The target type is not built: the table is received as a plain copy.
-    Plain,
 }
 
 /// A stream that passed Hello.
@@ -631,15 +629,15 @@ impl ReceiverService {
                 .get(&remote.name)
                 .filter(|t| !hawser_target::is_plain(&remote.name, t))
             {
-                match self.check_target(&remote, target, &mut targets)? {
-                    TargetTable::Ready => continue,
-                    TargetTable::Create(def) => {
-                        create.push(def);
-                        continue;
-                    }
-                    // Not built (aggregates): a plain copy, checked as one below.
-                    TargetTable::Plain => {}
+                if let TargetTable::Create(def) =
+                    self.check_target(&remote, target, &mut targets)?
+                {
+                    create.push(def);
                 }
+                if !hawser_target::keeps_copy(&remote.name, target) {
+                    continue;
+                }
+                // A BASE AGGREGATE's source rows: a plain copy, checked as one below.
             }
             let Some(local) = self.db.table(&remote.name) else {
                 if hello.carries_ddl || spec.completing {
@@ -702,11 +700,7 @@ impl ReceiverService {
                 format!("store {}: {e}", self.config.store),
             )
         };
-        let expected = match hawser_target::shape(remote, target) {
-            Ok(def) => def,
-            Err(TargetError::NotBuilt { .. }) => return Ok(TargetTable::Plain),
-            Err(e) => return Err(refused(e)),
-        };
+        let expected = hawser_target::shape(remote, target).map_err(refused)?;
         plan.add(remote.clone(), target.clone()).map_err(refused)?;
         match self.db.table(&expected.name) {
             Some(local) => {
@@ -1109,7 +1103,12 @@ impl ReceiverService {
                             }
                         }
                         // Into the target tables (the names the log here records).
-                        let mut txn = accepted.targets.rewrite(txn, r.epoch);
+                        let mut txn = accepted.targets.rewrite(txn, r.epoch).map_err(|e| {
+                            (
+                                RefuseCode::TableMismatch,
+                                format!("store {}: {e}", self.config.store),
+                            )
+                        })?;
                         tally.transactions += 1;
                         tally.row_changes += txn.changes.len() as u64;
                         if accepted.ships_parts && join_part(&mut run, &mut txn) {

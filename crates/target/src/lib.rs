@@ -15,12 +15,12 @@
 //! | POINT IN TIME | the source's, `IBMSNAP_LOGMARKER` | the source's | itself, stamped with the source commit time |
 //! | CCD CONDENSED | [`CCD_COLUMNS`], the source's | the source's | an upsert of the key's latest change; a delete kept as operation `D` |
 //! | CCD NONCONDENSED | [`CCD_COLUMNS`], the source's | `IBMSNAP_COMMITSEQ, IBMSNAP_INTENTSEQ` | a new row per change |
+//! | BASE AGGREGATE | markers, groups, aggregates ([`aggregate`]) | the groups | itself, into the copy; the store recomputes its groups |
+//! | CHANGE AGGREGATE | markers, `IBMSNAP_COMMITSEQ`, groups, aggregates | `IBMSNAP_COMMITSEQ`, the groups | a row per group of the transaction |
 //!
 //! `IBMSNAP_COMMITSEQ` ([`commit_seq`]) is the transaction's failover era and its seq at
 //! its origin; `IBMSNAP_INTENTSEQ` ([`intent_seq`]) its seq and the change's place in it.
 //! Both come from the transaction as committed, so a resend writes the same values.
-//! BASE and CHANGE AGGREGATE targets are not built: [`shape`] refuses them
-//! ([`TargetError::NotBuilt`]) and the subscriber keeps a plain copy.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -31,6 +31,9 @@ use hawser_core::{
 };
 use hawser_scheme::ast::TargetKind;
 use hawser_scheme::route::ResolvedTarget;
+
+pub mod aggregate;
+pub use aggregate::Aggregation;
 
 /// The control columns a CCD table starts with, in order (the seed's Figure 69).
 pub const CCD_COLUMNS: [&str; 4] = [
@@ -49,8 +52,8 @@ pub const SEQ_BYTES: u32 = 10;
 /// Why a target cannot be kept.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TargetError {
-    /// The target type is parsed and validated but not applied yet.
-    NotBuilt { table: QualName, kind: &'static str },
+    /// The target cannot be made of this source table: why.
+    Unfit { table: QualName, reason: String },
     /// The source table has a column whose name a control column of the target takes.
     NameTaken { table: QualName, column: String },
     /// An existing table named by the target has another shape; what differs.
@@ -63,11 +66,7 @@ pub enum TargetError {
 impl fmt::Display for TargetError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            TargetError::NotBuilt { table, kind } => write!(
-                f,
-                "table {table}: {kind} targets are not applied yet; the subscriber keeps a \
-                 plain copy"
-            ),
+            TargetError::Unfit { table, reason } => write!(f, "table {table}: {reason}"),
             TargetError::NameTaken { table, column } => write!(
                 f,
                 "table {table} has a column {column}, a control column of its target table; \
@@ -101,12 +100,21 @@ pub fn kind_name(kind: &TargetKind) -> &'static str {
     }
 }
 
-/// Whether a target type is applied as such (aggregates are not yet: a plain copy).
-pub fn is_built(kind: &TargetKind) -> bool {
-    !matches!(
-        kind,
-        TargetKind::BaseAggregate { .. } | TargetKind::ChangeAggregate { .. }
-    )
+/// Whether a subscriber keeps the source rows of `table` as they are beside `target`
+/// (a BASE AGGREGATE, which is computed from them).
+pub fn keeps_copy(table: &QualName, target: &ResolvedTarget) -> bool {
+    written_tables(table, target).len() > 1
+}
+
+/// The tables a subscriber writes for source table `table` with `target`: the target
+/// table, and for a BASE AGGREGATE the copy of the source it aggregates too.
+pub fn written_tables(table: &QualName, target: &ResolvedTarget) -> Vec<QualName> {
+    match target.kind {
+        TargetKind::BaseAggregate { .. } if &target.into != table => {
+            vec![table.clone(), target.into.clone()]
+        }
+        _ => vec![target.into.clone()],
+    }
 }
 
 /// Whether `target` of `table` is what a subscriber does without a target: the rows
@@ -177,11 +185,9 @@ pub fn shape(source: &TableDef, target: &ResolvedTarget) -> Result<TableDef, Tar
                 vec![2, 0]
             };
         }
-        kind @ (TargetKind::BaseAggregate { .. } | TargetKind::ChangeAggregate { .. }) => {
-            return Err(TargetError::NotBuilt {
-                table: source.name.clone(),
-                kind: kind_name(kind),
-            })
+        TargetKind::BaseAggregate { .. } | TargetKind::ChangeAggregate { .. } => {
+            let agg = Aggregation::new(source, target)?;
+            return Ok(agg.map(|a| a.def).unwrap_or(def));
         }
     }
     Ok(def)
@@ -263,20 +269,36 @@ pub fn intent_seq(seq: u64, index: usize) -> Vec<u8> {
 }
 
 /// The targets of the tables one stream carries into this store: by source table, its
-/// target and the source's definition (as the sender described it).
+/// target, the source's definition (as the sender described it) and, for an
+/// aggregate target, its aggregation.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct TargetPlan {
-    tables: BTreeMap<QualName, (ResolvedTarget, TableDef)>,
+    tables: BTreeMap<QualName, Planned>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+struct Planned {
+    target: ResolvedTarget,
+    source: TableDef,
+    aggregation: Option<Aggregation>,
 }
 
 impl TargetPlan {
-    /// Adds `source`'s target, unless it is plain ([`is_plain`]) or not built.
+    /// Adds `source`'s target, unless it is plain ([`is_plain`]).
     pub fn add(&mut self, source: TableDef, target: ResolvedTarget) -> Result<(), TargetError> {
         if is_plain(&source.name, &target) {
             return Ok(());
         }
         shape(&source, &target)?;
-        self.tables.insert(source.name.clone(), (target, source));
+        let aggregation = Aggregation::new(&source, &target)?;
+        self.tables.insert(
+            source.name.clone(),
+            Planned {
+                target,
+                source,
+                aggregation,
+            },
+        );
         Ok(())
     }
 
@@ -286,19 +308,20 @@ impl TargetPlan {
 
     /// Each source table with its target.
     pub fn targets(&self) -> impl Iterator<Item = (&QualName, &ResolvedTarget)> {
-        self.tables.iter().map(|(name, (target, _))| (name, target))
+        self.tables.iter().map(|(name, p)| (name, &p.target))
     }
 
     /// The target of source table `table`, if it has one that is not plain.
     pub fn get(&self, table: &QualName) -> Option<&ResolvedTarget> {
-        self.tables.get(table).map(|(t, _)| t)
+        self.tables.get(table).map(|p| &p.target)
     }
 
     /// `txn`, committed under failover era `epoch`, as this store writes it: each change
-    /// of a table with a target becomes that target's changes; the others stay.
-    pub fn rewrite(&self, txn: Transaction, epoch: Epoch) -> Transaction {
+    /// of a table with a target becomes that target's changes; the others stay. A
+    /// CHANGE AGGREGATE's rows come after the transaction's other changes.
+    pub fn rewrite(&self, txn: Transaction, epoch: Epoch) -> Result<Transaction, TargetError> {
         if self.tables.is_empty() {
-            return txn;
+            return Ok(txn);
         }
         let Transaction {
             gtid,
@@ -306,23 +329,48 @@ impl TargetPlan {
             changes,
         } = txn;
         let mut out = Vec::with_capacity(changes.len());
+        // Per CHANGE AGGREGATE (by source table): the values of its changes.
+        let mut changed: BTreeMap<&QualName, Vec<Row>> = BTreeMap::new();
         for (index, c) in changes.into_iter().enumerate() {
-            let Some((target, source)) = self.tables.get(&c.table) else {
+            let Some(planned) = self.tables.get(&c.table) else {
                 out.push(c);
                 continue;
             };
+            if let Some(agg) = planned.aggregation.as_ref().filter(|a| a.change) {
+                let values = match c.after {
+                    Some(after) if c.op != ChangeOp::Delete => after,
+                    _ => deleted_row(&planned.source, &c),
+                };
+                changed.entry(&agg.source).or_default().push(values);
+                continue;
+            }
             let stamp = Stamp {
                 commit_seq: commit_seq(epoch, gtid.seq),
                 intent_seq: intent_seq(gtid.seq, index),
                 commit_micros,
             };
-            write_change(&mut out, c, target, source, &stamp);
+            write_change(&mut out, c, &planned.target, &planned.source, &stamp);
         }
-        Transaction {
+        for (table, values) in changed {
+            let Some(agg) = self.tables.get(table).and_then(|p| p.aggregation.as_ref()) else {
+                continue;
+            };
+            let seq = commit_seq(epoch, gtid.seq);
+            for row in agg.change_rows(&values, commit_micros, &seq)? {
+                out.push(RowChange {
+                    table: agg.def.name.clone(),
+                    op: ChangeOp::Insert,
+                    key: agg.def.key_of(&row),
+                    before: None,
+                    after: Some(row),
+                });
+            }
+        }
+        Ok(Transaction {
             gtid,
             commit_micros,
             changes: out,
-        }
+        })
     }
 }
 
@@ -432,7 +480,8 @@ fn write_change(
             }
         }
         TargetKind::BaseAggregate { .. } | TargetKind::ChangeAggregate { .. } => {
-            // Never in a plan (`TargetPlan::add` refuses them): kept as they came.
+            // A BASE AGGREGATE's source rows go into the copy the store aggregates (a
+            // CHANGE AGGREGATE's never come here).
             out.push(c);
         }
     }
