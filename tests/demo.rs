@@ -12,7 +12,7 @@ use std::process::{Command, ExitStatus, Stdio};
 use std::time::Duration;
 
 use common::{hawser_bin, poll_until};
-use serde_json::Value;
+use serde_json::{json, Value};
 
 /// The whole demo: three node starts, Raft, the scheme, the workload, catch-up, stop.
 const DEMO_TIMEOUT: Duration = Duration::from_secs(180);
@@ -135,8 +135,10 @@ fn demo_exit_after_forms_three_nodes_replicates_with_matching_checksums_and_stop
         names(&summary["checksums"], "table"),
         ["accounts", "events"]
     );
-    for t in checksums {
-        assert_eq!(names(&t["nodes"], "node"), ["ds1", "ds2", "ds3"], "{t}");
+    // ds3 keeps accounts as a change history, not a copy: no checksum there.
+    let holders = [vec!["ds1", "ds2"], vec!["ds1", "ds2", "ds3"]];
+    for (t, holders) in checksums.iter().zip(holders) {
+        assert_eq!(names(&t["nodes"], "node"), holders, "{t}");
         let copies = t["nodes"].as_array().unwrap();
         for c in copies {
             assert_eq!(
@@ -153,6 +155,30 @@ fn demo_exit_after_forms_three_nodes_replicates_with_matching_checksums_and_stop
     assert_eq!(summary["all_match"], true);
     assert_eq!(summary["workload"]["commits"], 300, "{summary}");
 
+    // ds3's CCD history of accounts: the seed's three inserts, then the transfer's
+    // two updates, in commit order.
+    let history = &summary["history"];
+    assert_eq!(history["table"], "accounts_history", "{history}");
+    let ops: Vec<&str> = history["changes"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no history in {summary}"))
+        .iter()
+        .map(|c| c[0].as_str().unwrap())
+        .collect();
+    assert_eq!(ops, ["I", "I", "I", "U", "U"], "{history}");
+    assert_eq!(
+        (&history["changes"][3][2], &history["changes"][3][3]),
+        (&json!("Brian"), &json!("225.50")),
+        "{history}"
+    );
+
+    // The conflict: ds3's later update holds on both; ds3 kept ds2's as a conflict.
+    let c = &summary["conflict"];
+    assert_eq!(c["resolved_equal"], true, "{c}");
+    assert_eq!(c["holds"], json!([["ds2", "Chen"], ["ds3", "Chen"]]), "{c}");
+    assert_eq!(c["recorded"][0][1], 0, "{c}");
+    assert!(c["recorded"][1][1].as_u64().unwrap() >= 1, "{c}");
+
     // Return services: the master's counters when its node reports them, else null.
     let returns = &summary["returns"];
     assert!(
@@ -167,6 +193,8 @@ fn demo_exit_after_forms_three_nodes_replicates_with_matching_checksums_and_stop
         "STREAMS",
         "RETURN SERVICES",
         "CHECKSUMS",
+        "HISTORY",
+        "CONFLICT",
     ] {
         assert!(stderr.contains(section), "no {section} in:\n{stderr}");
     }

@@ -279,9 +279,15 @@ pub(crate) async fn drill(demo: &mut Demo) -> anyhow::Result<FailoverReport> {
 
     let mut checksums = Vec::new();
     let mut copies_equal = true;
+    let holders = super::scheme::table_holders(&demo.scheme);
     for table in TABLES {
         let mut per_node = Vec::new();
-        for n in &demo.nodes {
+        let holds = |name: &str| {
+            holders
+                .get(table)
+                .is_some_and(|h| h.iter().any(|s| s == name))
+        };
+        for n in demo.nodes.iter().filter(|n| holds(&n.name)) {
             let sum = checksum::of_table(&n.client, table)
                 .await
                 .with_context(|| format!("checksum {table} on {}", n.name))?;

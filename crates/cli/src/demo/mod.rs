@@ -28,7 +28,9 @@
 //! nodes are looked at).
 
 mod checksum;
+mod conflict;
 mod failover;
+mod history;
 mod node;
 mod probe;
 mod scheme;
@@ -99,6 +101,8 @@ pub(crate) struct Demo {
     pub(crate) started: Instant,
     /// The store that masters the demo's tables now (ds1 until a failover).
     pub(crate) master: String,
+    /// What the conflict step did.
+    pub(crate) conflict: Option<conflict::ConflictReport>,
 }
 
 impl Demo {
@@ -334,6 +338,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
         caught_up: false,
         started,
         master: NODES[0].to_string(),
+        conflict: None,
     };
     let outcome = tokio::select! {
         biased;

@@ -8,19 +8,23 @@
 //!        ds1 ─────────────────────────────────────► ds2
 //!     (MASTER)                                  (SUBSCRIBER of ds1,
 //!         │                                      PROPAGATOR of events)
-//!         │ accounts (asynchronous)                  │ events (asynchronous,
-//!         └──────────────────► ds3 ◄─────────────────┘  COMPRESS TRAFFIC ON)
+//!         │ accounts (asynchronous,                  │ events (asynchronous,
+//!         │  as a CCD change history)                │  COMPRESS TRAFFIC ON)
+//!         └──────────────────► ds3 ◄─────────────────┘
 //! ```
 //!
 //! The compressed link is the one the bulk of the workload takes to ds3; the direct
 //! links stay uncompressed, so the summary shows the saving next to a stream without
-//! one. The roles, links and table holders shown by the summary are read from the
+//! one. ds3 keeps `accounts` as a DB2 CCD NONCONDENSED table, `accounts_history`: every
+//! change with its operation and commit sequence, the transfer's included. A second
+//! scheme, [`BRANCHES_SCHEME`], makes ds2 and ds3 both masters of `branches` with
+//! row-timestamp conflict checking, for the demo's conflict (`super::conflict`). The roles, links and table holders shown by the summary are read from the
 //! cluster's effective scheme (parsed back from `SHOW`-style DDL), not from the text
 //! below, so they show what Raft holds.
 
 use std::collections::BTreeMap;
 
-use hawser_scheme::ast::{ElementKind, OwnerRole, ReturnService, Scheme, StoreName};
+use hawser_scheme::ast::{ElementKind, OwnerRole, ReturnService, Scheme, StoreName, TargetKind};
 use hawser_scheme::print;
 use hawser_scheme::route::StoreSettings;
 use serde::Serialize;
@@ -28,16 +32,32 @@ use serde::Serialize;
 /// The three nodes, in the order they start; the first is every element's master.
 pub(crate) const NODES: [&str; 3] = ["ds1", "ds2", "ds3"];
 
-/// The tables, created on every node: DDL of TABLE elements is not replicated.
-pub(crate) const TABLES: &str = "
-create table accounts (
-    id       integer primary key,
-    owner    varchar(40) not null,
-    balance  decimal(12,2) not null,
-    opened   date
-);
-create table events (k bigint primary key, payload varchar(200));
-";
+/// The tables and the nodes that create them: DDL of TABLE elements is not replicated.
+/// ds3 has no `accounts`: its subscriber creates `accounts_history` itself.
+pub(crate) const TABLES: [(&str, &[&str]); 3] = [
+    (
+        "create table accounts (
+            id       integer primary key,
+            owner    varchar(40) not null,
+            balance  decimal(12,2) not null,
+            opened   date
+        )",
+        &["ds1", "ds2"],
+    ),
+    (
+        "create table events (k bigint primary key, payload varchar(200))",
+        &["ds1", "ds2", "ds3"],
+    ),
+    (
+        "create table branches (
+            id       integer primary key,
+            city     varchar(40) not null,
+            manager  varchar(40) not null,
+            tstamp   binary(8)
+        )",
+        &["ds2", "ds3"],
+    ),
+];
 
 /// Example rows, written on the master only (replication brings them to the others).
 pub(crate) const SEED: &str = "
@@ -70,7 +90,7 @@ pub(crate) const SCHEME: &str = "CREATE REPLICATION bank
 ELEMENT accounts TABLE accounts
   MASTER ds1
   SUBSCRIBER ds2 RETURN TWOSAFE
-  SUBSCRIBER ds3
+  SUBSCRIBER ds3 AS CCD NONCONDENSED INTO accounts_history
 ELEMENT events TABLE events
   MASTER ds1
   SUBSCRIBER ds2 RETURN TWOSAFE
@@ -80,6 +100,25 @@ ELEMENT events_relay TABLE events
 STORE ds1 RETURN WAIT TIME 5 DISABLE RETURN SUBSCRIBER 3 RESUME RETURN 100
 STORE ds2 COMPRESS TRAFFIC ON
 STORE ds3 TABLE DEFINITION CHECKING EXACT";
+
+/// ds3's change history of `accounts` (the CCD its subscriber keeps).
+pub(crate) const HISTORY_TABLE: &str = "accounts_history";
+
+/// A bidirectional scheme as the TimesTen seed's Example 10-31 writes one: ds2 and ds3
+/// both master `branches`; a received change older than the row is a conflict.
+pub(crate) const BRANCHES_SCHEME: &str = "CREATE REPLICATION branches
+ELEMENT branches_ds2 TABLE branches
+  CHECK CONFLICTS BY ROW TIMESTAMP COLUMN tstamp UPDATE BY SYSTEM ON EXCEPTION NO ACTION
+  MASTER ds2
+  SUBSCRIBER ds3
+ELEMENT branches_ds3 TABLE branches
+  CHECK CONFLICTS BY ROW TIMESTAMP COLUMN tstamp UPDATE BY SYSTEM ON EXCEPTION NO ACTION
+  MASTER ds3
+  SUBSCRIBER ds2";
+
+/// The row both sides of the conflict update.
+pub(crate) const BRANCH_ROW: &str =
+    "insert into branches (id, city, manager) values (1, 'Lisbon', 'Ada')";
 
 /// One element as the summary shows it.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -101,6 +140,9 @@ pub(crate) struct SubscriberRole {
     pub(crate) store: String,
     /// `RETURN TWOSAFE`, `RETURN RECEIPT`, ... or `NO RETURN` (asynchronous).
     pub(crate) return_service: String,
+    /// `AS ...` when the subscriber keeps a target table other than a plain copy.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) target: Option<String>,
 }
 
 fn store_name(name: &StoreName) -> String {
@@ -131,9 +173,11 @@ pub(crate) fn roles(scheme: &Scheme) -> Vec<ElementRoles> {
                 .iter()
                 .flat_map(|clause| {
                     let rs = clause.return_service.unwrap_or(ReturnService::NoReturn);
+                    let target = clause.target.as_ref().map(print::target);
                     clause.stores.iter().map(move |s| SubscriberRole {
                         store: store_name(&s.name),
                         return_service: print::return_service(&rs).to_string(),
+                        target: target.clone(),
                     })
                 })
                 .collect(),
@@ -178,7 +222,7 @@ pub(crate) fn compressed(scheme: &Scheme, sender: &str) -> bool {
 }
 
 /// The tables of TABLE elements and the stores that hold a copy (owners and
-/// subscribers), master first.
+/// subscribers that keep no other target), master first.
 pub(crate) fn table_holders(scheme: &Scheme) -> BTreeMap<String, Vec<String>> {
     let mut out: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for el in &scheme.elements {
@@ -186,7 +230,12 @@ pub(crate) fn table_holders(scheme: &Scheme) -> BTreeMap<String, Vec<String>> {
             continue;
         };
         let holders = out.entry(print::qual_name(table)).or_default();
-        let stores = std::iter::once(&el.owner).chain(el.subscriber_stores());
+        let copies = el
+            .subscribers
+            .iter()
+            .filter(|c| c.target.as_ref().is_none_or(|t| is_copy(table, t)))
+            .flat_map(|c| c.stores.iter());
+        let stores = std::iter::once(&el.owner).chain(copies);
         for s in stores {
             let name = store_name(&s.name);
             if !holders.contains(&name) {
@@ -195,6 +244,12 @@ pub(crate) fn table_holders(scheme: &Scheme) -> BTreeMap<String, Vec<String>> {
         }
     }
     out
+}
+
+/// Whether a subscriber's `AS target` keeps a copy of `table`.
+fn is_copy(table: &hawser_core::QualName, t: &hawser_scheme::ast::TargetSpec) -> bool {
+    matches!(t.kind, TargetKind::UserCopy | TargetKind::Replica)
+        && t.into.as_ref().is_none_or(|i| i == table)
 }
 
 #[cfg(test)]
@@ -220,8 +275,15 @@ mod tests {
         assert!(compressed(&scheme, "ds2"));
         assert!(!compressed(&scheme, "ds1"));
         let holders = table_holders(&scheme);
-        assert_eq!(holders["accounts"], ["ds1", "ds2", "ds3"]);
+        // ds3 keeps a change history of accounts, not a copy.
+        assert_eq!(holders["accounts"], ["ds1", "ds2"]);
         assert_eq!(holders["events"], ["ds1", "ds2", "ds3"]);
+    }
+
+    #[test]
+    fn the_branches_scheme_is_valid_and_checks_conflicts_both_ways() {
+        let report = hawser_scheme::check_source("branches", BRANCHES_SCHEME);
+        assert!(report.is_ok(), "{:?}", report.diagnostics);
     }
 
     #[test]

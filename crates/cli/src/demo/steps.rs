@@ -2,7 +2,7 @@
 //!
 //! ```text
 //!  StartSeed ─► Bootstrap ─► Join ─► AwaitQuorum ─► CreateTables ─► CreateScheme
-//!            ─► AwaitStreams ─► Workload ─► CatchUp          (then the summary)
+//!            ─► AwaitStreams ─► Workload ─► CatchUp ─► Conflict   (then the summary)
 //! ```
 //!
 //! Each step says what it does on stderr before it starts, waits only with deadlines,
@@ -56,6 +56,9 @@ pub(crate) enum Step {
     Workload,
     /// Wait until every stream has acknowledged its sender's whole log.
     CatchUp,
+    /// Two masters of `branches` update one row while neither hears the other
+    /// ([`super::conflict`]).
+    Conflict,
 }
 
 /// The steps, in the order they run.
@@ -69,6 +72,7 @@ pub(crate) const STEPS: &[Step] = &[
     Step::AwaitStreams,
     Step::Workload,
     Step::CatchUp,
+    Step::Conflict,
 ];
 
 impl Step {
@@ -80,7 +84,8 @@ impl Step {
             Step::Join => format!("starting {} with --join…", NODES[1..].join(" and ")),
             Step::AwaitQuorum => "waiting for three Raft voters and a leader…".into(),
             Step::CreateTables => format!(
-                "creating tables on every node (TABLE DDL is not replicated), rows on {}…",
+                "creating tables on the nodes that hold them (TABLE DDL is not replicated), \
+                 rows on {}…",
                 NODES[0]
             ),
             Step::CreateScheme => format!(
@@ -94,6 +99,11 @@ impl Step {
                 demo.writes, NODES[0]
             ),
             Step::CatchUp => "waiting for the subscribers to catch up…".into(),
+            Step::Conflict => format!(
+                "a conflict: {} and {} both master branches (scheme branches, CHECK \
+                 CONFLICTS BY ROW TIMESTAMP) and update one row while paused…",
+                NODES[1], NODES[2]
+            ),
         }
     }
 
@@ -109,6 +119,7 @@ impl Step {
             Step::AwaitStreams => await_streams(demo).await,
             Step::Workload => workload(demo).await,
             Step::CatchUp => catch_up(demo).await,
+            Step::Conflict => super::conflict::run(demo).await,
         }
     }
 }
@@ -191,7 +202,10 @@ async fn await_quorum(demo: &mut Demo) -> anyhow::Result<()> {
 }
 
 /// Runs `sql` on `node`; a statement error is an error.
-async fn execute(node: &ChildNode, sql: &str) -> anyhow::Result<hawser_client::ScriptOutcome> {
+pub(crate) async fn execute(
+    node: &ChildNode,
+    sql: &str,
+) -> anyhow::Result<hawser_client::ScriptOutcome> {
     let outcome = node
         .client
         .clone()
@@ -211,36 +225,41 @@ async fn execute(node: &ChildNode, sql: &str) -> anyhow::Result<hawser_client::S
 }
 
 async fn create_tables(demo: &mut Demo) -> anyhow::Result<()> {
-    for node in &demo.nodes {
-        execute(node, TABLES).await?;
+    for (ddl, nodes) in TABLES {
+        for name in nodes {
+            execute(demo.node(name)?, ddl).await?;
+        }
     }
     execute(demo.node(NODES[0])?, SEED).await?;
     Ok(())
 }
 
-async fn create_scheme(demo: &mut Demo) -> anyhow::Result<()> {
-    let via = demo.node(NODES[2])?;
-    // Without a leader the statement fails with the retryable 57P03; anything else
-    // is final.
-    wait_until("CREATE REPLICATION accepted", DDL_TIMEOUT, async || {
+/// Runs replication DDL `ddl` through `via`, retrying while there is no leader (the
+/// retryable 57P03); any other error is final.
+pub(crate) async fn replication_ddl(via: &ChildNode, ddl: &str) -> anyhow::Result<()> {
+    wait_until("replication DDL accepted", DDL_TIMEOUT, async || {
         let outcome = via
             .client
             .clone()
-            .execute(SCHEME)
+            .execute(ddl)
             .await
             .map_err(|e| e.to_string())?;
         match outcome.error {
             None => Ok(Ok(())),
             Some(e) if e.code == "57P03" => Err(format!("error[57P03]: {}", e.message)),
             Some(e) => Ok(Err(anyhow::anyhow!(
-                "CREATE REPLICATION on {}: error[{}]: {}",
+                "replication DDL on {}: error[{}]: {}",
                 via.name,
                 e.code,
                 e.message
             ))),
         }
     })
-    .await??;
+    .await?
+}
+
+async fn create_scheme(demo: &mut Demo) -> anyhow::Result<()> {
+    replication_ddl(demo.node(NODES[2])?, SCHEME).await?;
     // Read it back from the master: it is there once Raft has applied it on that node.
     let master = demo.node(NODES[0])?;
     let ddl = wait_until(
@@ -284,28 +303,40 @@ pub(crate) fn parse_scheme(ddl: &str) -> anyhow::Result<hawser_scheme::Scheme> {
     }
 }
 
-/// A stream as the sender's `/replication` shows it.
+/// A stream of scheme `scheme` as the sender's `/replication` shows it.
 fn outbound<'a>(
     replication: &'a serde_json::Value,
+    scheme: &str,
     receiver: &str,
 ) -> Option<&'a serde_json::Value> {
     replication["outbound"]
         .as_array()?
         .iter()
-        .find(|s| s["receiver"] == receiver)
+        .find(|s| s["receiver"] == receiver && s["scheme"] == scheme)
 }
 
 async fn await_streams(demo: &mut Demo) -> anyhow::Result<()> {
     let links = scheme::links(&demo.scheme);
-    let demo_ref = &*demo;
+    await_links(demo, &demo.scheme.name.to_string(), &links).await?;
+    let shown: Vec<String> = links.iter().map(|(s, r)| format!("{s} → {r}")).collect();
+    demo.progress(&format!("  streaming: {}", shown.join(", ")));
+    Ok(())
+}
+
+/// Waits until every stream `links` names of scheme `scheme` is streaming.
+pub(crate) async fn await_links(
+    demo: &Demo,
+    scheme: &str,
+    links: &[(String, String)],
+) -> anyhow::Result<()> {
     wait_until("every stream streaming", STREAMS_TIMEOUT, async || {
-        for (sender, receiver) in &links {
-            let node = demo_ref.node(sender).map_err(|e| e.to_string())?;
+        for (sender, receiver) in links {
+            let node = demo.node(sender).map_err(|e| e.to_string())?;
             let replication = get_json(&node.http, "/replication")
                 .await
                 .map_err(|e| e.to_string())?;
-            let Some(stream) = outbound(&replication, receiver) else {
-                return Err(format!("no stream {sender} → {receiver} yet"));
+            let Some(stream) = outbound(&replication, scheme, receiver) else {
+                return Err(format!("no stream {sender} → {receiver} of {scheme} yet"));
             };
             if stream["state"] != "streaming" {
                 return Err(format!(
@@ -316,10 +347,7 @@ async fn await_streams(demo: &mut Demo) -> anyhow::Result<()> {
         }
         Ok(())
     })
-    .await?;
-    let shown: Vec<String> = links.iter().map(|(s, r)| format!("{s} → {r}")).collect();
-    demo.progress(&format!("  streaming: {}", shown.join(", ")));
-    Ok(())
+    .await
 }
 
 async fn workload(demo: &mut Demo) -> anyhow::Result<()> {
@@ -398,6 +426,7 @@ async fn write_row(client: &mut hawser_client::Client, row: Vec<Value>) -> anyho
 /// it.
 async fn catch_up(demo: &mut Demo) -> anyhow::Result<()> {
     let links = scheme::links(&demo.scheme);
+    let name = demo.scheme.name.to_string();
     let started = Instant::now();
     let demo_ref = &*demo;
     let result = wait_until("subscribers caught up", CATCH_UP_TIMEOUT, async || {
@@ -421,7 +450,7 @@ async fn catch_up(demo: &mut Demo) -> anyhow::Result<()> {
                 .await
                 .map_err(|e| e.to_string())?;
             for receiver in receivers {
-                let acked = outbound(&replication, receiver)
+                let acked = outbound(&replication, &name, receiver)
                     .and_then(|s| s["acked_lsn"].as_u64())
                     .unwrap_or(0);
                 if acked < last_lsn {

@@ -7,6 +7,8 @@
 //!  each sender's /replication ─► streams: state, lag, acked high-water, raw/wire bytes
 //!  the master's /replication ──► return services ("returns", when the node has them)
 //!  SELECT * on every holder ───► per table a checksum per node, match or DIFFERENT
+//!  ds3's accounts_history ─────► the CCD change history, in commit order
+//!  the conflict step ──────────► the two updates, who holds what, what was recorded
 //! ```
 //!
 //! The JSON form carries everything the tables show; the tables are a rendering of the
@@ -45,6 +47,10 @@ pub(crate) struct Summary {
     /// Every table's copies match.
     pub(crate) all_match: bool,
     pub(crate) workload: Option<Workload>,
+    /// ds3's CCD history of accounts.
+    pub(crate) history: Option<super::history::HistoryReport>,
+    /// The conflict step's report.
+    pub(crate) conflict: Option<super::conflict::ConflictReport>,
     /// What could not be read from the nodes.
     pub(crate) problems: Vec<String>,
     pub(crate) data_dir: String,
@@ -83,6 +89,7 @@ pub(crate) struct SchemeReport {
 /// One outbound stream, as its sender reports it.
 #[derive(Debug, Serialize)]
 pub(crate) struct StreamReport {
+    pub(crate) scheme: String,
     pub(crate) sender: String,
     pub(crate) receiver: String,
     pub(crate) state: String,
@@ -256,6 +263,13 @@ impl Summary {
             });
         }
 
+        let history = match super::history::gather(demo).await {
+            Ok(h) => Some(h),
+            Err(e) => {
+                problems.push(format!("{e:#}"));
+                None
+            }
+        };
         Summary {
             nodes,
             leader,
@@ -273,6 +287,8 @@ impl Summary {
             all_match: !checksums.is_empty() && checksums.iter().all(|t| t.matches),
             checksums,
             workload: demo.workload.clone(),
+            history,
+            conflict: demo.conflict.clone(),
             problems,
             data_dir: demo.root.display().to_string(),
             elapsed_ms: demo.started.elapsed().as_millis() as u64,
@@ -327,9 +343,15 @@ impl Summary {
                 let subs: Vec<String> = e
                     .subscribers
                     .iter()
-                    .map(|s| match s.return_service.as_str() {
-                        "NO RETURN" => format!("{} (asynchronous)", s.store),
-                        rs => format!("{} ({rs})", s.store),
+                    .map(|s| {
+                        let rs = match s.return_service.as_str() {
+                            "NO RETURN" => "asynchronous",
+                            rs => rs,
+                        };
+                        match &s.target {
+                            Some(t) => format!("{} ({rs}, {t})", s.store),
+                            None => format!("{} ({rs})", s.store),
+                        }
                     })
                     .collect();
                 vec![
@@ -359,8 +381,13 @@ impl Summary {
                     .iter()
                     .map(|(origin, seq)| format!("{origin}:{seq}"))
                     .collect();
+                let main = s.scheme == self.scheme.name;
                 vec![
-                    format!("{} → {}", s.sender, s.receiver),
+                    if main {
+                        format!("{} → {}", s.sender, s.receiver)
+                    } else {
+                        format!("{} → {} ({})", s.sender, s.receiver, s.scheme)
+                    },
                     match &s.reason {
                         Some(r) => format!("{} ({r})", s.state),
                         None => s.state.clone(),
@@ -476,6 +503,13 @@ impl Summary {
             out.push_str("(the subscribers had not caught up when the checksums were taken)\n");
         }
 
+        if let Some(h) = &self.history {
+            out.push_str(&h.render());
+        }
+        if let Some(c) = &self.conflict {
+            out.push_str(&c.render());
+        }
+
         if !self.problems.is_empty() {
             let _ = writeln!(out, "\nPROBLEMS");
             for p in &self.problems {
@@ -522,6 +556,7 @@ fn stream_report(
         None => "off".to_string(),
     };
     StreamReport {
+        scheme: s["scheme"].as_str().unwrap_or("?").to_string(),
         sender: sender.to_string(),
         state: s["state"].as_str().unwrap_or("?").to_string(),
         reason: s["reason"].as_str().map(str::to_string),
