@@ -1,28 +1,40 @@
 //! BASE AGGREGATE upkeep (docs/targets.md): a subscriber keeps the source rows of a
 //! BASE AGGREGATE target as a copy, and every replicated apply that changes that copy
-//! recomputes the groups it touched from it, writing the aggregate rows in the same
-//! engine batch as the apply (atomic with it across crashes). The arithmetic is
-//! `hawser_target::aggregate`'s; this module reads and writes.
+//! writes the aggregate rows of the groups it touched in the same engine batch (atomic
+//! with it across crashes). The arithmetic is `hawser_target::aggregate`'s; this module
+//! keeps the groups and reads and writes.
+//!
+//! ```text
+//!  apply (write step)     note(change): group of before −= row, group of after += row
+//!                         (from the kept groups: folded from the copy once, then kept)
+//!                         write(): the touched groups' rows into the batch
+//!  after the engine write commit(): the touched groups become the kept ones
+//! ```
 //!
 //! Decisions:
-//! - A touched group is folded again from every row of the copy (one scan per apply
-//!   that touches a rule's table), as DB2 computes a base aggregate from the whole
-//!   source table each cycle: exact for MIN, MAX and AVG without keeping more state.
+//! - The groups are kept in memory per aggregate table, folded from the copy on first
+//!   use (one scan per table per process) and then changed by each apply: an apply
+//!   costs its changes, not the table. A removal the running state cannot undo (the
+//!   row held a group's MIN or MAX, or a DOUBLE sum would drift) folds the whole copy
+//!   again for that apply, as DB2 folds the whole source each cycle.
+//! - The kept groups change only after the engine write succeeded, and are dropped on
+//!   any failure, a catalog change of the copy or a duplicate ([`Database::
+//!   refresh_aggregates`]), so they never run ahead of the committed rows.
 //! - Aggregate rows have no log record: they are this store's derivation of rows it
 //!   logs, like the conflicts table's rows, and are never sent on.
 //! - A rule set for a copy that already holds rows (after a duplicate) is reconciled at
 //!   once; groups whose aggregates already agree are left as they are, so a restart
 //!   writes nothing.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
 use hawser_core::key::encode_key;
-use hawser_core::{QualName, Row, RowChange};
+use hawser_core::{QualName, Row, RowChange, Value};
 use hawser_scheme::route::ResolvedTarget;
 use hawser_target::aggregate::Acc;
 use hawser_target::Aggregation;
-use parking_lot::RwLock;
+use parking_lot::{Mutex, RwLock};
 
 use crate::codec;
 use crate::db::{decode_stored_row, now_micros, Database, Inner, KeyRange, TableRef};
@@ -36,93 +48,226 @@ pub type AggregateRules = Vec<(QualName, ResolvedTarget)>;
 #[derive(Default)]
 pub(crate) struct Aggregates {
     rules: RwLock<Arc<AggregateRules>>,
+    /// Per aggregate table, its groups as the committed copy gives them.
+    kept: Mutex<HashMap<QualName, Kept>>,
+}
+
+/// One aggregate table's groups, and what they were folded from.
+#[derive(Debug, Clone)]
+pub(crate) struct Kept {
+    /// The copy's and the aggregate table's ids and the copy's catalog version.
+    tables: (u64, u64, u64),
+    groups: BTreeMap<Row, Group>,
+}
+
+#[derive(Debug, Clone)]
+struct Group {
+    acc: Acc,
+    /// `IBMSNAP_LLOGMARKER`: when the group began.
+    low: i64,
 }
 
 impl Aggregates {
     pub(crate) fn rules(&self) -> Arc<AggregateRules> {
         self.rules.read().clone()
     }
+
+    /// Makes an apply's groups the kept ones (its engine write succeeded).
+    pub(crate) fn commit(&self, done: Vec<(QualName, Kept)>) {
+        let mut kept = self.kept.lock();
+        for (into, k) in done {
+            kept.insert(into, k);
+        }
+    }
+
+    /// Drops every kept group: they are folded again when next used.
+    pub(crate) fn forget(&self) {
+        self.kept.lock().clear();
+    }
 }
 
-/// Groups touched, with the commit times of the first and last transactions that
-/// touched each.
-type Groups = BTreeMap<Row, (i64, i64)>;
+/// One aggregation an apply touches.
+struct Rule {
+    agg: Aggregation,
+    source: TableRef,
+    into: TableRef,
+    /// The groups before the apply, then as its changes leave them.
+    kept: Kept,
+    /// Groups changed, with what they were before the apply.
+    changed: BTreeMap<Row, Changed>,
+    /// A removal could not be undone: fold the copy again at the end.
+    refold: bool,
+}
 
-/// The groups one apply's changes touched, per aggregation of a table it changes.
+/// A group an apply changed.
+struct Changed {
+    /// Commit time of the first change.
+    first: i64,
+    /// Commit time of the last change.
+    last: i64,
+    /// Its `IBMSNAP_LLOGMARKER` before the apply, when it had rows then.
+    old_low: Option<i64>,
+}
+
+/// The aggregations of one apply.
 pub(crate) struct Touched {
-    rules: Vec<(Aggregation, Groups)>,
+    rules: Vec<Rule>,
 }
 
 impl Touched {
-    /// The aggregations of `tables` (an apply's) under `rules`; one that no longer
-    /// fits its source table is skipped with a warning.
-    pub(crate) fn new(rules: &AggregateRules, tables: &[TableRef]) -> Self {
+    /// The aggregations of `tables` (an apply's) under the store's rules, each with its
+    /// groups as committed. One that no longer fits its source table is skipped with a
+    /// warning.
+    pub(crate) fn new(inner: &Inner, tables: &[TableRef]) -> Result<Self, StoreError> {
         let mut out = Vec::new();
-        for (source, target) in rules {
+        for (source, target) in inner.aggregates.rules().iter() {
             let Some(t) = tables.iter().find(|t| &t.def.name == source) else {
                 continue;
             };
-            match Aggregation::new(&t.def, target) {
-                Ok(Some(a)) if !a.change => out.push((a, BTreeMap::new())),
-                Ok(_) => {}
-                Err(e) => tracing::warn!(error = %e, "an aggregate target is not kept"),
-            }
+            let agg = match Aggregation::new(&t.def, target) {
+                Ok(Some(a)) if !a.change => a,
+                Ok(_) => continue,
+                Err(e) => {
+                    tracing::warn!(error = %e, "an aggregate target is not kept");
+                    continue;
+                }
+            };
+            let Some(into) = target_table(inner, &agg) else {
+                continue;
+            };
+            let kept = kept_groups(inner, &agg, t, &into)?;
+            out.push(Rule {
+                agg,
+                source: t.clone(),
+                into,
+                kept,
+                changed: BTreeMap::new(),
+                refold: false,
+            });
         }
-        Touched { rules: out }
+        Ok(Touched { rules: out })
     }
 
     pub(crate) fn is_empty(&self) -> bool {
         self.rules.is_empty()
     }
 
-    /// Notes the groups a change applied here left and entered.
+    /// Takes a change applied here into its groups: its before-image out of one, its
+    /// after-image into one.
     pub(crate) fn note(&mut self, change: &RowChange, commit_micros: i64) {
-        for (agg, groups) in &mut self.rules {
-            if agg.source != change.table {
+        for rule in &mut self.rules {
+            if rule.agg.source != change.table {
                 continue;
             }
-            for row in [&change.before, &change.after].into_iter().flatten() {
-                groups
-                    .entry(agg.group_of(row))
-                    .and_modify(|(_, last)| *last = (*last).max(commit_micros))
-                    .or_insert((commit_micros, commit_micros));
+            // An update within one group does not end the group, even for a moment.
+            let left = change.before.as_ref().map(|b| rule.agg.group_of(b));
+            for (row, add) in [(&change.before, false), (&change.after, true)] {
+                let Some(row) = row else { continue };
+                let group = rule.agg.group_of(row);
+                match rule.changed.get_mut(&group) {
+                    Some(c) => c.last = c.last.max(commit_micros),
+                    None => {
+                        let old_low = rule
+                            .kept
+                            .groups
+                            .get(&group)
+                            .filter(|g| g.acc.rows() > 0)
+                            .map(|g| g.low);
+                        rule.changed.insert(
+                            group.clone(),
+                            Changed {
+                                first: commit_micros,
+                                last: commit_micros,
+                                old_low,
+                            },
+                        );
+                    }
+                }
+                if rule.refold {
+                    continue;
+                }
+                let same = left.as_ref() == Some(&group);
+                let g = rule.kept.groups.entry(group).or_insert_with(|| Group {
+                    acc: rule.agg.empty(),
+                    low: commit_micros,
+                });
+                if add && g.acc.rows() == 0 && !same {
+                    g.low = commit_micros;
+                }
+                if add {
+                    rule.agg.add(&mut g.acc, row);
+                } else if g.acc.rows() == 0 || !rule.agg.remove(&mut g.acc, row) {
+                    // Also a row the kept groups do not know: fold again.
+                    rule.refold = true;
+                }
             }
         }
     }
 
-    /// Adds to `batch` the aggregate rows of every touched group, folded from the
-    /// source rows as the apply leaves them: the committed rows of `tables[i]` under
-    /// the apply's own writes `overlay[i]` (by encoded key).
+    /// Adds to `batch` the aggregate rows of every group the apply changed, and
+    /// returns the groups to keep once the batch is written. `overlay[i]` holds the
+    /// apply's own writes of `tables[i]` (by encoded key), for a refold.
     pub(crate) fn write(
         self,
         inner: &Inner,
         tables: &[TableRef],
         overlay: &[BTreeMap<Vec<u8>, Option<Row>>],
         batch: &mut WriteBatch,
-    ) -> Result<(), StoreError> {
-        for (agg, groups) in self.rules {
-            if groups.is_empty() {
+    ) -> Result<Vec<(QualName, Kept)>, StoreError> {
+        let mut done = Vec::new();
+        for mut rule in self.rules {
+            if rule.changed.is_empty() {
                 continue;
             }
-            let Some(into) = target_table(inner, &agg) else {
-                continue;
-            };
-            let Some(i) = tables.iter().position(|t| t.def.name == agg.source) else {
-                continue;
-            };
-            let mut folded = BTreeMap::new();
-            each_row(inner, &tables[i], Some(&overlay[i]), |row| {
-                agg.fold_row(&mut folded, row, |g| groups.contains_key(g));
-            })?;
-            let olds = old_rows(inner, &into, &agg, groups.keys())?;
-            for (group, (first, last)) in &groups {
-                let (gone, put) = agg
-                    .base_update(group, folded.get(group), olds.get(group), *first, *last)
-                    .map_err(|e| StoreError::InvalidBatch(e.to_string()))?;
-                put_rows(&into, gone, put, batch);
+            if rule.refold {
+                // Fold the copy as the apply leaves it. A group keeps the low it had
+                // before the apply; one that begins in it, its first change's time.
+                let i = tables.iter().position(|t| t.id == rule.source.id);
+                let mut folded = BTreeMap::new();
+                each_row(inner, &rule.source, i.map(|i| &overlay[i]), |row| {
+                    rule.agg.fold_row(&mut folded, row, |_| true);
+                })?;
+                let low_of = |g: &Row| match rule.changed.get(g) {
+                    Some(c) => c.old_low.unwrap_or(c.first),
+                    None => rule.kept.groups.get(g).map_or_else(now_micros, |k| k.low),
+                };
+                rule.kept.groups = folded
+                    .into_iter()
+                    .map(|(g, acc)| {
+                        let low = low_of(&g);
+                        (g, Group { acc, low })
+                    })
+                    .collect();
             }
+            for (group, c) in &rule.changed {
+                let old_key = c.old_low.map(|low| key_of(&rule.agg, group, low));
+                let now = rule.kept.groups.get(group).filter(|g| g.acc.rows() > 0);
+                let (gone, put) = match now {
+                    None => (old_key, None),
+                    Some(g) => {
+                        let row = rule
+                            .agg
+                            .base_row(group, &g.acc, g.low, c.last.max(g.low))
+                            .map_err(|e| StoreError::InvalidBatch(e.to_string()))?;
+                        let key = rule.into.def.key_of(&row);
+                        (old_key.filter(|k| *k != key), Some(row))
+                    }
+                };
+                put_rows(&rule.into, gone, put, batch);
+            }
+            rule.kept.groups.retain(|_, g| g.acc.rows() > 0);
+            done.push((rule.into.def.name.clone(), rule.kept));
         }
-        Ok(())
+        Ok(done)
+    }
+}
+
+/// The aggregate table's key of `group`'s row, the group having begun at `low`.
+fn key_of(agg: &Aggregation, group: &Row, low: i64) -> Row {
+    if agg.keyed_by_group() {
+        group.clone()
+    } else {
+        vec![Value::Timestamp(low)]
     }
 }
 
@@ -138,6 +283,50 @@ fn target_table(inner: &Inner, agg: &Aggregation) -> Option<TableRef> {
         return None;
     }
     Some(into)
+}
+
+/// The kept groups of `agg`, folded from the committed copy when none are kept for
+/// these tables.
+fn kept_groups(
+    inner: &Inner,
+    agg: &Aggregation,
+    source: &TableRef,
+    into: &TableRef,
+) -> Result<Kept, StoreError> {
+    let tables = (source.id, into.id, source.version);
+    if let Some(k) = inner.aggregates.kept.lock().get(&into.def.name) {
+        if k.tables == tables {
+            return Ok(k.clone());
+        }
+    }
+    let mut folded = BTreeMap::new();
+    each_row(inner, source, None, |row| {
+        agg.fold_row(&mut folded, row, |_| true)
+    })?;
+    let lows = lows(inner, agg, into)?;
+    let groups = folded
+        .into_iter()
+        .map(|(g, acc)| {
+            let low = lows.get(&g).copied().unwrap_or_else(now_micros);
+            (g, Group { acc, low })
+        })
+        .collect();
+    Ok(Kept { tables, groups })
+}
+
+/// Each group's `IBMSNAP_LLOGMARKER` in the aggregate table.
+fn lows(
+    inner: &Inner,
+    agg: &Aggregation,
+    into: &TableRef,
+) -> Result<BTreeMap<Row, i64>, StoreError> {
+    let mut out = BTreeMap::new();
+    each_row(inner, into, None, |row| {
+        if let Some(Value::Timestamp(t)) = row.first() {
+            out.insert(agg.group_of_target(row), *t);
+        }
+    })?;
+    Ok(out)
 }
 
 /// Calls `f` with every row of `t` as committed, under `overlay`'s versions.
@@ -161,28 +350,6 @@ fn each_row(
     Ok(())
 }
 
-/// The aggregate table's rows of `groups`, by group.
-fn old_rows<'a>(
-    inner: &Inner,
-    into: &TableRef,
-    agg: &Aggregation,
-    groups: impl Iterator<Item = &'a Row>,
-) -> Result<BTreeMap<Row, Row>, StoreError> {
-    let mut out = BTreeMap::new();
-    if agg.keyed_by_group() {
-        for g in groups {
-            if let Some(row) = inner.get_row(into, &encode_key(g))? {
-                out.insert(g.clone(), row);
-            }
-        }
-    } else {
-        each_row(inner, into, None, |row| {
-            out.insert(agg.group_of_target(row), row.clone());
-        })?;
-    }
-    Ok(out)
-}
-
 fn put_rows(into: &TableRef, gone: Option<Row>, put: Option<Row>, batch: &mut WriteBatch) {
     if let Some(key) = gone {
         batch.delete(layout::row_key(into.id, &encode_key(&key)));
@@ -204,7 +371,20 @@ impl Database {
             return Ok(());
         }
         *self.inner.aggregates.rules.write() = Arc::new(rules.clone());
-        for (source, target) in rules.iter().filter(|r| !old.contains(r)) {
+        let new: Vec<_> = rules.into_iter().filter(|r| !old.contains(r)).collect();
+        self.reconcile(&new).await
+    }
+
+    /// Brings every aggregate table up to date with its copy, folded again: after a
+    /// duplicate, which writes the copy without applies.
+    pub async fn refresh_aggregates(&self) -> Result<(), StoreError> {
+        self.inner.aggregates.forget();
+        let rules = self.inner.aggregates.rules();
+        self.reconcile(&rules).await
+    }
+
+    async fn reconcile(&self, rules: &[(QualName, ResolvedTarget)]) -> Result<(), StoreError> {
+        for (source, target) in rules {
             let Some(def) = self.table(source) else {
                 continue;
             };
@@ -220,14 +400,14 @@ impl Database {
                     Err(e) => return Err(e),
                 }
             }
-            self.reconcile(&agg).await?;
+            self.reconcile_one(&agg).await?;
         }
         Ok(())
     }
 
     /// Writes every group of `agg` whose aggregate row does not hold what the source
     /// rows here give, and deletes the rows of groups the source no longer has.
-    async fn reconcile(&self, agg: &Aggregation) -> Result<(), StoreError> {
+    async fn reconcile_one(&self, agg: &Aggregation) -> Result<(), StoreError> {
         let inner = &self.inner;
         let _serial = inner.apply_lock.lock().await;
         let state = inner.commit.lock();
@@ -237,34 +417,37 @@ impl Database {
         ) else {
             return Ok(());
         };
-        let mut folded: BTreeMap<Row, Acc> = BTreeMap::new();
-        each_row(inner, &source, None, |row| {
-            agg.fold_row(&mut folded, row, |_| true)
-        })?;
+        inner.aggregates.kept.lock().remove(&into.def.name);
+        let kept = kept_groups(inner, agg, &source, &into)?;
         let mut olds = BTreeMap::new();
         each_row(inner, &into, None, |row| {
             olds.insert(agg.group_of_target(row), row.clone());
         })?;
-        let now = now_micros();
         let mut batch = WriteBatch::new();
         let mut written = 0;
-        let groups: BTreeSet<&Row> = folded.keys().chain(olds.keys()).collect();
+        let groups: BTreeSet<&Row> = kept.groups.keys().chain(olds.keys()).collect();
         for group in groups {
-            let (acc, old) = (folded.get(group), olds.get(group));
-            if let (Some(acc), Some(old)) = (acc, old) {
-                if agg.agrees(old, acc) {
-                    continue;
-                }
-            }
-            let (gone, put) = agg
-                .base_update(group, acc, old, now, now)
-                .map_err(|e| StoreError::InvalidBatch(e.to_string()))?;
+            let (g, old) = (kept.groups.get(group), olds.get(group));
+            let put = match (g, old) {
+                (Some(g), Some(old)) if agg.agrees(old, &g.acc) => continue,
+                (Some(g), _) => Some(
+                    agg.base_row(group, &g.acc, g.low, g.low.max(now_micros()))
+                        .map_err(|e| StoreError::InvalidBatch(e.to_string()))?,
+                ),
+                (None, _) => None,
+            };
+            let gone = old
+                .map(|o| into.def.key_of(o))
+                .filter(|k| put.as_ref().is_none_or(|p| *k != into.def.key_of(p)));
             put_rows(&into, gone, put, &mut batch);
             written += 1;
         }
         if written > 0 {
             inner.engine.apply(batch)?;
-            drop(state);
+        }
+        inner.aggregates.commit(vec![(into.def.name.clone(), kept)]);
+        drop(state);
+        if written > 0 {
             inner.engine.flush()?;
             tracing::info!(table = %agg.def.name, groups = written, "aggregate table brought up to date");
         }

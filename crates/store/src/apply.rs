@@ -430,8 +430,18 @@ impl Database {
             let t = &prepared.tables[*table];
             locks.acquire(t, enc).await?;
         }
-        let (last_lsn, mut outcome) =
-            inner.append_foreign(|own_seq| write(inner, own_seq, &prepared, part))?;
+        let appended = inner.append_foreign(|own_seq| write(inner, own_seq, &prepared, part));
+        let (last_lsn, mut outcome) = match appended {
+            Ok(done) => done,
+            Err(e) => {
+                // The kept aggregate groups may be ahead of what is written.
+                inner.aggregates.forget();
+                return Err(e);
+            }
+        };
+        inner
+            .aggregates
+            .commit(std::mem::take(&mut outcome.aggregated));
         inner
             .conflicts
             .publish(std::mem::take(&mut outcome.conflicts));
@@ -668,6 +678,8 @@ struct Outcome {
     compiled: bool,
     /// Conflicts found, published once the batch is written.
     conflicts: Vec<crate::conflict::ConflictEvent>,
+    /// BASE AGGREGATE groups, kept once the batch is written.
+    aggregated: Vec<(QualName, crate::aggregate::Kept)>,
 }
 
 /// Rows as the apply sees them: the committed row the first time a key is read
@@ -874,7 +886,7 @@ fn write(
     let mut records = Vec::with_capacity(p.txns.len());
     let mut row_changes = 0;
     let rules = inner.conflicts.rules();
-    let mut touched = crate::aggregate::Touched::new(&inner.aggregates.rules(), &p.tables);
+    let mut touched = crate::aggregate::Touched::new(inner, &p.tables)?;
     // Conflicts found, with their transaction and table: kept in the conflicts table.
     let mut conflicts: Vec<(&ReplicatedTxn, QualName, Found, bool)> = Vec::new();
     for pt in &p.txns {
@@ -976,7 +988,7 @@ fn write(
         }
     }
     // BASE AGGREGATE rows of the groups the batch touched, beside its rows.
-    touched.write(inner, &p.tables, &ov.after, &mut batch)?;
+    let aggregated = touched.write(inner, &p.tables, &ov.after, &mut batch)?;
     let mut put = |table: usize, enc: &[u8], row: &Option<Row>| {
         let key = layout::row_key(p.tables[table].id, enc);
         match row {
@@ -1017,6 +1029,7 @@ fn write(
             row_changes,
             rows_written: rows_written as u64,
             compiled: net.is_some(),
+            aggregated,
             conflicts: conflicts
                 .iter()
                 .map(|(src, table, f, rolled_back)| {

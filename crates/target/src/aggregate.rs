@@ -3,9 +3,10 @@
 //!
 //! - A BASE AGGREGATE holds, per group of the source table's current rows, the
 //!   aggregates over them. The subscriber keeps the source rows (a copy under the
-//!   source's name) and the store's apply recomputes each group a transaction touches
-//!   from that copy ([`Aggregation::fold`], [`Aggregation::base_update`]), in the same
-//!   atomic write as the transaction.
+//!   source's name); the store folds them once ([`Aggregation::fold`]) and then adds
+//!   and removes each applied change's images ([`Aggregation::add`],
+//!   [`Aggregation::remove`]), writing the touched groups' rows
+//!   ([`Aggregation::base_row`]) in the same atomic write as the transaction.
 //! - A CHANGE AGGREGATE holds, per received transaction (hawser's apply cycle) and
 //!   group, the aggregates over that transaction's changes: an insert's or update's
 //!   after-image, a delete's before-image. It is written by the receiver's rewrite
@@ -58,21 +59,61 @@ pub struct Aggregation {
     pub def: TableDef,
 }
 
-/// One group's running aggregates.
+/// One group's running aggregates: enough to add a source row and, mostly, to take
+/// one away again ([`Aggregation::remove`]).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Acc {
     rows: i64,
     slots: Vec<Slot>,
 }
 
+impl Acc {
+    /// Source rows in the group.
+    pub fn rows(&self) -> i64 {
+        self.rows
+    }
+}
+
+/// A running sum, exact for integers and decimals.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Num {
+    Int(i128),
+    Decimal(Decimal),
+    Double(f64),
+}
+
+impl Num {
+    fn add(&mut self, v: &Value, sign: i8) {
+        match (self, v) {
+            (Num::Int(s), Value::Int(i)) => *s += i128::from(*i) * i128::from(sign),
+            (Num::Decimal(s), Value::Decimal(d)) => {
+                *s = if sign > 0 {
+                    s.saturating_add(*d)
+                } else {
+                    s.saturating_sub(*d)
+                }
+            }
+            (Num::Double(s), v) => *s += as_f64(v).unwrap_or(0.0) * f64::from(sign),
+            _ => {}
+        }
+    }
+
+    fn as_f64(&self) -> f64 {
+        match self {
+            Num::Int(i) => *i as f64,
+            Num::Decimal(d) => d.to_f64().unwrap_or(f64::NAN),
+            Num::Double(d) => *d,
+        }
+    }
+}
+
+/// One aggregate column's running state; `n` counts the non-NULL values seen.
 #[derive(Debug, Clone, PartialEq)]
 enum Slot {
     Count,
-    SumInt(Option<i128>),
-    SumDecimal(Option<Decimal>),
-    SumDouble(Option<f64>),
-    Extreme(Option<Value>),
-    Avg { sum: f64, n: i64 },
+    Sum { sum: Num, n: i64 },
+    Extreme { value: Option<Value>, n: i64 },
+    Avg { sum: Num, n: i64 },
 }
 
 fn unfit(table: &QualName, reason: String) -> TargetError {
@@ -275,24 +316,39 @@ impl Aggregation {
     }
 
     fn empty_acc(&self) -> Acc {
+        let zero = |t: &Option<DataType>| match t {
+            Some(DataType::Decimal { .. }) => Num::Decimal(Decimal::ZERO),
+            Some(DataType::Double) => Num::Double(0.0),
+            _ => Num::Int(0),
+        };
         Acc {
             rows: 0,
             slots: self
                 .funcs
                 .iter()
-                .map(|f| match (f.kind, &f.source_type) {
-                    (Kind::Count, _) => Slot::Count,
-                    (Kind::Sum, Some(DataType::Decimal { .. })) => Slot::SumDecimal(None),
-                    (Kind::Sum, Some(DataType::Double)) => Slot::SumDouble(None),
-                    (Kind::Sum, _) => Slot::SumInt(None),
-                    (Kind::Min | Kind::Max, _) => Slot::Extreme(None),
-                    (Kind::Avg, _) => Slot::Avg { sum: 0.0, n: 0 },
+                .map(|f| match f.kind {
+                    Kind::Count => Slot::Count,
+                    Kind::Sum => Slot::Sum {
+                        sum: zero(&f.source_type),
+                        n: 0,
+                    },
+                    Kind::Min | Kind::Max => Slot::Extreme { value: None, n: 0 },
+                    Kind::Avg => Slot::Avg {
+                        sum: zero(&f.source_type),
+                        n: 0,
+                    },
                 })
                 .collect(),
         }
     }
 
-    fn add(&self, acc: &mut Acc, row: &[Value]) {
+    /// A group's aggregates with no row in it yet.
+    pub fn empty(&self) -> Acc {
+        self.empty_acc()
+    }
+
+    /// Adds a source row of the group to `acc`.
+    pub fn add(&self, acc: &mut Acc, row: &[Value]) {
         acc.rows += 1;
         for (f, slot) in self.funcs.iter().zip(&mut acc.slots) {
             let Some(v) = f.column.and_then(|i| row.get(i)).filter(|v| !v.is_null()) else {
@@ -300,39 +356,54 @@ impl Aggregation {
             };
             match slot {
                 Slot::Count => {}
-                Slot::SumInt(s) => {
-                    if let Value::Int(i) = v {
-                        *s = Some(s.unwrap_or(0) + i128::from(*i));
-                    }
+                Slot::Sum { sum, n } | Slot::Avg { sum, n } => {
+                    sum.add(v, 1);
+                    *n += 1;
                 }
-                Slot::SumDecimal(s) => {
-                    if let Value::Decimal(d) = v {
-                        *s = Some(s.unwrap_or_default().saturating_add(*d));
-                    }
-                }
-                Slot::SumDouble(s) => {
-                    if let Some(d) = as_f64(v) {
-                        *s = Some(s.unwrap_or(0.0) + d);
-                    }
-                }
-                Slot::Extreme(e) => {
-                    let better = match e {
+                Slot::Extreme { value, n } => {
+                    *n += 1;
+                    let better = match value {
                         None => true,
                         Some(cur) if f.kind == Kind::Min => v < cur,
                         Some(cur) => v > cur,
                     };
                     if better {
-                        *e = Some(v.clone());
-                    }
-                }
-                Slot::Avg { sum, n } => {
-                    if let Some(d) = as_f64(v) {
-                        *sum += d;
-                        *n += 1;
+                        *value = Some(v.clone());
                     }
                 }
             }
         }
+    }
+
+    /// Takes a source row of the group out of `acc`; `false` when that cannot be done
+    /// from `acc` alone (the row held a MIN or MAX, or a DOUBLE sum would drift) and
+    /// the group must be folded again from its rows. `acc` is then unusable.
+    #[must_use]
+    pub fn remove(&self, acc: &mut Acc, row: &[Value]) -> bool {
+        acc.rows -= 1;
+        let mut exact = true;
+        for (f, slot) in self.funcs.iter().zip(&mut acc.slots) {
+            let Some(v) = f.column.and_then(|i| row.get(i)).filter(|v| !v.is_null()) else {
+                continue;
+            };
+            match slot {
+                Slot::Count => {}
+                Slot::Sum { sum, n } | Slot::Avg { sum, n } => {
+                    exact &= !matches!(sum, Num::Double(_));
+                    sum.add(v, -1);
+                    *n -= 1;
+                }
+                Slot::Extreme { value, n } => {
+                    *n -= 1;
+                    if *n == 0 {
+                        *value = None;
+                    } else if value.as_ref() == Some(v) {
+                        exact = false;
+                    }
+                }
+            }
+        }
+        exact
     }
 
     /// The aggregates of `rows` by group, for the groups `wanted` accepts.
@@ -369,25 +440,23 @@ impl Aggregation {
         for (i, slot) in acc.slots.iter().enumerate() {
             out.push(match slot {
                 Slot::Count => Value::Int(acc.rows),
-                Slot::SumInt(None)
-                | Slot::SumDecimal(None)
-                | Slot::SumDouble(None)
-                | Slot::Extreme(None) => Value::Null,
-                Slot::SumInt(Some(s)) => Value::Int(i64::try_from(*s).map_err(|_| {
-                    let c = self.control() + self.groups.len() + i;
-                    unfit(
-                        &self.source,
-                        format!(
-                            "{} of a group overflows BIGINT ({s})",
-                            self.def.columns[c].name
-                        ),
-                    )
-                })?),
-                Slot::SumDecimal(Some(d)) => Value::Decimal(*d),
-                Slot::SumDouble(Some(d)) => Value::Double(*d),
-                Slot::Extreme(Some(v)) => v.clone(),
-                Slot::Avg { n: 0, .. } => Value::Null,
-                Slot::Avg { sum, n } => Value::Double(sum / *n as f64),
+                Slot::Sum { n: 0, .. } | Slot::Avg { n: 0, .. } => Value::Null,
+                Slot::Sum { sum, .. } => match sum {
+                    Num::Int(s) => Value::Int(i64::try_from(*s).map_err(|_| {
+                        let c = self.control() + self.groups.len() + i;
+                        unfit(
+                            &self.source,
+                            format!(
+                                "{} of a group overflows BIGINT ({s})",
+                                self.def.columns[c].name
+                            ),
+                        )
+                    })?),
+                    Num::Decimal(d) => Value::Decimal(*d),
+                    Num::Double(d) => Value::Double(*d),
+                },
+                Slot::Extreme { value, .. } => value.clone().unwrap_or(Value::Null),
+                Slot::Avg { sum, n } => Value::Double(sum.as_f64() / *n as f64),
             });
         }
         Ok(out)
@@ -428,31 +497,17 @@ impl Aggregation {
             .collect()
     }
 
-    /// A BASE AGGREGATE group's new state: `acc` its aggregates now (`None`: no row of
-    /// the source is in it any more), `old` its row in the aggregate table, `first` and
-    /// `last` the commit times of the first and last transactions that changed it now.
-    /// `IBMSNAP_LLOGMARKER` is the commit time of the change that made the group (kept
-    /// while it has rows), `IBMSNAP_HLOGMARKER` that of its latest change. Returns the
-    /// key to delete (the old row's, when it goes or moves) and the row to put.
-    pub fn base_update(
+    /// A BASE AGGREGATE's row of `group`, whose aggregates are `acc`:
+    /// `IBMSNAP_LLOGMARKER` `low` (the commit time of the change that made the group,
+    /// kept while it has rows), `IBMSNAP_HLOGMARKER` `high` (its latest change's).
+    pub fn base_row(
         &self,
         group: &Row,
-        acc: Option<&Acc>,
-        old: Option<&Row>,
-        first: i64,
-        last: i64,
-    ) -> Result<(Option<Row>, Option<Row>), TargetError> {
-        let key = |row: &Row| self.def.key_of(row);
-        let Some(acc) = acc else {
-            return Ok((old.map(key), None));
-        };
-        let low = match old.and_then(|o| o.first()) {
-            Some(Value::Timestamp(t)) => *t,
-            _ => first,
-        };
-        let new = self.row(group, acc, low, last.max(low), None)?;
-        let gone = old.map(key).filter(|k| *k != key(&new));
-        Ok((gone, Some(new)))
+        acc: &Acc,
+        low: i64,
+        high: i64,
+    ) -> Result<Row, TargetError> {
+        self.row(group, acc, low, high, None)
     }
 
     /// Whether `old` (a row of the aggregate table) holds the aggregates `acc` gives

@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use hawser_core::{Gtid, NodeId};
 use proptest::prelude::*;
 
+use super::aggregate::Acc;
 use super::*;
 
 fn col(name: &str, data_type: DataType, nullable: bool) -> ColumnDef {
@@ -491,42 +492,47 @@ fn a_change_aggregate_holds_one_row_per_transaction_and_group() {
 }
 
 /// The store's BASE AGGREGATE upkeep, modelled: the source rows are kept as they come;
-/// after each transaction the groups its changes left or entered are folded again
-/// from all source rows and written with `base_update`.
+/// each change's before-image is removed from its group and its after-image added
+/// (the group folded again from all rows when a removal cannot be undone); each
+/// transaction's touched groups are written with `base_row`.
 fn replay_base(agg: &Aggregation) -> BTreeMap<Row, Row> {
     let source = acct_owned();
     let mut copy: BTreeMap<Row, Row> = BTreeMap::new();
+    let mut groups: BTreeMap<Row, (Acc, i64)> = BTreeMap::new();
     let mut table: BTreeMap<Row, Row> = BTreeMap::new();
     for tx in history() {
         let mut touched = std::collections::BTreeSet::new();
         for c in &tx.changes {
+            // An update within one group does not end the group, even for a moment.
+            let mut left = None;
             if let Some(before) = copy.remove(&c.key) {
-                touched.insert(agg.group_of(&before));
+                let g = agg.group_of(&before);
+                left = Some(g.clone());
+                let (acc, _) = groups.get_mut(&g).expect("a group of a row");
+                if !agg.remove(acc, &before) {
+                    let folded = agg.fold(copy.values(), |x| *x == g);
+                    *acc = folded.get(&g).cloned().unwrap_or_else(|| agg.empty());
+                }
+                touched.insert(g);
             }
             if let Some(after) = &c.after {
-                touched.insert(agg.group_of(after));
+                let g = agg.group_of(after);
+                let (acc, low) = groups
+                    .entry(g.clone())
+                    .or_insert_with(|| (agg.empty(), tx.commit_micros));
+                if acc.rows() == 0 && left.as_ref() != Some(&g) {
+                    *low = tx.commit_micros;
+                }
+                agg.add(acc, after);
                 copy.insert(source.key_of(after), after.clone());
+                touched.insert(g);
             }
         }
-        let folded = agg.fold(copy.values(), |g| touched.contains(g));
-        for group in &touched {
-            let old = table
-                .values()
-                .find(|r| &agg.group_of_target(r) == group)
-                .cloned();
-            let (gone, put) = agg
-                .base_update(
-                    group,
-                    folded.get(group),
-                    old.as_ref(),
-                    tx.commit_micros,
-                    tx.commit_micros,
-                )
-                .unwrap();
-            if let Some(k) = gone {
-                table.remove(&k);
-            }
-            if let Some(row) = put {
+        for g in &touched {
+            table.retain(|_, r| &agg.group_of_target(r) != g);
+            let (acc, low) = &groups[g];
+            if acc.rows() > 0 {
+                let row = agg.base_row(g, acc, *low, tx.commit_micros).unwrap();
                 table.insert(agg.def.key_of(&row), row);
             }
         }
