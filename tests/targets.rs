@@ -282,3 +282,100 @@ fn aggregate_targets_hold_the_groups_of_the_rows_and_of_each_transaction() {
     longer.push(json!(["cy", 2, 11]));
     converge(&n2, changes, &Value::Array(longer));
 }
+
+/// The stream from `from` to `to` as `from`'s status shows it.
+fn outbound_state(from: &Node, to: &str) -> Option<String> {
+    let st = from.try_status()?;
+    st["replication"]["outbound"]
+        .as_array()?
+        .iter()
+        .find(|o| o["receiver"] == to)
+        .map(|o| o["state"].as_str().unwrap_or("").to_string())
+}
+
+#[test]
+fn a_duplicate_starts_each_target_as_its_type_says() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let n1 = start_member("n1", d, "127.0.0.1:0", None, &[]);
+    let out = n1.cli(&["init"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let n2 = start_member("n2", d, "127.0.0.1:0", Some(&n1.grpc), &[]);
+    for n in [&n1, &n2] {
+        wait_for("two voters", WAIT, || (voters(n) == 2).then_some(()));
+    }
+    for t in ["acct_c", "acct_n", "acct_p"] {
+        sql(
+            &n1,
+            &format!(
+                "create table {t} (id integer primary key, owner varchar(20), bal bigint not null)"
+            ),
+        );
+    }
+    ddl(
+        &n1,
+        "CREATE REPLICATION r \
+           ELEMENT ec TABLE acct_c MASTER n1 SUBSCRIBER n2 AS CCD NONCONDENSED COMPLETE INTO hist_c \
+           ELEMENT en TABLE acct_n MASTER n1 SUBSCRIBER n2 AS CCD NONCONDENSED NONCOMPLETE INTO hist_n \
+           ELEMENT ep TABLE acct_p MASTER n1 SUBSCRIBER n2 AS POINT IN TIME",
+    );
+    common::wait_leased(&n1);
+    // n2 gets nothing by its stream: its rows come from the duplicate.
+    let out = n1.cli(&[
+        "receiver",
+        "--scheme",
+        "r",
+        "--subscriber",
+        "n2",
+        "--state",
+        "stop",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    // A stopped receiver is sent nothing: the stream is gone.
+    wait_for("the stream to n2 stopped", WAIT, || {
+        n1.try_status()?;
+        outbound_state(&n1, "n2").is_none().then_some(())
+    });
+    for t in ["acct_c", "acct_n", "acct_p"] {
+        sql(
+            &n1,
+            &format!("insert into {t} values (1, 'ann', 100), (2, 'bob', 50), (3, 'cy', 5)"),
+        );
+    }
+    let out = n2.cli(&["duplicate", "--scheme", "r", "--format", "json"]);
+    assert!(out.status.success(), "{}\n{}", stdout(&out), stderr(&out));
+    // After the copy, one more change reaches n2 by its stream.
+    for t in ["acct_c", "acct_n", "acct_p"] {
+        sql(&n1, &format!("update {t} set bal = 7 where id = 2"));
+    }
+    // CCD COMPLETE: the copied rows as inserts at the copy point, then the change.
+    let history = "select ibmsnap_operation, id, owner, bal from {t} \
+                   order by ibmsnap_commitseq, ibmsnap_intentseq";
+    converge(
+        &n2,
+        &history.replace("{t}", "hist_c"),
+        &json!([
+            ["I", 1, "ann", 100],
+            ["I", 2, "bob", 50],
+            ["I", 3, "cy", 5],
+            ["U", 2, "bob", 7]
+        ]),
+    );
+    // NONCOMPLETE: only the change.
+    converge(
+        &n2,
+        &history.replace("{t}", "hist_n"),
+        &json!([["U", 2, "bob", 7]]),
+    );
+    // POINT IN TIME: the rows, stamped (the copy's time, then the change's).
+    converge(
+        &n2,
+        "select id, bal, ibmsnap_logmarker is not null from acct_p order by id",
+        &json!([[1, 100, true], [2, 7, true], [3, 5, true]]),
+    );
+    // No plain copy of a CCD's source was made on n2.
+    for t in ["acct_c", "acct_n"] {
+        let out = n2.cli(&["sql", "-e", &format!("select count(*) from {t}")]);
+        assert!(!out.status.success(), "{t} exists on n2");
+    }
+}

@@ -19,12 +19,14 @@ use std::sync::Arc;
 
 use hawser_control::state::ReceiverState;
 use hawser_control::ClusterState;
-use hawser_core::{Ident, NodeId, QualName, Row, TableDef, Value};
+use hawser_core::{Epoch, Ident, NodeId, QualName, Row, TableDef, Value};
 use hawser_proto::v1;
 use hawser_scheme::ast::{OwnerRole, StoreName};
+use hawser_scheme::route::ResolvedTarget;
 use hawser_store::CopyCursor;
 use hawser_stream::copy::{decode_rows, from_pb};
 use hawser_stream::pb as peer;
+use hawser_target::Initial;
 use tokio::sync::mpsc;
 use tonic::Status;
 use tracing::{info, warn};
@@ -47,6 +49,10 @@ struct Target {
     from: Ident,
     from_addr: String,
     tables: Vec<QualName>,
+    /// The tables this store keeps as another target than a plain copy: the target,
+    /// the node of the table's origin and the element's failover era (for a CCD's
+    /// initial rows).
+    targets: BTreeMap<QualName, (ResolvedTarget, Option<NodeId>, Epoch)>,
     /// The origins whose transactions the scheme brings this store: only their marks
     /// are checked and raised (another scheme may bring others). `None` when the plan
     /// here names none (a DATASTORE element this node lacks the tables of): every mark
@@ -221,7 +227,11 @@ pub(crate) async fn run(
     };
     progress.rebuild = keep.as_ref().map_or(0, |k| k.rebuild());
     let mut point = None;
-    let mut current: Option<(QualName, ColumnMap, CopyCursor)> = None;
+    let mut current: Option<Writing> = None;
+    // The copy's time: a POINT IN TIME or CCD row's IBMSNAP_LOGMARKER.
+    let copy_micros = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX));
     let end_marks = loop {
         let msg = inbound
             .message()
@@ -283,30 +293,27 @@ pub(crate) async fn run(
                 }
                 if let Some(def) = chunk.definition {
                     finish_table(db, current.take(), keep.as_mut(), &mut progress).await?;
-                    if db.table(&def.name).is_none() {
-                        // A subscriber seeded by its first duplicate: the table as the
-                        // source has it.
-                        db.create_table(def.clone()).await.map_err(|e| {
-                            Status::internal(format!("creating {} as {from} has it: {e}", def.name))
-                        })?;
-                        progress.tables_created += 1;
-                    }
-                    let map = ColumnMap::new(db, &def, &from)?;
                     progress.table = def.name.to_string();
-                    current = Some((def.name.clone(), map, CopyCursor::default()));
+                    let marks = point.as_ref().cloned().unwrap_or_default();
+                    let kept_as = target.targets.get(&def.name);
+                    current = Some(
+                        Writing::start(db, def, kept_as, &marks, copy_micros, &from, &mut progress)
+                            .await?,
+                    );
                 }
-                let Some((table, map, cursor)) = &mut current else {
+                let Some(writing) = &mut current else {
                     return Err(Status::internal(format!("{from} sent rows before a table")));
                 };
-                if chunk.table.as_ref().is_some_and(|t| t != table) {
+                if chunk.table.as_ref().is_some_and(|t| *t != writing.source) {
                     return Err(Status::internal(format!(
-                        "{from} sent rows of another table than {table}"
+                        "{from} sent rows of another table than {}",
+                        writing.source
                     )));
                 }
                 let count = chunk.rows.len() as u64;
-                let rows: Vec<Row> = chunk.rows.into_iter().map(|r| map.apply(r)).collect();
-                let merged = db
-                    .copy_merge_keeping(table, rows, cursor, keep.as_mut())
+                let table = writing.table.clone();
+                let merged = writing
+                    .write(db, chunk.rows, keep.as_mut())
                     .await
                     .map_err(|e| Status::internal(format!("writing rows of {table}: {e}")))?;
                 progress.rows += count;
@@ -337,6 +344,10 @@ pub(crate) async fn run(
     db.copy_marks(&marks, &end_marks)
         .await
         .map_err(|e| Status::internal(format!("raising the marks: {e}")))?;
+    // The copies BASE AGGREGATE targets are computed from changed without applies.
+    db.refresh_aggregates()
+        .await
+        .map_err(|e| Status::internal(format!("bringing the aggregate tables up to date: {e}")))?;
     let names: BTreeMap<NodeId, String> = state
         .plane
         .state()
@@ -384,20 +395,159 @@ impl Drop for DuplicateRunning {
 
 async fn finish_table(
     db: &hawser_store::Database,
-    current: Option<(QualName, ColumnMap, CopyCursor)>,
+    current: Option<Writing>,
     mut keep: Option<&mut hawser_store::KeepReplaced>,
     progress: &mut v1::DuplicateProgress,
 ) -> Result<(), Status> {
-    let Some((table, _, cursor)) = current else {
+    let Some(writing) = current else {
         return Ok(());
     };
-    progress.rows_deleted += db
-        .copy_trim_keeping(&table, &cursor, keep.as_deref_mut())
-        .await
-        .map_err(|e| Status::internal(format!("deleting rows of {table}: {e}")))?;
+    if let How::Merge { cursor, .. } = &writing.how {
+        let table = &writing.table;
+        progress.rows_deleted += db
+            .copy_trim_keeping(table, cursor, keep.as_deref_mut())
+            .await
+            .map_err(|e| Status::internal(format!("deleting rows of {table}: {e}")))?;
+    }
     progress.tables_done += 1;
     progress.rows_kept = keep.map_or(0, |k| k.kept);
     Ok(())
+}
+
+/// Where a copied table's rows go (docs/targets.md, "Duplicate").
+struct Writing {
+    /// The source table the rows are of.
+    source: QualName,
+    /// The table written.
+    table: QualName,
+    how: How,
+}
+
+enum How {
+    /// Merged by key into `table` (a plain copy through this store's columns, or a
+    /// target table with the source's key), the rest trimmed at the table's end.
+    Merge {
+        map: Option<ColumnMap>,
+        /// A target table's: its target and the copy's time.
+        target: Option<(ResolvedTarget, i64)>,
+        cursor: CopyCursor,
+    },
+    /// A CCD COMPLETE: each row as an insert at the copy point, where absent.
+    Add {
+        target: ResolvedTarget,
+        commit_seq: Vec<u8>,
+        copy_micros: i64,
+        done: usize,
+    },
+    /// Not kept here (CCD NONCOMPLETE, CHANGE AGGREGATE).
+    Skip,
+}
+
+impl Writing {
+    /// Where `def`'s rows go, `target` being this store's target of it; creates the
+    /// table written when it is missing.
+    async fn start(
+        db: &hawser_store::Database,
+        def: TableDef,
+        target: Option<&(ResolvedTarget, Option<NodeId>, Epoch)>,
+        marks: &BTreeMap<NodeId, u64>,
+        copy_micros: i64,
+        from: &str,
+        progress: &mut v1::DuplicateProgress,
+    ) -> Result<Writing, Status> {
+        let source = def.name.clone();
+        let initial = match target {
+            None => Initial::Copy,
+            Some((t, _, _)) => hawser_target::initial(&def, t)
+                .map_err(|e| Status::failed_precondition(e.to_string()))?,
+        };
+        let (table, created) = match &initial {
+            Initial::Skip => {
+                return Ok(Writing {
+                    table: source.clone(),
+                    source,
+                    how: How::Skip,
+                })
+            }
+            Initial::Copy => (source.clone(), def.clone()),
+            Initial::Into { def: shaped, .. } => (shaped.name.clone(), shaped.clone()),
+        };
+        match db.table(&table) {
+            // A subscriber seeded by its first duplicate: the table as the source has
+            // it, or as its target needs it.
+            None => {
+                db.create_table(created.clone()).await.map_err(|e| {
+                    Status::internal(format!("creating {table} as {from} has it: {e}"))
+                })?;
+                progress.tables_created += 1;
+            }
+            Some(here) if !matches!(initial, Initial::Copy) => {
+                hawser_target::check_shape(&here, &created)
+                    .map_err(|e| Status::failed_precondition(e.to_string()))?;
+            }
+            Some(_) => {}
+        }
+        let how = match (initial, target) {
+            (Initial::Into { replace: false, .. }, Some((t, origin, era))) => {
+                let seq = origin.and_then(|o| marks.get(&o)).copied().unwrap_or(0);
+                How::Add {
+                    target: t.clone(),
+                    commit_seq: hawser_target::commit_seq(*era, seq),
+                    copy_micros,
+                    done: 0,
+                }
+            }
+            (Initial::Into { .. }, Some((t, _, _))) => How::Merge {
+                map: None,
+                target: Some((t.clone(), copy_micros)),
+                cursor: CopyCursor::default(),
+            },
+            _ => How::Merge {
+                map: Some(ColumnMap::new(db, &def, from)?),
+                target: None,
+                cursor: CopyCursor::default(),
+            },
+        };
+        Ok(Writing { source, table, how })
+    }
+
+    /// Writes a chunk of the source's rows.
+    async fn write(
+        &mut self,
+        db: &hawser_store::Database,
+        rows: Vec<Row>,
+        keep: Option<&mut hawser_store::KeepReplaced>,
+    ) -> Result<hawser_store::MergeCounts, hawser_store::StoreError> {
+        match &mut self.how {
+            How::Skip => Ok(hawser_store::MergeCounts::default()),
+            How::Merge {
+                map,
+                target,
+                cursor,
+            } => {
+                let rows: Vec<Row> = match (map, target) {
+                    (Some(map), _) => rows.into_iter().map(|r| map.apply(r)).collect(),
+                    (None, Some((t, micros))) => {
+                        hawser_target::initial_rows(t, rows, &[], *micros, 0)
+                    }
+                    (None, None) => rows,
+                };
+                db.copy_merge_keeping(&self.table, rows, cursor, keep).await
+            }
+            How::Add {
+                target,
+                commit_seq,
+                copy_micros,
+                done,
+            } => {
+                let n = rows.len();
+                let rows =
+                    hawser_target::initial_rows(target, rows, commit_seq, *copy_micros, *done);
+                *done += n;
+                db.copy_insert_absent(&self.table, rows).await
+            }
+        }
+    }
 }
 
 async fn send(tx: &Progress, p: &v1::DuplicateProgress) -> Result<(), Status> {
@@ -568,6 +718,14 @@ fn plan(
             .filter(|t| t.origin != store)
     };
     let tables: BTreeSet<QualName> = routed().map(|t| t.table.clone()).collect();
+    let targets = routed()
+        .filter(|t| !hawser_target::is_plain(&t.table, &t.target))
+        .map(|t| {
+            let origin = cluster.node_by_store(&t.origin).map(|n| n.id);
+            let era = s.elements.get(&t.element).map_or(Epoch(0), |e| e.epoch);
+            (t.table.clone(), (t.target.clone(), origin, era))
+        })
+        .collect();
     let from = if from.is_empty() {
         // The tables' origins; where none is planned here, the stores that send this
         // store its elements.
@@ -614,6 +772,7 @@ fn plan(
         from_addr: node.grpc_addr.clone(),
         from,
         tables: tables.into_iter().collect(),
+        targets,
         origins,
     })
 }

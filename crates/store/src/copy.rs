@@ -189,6 +189,37 @@ impl Database {
         Ok(counts)
     }
 
+    /// Puts each of `rows` into `table` (a duplicate's, without a log record) where its
+    /// key is absent here; rows already here stay as they are (a CCD's history).
+    pub async fn copy_insert_absent(
+        &self,
+        table: &QualName,
+        rows: Vec<Row>,
+    ) -> Result<MergeCounts, StoreError> {
+        let t = self.table_ref(table)?;
+        let mut counts = MergeCounts::default();
+        let _serial = self.inner.apply_lock.lock().await;
+        let mut batch = WriteBatch::new();
+        for row in rows {
+            let row = validate_row(&t.def, row)?;
+            let key = layout::row_key(t.id, &encode_key(&t.def.key_of(&row)));
+            if self.inner.engine.get(&key)?.is_some() {
+                counts.unchanged += 1;
+                continue;
+            }
+            batch.put(key, crate::codec::encode_row(&row));
+            counts.written += 1;
+            if batch.len() >= BATCH_ROWS {
+                self.inner.engine.apply(std::mem::take(&mut batch))?;
+            }
+        }
+        if !batch.is_empty() {
+            self.inner.engine.apply(batch)?;
+        }
+        self.inner.count_rows_written(counts.written);
+        Ok(counts)
+    }
+
     /// Deletes this node's rows of `table` past the cursor: after the last chunk,
     /// what the source does not have. Returns how many went.
     pub async fn copy_trim(

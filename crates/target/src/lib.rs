@@ -268,6 +268,80 @@ pub fn intent_seq(seq: u64, index: usize) -> Vec<u8> {
     out
 }
 
+/// What a duplicate (the initial copy) does with a source table's rows for `target`.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Initial {
+    /// The rows as they are, under the source's name: a plain copy, or the copy a BASE
+    /// AGGREGATE is computed from.
+    Copy,
+    /// Nothing: CCD NONCOMPLETE and CHANGE AGGREGATE hold changes only.
+    Skip,
+    /// The rows, as [`initial_rows`] makes them, into the target table `def`:
+    /// replacing what is there (`replace`, the copy merged by key), or added where
+    /// their key is absent (a CCD COMPLETE's history is kept).
+    Into { def: TableDef, replace: bool },
+}
+
+/// What a duplicate does with `source`'s rows for `target` (docs/targets.md).
+pub fn initial(source: &TableDef, target: &ResolvedTarget) -> Result<Initial, TargetError> {
+    if is_plain(&source.name, target) {
+        return Ok(Initial::Copy);
+    }
+    Ok(match &target.kind {
+        TargetKind::BaseAggregate { .. } => Initial::Copy,
+        TargetKind::ChangeAggregate { .. }
+        | TargetKind::Ccd {
+            complete: Some(false),
+            ..
+        } => Initial::Skip,
+        TargetKind::Ccd { .. } => Initial::Into {
+            def: shape(source, target)?,
+            replace: false,
+        },
+        TargetKind::UserCopy | TargetKind::Replica | TargetKind::PointInTime => Initial::Into {
+            def: shape(source, target)?,
+            replace: true,
+        },
+    })
+}
+
+/// Source rows copied by a duplicate as `target`'s table holds them: as they are
+/// (USER COPY, REPLICA), stamped with the copy's time `copy_micros` (POINT IN TIME), or
+/// as CCD rows of operation `I` — each an insert at the copy point: `IBMSNAP_COMMITSEQ`
+/// `commit_seq` (the source's position at the copy, [`commit_seq`]), `IBMSNAP_INTENTSEQ`
+/// seq 0 and the row's place in the copy from `first` on (no transaction has seq 0, so
+/// these never take a change's key), `IBMSNAP_LOGMARKER` the copy's time.
+pub fn initial_rows(
+    target: &ResolvedTarget,
+    rows: Vec<Row>,
+    commit_seq: &[u8],
+    copy_micros: i64,
+    first: usize,
+) -> Vec<Row> {
+    match &target.kind {
+        TargetKind::PointInTime => rows
+            .into_iter()
+            .map(|mut r| {
+                r.push(Value::Timestamp(copy_micros));
+                r
+            })
+            .collect(),
+        TargetKind::Ccd { .. } => rows
+            .into_iter()
+            .enumerate()
+            .map(|(i, user)| {
+                Stamp {
+                    commit_seq: commit_seq.to_vec(),
+                    intent_seq: intent_seq(0, first + i),
+                    commit_micros: copy_micros,
+                }
+                .ccd_row('I', user)
+            })
+            .collect(),
+        _ => rows,
+    }
+}
+
 /// The targets of the tables one stream carries into this store: by source table, its
 /// target, the source's definition (as the sender described it) and, for an
 /// aggregate target, its aggregation.

@@ -638,3 +638,74 @@ fn an_aggregate_that_cannot_be_kept_is_refused_with_the_reason() {
     );
     assert!(e.contains("twice"), "{e}");
 }
+
+#[test]
+fn a_duplicate_gives_each_target_its_initial_rows() {
+    let rows = vec![row(1, "ann", 100), row(2, "bob", 50)];
+    let seq = commit_seq(Epoch(2), 9);
+    let kind_of = |kind: TargetKind, into: &str| initial(&acct(), &target(kind, into)).unwrap();
+    assert_eq!(kind_of(TargetKind::UserCopy, "acct"), Initial::Copy);
+    assert_eq!(
+        kind_of(ccd(false), "h"),
+        Initial::Skip,
+        "NONCOMPLETE holds changes only"
+    );
+    let complete = TargetKind::Ccd {
+        condensed: Some(false),
+        complete: Some(true),
+    };
+    let Initial::Into { def, replace } = kind_of(complete.clone(), "h") else {
+        panic!("a CCD COMPLETE starts with the rows");
+    };
+    assert!(!replace, "a CCD's history is kept");
+    let ccd_rows = initial_rows(&target(complete, "h"), rows.clone(), &seq, 7_000, 5);
+    assert_eq!(
+        ccd_rows,
+        vec![
+            vec![
+                bytes(intent_seq(0, 5)),
+                Value::Text("I".into()),
+                bytes(seq.clone()),
+                Value::Timestamp(7_000),
+                Value::Int(1),
+                Value::Text("ann".into()),
+                Value::Int(100),
+            ],
+            vec![
+                bytes(intent_seq(0, 6)),
+                Value::Text("I".into()),
+                bytes(seq.clone()),
+                Value::Timestamp(7_000),
+                Value::Int(2),
+                Value::Text("bob".into()),
+                Value::Int(50),
+            ],
+        ]
+    );
+    // No change of the stream after the copy takes an initial row's key.
+    let mut table = BTreeMap::new();
+    for r in &ccd_rows {
+        table.insert(def.key_of(r), r.clone());
+    }
+    let (_, changes) = replay(ccd(false), "h", false);
+    for r in changes {
+        assert!(
+            table.insert(def.key_of(&r), r).is_none(),
+            "a key taken twice"
+        );
+    }
+    let pit = target(TargetKind::PointInTime, "acct");
+    assert!(matches!(
+        initial(&acct(), &pit).unwrap(),
+        Initial::Into { replace: true, .. }
+    ));
+    assert_eq!(
+        initial_rows(&pit, vec![row(1, "ann", 100)], &seq, 7_000, 0),
+        vec![vec![
+            Value::Int(1),
+            Value::Text("ann".into()),
+            Value::Int(100),
+            Value::Timestamp(7_000)
+        ]]
+    );
+}
