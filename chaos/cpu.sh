@@ -37,7 +37,8 @@ Options:
                      extra `hawser bench` flags (e.g. "--compress", "--connections 0"
                      instead of the default of one shared connection)
   --target "CLAUSE"  the subscribers' target table, as `hawser bench --target` takes it
-                     (e.g. "CCD NONCONDENSED INTO bench_hist"; docs/targets.md)
+                     (e.g. "CCD NONCONDENSED INTO bench_hist"; docs/targets.md); with
+                     a BASE AGGREGATE the bench table is created on every node first
   --bidirectional    the scheme also sends the bench table back from ds2 to ds1 (two
                      masters; the bench still writes on ds1): `hawser bench
                      --bidirectional`, with the table created on every node first
@@ -155,8 +156,9 @@ run() {
         ((SECONDS < deadline)) || die "the three nodes did not become voters within 60 s"
         sleep 0.2
     done
-    if [[ " ${pair[*]} " == *" --bidirectional "* ]]; then
-        # A TABLE element's table is created on each node (its DDL is not replicated).
+    if [[ " ${pair[*]} " == *" --bidirectional "* || " ${target[*]} " == *"BASE AGGREGATE"* ]]; then
+        # A TABLE element's table is created on each node (its DDL is not replicated):
+        # both masters' own, or the copy a BASE AGGREGATE is computed from.
         local ts=""
         [[ " ${pair[*]} " == *" --check-conflicts "* ]] && ts=", ts BINARY(8)"
         for n in ds1 ds2 ds3; do
