@@ -1,7 +1,7 @@
 //! hawser's control plane: the cluster's authoritative configuration in a Raft group.
 //!
 //! Which nodes exist, the replication schemes, and per element which node masters it
-//! under which epoch live in an openraft 0.9 group spanning the nodes (DESIGN.md §1,
+//! under which epoch live in an openraft 0.9 group spanning the nodes (docs/design.md §1,
 //! §2, §5). Row data never goes through Raft.
 //!
 //! ```text

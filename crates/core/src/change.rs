@@ -2,7 +2,7 @@
 //!
 //! Every change carries the row's key and its before- and after-images: apply
 //! exceptions, conflict checks, CCD targets, rolling back divergent transactions and
-//! RTL compilation all need them (DESIGN.md §2).
+//! RTL compilation all need them (docs/design.md §2).
 
 use serde::{Deserialize, Serialize};
 

@@ -1,4 +1,4 @@
-//! Identities and positions (DESIGN.md §2).
+//! Identities and positions (docs/design.md §2).
 //!
 //! * [`NodeId`] names a node for its whole life.
 //! * [`Gtid`] names a transaction globally: `(origin, seq)` where `seq` is dense at its

@@ -1,5 +1,5 @@
 //! The node's return services: commits on this master wait for the acknowledgements
-//! the replication scheme asks for (DESIGN.md §3).
+//! the replication scheme asks for (docs/design.md §3).
 //!
 //! ```text
 //!  client commit ─► Txn::commit_holding(hide = any TWOSAFE) ─► log + rows, flushed

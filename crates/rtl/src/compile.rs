@@ -7,7 +7,7 @@
 //! ```
 //!
 //! Every (table, key) cluster is reduced as changes arrive, with the pair rules of
-//! Sybase RTL as DESIGN.md §6 fixes them. The rule for a pair depends only on the
+//! Sybase RTL as docs/design.md §6 fixes them. The rule for a pair depends only on the
 //! cluster's last operation and the new one:
 //!
 //! | last \ next | insert            | update              | delete        |

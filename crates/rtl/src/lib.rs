@@ -1,4 +1,4 @@
-//! hawser-rtl: Sybase-RTL-style net-row compilation (DESIGN.md §6).
+//! hawser-rtl: Sybase-RTL-style net-row compilation (docs/design.md §6).
 //!
 //! A subscriber that is behind need not replay every intermediate row change: a run of
 //! transactions can be reduced to one net operation per (table, key) and applied as a

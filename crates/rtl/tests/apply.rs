@@ -1,7 +1,7 @@
 //! Property tests: applying a compiled run with the DB2 apply rules gives the same
 //! table as applying the run row by row.
 //!
-//! The table is modelled as a `BTreeMap` from key to row. DB2 apply rules (DESIGN.md
+//! The table is modelled as a `BTreeMap` from key to row. DB2 apply rules (docs/design.md
 //! §7): an insert whose key exists becomes an update, an update whose row is missing
 //! becomes an insert, a delete of a missing row is ignored. The model lives here only:
 //! the real bulk apply belongs to the store.

@@ -1,8 +1,8 @@
 //! Receiver-side apply: transactions committed at other origins, written here.
 //!
-//! A subscriber or propagator applies what a sender ships (DESIGN.md §2, §4), either
+//! A subscriber or propagator applies what a sender ships (docs/design.md §2, §4), either
 //! in log order ([`Database::apply_replicated`]) or as the net operations of an RTL
-//! compilation of the run ([`Database::apply_compiled`], DESIGN.md §6):
+//! compilation of the run ([`Database::apply_compiled`], docs/design.md §6):
 //!
 //! ```text
 //!  batch (log order) ──► order check ──► skip seq ≤ high-water ──► resolve tables,
@@ -18,7 +18,7 @@
 //!        ──► release row locks, return ApplyInfo                          (ack)
 //! ```
 //!
-//! The DB2 exception rules (`db2-apply-rules`, DESIGN.md §7) make apply idempotent:
+//! The DB2 exception rules (`db2-apply-rules`, docs/design.md §7) make apply idempotent:
 //! an insert whose key exists is applied as an update, an update whose row is missing
 //! as an insert of its after-image, a delete of a missing row is ignored. The log
 //! record describes what the apply did *here* — an insert that found its key is

@@ -1663,7 +1663,7 @@ impl Database {
     /// (opening reads the last LSN from it). Returns how many records went.
     ///
     /// The caller decides what nobody needs any more (every stream that retains log
-    /// has acknowledged it, DESIGN.md §4); a reader asking for released LSNs gets the
+    /// has acknowledged it, docs/design.md §4); a reader asking for released LSNs gets the
     /// log from `log_start` on, so readers compare their position with it first.
     pub fn release_log(&self, through: Lsn, keep_bytes: u64) -> Result<u64, StoreError> {
         const CHUNK: usize = 1024;
@@ -1826,7 +1826,7 @@ impl Database {
     }
 
     /// The high-water mark of every origin with a transaction committed here: this
-    /// node's own and every origin it applied from (DESIGN.md §2). A receiver answers
+    /// node's own and every origin it applied from (docs/design.md §2). A receiver answers
     /// a sender's `Hello` with these.
     pub fn high_waters(&self) -> Result<BTreeMap<NodeId, u64>, StoreError> {
         let mut marks = self.inner.marks.read().clone();

@@ -1,6 +1,6 @@
 //! Rows held back from readers while a RETURN TWOSAFE commit waits for its subscriber.
 //!
-//! DESIGN.md §3: nobody reads a TWOSAFE transaction's effects on the master before the
+//! docs/design.md §3: nobody reads a TWOSAFE transaction's effects on the master before the
 //! subscriber has committed it, and later writers of the same rows are ordered after it.
 //! The second half is the row locks, which a holding commit keeps until its wait ends.
 //! The first half is this overlay: before the commit's batch is applied, the committed

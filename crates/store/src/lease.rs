@@ -12,7 +12,7 @@
 //!     once no commit is held ──► release_drained: the lease is given up early
 //! ```
 //!
-//! A master must stop taking writes once the cluster may have moved its role (DESIGN.md
+//! A master must stop taking writes once the cluster may have moved its role (docs/design.md
 //! §5): the Raft leader fails an element over only after the master's lease has run out,
 //! and the master times its lease on its own monotonic clock from when it *sent* the
 //! request that earned it, so its view of the lease ends no later than the leader's.

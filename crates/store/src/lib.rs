@@ -2,7 +2,7 @@
 //!
 //! One node's database: typed tables in one ordered keyspace, transactions with row
 //! locks, a commit log with before- and after-images, group commit, sequences, and
-//! recovery that needs nothing but the atomic batches it wrote (DESIGN.md §2, §3).
+//! recovery that needs nothing but the atomic batches it wrote (docs/design.md §2, §3).
 //!
 //! ```text
 //!  sql / stream / control

@@ -1,4 +1,4 @@
-//! What the commit log holds (DESIGN.md §2).
+//! What the commit log holds (docs/design.md §2).
 //!
 //! Every commit — a transaction's row changes, a DDL statement, a sequence block
 //! reservation — becomes one [`LogRecord`] under the next LSN, written in the same

@@ -372,7 +372,7 @@ impl Txn {
     /// the row locks are still held, and releases them when it returns: later writers
     /// of these rows are ordered after whatever `hold` waits for (a return service).
     /// With `hide`, readers also keep seeing the rows' previous versions until then
-    /// (RETURN TWOSAFE's visibility rule, DESIGN.md §3). `hold` is not called for a
+    /// (RETURN TWOSAFE's visibility rule, docs/design.md §3). `hold` is not called for a
     /// transaction that wrote nothing.
     pub async fn commit_holding<F, Fut, T>(
         mut self,

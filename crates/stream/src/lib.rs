@@ -1,4 +1,4 @@
-//! hawser's data plane (DESIGN.md §3, §4).
+//! hawser's data plane (docs/design.md §3, §4).
 //!
 //! Committed transactions flow from a master (or propagator) to each receiver over one
 //! gRPC bidirectional stream, and acknowledgements flow back so that return services

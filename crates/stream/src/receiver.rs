@@ -21,7 +21,7 @@
 //! read together with every batch already waiting on the stream (without waiting for
 //! more, up to [`ReceiverConfig::max_run_bytes`]); if that backlog reaches the
 //! transaction or byte threshold it is compiled into net row operations and written as
-//! one atomic batch (DESIGN.md §6), else applied in log order. The backlog a receiver
+//! one atomic batch (docs/design.md §6), else applied in log order. The backlog a receiver
 //! can see is bounded by the sender's in-flight window, which is what keeps a run's
 //! memory bounded too. Acks are cumulative, so one Ack answers the whole backlog.
 //!

@@ -16,7 +16,7 @@
 //!  timer ──────────tick────►└──────────────┘
 //! ```
 //!
-//! The rules, from TimesTen's return services (DESIGN.md §3):
+//! The rules, from TimesTen's return services (docs/design.md §3):
 //!
 //! * RECEIPT waits for the subscriber's durable receipt, TWOSAFE for its commit; a
 //!   commit waits for **every** subscriber its tables' return services name. BY REQUEST
