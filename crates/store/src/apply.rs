@@ -716,6 +716,23 @@ impl<'a> Overlay<'a> {
         Ok(row)
     }
 
+    /// [`Overlay::current`], borrowed.
+    fn current_ref(
+        &mut self,
+        tables: &[TableRef],
+        table: usize,
+        enc: &[u8],
+    ) -> Result<Option<&Row>, StoreError> {
+        if !self.after[table].contains_key(enc) && !self.before[table].contains_key(enc) {
+            let row = self.inner.get_row(&tables[table], enc)?;
+            self.before[table].insert(enc.to_vec(), row);
+        }
+        Ok(match self.after[table].get(enc) {
+            Some(row) => row.as_ref(),
+            None => self.before[table].get(enc).and_then(Option::as_ref),
+        })
+    }
+
     fn current(
         &mut self,
         tables: &[TableRef],
@@ -821,7 +838,9 @@ fn check_conflicts(
     rules: &HashMap<QualName, crate::conflict::ConflictRule>,
 ) -> Result<Vec<Found>, StoreError> {
     let mut found = Vec::new();
-    // Rows as this transaction's applied changes of checked tables leave them.
+    // Rows as this transaction's applied changes of checked tables leave them; only a
+    // transaction of several changes can read its own writes.
+    let several = pt.changes.len() > 1;
     let mut scratch: HashMap<Slot, Option<Row>> = HashMap::new();
     for (i, (c, src)) in pt.changes.iter().zip(&pt.src.txn.changes).enumerate() {
         let Some(rule) = rules.get(&src.table) else {
@@ -831,36 +850,50 @@ fn check_conflicts(
         let Some(column) = def.column_index(&rule.column) else {
             continue;
         };
-        let slot = (c.table, c.enc.clone());
-        let here = match scratch.get(&slot) {
-            Some(row) => row.clone(),
-            None => ov.current(tables, c.table, &c.enc)?,
-        };
         let incoming = match &c.after {
             Some((row, _, _)) => Some(row),
             None => src.before.as_ref(),
         };
-        match crate::conflict::verdict(c.op, incoming, here.as_ref(), column) {
-            crate::conflict::Verdict::Apply => match &c.after {
+        let own = several
+            .then(|| scratch.get(&(c.table, c.enc.clone())))
+            .flatten();
+        let verdict = match own {
+            Some(row) => crate::conflict::verdict(c.op, incoming, row.as_ref(), column),
+            None => crate::conflict::verdict(
+                c.op,
+                incoming,
+                ov.current_ref(tables, c.table, &c.enc)?,
+                column,
+            ),
+        };
+        match verdict {
+            crate::conflict::Verdict::Apply if several => match &c.after {
                 None => {
-                    scratch.insert(slot, None);
+                    scratch.insert((c.table, c.enc.clone()), None);
                 }
                 Some((row, _, row_enc)) => {
                     if row_enc != &c.enc {
-                        scratch.insert(slot, None);
+                        scratch.insert((c.table, c.enc.clone()), None);
                     }
                     scratch.insert((c.table, row_enc.clone()), Some(row.clone()));
                 }
             },
-            crate::conflict::Verdict::Conflict => found.push(Found {
-                change_no: i,
-                op: c.op,
-                key: c.key.clone(),
-                incoming: incoming.cloned(),
-                here,
-                column,
-                rollback: rule.rollback,
-            }),
+            crate::conflict::Verdict::Apply => {}
+            crate::conflict::Verdict::Conflict => {
+                let here = match own {
+                    Some(row) => row.clone(),
+                    None => ov.current(tables, c.table, &c.enc)?,
+                };
+                found.push(Found {
+                    change_no: i,
+                    op: c.op,
+                    key: c.key.clone(),
+                    incoming: incoming.cloned(),
+                    here,
+                    column,
+                    rollback: rule.rollback,
+                })
+            }
         }
     }
     Ok(found)
