@@ -274,9 +274,9 @@ fn auto_threads(clients: u32, cores: usize) -> usize {
         .clamp(1, cores.max(1))
 }
 
-/// Clients one load-generator thread drives when `--threads` is 0. Each costs the
-/// thread ~25 µs of CPU per commit (measured on the 2-core VM), so one thread keeps
-/// 16 clients going at up to ~40k commits/s.
+/// Clients one load-generator thread drives when `--threads` is 0: a client costs its
+/// thread a few tens of µs of CPU per commit, so one thread keeps 16 clients going well
+/// past the rates one node commits.
 const CLIENTS_PER_THREAD: usize = 16;
 
 pub async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {

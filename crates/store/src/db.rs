@@ -2175,15 +2175,14 @@ impl Inner {
         let started = Instant::now();
         // Flush: a blocking fsync. With two or more async workers it runs right here,
         // blocking this worker for the sync as a PostgreSQL backend does: only the one
-        // leading commit blocks, the other workers go on applying commits,
-        // and it saves the hand-off to tokio's blocking pool and back — two thread
-        // wake-ups per flush, which cost more CPU than the sync itself with few
-        // clients (1 client, no replication: 3.2-3.4k -> 4.7-5.4k commits/s on the
-        // 2-core VM). With a single worker, blocking it would stall every other task,
-        // so the sync goes to the blocking pool there (as tokio::fs does) — unless this
-        // commit is the only one waiting for a flush once the tasks ready to run have
-        // run: then nothing could join it or apply meanwhile, and the hand-off would
-        // only add its two wake-ups.
+        // leading commit blocks, the other workers go on applying commits, and it
+        // saves the hand-off to tokio's blocking pool and back — two thread wake-ups
+        // per flush, which cost more CPU than the sync itself with few clients. With a
+        // single worker, blocking it would stall every other task, so the sync goes to
+        // the blocking pool there (as tokio::fs does) — unless this commit is the only
+        // one waiting for a flush once the tasks ready to run have run: then nothing
+        // could join it or apply meanwhile, and the hand-off would only add its two
+        // wake-ups. (docs/storage.md, "Commit path and group commit".)
         let flush = move |engine: &dyn KvEngine| {
             if settle {
                 engine.flush()
@@ -2723,12 +2722,8 @@ enum FlushMode {
 /// --threads 1`), inline for a receiver's apply, which, as a PostgreSQL walreceiver
 /// does, has nothing better to do than wait for its own sync; a client commit's flush
 /// goes to the blocking pool there, so other commits apply meanwhile and join the next
-/// flush, unless the commit is alone. (Measured on the 2-core VM, three nodes on one
-/// machine: subscribers on one thread spend ~30 % less CPU per RECEIPT commit than
-/// with two workers; a master on one thread that flushed every commit inline lost a
-/// third of its throughput at 16 clients, and more than half once it flushed inline
-/// any commit that found no other waiting before it yielded; one that sent every
-/// commit's flush to the pool lost ~5 % at one client.)
+/// flush, unless the commit is alone. The measurements behind each choice are in
+/// docs/storage.md, "Commit path and group commit".
 fn flush_mode(who: Flusher) -> FlushMode {
     let handle = tokio::runtime::Handle::current();
     match handle.runtime_flavor() {

@@ -64,11 +64,9 @@ pub(crate) const SEGMENT_BYTES: u64 = 64 << 20;
 /// journal commit that waits for every other file's dirty data (sled's); a write into
 /// space already zero-filled and synced needs none (PostgreSQL preallocates its WAL
 /// segments for the same reason). The fill and its sync fall on the commit whose
-/// frames cross the filled space, and on every commit sharing its flush: with 2 MiB
-/// steps (a 4 MiB write) that was a ~20 ms flush about once a second at 16 clients,
-/// the commits' p999; 256 KiB steps cut p999 from 15–19 ms to 6.5–7.7 ms and the
-/// worst commit from 26–67 ms to 11–18 ms (one node, `hawser bench --clients 16`,
-/// alternating runs), commits/s unchanged, one client unchanged (64 KiB: no better).
+/// frames cross the filled space, and on every commit sharing its flush, so the step
+/// is small enough for that flush not to stand out in the commits' tail and large
+/// enough to be rare (docs/storage.md has the measurements).
 const ZERO_FILL_BYTES: u64 = 256 << 10;
 /// Released segments kept for reuse as new ones (PostgreSQL recycles its WAL segments
 /// the same way): a reused file is written to its full size and synced already, so the
