@@ -64,6 +64,7 @@ use tokio_util::task::TaskTracker;
 use tracing::{debug, info, warn};
 
 use crate::returns::{Returns, SubscriberWait};
+use crate::senders::Senders;
 
 /// How often the plan is recomputed when the cluster state does not change.
 const REPLAN_EVERY: Duration = Duration::from_secs(1);
@@ -76,35 +77,9 @@ struct Running {
     stop: CancellationToken,
 }
 
-/// The running senders, by (scheme, receiver store): for status reports and for the
-/// commit paths to wake.
-pub(crate) type Senders = Arc<parking_lot::Mutex<BTreeMap<(QualName, Ident), SenderHandle>>>;
-
 /// What the data plane cannot do as the schemes ask, as of its last re-plan (a scheme
 /// it cannot plan, a stream it cannot start), for `/replication` and `hawser status`.
 pub(crate) type Problems = Arc<parking_lot::Mutex<Vec<String>>>;
-
-/// Tells every sender there may be new log (called after client writes, so shipping
-/// does not wait for the sender's poll).
-pub(crate) fn wake_all(senders: &Senders) {
-    for handle in senders.lock().values() {
-        handle.wake();
-    }
-}
-
-/// Wakes the senders that ship this node's commits once written (see
-/// [`SenderHandle::ships_written`]); whether there were any. The commit path calls it
-/// between writing the log and syncing it.
-pub(crate) fn wake_written(senders: &Senders) -> bool {
-    let mut any = false;
-    for handle in senders.lock().values() {
-        if handle.ships_written() {
-            handle.wake();
-            any = true;
-        }
-    }
-    any
-}
 
 /// Why writes are paused after a machine restart until [`fence_check`] lifts it.
 pub(crate) const RESTART_FENCE: &str = "the machine restarted since this node last took \

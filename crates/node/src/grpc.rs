@@ -425,7 +425,7 @@ impl Client for Services {
         session.set_statement_timeout(timeout);
         session.set_read_only(read_only);
         let outcome = session.execute(&sql).await;
-        crate::dataplane::wake_all(&self.state.senders);
+        crate::senders::wake_all(&self.state.senders);
         let mut resp = pb_outcome(&outcome, false, false, &self.state.plane.state());
         if session.left_open() {
             // Dropping the session below ends the wait: the commit stands here.
@@ -505,7 +505,7 @@ impl Client for Services {
                     }
                 };
                 let outcome = session.execute(&req.sql).await;
-                crate::dataplane::wake_all(&state.senders);
+                crate::senders::wake_all(&state.senders);
                 let resp = pb_outcome(
                     &outcome,
                     session.in_transaction(),

@@ -35,6 +35,7 @@ pub mod identity;
 mod lease;
 mod returns;
 mod roles;
+mod senders;
 mod stall;
 mod switchover;
 
@@ -110,7 +111,7 @@ pub(crate) struct NodeState {
     pub(crate) grpc_addr: std::net::SocketAddr,
     pub(crate) http_addr: std::net::SocketAddr,
     /// This node's outbound streams (the data plane task keeps the map current).
-    pub(crate) senders: dataplane::Senders,
+    pub(crate) senders: senders::Senders,
     /// What the data plane cannot do as the schemes ask (kept by its task).
     pub(crate) problems: dataplane::Problems,
     /// This node's inbound streams.
@@ -536,10 +537,10 @@ pub async fn run(
         db.clone(),
         store.clone(),
     ));
-    let senders: dataplane::Senders = Default::default();
+    let senders: senders::Senders = Default::default();
     {
         let senders = senders.clone();
-        db.set_written_hook(move || dataplane::wake_written(&senders));
+        db.set_written_hook(move || senders::wake_written(&senders));
     }
     let returns = Arc::new(returns::Returns::new(node_id, senders.clone()));
     let sql_returns = Arc::new(returns::SqlReturns {

@@ -45,7 +45,7 @@ use tokio::sync::{oneshot, Notify};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::dataplane::Senders;
+use crate::senders::Senders;
 
 /// Counters of released commits, for status and metrics.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -266,7 +266,7 @@ impl Returns {
             let committed = txn
                 .commit_holding(hide, |info| async move {
                     // The senders ship this commit now, not at their next poll.
-                    crate::dataplane::wake_all(&this.senders);
+                    crate::senders::wake_all(&this.senders);
                     if awaits.is_empty() {
                         this.inner.lock().counts.not_requested += 1;
                         if info.durable {
