@@ -65,7 +65,7 @@ pub struct DbOptions {
     /// Only a store on disk ([`Database::open_sled`]) checks.
     pub min_free_bytes: u64,
     /// Open a store whose write-ahead log is damaged by cutting the log before the
-    /// damage instead of refusing ([`crate::wal::scan`]): what followed is kept aside,
+    /// damage instead of refusing ([`crate::engine::wal::scan`]): what followed is kept aside,
     /// not in the store, and the store counts as restarted, so that a receiver holding
     /// more of its commits is never streamed to again until it is rebuilt.
     pub salvage: bool,

@@ -45,7 +45,6 @@ mod restart;
 pub mod sequence;
 pub mod space;
 pub mod txn;
-mod wal;
 
 /// The decoders that read the commit log, the catalog and the write-ahead log back,
 /// for the fuzz targets in `crates/fuzz` (they are private to the store otherwise).
@@ -54,10 +53,11 @@ mod wal;
 pub mod fuzzing {
     use hawser_core::{TableDef, Value};
 
+    use crate::engine::wal;
     use crate::error::StoreError;
     use crate::log::LogRecord;
     use crate::sequence::SequenceDef;
-    use crate::{codec, wal, WriteBatch};
+    use crate::{codec, WriteBatch};
 
     /// A commit log record, as reading the log decodes it.
     pub fn decode_record(bytes: &[u8]) -> Result<LogRecord, StoreError> {

@@ -54,7 +54,7 @@ use std::sync::Arc;
 
 use parking_lot::{Mutex, RwLock};
 
-use crate::engine::WriteBatch;
+use super::WriteBatch;
 use crate::error::StoreError;
 
 /// A segment is closed once it holds this much; the next write starts a new one.

@@ -1,16 +1,8 @@
-//! The key-value engine under the store, and its two implementations.
-//!
-//! Everything hawser keeps lives in one ordered keyspace ([`crate::layout`] says where),
-//! so one [`WriteBatch`] can change rows, the commit log and the catalog together and the
-//! engine applies it atomically: after a crash either all of a batch is there or none of
-//! it. Durability is explicit: [`KvEngine::apply`] makes a batch visible, and
-//! [`KvEngine::flush`] makes everything applied so far durable. Keeping the two apart is
-//! what lets many commits share one flush (group commit, see [`crate::db`]).
-//!
-//! * [`SledEngine`] is the real one: one sled tree for everything, with hawser's
-//!   write-ahead log ([`crate::wal`]) making each batch atomic and durable.
-//! * [`MemEngine`] keeps a `BTreeMap`: tests, simulations, and the second
-//!   implementation that keeps the trait honest.
+//! The sled engine: one sled tree for the whole keyspace, hawser's write-ahead log
+//! ([`super::wal`]) making each batch atomic and durable, recovery from it at open, an
+//! overlay of batches not yet moved into sled, and the merged iterators over both.
+//! One file over a thousand lines because recovery, the overlay, the checkpoint and the
+//! iterators all work on the engine's one private state (`Shared`) and its invariants.
 
 use std::collections::BTreeMap;
 use std::ops::Bound;
@@ -21,120 +13,12 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex, RwLock};
 
+use super::wal::{self, Wal};
+use super::{range_is_empty, ByteRange, KvEngine, KvIter, WriteBatch};
 use crate::error::StoreError;
 use crate::layout::LOG_PREFIX;
-use crate::wal::Wal;
 
-/// A range of keys: lower and upper bound.
-pub type ByteRange = (Bound<Vec<u8>>, Bound<Vec<u8>>);
-
-/// An iterator over `(key, value)` pairs of one scan, in the scan's order.
-pub type KvIter = Box<dyn Iterator<Item = Result<(Vec<u8>, Vec<u8>), StoreError>> + Send>;
-
-/// A set of puts and deletes applied as one atomic unit, in insertion order (a later
-/// operation on the same key wins).
-#[derive(Debug, Default, Clone)]
-pub struct WriteBatch {
-    ops: Vec<(Vec<u8>, Option<Vec<u8>>)>,
-}
-
-impl WriteBatch {
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    pub fn put(&mut self, key: Vec<u8>, value: Vec<u8>) {
-        self.ops.push((key, Some(value)));
-    }
-
-    pub fn delete(&mut self, key: Vec<u8>) {
-        self.ops.push((key, None));
-    }
-
-    pub fn len(&self) -> usize {
-        self.ops.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.ops.is_empty()
-    }
-
-    /// Bytes of keys and values in the batch.
-    pub fn size_bytes(&self) -> usize {
-        self.ops
-            .iter()
-            .map(|(k, v)| k.len() + v.as_ref().map_or(0, Vec::len))
-            .sum()
-    }
-
-    /// The operations: `(key, Some(value))` puts, `(key, None)` deletes.
-    pub fn ops(&self) -> &[(Vec<u8>, Option<Vec<u8>>)] {
-        &self.ops
-    }
-
-    pub fn into_ops(self) -> Vec<(Vec<u8>, Option<Vec<u8>>)> {
-        self.ops
-    }
-}
-
-/// An ordered keyspace with atomic batches and explicit durability.
-pub trait KvEngine: Send + Sync + 'static {
-    /// The value under `key`, if any.
-    fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError>;
-
-    /// The pairs whose keys fall in `range`, ascending, or descending when `reverse`.
-    fn scan(&self, range: ByteRange, reverse: bool) -> KvIter;
-
-    /// Applies `batch`: it is visible to every reader once this returns (its keys may
-    /// become visible one by one before that) and survives a crash either whole or not
-    /// at all.
-    fn apply(&self, batch: WriteBatch) -> Result<(), StoreError>;
-
-    /// Makes every batch applied before this call durable before it returns.
-    fn flush(&self) -> Result<(), StoreError>;
-
-    /// [`KvEngine::flush`], leaving work the flush does after the batches are durable
-    /// (moving them to where they stay) for [`KvEngine::settle`] or a later flush, so
-    /// that a caller can act on the durability first.
-    fn flush_unsettled(&self) -> Result<(), StoreError> {
-        self.flush()
-    }
-
-    /// Does what [`KvEngine::flush_unsettled`] left; cheap when nothing was left.
-    fn settle(&self) -> Result<(), StoreError> {
-        Ok(())
-    }
-
-    /// [`KvEngine::settle`], calling `pause` between pieces of the work (the sled
-    /// engine: before each batch it moves).
-    fn settle_paced(&self, _pause: &mut dyn FnMut()) -> Result<(), StoreError> {
-        self.settle()
-    }
-
-    /// Starts a flush's write without waiting for the disk: after it, the batches
-    /// applied so far survive a crash of this process (not yet of the machine). A
-    /// [`KvEngine::flush`] still makes them durable. Nothing to do for an engine whose
-    /// flush does not write ahead.
-    fn write_ahead(&self) -> Result<(), StoreError> {
-        Ok(())
-    }
-
-    /// Why the engine can no longer write, once a write or sync of its log failed or a
-    /// durable batch could be moved only in part (a full disk, an I/O error): it refuses
-    /// every write from then on, while readers may still see batches that never became
-    /// durable. Only a restart, which recovers from what is durable, clears it.
-    fn failure(&self) -> Option<String> {
-        None
-    }
-
-    /// What opening cut from a damaged log when told to salvage it
-    /// ([`SledEngine::open_salvaging`]); `None` when nothing was.
-    fn salvaged(&self) -> Option<String> {
-        None
-    }
-}
-
-/// The sled engine: one tree holds the whole keyspace; [`crate::wal`] makes its
+/// The sled engine: one tree holds the whole keyspace; [`wal`] makes its
 /// batches atomic and durable.
 ///
 /// `apply` appends a batch's frame to the write-ahead log and puts its operations in an
@@ -150,7 +34,7 @@ pub trait KvEngine: Send + Sync + 'static {
 pub struct SledEngine {
     shared: Arc<Shared>,
     checkpointer: Option<std::thread::JoinHandle<()>>,
-    /// Whether closing marks the log's end ([`crate::wal::Wal::seal`]); tests that
+    /// Whether closing marks the log's end ([`wal::Wal::seal`]); tests that
     /// build a crash's leftovers by hand after a close turn it off.
     seal_on_close: bool,
 }
@@ -340,7 +224,7 @@ impl SledEngine {
     }
 
     /// [`SledEngine::open`]; with `salvage`, a damaged log is cut before the damage
-    /// instead of refused (see [`crate::wal::scan`]), and [`KvEngine::salvaged`] says
+    /// instead of refused (see [`wal::scan`]), and [`KvEngine::salvaged`] says
     /// so.
     pub fn open_salvaging(dir: &Path, salvage: bool) -> Result<Self, StoreError> {
         let db = open_sled(dir)?;
@@ -428,7 +312,7 @@ struct Recovered {
     last: u64,
     log: LogIndex,
     /// The log segments kept: they hold log keys.
-    kept: Vec<crate::wal::ScannedSegment>,
+    kept: Vec<wal::ScannedSegment>,
     /// What salvaging the log cut, if it did.
     salvaged: Option<String>,
 }
@@ -470,14 +354,14 @@ fn recover(
     let in_sled = last;
     let mut replayed: Option<u64> = None;
     let mut seen: Option<u64> = None;
-    let scanned = crate::wal::scan(wal_dir, salvage, checkpoint, |frame, payload| {
+    let scanned = wal::scan(wal_dir, salvage, checkpoint, |frame, payload| {
         seen = Some(frame);
-        let batch = crate::wal::decode_batch(payload).map_err(|reason| {
+        let batch = wal::decode_batch(payload).map_err(|reason| {
             StoreError::corrupt(&frame.to_be_bytes(), format!("frame {frame}: {reason}"))
         })?;
         let redo = frame > in_sled;
         if redo {
-            crate::wal::check_continues(wal_dir, in_sled, replayed, frame)?;
+            wal::check_continues(wal_dir, in_sled, replayed, frame)?;
             replayed = Some(frame);
         }
         let failed = |e| StoreError::io(format!("re-applying frame {frame}"), e);
@@ -556,7 +440,7 @@ fn recover(
     let remove = |path: &Path| {
         std::fs::remove_file(path)
             .map_err(|e| StoreError::io(format!("removing {}", path.display()), e))?;
-        crate::wal::sync_dir(wal_dir)
+        wal::sync_dir(wal_dir)
     };
     for segment in scanned.segments {
         if segment.offsets.is_empty() || segment.last() < first_held {
@@ -587,7 +471,7 @@ fn frame_number(bytes: &[u8]) -> Result<u64, StoreError> {
 }
 
 fn apply_frame(db: &sled::Db, frame: u64, payload: &[u8]) -> Result<(), StoreError> {
-    let batch = crate::wal::decode_batch(payload).map_err(|reason| {
+    let batch = wal::decode_batch(payload).map_err(|reason| {
         StoreError::corrupt(&frame.to_be_bytes(), format!("frame {frame}: {reason}"))
     })?;
     for (k, v) in batch.into_ops() {
@@ -725,7 +609,7 @@ impl Shared {
         let Some(payload) = self.wal.read_frame(frame)? else {
             return Ok(None);
         };
-        let batch = crate::wal::decode_batch(&payload).map_err(|reason| {
+        let batch = wal::decode_batch(&payload).map_err(|reason| {
             StoreError::corrupt(&frame.to_be_bytes(), format!("frame {frame}: {reason}"))
         })?;
         let mut values = FrameLog::new();
@@ -921,7 +805,7 @@ impl KvEngine for SledEngine {
             return Ok(());
         }
         let s = &*self.shared;
-        let payload = crate::wal::encode_batch(&batch);
+        let payload = wal::encode_batch(&batch);
         let mut last = s.applying.lock();
         if let Some(reason) = s.broken.lock().clone() {
             return Err(broken_error(&reason));
@@ -1214,70 +1098,9 @@ fn intersect(a: &ByteRange, b: &ByteRange) -> Option<ByteRange> {
     (!range_is_empty(&r)).then_some(r)
 }
 
-/// The in-memory engine: a `BTreeMap` behind a lock. `flush` has nothing to do.
-#[derive(Default)]
-pub struct MemEngine {
-    map: RwLock<BTreeMap<Vec<u8>, Vec<u8>>>,
-}
-
-impl MemEngine {
-    pub fn new() -> Self {
-        Self::default()
-    }
-}
-
-impl KvEngine for MemEngine {
-    fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
-        Ok(self.map.read().get(key).cloned())
-    }
-
-    fn scan(&self, range: ByteRange, reverse: bool) -> KvIter {
-        if range_is_empty(&range) {
-            return Box::new(std::iter::empty());
-        }
-        // A snapshot of the range: simple, and the memory engine serves tests only.
-        let map = self.map.read();
-        let mut items: Vec<_> = map
-            .range(range)
-            .map(|(k, v)| Ok((k.clone(), v.clone())))
-            .collect();
-        if reverse {
-            items.reverse();
-        }
-        Box::new(items.into_iter())
-    }
-
-    fn apply(&self, batch: WriteBatch) -> Result<(), StoreError> {
-        let mut map = self.map.write();
-        for (k, v) in batch.into_ops() {
-            match v {
-                Some(v) => map.insert(k, v),
-                None => map.remove(&k),
-            };
-        }
-        Ok(())
-    }
-
-    fn flush(&self) -> Result<(), StoreError> {
-        Ok(())
-    }
-}
-
-/// Whether a byte range holds no key at all. `BTreeMap::range` panics on a range whose
-/// start is after its end, so both engines check first.
-pub(crate) fn range_is_empty(range: &ByteRange) -> bool {
-    use Bound::*;
-    match range {
-        (Included(a), Included(b)) => a > b,
-        (Included(a), Excluded(b)) | (Excluded(a), Included(b)) | (Excluded(a), Excluded(b)) => {
-            a >= b
-        }
-        _ => false,
-    }
-}
-
 #[cfg(test)]
 mod tests {
+    use super::super::MemEngine;
     use super::*;
 
     fn exercise(engine: &dyn KvEngine) {
@@ -1432,7 +1255,7 @@ mod tests {
         let mut two = put(b"x", b"2");
         two.put(b"y".to_vec(), b"2".to_vec());
         let wal = Wal::new(&dir.path().join("wal"), 2).unwrap();
-        wal.append(2, &crate::wal::encode_batch(&two));
+        wal.append(2, &wal::encode_batch(&two));
         wal.sync().unwrap();
         drop(wal);
         {
@@ -1528,14 +1351,14 @@ mod tests {
     }
 
     fn segment_count(dir: &Path) -> usize {
-        crate::wal::segments(&dir.join("wal")).unwrap().len()
+        wal::segments(&dir.join("wal")).unwrap().len()
     }
 
     #[test]
     fn log_keys_stay_in_the_log_and_hold_its_segments_until_deleted() {
         let dir = tempfile::tempdir().unwrap();
         // Values of half a segment and more: each frame below fills a segment.
-        let big = |n: u8| vec![n; (crate::wal::SEGMENT_BYTES / 2) as usize + 1];
+        let big = |n: u8| vec![n; (wal::SEGMENT_BYTES / 2) as usize + 1];
         {
             let e = SledEngine::open(dir.path()).unwrap();
             e.apply(put(&log_key(1), &big(1))).unwrap();
@@ -1584,16 +1407,14 @@ mod tests {
     #[test]
     fn a_segment_before_a_gap_is_refused_not_removed() {
         let dir = tempfile::tempdir().unwrap();
-        let big = |n: u8| vec![n; (crate::wal::SEGMENT_BYTES / 2) as usize + 1];
+        let big = |n: u8| vec![n; (wal::SEGMENT_BYTES / 2) as usize + 1];
         let first_segment;
         {
             let e = SledEngine::open(dir.path()).unwrap();
             e.apply(put(&log_key(1), &big(1))).unwrap();
             e.flush().unwrap();
             // Key 1's segment as it will stay: the next frame starts another.
-            let (_, path) = crate::wal::segments(&dir.path().join("wal"))
-                .unwrap()
-                .remove(0);
+            let (_, path) = wal::segments(&dir.path().join("wal")).unwrap().remove(0);
             let bytes = std::fs::read(&path).unwrap();
             first_segment = (path, bytes);
             let mut gone = WriteBatch::new();
@@ -1644,7 +1465,7 @@ mod tests {
                     e.flush().unwrap();
                 }
             }
-            let (_, path) = crate::wal::segments(&dir.path().join("wal"))
+            let (_, path) = wal::segments(&dir.path().join("wal"))
                 .unwrap()
                 .pop()
                 .unwrap();
@@ -1699,7 +1520,7 @@ mod tests {
                 .unwrap();
             let at = frame_number(&redo.get(CHECKPOINT_KEY).unwrap().unwrap()).unwrap();
             let wal = Wal::new(&dir.path().join("wal"), at + 1).unwrap();
-            wal.append(at + 1, &crate::wal::encode_batch(&put(&log_key(5), &[5])));
+            wal.append(at + 1, &wal::encode_batch(&put(&log_key(5), &[5])));
             wal.sync().unwrap();
         }
         let e = SledEngine::open(dir.path()).unwrap();
@@ -1741,8 +1562,8 @@ mod tests {
         let wal = Wal::new(&dir.path().join("wal"), 2).unwrap();
         let mut two = put(b"b", b"2");
         two.delete(b"a".to_vec());
-        wal.append(2, &crate::wal::encode_batch(&two));
-        wal.append(3, &crate::wal::encode_batch(&put(b"c", b"3")));
+        wal.append(2, &wal::encode_batch(&two));
+        wal.append(3, &wal::encode_batch(&put(b"c", b"3")));
         wal.sync().unwrap();
         drop(wal);
         for _ in 0..2 {
@@ -1771,7 +1592,7 @@ mod tests {
             two.put(b"y".to_vec(), b"2".to_vec());
             db.open_tree("hawser_redo")
                 .unwrap()
-                .insert(2u64.to_be_bytes(), crate::wal::encode_batch(&two))
+                .insert(2u64.to_be_bytes(), wal::encode_batch(&two))
                 .unwrap();
             db.insert(b"x", b"2").unwrap();
             db.flush().unwrap();
