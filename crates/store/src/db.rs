@@ -23,7 +23,7 @@
 //! high-water), so a scan racing a multi-row commit may see part of it
 //! (`docs/storage.md`, "Write-ahead log").
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::ops::Bound;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -34,6 +34,10 @@ use hawser_core::coerce::coerce;
 use hawser_core::key::{encode_key, prefix_successor};
 use hawser_core::{ColumnDef, Epoch, Gtid, Ident, Lsn, NodeId, QualName, Row, TableDef, Value};
 use parking_lot::{Mutex, RwLock};
+
+/// How many of the newest log records [`Database::log_tail`] keeps decoded in memory.
+pub use crate::commit_log::TAIL_RECORDS;
+use crate::commit_log::{note_last_commit, CommitLog, LogSizes};
 
 use crate::codec;
 use crate::engine::{ByteRange, KvEngine, KvIter, MemEngine, SledEngine, WriteBatch};
@@ -347,23 +351,14 @@ pub(crate) struct Inner {
     /// Called by a commit flush between its write and its sync (see
     /// [`Database::set_written_hook`]).
     written_hook: std::sync::OnceLock<WrittenHook>,
-    /// The first LSN still in the log (`applied_lsn + 1` when it is empty): records
-    /// before it were released ([`Database::release_log`]).
-    log_start: AtomicU64,
-    /// The size of every record held ([`Database::log_bytes_from`],
-    /// [`Database::log_retained_bytes`]); `log_start` moves under this lock too.
-    log_sizes: Mutex<LogSizes>,
-    /// Held by the one release in progress.
-    release_lock: Mutex<()>,
+    /// What is kept in memory of the commit log: where it starts, record sizes, the
+    /// newest records, DDL positions, each origin's newest commit ([`CommitLog`]).
+    pub(crate) log: CommitLog,
     /// The high-water mark of every other origin committed here (this node's own is
     /// the commit state's `last_seq`). Changed under the commit mutex with the batch
     /// that writes the origin's log record; derived from the log at open (see
     /// [`Database::open`]).
     pub(crate) marks: RwLock<BTreeMap<NodeId, u64>>,
-    /// The newest log records, decoded, for senders that keep up ([`Database::log_tail`]):
-    /// appended under the commit mutex once their batch is applied, at most
-    /// [`TAIL_RECORDS`] of them.
-    tail: Mutex<VecDeque<Arc<LogRecord>>>,
     /// Set by the one commit that is flushing for everybody ([`FlushLeader`]).
     flushing: AtomicBool,
     /// Wakes every commit waiting for a flush when the flushing commit lets go.
@@ -397,12 +392,6 @@ pub(crate) struct Inner {
     machine_restarted: bool,
     /// See [`Database::restart_point`]; written through to [`layout::RESTART_KEY`].
     restart: Mutex<Option<RestartPoint>>,
-    /// The LSNs of the DDL records in the log (trimmed by [`Database::release_log`]):
-    /// [`Database::ddl_from`] reads them without reading the rest of the log.
-    ddl_lsns: Mutex<BTreeSet<u64>>,
-    /// Each origin's newest commit in the log, by seq and commit time
-    /// ([`Database::last_commit_of`]).
-    last_commits: Mutex<HashMap<NodeId, HeldCommit>>,
     /// Receivers found holding more of this node's origin than it has
     /// ([`Database::check_receiver_ahead`]), by store name; written through to
     /// [`layout::AHEAD_KEY`].
@@ -465,49 +454,6 @@ pub(crate) fn decode_stored_row(
         row.push(c.default.clone().unwrap_or(Value::Null));
     }
     Ok(row)
-}
-
-/// The size of every log record held, so the bytes from an LSN on are known without
-/// reading the log: cumulative bytes (key and encoded record) through each record
-/// from `log_start` on, counted from an arbitrary origin. LSNs are dense, so the
-/// record at LSN `log_start + i` is entry `i`.
-#[derive(Default)]
-struct LogSizes {
-    /// Cumulative bytes through the last record released.
-    released: u64,
-    /// Cumulative bytes through `log_start + i`.
-    through: VecDeque<u64>,
-}
-
-impl LogSizes {
-    fn push(&mut self, size: u64) {
-        let end = self.through.back().copied().unwrap_or(self.released);
-        self.through.push_back(end + size);
-    }
-
-    /// Forgets the oldest `count` records (released).
-    fn release(&mut self, count: u64) {
-        for _ in 0..count {
-            match self.through.pop_front() {
-                Some(c) => self.released = c,
-                None => break,
-            }
-        }
-    }
-
-    /// Bytes of the records from entry `index` on.
-    fn bytes_from(&self, index: u64) -> u64 {
-        let end = self.through.back().copied().unwrap_or(self.released);
-        let before = match index.checked_sub(1) {
-            None => self.released,
-            Some(i) => usize::try_from(i)
-                .ok()
-                .and_then(|i| self.through.get(i))
-                .copied()
-                .unwrap_or(end),
-        };
-        end - before
-    }
 }
 
 impl Database {
@@ -595,7 +541,7 @@ impl Database {
                 .ok_or_else(|| StoreError::corrupt(&k, "malformed log key"))?;
             let start = *log_start.get_or_insert(lsn);
             // LSNs are dense; a gap (none is known to happen) counts as empty records.
-            while (log_sizes.through.len() as u64) < lsn - start {
+            while log_sizes.len() < lsn - start {
                 log_sizes.push(0);
             }
             log_sizes.push((k.len() + v.len()) as u64);
@@ -655,13 +601,8 @@ impl Database {
             flushed_lsn: AtomicU64::new(last_lsn.0),
             written_lsn: AtomicU64::new(last_lsn.0),
             written_hook: std::sync::OnceLock::new(),
-            log_start: AtomicU64::new(log_start),
-            log_sizes: Mutex::new(log_sizes),
-            ddl_lsns: Mutex::new(ddl_lsns),
-            last_commits: Mutex::new(last_commits),
-            release_lock: Mutex::new(()),
+            log: CommitLog::opened(log_start, log_sizes, ddl_lsns, last_commits),
             marks: RwLock::new(marks),
-            tail: Mutex::new(VecDeque::with_capacity(TAIL_RECORDS)),
             flushing: AtomicBool::new(false),
             flush_done: tokio::sync::Notify::new(),
             committing: AtomicUsize::new(0),
@@ -1582,7 +1523,7 @@ impl Database {
     /// that seq: another time means the sender gave that seq to another commit — it
     /// lost the one the receiver has.
     pub fn last_commit_of(&self, origin: NodeId) -> Option<HeldCommit> {
-        let last = self.inner.last_commits.lock().get(&origin).copied()?;
+        let last = self.inner.log.newest_of(origin)?;
         let mark = if origin == self.node_id() {
             self.inner.commit.lock().last_seq
         } else {
@@ -1596,13 +1537,7 @@ impl Database {
     pub fn ddl_from(&self, from: Lsn) -> Result<Vec<LogRecord>, StoreError> {
         let from = from.max(self.log_start());
         // (Released records leave the index as `release_log` releases them.)
-        let lsns: Vec<u64> = self
-            .inner
-            .ddl_lsns
-            .lock()
-            .range(from.0..)
-            .copied()
-            .collect();
+        let lsns = self.inner.log.ddl_from(from);
         let mut records = Vec::with_capacity(lsns.len());
         for lsn in lsns {
             match self.log_range(Lsn(lsn), 1)?.pop() {
@@ -1619,42 +1554,26 @@ impl Database {
     /// read of the engine and no decoding. `None` when `from` is older than the tail;
     /// [`Database::log_range`] has it then.
     pub fn log_tail(&self, from: Lsn, limit: usize) -> Option<Vec<Arc<LogRecord>>> {
-        let last = self.last_lsn();
-        let tail = self.inner.tail.lock();
-        let first = tail.front()?.lsn;
-        if from < first || from > last {
-            return (from > last && from >= first).then(Vec::new);
-        }
-        let skip = usize::try_from(from.0 - first.0).ok()?;
-        Some(
-            tail.iter()
-                .skip(skip)
-                .take_while(|r| r.lsn <= last)
-                .take(limit)
-                .cloned()
-                .collect(),
-        )
+        self.inner.log.tail(from, self.last_lsn(), limit)
     }
 
     /// Bytes of log (keys and encoded records) from LSN `from` on: what a receiver
     /// that has everything before `from` still lacks, as FAILTHRESHOLD measures it.
     /// Counted from the sizes kept in memory, not read from the log.
     pub fn log_bytes_from(&self, from: Lsn) -> Result<u64, StoreError> {
-        let sizes = self.inner.log_sizes.lock();
-        let start = self.inner.log_start.load(Ordering::Acquire);
-        Ok(sizes.bytes_from(from.0.saturating_sub(start)))
+        Ok(self.inner.log.bytes_from(from))
     }
 
     /// The first LSN still in the log: everything before it was released. One past
     /// [`Database::last_lsn`] when nothing was ever committed.
     pub fn log_start(&self) -> Lsn {
-        Lsn(self.inner.log_start.load(Ordering::Acquire))
+        self.inner.log.start()
     }
 
     /// Bytes of log (keys and encoded records) still held, from [`Database::log_start`]
     /// on.
     pub fn log_retained_bytes(&self) -> u64 {
-        self.inner.log_sizes.lock().bytes_from(0)
+        self.inner.log.retained_bytes()
     }
 
     /// Releases the log through LSN `through`, oldest first, while more than
@@ -1668,11 +1587,11 @@ impl Database {
     pub fn release_log(&self, through: Lsn, keep_bytes: u64) -> Result<u64, StoreError> {
         const CHUNK: usize = 1024;
         let inner = &self.inner;
-        let _one = inner.release_lock.lock();
+        let _one = inner.log.releasing();
         let limit = through.0.min(self.last_lsn().0.saturating_sub(1));
         let mut released = 0u64;
         loop {
-            let start = inner.log_start.load(Ordering::Acquire);
+            let start = inner.log.start().0;
             let mut retained = self.log_retained_bytes();
             if start > limit || retained <= keep_bytes {
                 break;
@@ -1707,15 +1626,7 @@ impl Database {
                 }
             }
             inner.engine.apply(batch)?;
-            {
-                let mut sizes = inner.log_sizes.lock();
-                sizes.release(last + 1 - start);
-                inner.log_start.store(last + 1, Ordering::Release);
-            }
-            {
-                let mut ddl = inner.ddl_lsns.lock();
-                *ddl = ddl.split_off(&(last + 1));
-            }
+            inner.log.released_through(Lsn(last));
             released += count;
         }
         Ok(released)
@@ -1977,7 +1888,6 @@ impl Inner {
             } => (gtid, epoch, commit_micros),
         };
         let (mut batch, entry, install) = prepare(&mut state, gtid, micros)?;
-        let ddl = matches!(entry, LogEntry::Ddl { .. });
         let record = Arc::new(LogRecord { lsn, epoch, entry });
         let bytes = codec::encode_record(&record);
         let log_bytes = bytes.len() as u64;
@@ -1988,10 +1898,8 @@ impl Inner {
         // record carries the origin's new high-water). It is visible to readers from
         // here on, durable only after the flush.
         self.engine.apply(batch)?;
-        if ddl {
-            self.ddl_lsns.lock().insert(lsn.0);
-        }
-        note_last_commit(&mut self.last_commits.lock(), gtid, micros);
+        self.log
+            .appended(std::slice::from_ref(&record), &[retained]);
         state.last_lsn = lsn;
         if gtid.origin == self.opts.node_id {
             state.last_seq = state.last_seq.max(gtid.seq);
@@ -2001,8 +1909,6 @@ impl Inner {
             *mark = (*mark).max(gtid.seq);
         }
         install();
-        self.log_sizes.lock().push(retained);
-        self.push_tail([record]);
         self.applied_lsn.store(lsn.0, Ordering::Release);
         drop(state);
         self.counters.commits.fetch_add(1, Ordering::Relaxed);
@@ -2057,15 +1963,7 @@ impl Inner {
         // carry the new high-waters), visible from here on, durable only after the
         // flush.
         self.engine.apply(batch)?;
-        {
-            let mut last = self.last_commits.lock();
-            for r in &written {
-                note_last_commit(&mut last, r.entry.gtid(), r.entry.commit_micros());
-                if matches!(r.entry, LogEntry::Ddl { .. }) {
-                    self.ddl_lsns.lock().insert(r.lsn.0);
-                }
-            }
-        }
+        self.log.appended(&written, &sizes);
         state.last_lsn = lsn;
         let mut marks = self.marks.write();
         for (origin, seq) in high_water {
@@ -2079,13 +1977,6 @@ impl Inner {
             }
         }
         drop(marks);
-        {
-            let mut held = self.log_sizes.lock();
-            for size in sizes {
-                held.push(size);
-            }
-        }
-        self.push_tail(written);
         self.applied_lsn.store(lsn.0, Ordering::Release);
         drop(state);
         self.counters.commits.fetch_add(count, Ordering::Relaxed);
@@ -2097,18 +1988,6 @@ impl Inner {
     }
 
     /// Counts row writes of a replicated apply with the other row writes.
-    /// Appends records just applied to the tail, dropping the oldest past its size.
-    /// Called under the commit mutex, so the tail stays in LSN order and dense.
-    fn push_tail(&self, records: impl IntoIterator<Item = Arc<LogRecord>>) {
-        let mut tail = self.tail.lock();
-        for r in records {
-            if tail.len() == TAIL_RECORDS {
-                tail.pop_front();
-            }
-            tail.push_back(r);
-        }
-    }
-
     /// The high-water mark of another origin (see `marks`).
     pub(crate) fn mark(&self, origin: NodeId) -> u64 {
         self.marks.read().get(&origin).copied().unwrap_or(0)
@@ -2364,9 +2243,6 @@ impl Inner {
 
 /// The most log records [`Database::commits_after`] reads back.
 pub const COMMITS_AFTER_SCAN: usize = 1 << 20;
-
-/// How many of the newest log records [`Database::log_tail`] keeps decoded in memory.
-pub const TAIL_RECORDS: usize = 4096;
 
 /// The keys of the log records from LSN `from` on.
 fn log_from(from: Lsn) -> ByteRange {
@@ -2677,20 +2553,6 @@ fn note_boot(
         engine.flush()?;
     }
     Ok(restart)
-}
-
-/// Raises `origin`'s newest commit in `last` to `gtid` (made at `commit_micros`).
-fn note_last_commit(last: &mut HashMap<NodeId, HeldCommit>, gtid: Gtid, commit_micros: i64) {
-    let c = last.entry(gtid.origin).or_insert(HeldCommit {
-        seq: 0,
-        commit_micros,
-    });
-    if gtid.seq >= c.seq {
-        *c = HeldCommit {
-            seq: gtid.seq,
-            commit_micros,
-        };
-    }
 }
 
 /// See [`Database::set_written_hook`].

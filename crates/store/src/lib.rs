@@ -30,6 +30,7 @@ pub mod aggregate;
 pub mod apply;
 pub mod aside;
 mod codec;
+mod commit_log;
 pub mod conflict;
 pub mod copy;
 pub mod db;
