@@ -33,19 +33,25 @@ fn converge(node: &Node, query: &str, expected: &Value) {
     );
 }
 
+/// n1, initialised, and n2 joined to it: two voters.
+fn pair(d: &std::path::Path) -> (Node, Node) {
+    let n1 = start_member("n1", d, "127.0.0.1:0", None, &[]);
+    let out = n1.cli(&["init"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let n2 = start_member("n2", d, "127.0.0.1:0", Some(&n1.grpc), &[]);
+    for n in [&n1, &n2] {
+        wait_for("two voters", WAIT, || (voters(n) == 2).then_some(()));
+    }
+    (n1, n2)
+}
+
 const TABLES: [&str; 4] = ["acct_u", "acct_p", "acct_c", "acct_h"];
 
 #[test]
 fn each_target_type_holds_what_the_db2_seed_says_and_a_resend_doubles_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    let n1 = start_member("n1", d, "127.0.0.1:0", None, &[]);
-    let out = n1.cli(&["init"]);
-    assert!(out.status.success(), "{}", stderr(&out));
-    let mut n2 = start_member("n2", d, "127.0.0.1:0", Some(&n1.grpc), &[]);
-    for n in [&n1, &n2] {
-        wait_for("two voters", WAIT, || (voters(n) == 2).then_some(()));
-    }
+    let (n1, mut n2) = pair(d);
     for t in TABLES {
         sql(
             &n1,
@@ -195,13 +201,7 @@ fn each_target_type_holds_what_the_db2_seed_says_and_a_resend_doubles_nothing() 
 fn aggregate_targets_hold_the_groups_of_the_rows_and_of_each_transaction() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    let n1 = start_member("n1", d, "127.0.0.1:0", None, &[]);
-    let out = n1.cli(&["init"]);
-    assert!(out.status.success(), "{}", stderr(&out));
-    let mut n2 = start_member("n2", d, "127.0.0.1:0", Some(&n1.grpc), &[]);
-    for n in [&n1, &n2] {
-        wait_for("two voters", WAIT, || (voters(n) == 2).then_some(()));
-    }
+    let (n1, mut n2) = pair(d);
     // A TABLE element's subscriber has the table: the BASE AGGREGATE's copy is it.
     for (node, t) in [(&n1, "acct_b"), (&n2, "acct_b"), (&n1, "acct_g")] {
         sql(
@@ -296,14 +296,7 @@ fn outbound_state(from: &Node, to: &str) -> Option<String> {
 #[test]
 fn a_duplicate_starts_each_target_as_its_type_says() {
     let dir = tempfile::tempdir().unwrap();
-    let d = dir.path();
-    let n1 = start_member("n1", d, "127.0.0.1:0", None, &[]);
-    let out = n1.cli(&["init"]);
-    assert!(out.status.success(), "{}", stderr(&out));
-    let n2 = start_member("n2", d, "127.0.0.1:0", Some(&n1.grpc), &[]);
-    for n in [&n1, &n2] {
-        wait_for("two voters", WAIT, || (voters(n) == 2).then_some(()));
-    }
+    let (n1, n2) = pair(dir.path());
     for t in ["acct_c", "acct_n", "acct_p"] {
         sql(
             &n1,

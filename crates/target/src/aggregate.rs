@@ -46,6 +46,15 @@ struct Func {
     source_type: Option<DataType>,
 }
 
+impl Func {
+    /// The non-NULL value this aggregate reads of `row`, if any.
+    fn value<'r>(&self, row: &'r [Value]) -> Option<&'r Value> {
+        self.column
+            .and_then(|i| row.get(i))
+            .filter(|v| !v.is_null())
+    }
+}
+
 /// An aggregate target resolved against its source table's definition.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Aggregation {
@@ -315,7 +324,8 @@ impl Aggregation {
         self.change || !self.groups.is_empty()
     }
 
-    fn empty_acc(&self) -> Acc {
+    /// A group's aggregates with no row in it yet.
+    pub fn empty(&self) -> Acc {
         let zero = |t: &Option<DataType>| match t {
             Some(DataType::Decimal { .. }) => Num::Decimal(Decimal::ZERO),
             Some(DataType::Double) => Num::Double(0.0),
@@ -342,16 +352,11 @@ impl Aggregation {
         }
     }
 
-    /// A group's aggregates with no row in it yet.
-    pub fn empty(&self) -> Acc {
-        self.empty_acc()
-    }
-
     /// Adds a source row of the group to `acc`.
     pub fn add(&self, acc: &mut Acc, row: &[Value]) {
         acc.rows += 1;
         for (f, slot) in self.funcs.iter().zip(&mut acc.slots) {
-            let Some(v) = f.column.and_then(|i| row.get(i)).filter(|v| !v.is_null()) else {
+            let Some(v) = f.value(row) else {
                 continue;
             };
             match slot {
@@ -383,7 +388,7 @@ impl Aggregation {
         acc.rows -= 1;
         let mut exact = true;
         for (f, slot) in self.funcs.iter().zip(&mut acc.slots) {
-            let Some(v) = f.column.and_then(|i| row.get(i)).filter(|v| !v.is_null()) else {
+            let Some(v) = f.value(row) else {
                 continue;
             };
             match slot {
@@ -430,7 +435,7 @@ impl Aggregation {
         if !wanted(&group) {
             return;
         }
-        let acc = out.entry(group).or_insert_with(|| self.empty_acc());
+        let acc = out.entry(group).or_insert_with(|| self.empty());
         self.add(acc, row);
     }
 
