@@ -60,8 +60,20 @@ pub(crate) struct Kept {
     groups: BTreeMap<Row, Group>,
 }
 
+/// What an apply changes in the kept groups once its batch is written.
+pub(crate) enum Done {
+    /// All of them, folded again.
+    Replace(Kept),
+    /// The groups it touched (`None`: no row is left in it), over the kept groups of
+    /// these tables.
+    Update {
+        tables: (u64, u64, u64),
+        groups: BTreeMap<Row, Option<Group>>,
+    },
+}
+
 #[derive(Debug, Clone)]
-struct Group {
+pub(crate) struct Group {
     acc: Acc,
     /// `IBMSNAP_LLOGMARKER`: when the group began.
     low: i64,
@@ -73,10 +85,27 @@ impl Aggregates {
     }
 
     /// Makes an apply's groups the kept ones (its engine write succeeded).
-    pub(crate) fn commit(&self, done: Vec<(QualName, Kept)>) {
+    pub(crate) fn commit(&self, done: Vec<(QualName, Done)>) {
         let mut kept = self.kept.lock();
-        for (into, k) in done {
-            kept.insert(into, k);
+        for (into, d) in done {
+            match d {
+                Done::Replace(k) => {
+                    kept.insert(into, k);
+                }
+                Done::Update { tables, groups } => {
+                    // Kept groups dropped meanwhile (a failed write) are folded again
+                    // when next used: nothing to update.
+                    let Some(k) = kept.get_mut(&into).filter(|k| k.tables == tables) else {
+                        continue;
+                    };
+                    for (g, group) in groups {
+                        match group {
+                            Some(group) => k.groups.insert(g, group),
+                            None => k.groups.remove(&g),
+                        };
+                    }
+                }
+            }
         }
     }
 
@@ -91,8 +120,11 @@ struct Rule {
     agg: Aggregation,
     source: TableRef,
     into: TableRef,
-    /// The groups before the apply, then as its changes leave them.
-    kept: Kept,
+    /// The kept groups' tables ([`Kept::tables`]).
+    tables: (u64, u64, u64),
+    /// The groups the apply touched, as its changes leave them (each taken from the
+    /// kept groups when first touched).
+    groups: BTreeMap<Row, Group>,
     /// Groups changed, with what they were before the apply.
     changed: BTreeMap<Row, Changed>,
     /// A removal could not be undone: fold the copy again at the end.
@@ -110,15 +142,16 @@ struct Changed {
 }
 
 /// The aggregations of one apply.
-pub(crate) struct Touched {
+pub(crate) struct Touched<'a> {
+    aggregates: &'a Aggregates,
     rules: Vec<Rule>,
 }
 
-impl Touched {
+impl<'a> Touched<'a> {
     /// The aggregations of `tables` (an apply's) under the store's rules, each with its
     /// groups as committed. One that no longer fits its source table is skipped with a
     /// warning.
-    pub(crate) fn new(inner: &Inner, tables: &[TableRef]) -> Result<Self, StoreError> {
+    pub(crate) fn new(inner: &'a Inner, tables: &[TableRef]) -> Result<Self, StoreError> {
         let mut out = Vec::new();
         for (source, target) in inner.aggregates.rules().iter() {
             let Some(t) = tables.iter().find(|t| &t.def.name == source) else {
@@ -135,17 +168,21 @@ impl Touched {
             let Some(into) = target_table(inner, &agg) else {
                 continue;
             };
-            let kept = kept_groups(inner, &agg, t, &into)?;
+            let tables = keep_groups(inner, &agg, t, &into)?;
             out.push(Rule {
                 agg,
                 source: t.clone(),
                 into,
-                kept,
+                tables,
+                groups: BTreeMap::new(),
                 changed: BTreeMap::new(),
                 refold: false,
             });
         }
-        Ok(Touched { rules: out })
+        Ok(Touched {
+            aggregates: &inner.aggregates,
+            rules: out,
+        })
     }
 
     pub(crate) fn is_empty(&self) -> bool {
@@ -164,30 +201,36 @@ impl Touched {
             for (row, add) in [(&change.before, false), (&change.after, true)] {
                 let Some(row) = row else { continue };
                 let group = rule.agg.group_of(row);
-                match rule.changed.get_mut(&group) {
-                    Some(c) => c.last = c.last.max(commit_micros),
-                    None => {
-                        let old_low = rule
-                            .kept
-                            .groups
-                            .get(&group)
-                            .filter(|g| g.acc.rows() > 0)
-                            .map(|g| g.low);
-                        rule.changed.insert(
-                            group.clone(),
-                            Changed {
-                                first: commit_micros,
-                                last: commit_micros,
-                                old_low,
-                            },
-                        );
+                if !rule.changed.contains_key(&group) {
+                    // First touched: as kept.
+                    let kept = self
+                        .aggregates
+                        .kept
+                        .lock()
+                        .get(&rule.into.def.name)
+                        .and_then(|k| k.groups.get(&group))
+                        .filter(|g| g.acc.rows() > 0)
+                        .cloned();
+                    let old_low = kept.as_ref().map(|g| g.low);
+                    if let Some(g) = kept {
+                        rule.groups.insert(group.clone(), g);
                     }
+                    rule.changed.insert(
+                        group.clone(),
+                        Changed {
+                            first: commit_micros,
+                            last: commit_micros,
+                            old_low,
+                        },
+                    );
+                } else if let Some(c) = rule.changed.get_mut(&group) {
+                    c.last = c.last.max(commit_micros);
                 }
                 if rule.refold {
                     continue;
                 }
                 let same = left.as_ref() == Some(&group);
-                let g = rule.kept.groups.entry(group).or_insert_with(|| Group {
+                let g = rule.groups.entry(group).or_insert_with(|| Group {
                     acc: rule.agg.empty(),
                     low: commit_micros,
                 });
@@ -213,12 +256,13 @@ impl Touched {
         tables: &[TableRef],
         overlay: &[BTreeMap<Vec<u8>, Option<Row>>],
         batch: &mut WriteBatch,
-    ) -> Result<Vec<(QualName, Kept)>, StoreError> {
+    ) -> Result<Vec<(QualName, Done)>, StoreError> {
         let mut done = Vec::new();
         for mut rule in self.rules {
             if rule.changed.is_empty() {
                 continue;
             }
+            let mut all = None;
             if rule.refold {
                 // Fold the copy as the apply leaves it. A group keeps the low it had
                 // before the apply; one that begins in it, its first change's time.
@@ -227,22 +271,32 @@ impl Touched {
                 each_row(inner, &rule.source, i.map(|i| &overlay[i]), |row| {
                     rule.agg.fold_row(&mut folded, row, |_| true);
                 })?;
+                let kept = self.aggregates.kept.lock();
+                let kept = kept.get(&rule.into.def.name);
                 let low_of = |g: &Row| match rule.changed.get(g) {
                     Some(c) => c.old_low.unwrap_or(c.first),
-                    None => rule.kept.groups.get(g).map_or_else(now_micros, |k| k.low),
+                    None => kept
+                        .and_then(|k| k.groups.get(g))
+                        .map_or_else(now_micros, |k| k.low),
                 };
-                rule.kept.groups = folded
+                let groups: BTreeMap<Row, Group> = folded
                     .into_iter()
                     .map(|(g, acc)| {
                         let low = low_of(&g);
                         (g, Group { acc, low })
                     })
                     .collect();
+                all = Some(groups);
             }
+            let now_of = |g: &Row| {
+                all.as_ref()
+                    .unwrap_or(&rule.groups)
+                    .get(g)
+                    .filter(|g| g.acc.rows() > 0)
+            };
             for (group, c) in &rule.changed {
                 let old_key = c.old_low.map(|low| key_of(&rule.agg, group, low));
-                let now = rule.kept.groups.get(group).filter(|g| g.acc.rows() > 0);
-                let (gone, put) = match now {
+                let (gone, put) = match now_of(group) {
                     None => (old_key, None),
                     Some(g) => {
                         let row = rule
@@ -255,8 +309,33 @@ impl Touched {
                 };
                 put_rows(&rule.into, gone, put, batch);
             }
-            rule.kept.groups.retain(|_, g| g.acc.rows() > 0);
-            done.push((rule.into.def.name.clone(), rule.kept));
+            let name = rule.into.def.name.clone();
+            done.push(match all {
+                Some(groups) => (
+                    name,
+                    Done::Replace(Kept {
+                        tables: rule.tables,
+                        groups,
+                    }),
+                ),
+                None => {
+                    let groups = rule
+                        .changed
+                        .keys()
+                        .map(|g| {
+                            let group = rule.groups.remove(g).filter(|g| g.acc.rows() > 0);
+                            (g.clone(), group)
+                        })
+                        .collect();
+                    (
+                        name,
+                        Done::Update {
+                            tables: rule.tables,
+                            groups,
+                        },
+                    )
+                }
+            });
         }
         Ok(done)
     }
@@ -285,20 +364,42 @@ fn target_table(inner: &Inner, agg: &Aggregation) -> Option<TableRef> {
     Some(into)
 }
 
-/// The kept groups of `agg`, folded from the committed copy when none are kept for
-/// these tables.
-fn kept_groups(
+/// Makes sure `agg`'s groups are kept, folded from the committed copy when none are
+/// kept for these tables; returns the tables they are kept for.
+fn keep_groups(
+    inner: &Inner,
+    agg: &Aggregation,
+    source: &TableRef,
+    into: &TableRef,
+) -> Result<(u64, u64, u64), StoreError> {
+    let tables = (source.id, into.id, source.version);
+    if inner
+        .aggregates
+        .kept
+        .lock()
+        .get(&into.def.name)
+        .is_some_and(|k| k.tables == tables)
+    {
+        return Ok(tables);
+    }
+    let kept = fold_groups(inner, agg, source, into)?;
+    // The committed rows' groups: true whatever the apply about to use them does.
+    inner
+        .aggregates
+        .kept
+        .lock()
+        .insert(into.def.name.clone(), kept);
+    Ok(tables)
+}
+
+/// `agg`'s groups folded from the committed copy, each with its low from the aggregate
+/// table (now, for a group it lacks).
+fn fold_groups(
     inner: &Inner,
     agg: &Aggregation,
     source: &TableRef,
     into: &TableRef,
 ) -> Result<Kept, StoreError> {
-    let tables = (source.id, into.id, source.version);
-    if let Some(k) = inner.aggregates.kept.lock().get(&into.def.name) {
-        if k.tables == tables {
-            return Ok(k.clone());
-        }
-    }
     let mut folded = BTreeMap::new();
     each_row(inner, source, None, |row| {
         agg.fold_row(&mut folded, row, |_| true)
@@ -311,7 +412,10 @@ fn kept_groups(
             (g, Group { acc, low })
         })
         .collect();
-    Ok(Kept { tables, groups })
+    Ok(Kept {
+        tables: (source.id, into.id, source.version),
+        groups,
+    })
 }
 
 /// Each group's `IBMSNAP_LLOGMARKER` in the aggregate table.
@@ -417,8 +521,7 @@ impl Database {
         ) else {
             return Ok(());
         };
-        inner.aggregates.kept.lock().remove(&into.def.name);
-        let kept = kept_groups(inner, agg, &source, &into)?;
+        let kept = fold_groups(inner, agg, &source, &into)?;
         let mut olds = BTreeMap::new();
         each_row(inner, &into, None, |row| {
             olds.insert(agg.group_of_target(row), row.clone());
@@ -445,7 +548,9 @@ impl Database {
         if written > 0 {
             inner.engine.apply(batch)?;
         }
-        inner.aggregates.commit(vec![(into.def.name.clone(), kept)]);
+        inner
+            .aggregates
+            .commit(vec![(into.def.name.clone(), Done::Replace(kept))]);
         drop(state);
         if written > 0 {
             inner.engine.flush()?;

@@ -679,7 +679,7 @@ struct Outcome {
     /// Conflicts found, published once the batch is written.
     conflicts: Vec<crate::conflict::ConflictEvent>,
     /// BASE AGGREGATE groups, kept once the batch is written.
-    aggregated: Vec<(QualName, crate::aggregate::Kept)>,
+    aggregated: Vec<(QualName, crate::aggregate::Done)>,
 }
 
 /// Rows as the apply sees them: the committed row the first time a key is read
