@@ -17,9 +17,11 @@
 //!   costs its changes, not the table. A removal the running state cannot undo (the
 //!   row held a group's MIN or MAX, or a DOUBLE sum would drift) folds the whole copy
 //!   again for that apply, as DB2 folds the whole source each cycle.
-//! - The kept groups change only after the engine write succeeded, and are dropped on
-//!   any failure, a catalog change of the copy or a duplicate ([`Database::
-//!   refresh_aggregates`]), so they never run ahead of the committed rows.
+//! - An apply copies each group it touches out of the kept ones and puts back only
+//!   those, after its engine write succeeded; the kept groups are dropped on a failed
+//!   write, a catalog change of the copy or a duplicate ([`Database::
+//!   refresh_aggregates`]), so they never run ahead of the committed rows, and an
+//!   apply costs its changes, not the number of groups.
 //! - Aggregate rows have no log record: they are this store's derivation of rows it
 //!   logs, like the conflicts table's rows, and are never sent on.
 //! - A rule set for a copy that already holds rows (after a duplicate) is reconciled at
