@@ -19,9 +19,9 @@ use hawser_core::Value;
 use serde::Serialize;
 
 use super::node::ChildNode;
-use super::probe::wait_until;
+use super::probe::{get_json, wait_until};
 use super::scheme::{BRANCHES_SCHEME, BRANCH_ROW, NODES};
-use super::steps::{await_links, execute, replication_ddl};
+use super::steps::{await_links, execute, outbound, replication_ddl};
 use super::Demo;
 use crate::output::render_table;
 
@@ -127,6 +127,27 @@ pub(crate) async fn run(demo: &mut Demo) -> anyhow::Result<()> {
     .await?;
 
     receivers(demo, "pause").await?;
+    // The senders see the pause once their node has applied it from Raft: until
+    // then an update could still be shipped, and there would be no conflict.
+    wait_until(
+        "both streams of branches paused",
+        RESOLVE_TIMEOUT,
+        async || {
+            for (sender, receiver) in &links {
+                let node = demo.node(sender).map_err(|e| e.to_string())?;
+                let replication = get_json(&node.http, "/replication")
+                    .await
+                    .map_err(|e| e.to_string())?;
+                if let Some(s) = outbound(&replication, SCHEME, receiver) {
+                    if s["state"] == "streaming" {
+                        return Err(format!("{sender} → {receiver} still streaming"));
+                    }
+                }
+            }
+            Ok(())
+        },
+    )
+    .await?;
     let mut updates = Vec::new();
     for (node, manager) in [(na, "Brian"), (nb, "Chen")] {
         let sql = format!("update branches set manager = '{manager}' where id = 1");

@@ -304,7 +304,7 @@ pub(crate) fn parse_scheme(ddl: &str) -> anyhow::Result<hawser_scheme::Scheme> {
 }
 
 /// A stream of scheme `scheme` as the sender's `/replication` shows it.
-fn outbound<'a>(
+pub(crate) fn outbound<'a>(
     replication: &'a serde_json::Value,
     scheme: &str,
     receiver: &str,
