@@ -48,6 +48,21 @@ fn receivers(node: &Node, state: &str) {
     }
 }
 
+/// Waits until neither of `nodes` streams to the other: each node applies the pause
+/// from Raft in its own time, and until then its sender may still ship.
+fn paused(nodes: [&Node; 2]) {
+    for n in nodes {
+        wait_for("the sender to see the pause", WAIT, || {
+            let st = n.try_status()?;
+            let streaming = st["replication"]["outbound"]
+                .as_array()?
+                .iter()
+                .any(|o| o["state"] == "streaming");
+            (!streaming).then_some(())
+        });
+    }
+}
+
 const ACCOUNTS: &str = "select custname, curbalance, tstamp from accounts order by custname";
 
 /// westds and eastds, each with `accounts`, under `scheme`; both hold master leases.
@@ -73,6 +88,7 @@ fn pair(d: &std::path::Path, scheme: &str) -> (Node, Node) {
 /// Both update ann while neither hears the other, eastds last; then both hear.
 fn conflicting_updates(west: &Node, east: &Node) -> Value {
     receivers(west, "pause");
+    paused([west, east]);
     sql(
         west,
         "update accounts set curbalance = 1 where custname = 'ann'",
@@ -173,6 +189,7 @@ fn a_report_file_gets_each_conflict_until_reporting_is_suspended() {
     });
     // Two conflicts in one transaction from westds: both rejected on eastds.
     receivers(&west, "pause");
+    paused([&west, &east]);
     sql(&west, "update accounts set curbalance = 1");
     let west_rows = rows(&west, ACCOUNTS).unwrap();
     wait_for("later stamps on eastds", WAIT, || {
