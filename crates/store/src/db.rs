@@ -26,7 +26,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::ops::Bound;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -38,6 +38,8 @@ use parking_lot::{Mutex, RwLock};
 /// How many of the newest log records [`Database::log_tail`] keeps decoded in memory.
 pub use crate::commit_log::TAIL_RECORDS;
 use crate::commit_log::{note_last_commit, CommitLog, LogSizes};
+pub(crate) use crate::group_flush::Flusher;
+use crate::group_flush::GroupFlush;
 
 use crate::codec;
 use crate::engine::{ByteRange, KvEngine, KvIter, MemEngine, SledEngine, WriteBatch};
@@ -344,13 +346,9 @@ pub(crate) struct Inner {
     pub(crate) commit: Mutex<CommitState>,
     /// Highest LSN whose batch has been applied to the engine.
     applied_lsn: AtomicU64,
-    /// Highest LSN known flushed.
-    flushed_lsn: AtomicU64,
-    /// Highest LSN a commit flush wrote ahead of its sync ([`Database::written_lsn`]).
-    written_lsn: AtomicU64,
-    /// Called by a commit flush between its write and its sync (see
-    /// [`Database::set_written_hook`]).
-    written_hook: std::sync::OnceLock<WrittenHook>,
+    /// Group flush: flushed and written positions, the flushing commit and those
+    /// waiting ([`GroupFlush`]).
+    pub(crate) flush: GroupFlush,
     /// What is kept in memory of the commit log: where it starts, record sizes, the
     /// newest records, DDL positions, each origin's newest commit ([`CommitLog`]).
     pub(crate) log: CommitLog,
@@ -359,15 +357,6 @@ pub(crate) struct Inner {
     /// that writes the origin's log record; derived from the log at open (see
     /// [`Database::open`]).
     pub(crate) marks: RwLock<BTreeMap<NodeId, u64>>,
-    /// Set by the one commit that is flushing for everybody ([`FlushLeader`]).
-    flushing: AtomicBool,
-    /// Wakes every commit waiting for a flush when the flushing commit lets go.
-    flush_done: tokio::sync::Notify,
-    /// Client commits waiting for a flush (leading one or queued behind it), and
-    /// those past their flush still holding (waiting for a return service): whether a
-    /// single-threaded node's commit may flush inline ([`flush_mode`]).
-    committing: AtomicUsize,
-    pub(crate) holding: AtomicUsize,
     pub(crate) locks: LockManager,
     epoch: AtomicU64,
     pub(crate) next_txn_id: AtomicU64,
@@ -598,15 +587,9 @@ impl Database {
                 next_table_id,
             }),
             applied_lsn: AtomicU64::new(last_lsn.0),
-            flushed_lsn: AtomicU64::new(last_lsn.0),
-            written_lsn: AtomicU64::new(last_lsn.0),
-            written_hook: std::sync::OnceLock::new(),
+            flush: GroupFlush::new(last_lsn),
             log: CommitLog::opened(log_start, log_sizes, ddl_lsns, last_commits),
             marks: RwLock::new(marks),
-            flushing: AtomicBool::new(false),
-            flush_done: tokio::sync::Notify::new(),
-            committing: AtomicUsize::new(0),
-            holding: AtomicUsize::new(0),
             locks: LockManager::default(),
             epoch: AtomicU64::new(0),
             next_txn_id: AtomicU64::new(1),
@@ -1693,7 +1676,7 @@ impl Database {
 
     /// The highest LSN known to be flushed.
     pub fn flushed_lsn(&self) -> Lsn {
-        Lsn(self.inner.flushed_lsn.load(Ordering::Acquire))
+        self.inner.flush.flushed()
     }
 
     /// The highest LSN known to be written to the log: flushed, or written by a
@@ -1701,8 +1684,7 @@ impl Database {
     /// this process (the kernel holds what was written; opening syncs it), not a
     /// crash of the machine.
     pub fn written_lsn(&self) -> Lsn {
-        let written = self.inner.written_lsn.load(Ordering::Acquire);
-        Lsn(written.max(self.inner.flushed_lsn.load(Ordering::Acquire)))
+        self.inner.flush.written()
     }
 
     /// Writes every commit applied so far to the log without syncing it and returns
@@ -1715,7 +1697,7 @@ impl Database {
     pub fn write_ahead(&self) -> Result<Lsn, StoreError> {
         let upto = self.inner.applied_lsn.load(Ordering::Acquire);
         self.inner.engine.write_ahead()?;
-        self.inner.written_lsn.fetch_max(upto, Ordering::AcqRel);
+        self.inner.flush.wrote(upto);
         Ok(self.written_lsn())
     }
 
@@ -1725,7 +1707,7 @@ impl Database {
     /// this one does. The hook returns whether it woke any; then the flush lets
     /// them run before it blocks on the sync. Set once; later calls are ignored.
     pub fn set_written_hook(&self, hook: impl Fn() -> bool + Send + Sync + 'static) {
-        let _ = self.inner.written_hook.set(Box::new(hook));
+        self.inner.flush.set_hook(Box::new(hook));
     }
 
     /// The highest seq of `origin` committed here (0 when none).
@@ -2000,130 +1982,32 @@ impl Inner {
         self.metrics.rows_written.increment(rows);
     }
 
-    /// Group commit: returns once everything up to `lsn` is flushed.
-    ///
-    /// The first committer to get here leads: it notes how far the engine has been
-    /// applied, flushes, and advances `flushed_lsn` to that point. The others wait for
-    /// the flush to end, and all of them wake at once when it does: those it covered
-    /// return, the first of the rest to run leads the next flush, which covers
-    /// everything applied meanwhile. So one flush serves as many commits as applied
-    /// during the previous one.
-    ///
-    /// The waiters do not queue on a lock: a fair lock hands itself to one waiter at a
-    /// time, each hand-off a trip through the scheduler's queue, so (when they did) the
-    /// last covered commit learned of its flush — and the next flush started — only
-    /// after every covered commit ahead of it had run (on a one-thread node with 16
-    /// clients, ~8 trips behind the tasks already queued, with the disk idle meanwhile).
-    ///
-    /// `settle`: the flush also does its housekeeping before it returns (see
-    /// [`KvEngine::flush_unsettled`]); `false` leaves it for [`Database::settle`].
+    /// Group commit: returns once everything up to `lsn` is flushed
+    /// ([`GroupFlush::wait_durable`]); counts the flush when this caller led one.
     pub(crate) async fn wait_durable(
         &self,
         lsn: Lsn,
         who: Flusher,
         settle: bool,
     ) -> Result<(), StoreError> {
-        if self.flushed_lsn.load(Ordering::Acquire) >= lsn.0 {
-            return Ok(());
+        let led = self
+            .flush
+            .wait_durable(&self.engine, &self.applied_lsn, lsn, who, settle)
+            .await?;
+        if let Some(started) = led {
+            self.count_flush(started);
         }
-        let _counted = (who == Flusher::Commit).then(|| Counted::enter(&self.committing));
-        let _leader = loop {
-            // Registered before the checks, so a flush that ends after them wakes us.
-            let flushed = self.flush_done.notified();
-            tokio::pin!(flushed);
-            flushed.as_mut().enable();
-            if self.flushed_lsn.load(Ordering::Acquire) >= lsn.0 {
-                // A flush that finished while we waited covered us.
-                return Ok(());
-            }
-            if self
-                .flushing
-                .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
-                .is_ok()
-            {
-                break FlushLeader {
-                    flushing: &self.flushing,
-                    done: &self.flush_done,
-                };
-            }
-            flushed.await;
-        };
-        // Every batch up to `upto` was applied before this load, so the flush below
-        // covers it (and `lsn` ≤ `upto`, since our own batch is applied).
-        let mut upto = self.applied_lsn.load(Ordering::Acquire);
-        let started = Instant::now();
-        // Flush: a blocking fsync. With two or more async workers it runs right here,
-        // blocking this worker for the sync as a PostgreSQL backend does: only the one
-        // leading commit blocks, the other workers go on applying commits, and it
-        // saves the hand-off to tokio's blocking pool and back — two thread wake-ups
-        // per flush, which cost more CPU than the sync itself with few clients. With a
-        // single worker, blocking it would stall every other task, so the sync goes to
-        // the blocking pool there (as tokio::fs does) — unless this commit is the only
-        // one waiting for a flush once the tasks ready to run have run: then nothing
-        // could join it or apply meanwhile, and the hand-off would only add its two
-        // wake-ups. (docs/storage.md, "Commit path and group commit".)
-        let flush = move |engine: &dyn KvEngine| {
-            if settle {
-                engine.flush()
-            } else {
-                engine.flush_unsettled()
-            }
-        };
-        let mut yielded = false;
-        if who == Flusher::Commit {
-            if let Some(hook) = self.written_hook.get() {
-                // Write ahead, let the senders that ship written commits go, then sync.
-                self.engine.write_ahead()?;
-                self.written_lsn.fetch_max(upto, Ordering::AcqRel);
-                if hook() {
-                    // A woken task waits in this worker's next-task slot, which no
-                    // other worker takes from: it runs now, or only after the sync.
-                    tokio::task::yield_now().await;
-                    yielded = true;
-                }
-            }
-        }
-        let inline = match flush_mode(who) {
-            FlushMode::Inline => true,
-            FlushMode::Pool => false,
-            FlushMode::InlineIfAlone => {
-                // On one thread the other commits run only when this task lets them:
-                // a yield (tokio defers it until every ready task has run and the I/O
-                // driver was polled) lets those whose requests are in apply and queue
-                // behind this flush — which then covers them too. Commits holding for
-                // a return service count too: the acks that end their wait, and the
-                // next commits of their clients, would wait for an inline sync.
-                if !yielded {
-                    tokio::task::yield_now().await;
-                }
-                upto = self.applied_lsn.load(Ordering::Acquire);
-                self.committing.load(Ordering::Acquire) + self.holding.load(Ordering::Acquire) <= 1
-            }
-        };
-        if inline {
-            flush(&*self.engine)?;
-        } else {
-            let engine = self.engine.clone();
-            tokio::task::spawn_blocking(move || flush(&*engine))
-                .await
-                .map_err(|e| StoreError::io("flush", e))??;
-        }
-        // Advance: only now may anyone acknowledge commits up to `upto` as durable.
-        self.flushed_lsn.fetch_max(upto, Ordering::AcqRel);
-        self.count_flush(started);
         Ok(())
     }
 
     /// The blocking form of [`Inner::wait_durable`], for sequence reservations.
     pub(crate) fn flush_through(&self, lsn: Lsn) -> Result<(), StoreError> {
-        if self.flushed_lsn.load(Ordering::Acquire) >= lsn.0 {
-            return Ok(());
+        if let Some(started) = self
+            .flush
+            .flush_through(&*self.engine, &self.applied_lsn, lsn)?
+        {
+            self.count_flush(started);
         }
-        let upto = self.applied_lsn.load(Ordering::Acquire);
-        let started = Instant::now();
-        self.engine.flush()?;
-        self.flushed_lsn.fetch_max(upto, Ordering::AcqRel);
-        self.count_flush(started);
         Ok(())
     }
 
@@ -2555,88 +2439,9 @@ fn note_boot(
     Ok(restart)
 }
 
-/// See [`Database::set_written_hook`].
-type WrittenHook = Box<dyn Fn() -> bool + Send + Sync>;
-
-/// Who waits for a flush: it decides whether the flush may block the runtime.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Flusher {
-    /// A client's commit (or DDL): others may be applying commits meanwhile.
-    Commit,
-    /// A receiver's apply (or an explicit [`Database::flush`]): it has nothing to do
-    /// but wait.
-    Apply,
-}
-
-/// Where a flush runs (see [`Inner::wait_durable`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum FlushMode {
-    /// On the calling async worker, blocking it for the sync.
-    Inline,
-    /// On tokio's blocking pool, the caller waiting for it.
-    Pool,
-    /// Inline when the caller is the only commit waiting for a flush, else pooled.
-    InlineIfAlone,
-}
-
-/// Where `who`'s flush runs: on a multi-thread runtime with at least two workers,
-/// inline — the other workers go on. On a single-threaded runtime (`hawser start
-/// --threads 1`), inline for a receiver's apply, which, as a PostgreSQL walreceiver
-/// does, has nothing better to do than wait for its own sync; a client commit's flush
-/// goes to the blocking pool there, so other commits apply meanwhile and join the next
-/// flush, unless the commit is alone. The measurements behind each choice are in
-/// docs/storage.md, "Commit path and group commit".
-fn flush_mode(who: Flusher) -> FlushMode {
-    let handle = tokio::runtime::Handle::current();
-    match handle.runtime_flavor() {
-        tokio::runtime::RuntimeFlavor::MultiThread if handle.metrics().num_workers() >= 2 => {
-            FlushMode::Inline
-        }
-        tokio::runtime::RuntimeFlavor::CurrentThread => match who {
-            Flusher::Apply => FlushMode::Inline,
-            Flusher::Commit => FlushMode::InlineIfAlone,
-        },
-        _ => FlushMode::Pool,
-    }
-}
-
-/// The commit that flushes for everybody ([`Inner::flushing`] set). Letting go —
-/// after the flush, or when the flush failed or its commit was dropped — wakes every
-/// commit waiting: the covered ones return, another leads the next flush.
-struct FlushLeader<'a> {
-    flushing: &'a AtomicBool,
-    done: &'a tokio::sync::Notify,
-}
-
-impl Drop for FlushLeader<'_> {
-    fn drop(&mut self) {
-        // Cleared first, so that a woken waiter can lead.
-        self.flushing.store(false, Ordering::Release);
-        self.done.notify_waiters();
-    }
-}
-
-/// Counts a client commit in [`Inner::committing`] while it waits for its flush, or
-/// in [`Inner::holding`] while it holds, however the wait ends (a dropped future
-/// included).
-pub(crate) struct Counted<'a>(&'a AtomicUsize);
-
-impl<'a> Counted<'a> {
-    pub(crate) fn enter(count: &'a AtomicUsize) -> Self {
-        count.fetch_add(1, Ordering::AcqRel);
-        Counted(count)
-    }
-}
-
-impl Drop for Counted<'_> {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
-    }
-}
-
 #[cfg(test)]
 mod tests {
-    use super::{flush_mode, FlushMode, Flusher, SeqReservation, SEQ_BLOCK};
+    use super::{SeqReservation, SEQ_BLOCK};
 
     #[test]
     fn seqs_are_reserved_a_block_ahead_and_an_open_after_a_loss_continues_above_them() {
@@ -2665,27 +2470,5 @@ mod tests {
         // Encoded and decoded whole.
         assert_eq!(SeqReservation::decode(&raised.encode()).unwrap(), raised);
         assert!(SeqReservation::decode(&[0; 8]).is_err());
-    }
-
-    #[test]
-    fn a_single_threaded_runtime_flushes_a_receivers_apply_inline_and_a_commit_when_alone() {
-        let one = tokio::runtime::Builder::new_current_thread()
-            .build()
-            .unwrap();
-        one.block_on(async {
-            assert_eq!(flush_mode(Flusher::Apply), FlushMode::Inline);
-            assert_eq!(flush_mode(Flusher::Commit), FlushMode::InlineIfAlone);
-        });
-        for (workers, mode) in [(1, FlushMode::Pool), (2, FlushMode::Inline)] {
-            let rt = tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(workers)
-                .build()
-                .unwrap();
-            rt.block_on(async {
-                for who in [Flusher::Apply, Flusher::Commit] {
-                    assert_eq!(flush_mode(who), mode, "{workers} workers, {who:?}");
-                }
-            });
-        }
     }
 }

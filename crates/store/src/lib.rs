@@ -36,6 +36,7 @@ pub mod copy;
 pub mod db;
 pub mod engine;
 pub mod error;
+mod group_flush;
 mod held;
 pub mod layout;
 pub mod lease;

@@ -479,7 +479,7 @@ impl Txn {
         }
         let info = CommitInfo { gtid, lsn, durable };
         let held_outcome = {
-            let _holding = crate::db::Counted::enter(&inner.holding);
+            let _holding = inner.flush.holding();
             hold(info).await
         };
         // Ack: show the rows and release the row locks only now that the commit is as
