@@ -39,10 +39,11 @@ use hawser_target::Aggregation;
 use parking_lot::{Mutex, RwLock};
 
 use crate::codec;
-use crate::db::{decode_stored_row, now_micros, Database, Inner, KeyRange, TableRef};
+use crate::db::{now_micros, Database, Inner, KeyRange, TableRef};
 use crate::engine::WriteBatch;
 use crate::error::StoreError;
 use crate::layout;
+use crate::rows::decode_stored_row;
 
 /// The BASE AGGREGATE targets this store keeps: source table and target.
 pub type AggregateRules = Vec<(QualName, ResolvedTarget)>;

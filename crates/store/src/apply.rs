@@ -44,14 +44,13 @@ use hawser_rtl::{Compilation, NetOp, NetTable};
 
 use crate::codec;
 use crate::conflict::Found;
-use crate::db::{
-    coerce_key, key_text, validate_row, Database, Flusher, ForeignAppend, Inner, Origin, TableRef,
-};
+use crate::db::{Database, Flusher, ForeignAppend, Inner, Origin, TableRef};
 use crate::engine::WriteBatch;
 use crate::error::StoreError;
 use crate::layout;
 use crate::locks::{LockKey, TxnId};
 use crate::log::{DdlOp, LogEntry};
+use crate::rows::{coerce_key, key_text, validate_row};
 
 /// One transaction as a receiver gets it: committed at its origin (`txn.gtid`) under
 /// the element epoch `epoch`.

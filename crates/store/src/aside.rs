@@ -23,10 +23,11 @@ use std::collections::HashMap;
 use hawser_core::key::encode_key;
 use hawser_core::{ColumnDef, DataType, Ident, QualName, Row, RowChange, TableDef, Value};
 
-use crate::db::{decode_stored_row, key_text, validate_row, Database, TableRef};
+use crate::db::{Database, TableRef};
 use crate::engine::WriteBatch;
 use crate::error::StoreError;
 use crate::log::{LogEntry, LogRecord};
+use crate::rows::{decode_stored_row, key_text, validate_row};
 use crate::{codec, layout};
 
 /// The table set-aside commits are kept in.

@@ -276,7 +276,7 @@ pub(crate) fn conflict_row(
         Value::Timestamp(commit_micros),
         text(table.to_string()),
         text(format!("{:?}", found.op).to_lowercase()),
-        text(crate::db::key_text(&found.key)),
+        text(crate::rows::key_text(&found.key)),
         image(&found.incoming),
         image(&found.here),
         stamp(&found.incoming),

@@ -23,10 +23,11 @@ use hawser_core::key::encode_key;
 use hawser_core::{Epoch, Lsn, NodeId, QualName, Row};
 
 use crate::aside::KeepReplaced;
-use crate::db::{decode_stored_row, validate_row, Database, Origin};
+use crate::db::{Database, Origin};
 use crate::engine::WriteBatch;
 use crate::error::StoreError;
 use crate::layout;
+use crate::rows::{decode_stored_row, validate_row};
 use crate::sequence::SequenceDef;
 
 /// Rows deleted or written per engine batch.

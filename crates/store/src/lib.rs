@@ -44,6 +44,7 @@ mod locks;
 pub mod log;
 pub mod pace;
 mod restart;
+mod rows;
 pub mod sequence;
 pub mod space;
 pub mod txn;

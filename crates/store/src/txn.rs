@@ -21,15 +21,13 @@ use hawser_core::key::{decode_key, encode_key};
 use hawser_core::{ChangeOp, Gtid, Lsn, QualName, Row, RowChange, Transaction, Value};
 
 use crate::codec;
-use crate::db::{
-    coerce_key, key_text, table_byte_range, validate_row, CommitInfo, Database, DdlKind, KeyRange,
-    TableRef,
-};
+use crate::db::{table_byte_range, CommitInfo, Database, DdlKind, KeyRange, TableRef};
 use crate::engine::WriteBatch;
 use crate::error::StoreError;
 use crate::layout;
 use crate::locks::{LockKey, TxnId};
 use crate::log::LogEntry;
+use crate::rows::{coerce_key, key_text, validate_row};
 
 /// A point to roll a transaction back to: what it had done when the point was taken.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -198,7 +196,7 @@ impl Txn {
         let mut rows = BTreeMap::new();
         for kv in self.db.inner.scan_rows(&t, &range, false)? {
             let (k, v) = kv?;
-            let row = crate::db::decode_stored_row(&t.def, &k, &v)?;
+            let row = crate::rows::decode_stored_row(&t.def, &k, &v)?;
             rows.insert(k[prefix_len..].to_vec(), row);
         }
         if let (Some(own), Some(bounds)) = (self.writes.get(&t.id), table_byte_range(&t, &range)?) {
