@@ -45,6 +45,19 @@ fn pair(d: &std::path::Path) -> (Node, Node) {
     (n1, n2)
 }
 
+/// `tables` on `node`, each `(id INTEGER PRIMARY KEY, owner VARCHAR(20), bal BIGINT NOT
+/// NULL)`.
+fn create_accounts(node: &Node, tables: &[&str]) {
+    for t in tables {
+        sql(
+            node,
+            &format!(
+                "create table {t} (id integer primary key, owner varchar(20), bal bigint not null)"
+            ),
+        );
+    }
+}
+
 const TABLES: [&str; 4] = ["acct_u", "acct_p", "acct_c", "acct_h"];
 
 #[test]
@@ -52,14 +65,7 @@ fn each_target_type_holds_what_the_db2_seed_says_and_a_resend_doubles_nothing() 
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let (n1, mut n2) = pair(d);
-    for t in TABLES {
-        sql(
-            &n1,
-            &format!(
-                "create table {t} (id integer primary key, owner varchar(20), bal bigint not null)"
-            ),
-        );
-    }
+    create_accounts(&n1, &TABLES);
     ddl(
         &n1,
         "CREATE REPLICATION r \
@@ -297,14 +303,7 @@ fn outbound_state(from: &Node, to: &str) -> Option<String> {
 fn a_duplicate_starts_each_target_as_its_type_says() {
     let dir = tempfile::tempdir().unwrap();
     let (n1, n2) = pair(dir.path());
-    for t in ["acct_c", "acct_n", "acct_p"] {
-        sql(
-            &n1,
-            &format!(
-                "create table {t} (id integer primary key, owner varchar(20), bal bigint not null)"
-            ),
-        );
-    }
+    create_accounts(&n1, &["acct_c", "acct_n", "acct_p"]);
     ddl(
         &n1,
         "CREATE REPLICATION r \
