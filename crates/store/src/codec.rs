@@ -1,163 +1,40 @@
-//! How rows, catalog entries and log records are serialized.
+//! How rows, catalog entries and log records are stored, in the one format
+//! ([`crate::format`]) the stream's batches share.
 //!
-//! bincode 1.3 over private mirror types rather than over hawser-core's types directly:
-//! `rust_decimal`'s serde support needs a self-describing format (it asks for
-//! `deserialize_any`), and the on-disk format must not change when a core type gains a
-//! derive or a field. Decimals are stored as (mantissa, scale). Decoding is bounded by
-//! the input length and refuses trailing bytes, and every failure becomes
-//! [`StoreError::Corrupt`] naming the key.
+//! Decoding is bounded by the input length and refuses trailing bytes, and every
+//! failure becomes [`StoreError::Corrupt`] naming the key.
 
 use bincode::Options;
-use hawser_core::{
-    ChangeOp, ColumnDef, DataType, Epoch, Gtid, Ident, Lsn, QualName, RowChange, TableDef,
-    Transaction, Value,
-};
-use rust_decimal::Decimal;
+use hawser_core::{Epoch, Gtid, Lsn, TableDef, Value};
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
 
 use crate::error::StoreError;
-use crate::log::{DdlOp, LogEntry, LogRecord};
+use crate::format::{self, Entry, EntryRef, RowRef, Sequence, Table, V};
+use crate::log::{LogEntry, LogRecord};
 use crate::sequence::SequenceDef;
-
-fn options() -> impl Options {
-    bincode::DefaultOptions::new()
-        .with_fixint_encoding()
-        .reject_trailing_bytes()
-}
 
 pub(crate) fn encode<T: Serialize>(value: &T) -> Vec<u8> {
     // Serializing plain data into a Vec has no failure mode: no I/O, no size limit,
     // and every mirror type has only serializable fields.
-    options()
+    format::options()
         .serialize(value)
         .unwrap_or_else(|e| unreachable!("bincode serialization into a Vec failed: {e}"))
 }
 
 pub(crate) fn decode<T: DeserializeOwned>(key: &[u8], bytes: &[u8]) -> Result<T, StoreError> {
-    options()
+    format::options()
         .with_limit(bytes.len() as u64)
         .deserialize(bytes)
         .map_err(|e| StoreError::corrupt(key, e))
 }
 
-#[derive(Serialize, Deserialize)]
-enum V {
-    Null,
-    Bool(bool),
-    Int(i64),
-    Decimal(i128, u32),
-    Double(f64),
-    Text(String),
-    Bytes(Vec<u8>),
-    Date(i32),
-    Timestamp(i64),
-}
-
-fn to_v(v: &Value) -> V {
-    match v {
-        Value::Null => V::Null,
-        Value::Bool(b) => V::Bool(*b),
-        Value::Int(i) => V::Int(*i),
-        Value::Decimal(d) => V::Decimal(d.mantissa(), d.scale()),
-        Value::Double(d) => V::Double(*d),
-        Value::Text(s) => V::Text(s.clone()),
-        Value::Bytes(b) => V::Bytes(b.clone()),
-        Value::Date(d) => V::Date(*d),
-        Value::Timestamp(t) => V::Timestamp(*t),
-    }
-}
-
-fn from_v(v: V, key: &[u8]) -> Result<Value, StoreError> {
-    Ok(match v {
-        V::Null => Value::Null,
-        V::Bool(b) => Value::Bool(b),
-        V::Int(i) => Value::Int(i),
-        V::Decimal(m, s) => Value::Decimal(
-            Decimal::try_from_i128_with_scale(m, s)
-                .map_err(|e| StoreError::corrupt(key, format!("bad decimal: {e}")))?,
-        ),
-        V::Double(d) => Value::Double(d),
-        V::Text(s) => Value::Text(s),
-        V::Bytes(b) => Value::Bytes(b),
-        V::Date(d) => Value::Date(d),
-        V::Timestamp(t) => Value::Timestamp(t),
-    })
-}
-
-fn to_row(row: &[Value]) -> Vec<V> {
-    row.iter().map(to_v).collect()
-}
-
-fn from_row(row: Vec<V>, key: &[u8]) -> Result<Vec<Value>, StoreError> {
-    row.into_iter().map(|v| from_v(v, key)).collect()
-}
-
 pub(crate) fn encode_row(row: &[Value]) -> Vec<u8> {
-    encode(&to_row(row))
+    encode(&RowRef(row))
 }
 
 pub(crate) fn decode_row(key: &[u8], bytes: &[u8]) -> Result<Vec<Value>, StoreError> {
-    from_row(decode(key, bytes)?, key)
-}
-
-#[derive(Serialize, Deserialize)]
-struct StoredColumn {
-    name: Ident,
-    data_type: DataType,
-    nullable: bool,
-    default: Option<V>,
-}
-
-#[derive(Serialize, Deserialize)]
-struct StoredTableDef {
-    name: QualName,
-    columns: Vec<StoredColumn>,
-    primary_key: Vec<usize>,
-    explicit_key: bool,
-}
-
-fn to_column(c: &ColumnDef) -> StoredColumn {
-    StoredColumn {
-        name: c.name.clone(),
-        data_type: c.data_type,
-        nullable: c.nullable,
-        default: c.default.as_ref().map(to_v),
-    }
-}
-
-fn from_column(c: StoredColumn, key: &[u8]) -> Result<ColumnDef, StoreError> {
-    Ok(ColumnDef {
-        name: c.name,
-        data_type: c.data_type,
-        nullable: c.nullable,
-        default: c.default.map(|v| from_v(v, key)).transpose()?,
-    })
-}
-
-fn to_table(t: &TableDef) -> StoredTableDef {
-    StoredTableDef {
-        name: t.name.clone(),
-        columns: t.columns.iter().map(to_column).collect(),
-        primary_key: t.primary_key.clone(),
-        explicit_key: t.explicit_key,
-    }
-}
-
-fn from_table(t: StoredTableDef, key: &[u8]) -> Result<TableDef, StoreError> {
-    let def = TableDef {
-        name: t.name,
-        columns: t
-            .columns
-            .into_iter()
-            .map(|c| from_column(c, key))
-            .collect::<Result<_, _>>()?,
-        primary_key: t.primary_key,
-        explicit_key: t.explicit_key,
-    };
-    if def.primary_key.iter().any(|&i| i >= def.columns.len()) {
-        return Err(StoreError::corrupt(key, "key column out of range"));
-    }
-    Ok(def)
+    let row: Vec<V> = decode(key, bytes)?;
+    format::row_from(row).map_err(|e| StoreError::corrupt(key, e))
 }
 
 /// A catalog entry of a table: its id, its version (bumped by ALTER) and definition.
@@ -165,63 +42,32 @@ fn from_table(t: StoredTableDef, key: &[u8]) -> Result<TableDef, StoreError> {
 struct StoredTable {
     id: u64,
     version: u64,
-    def: StoredTableDef,
+    def: Table,
 }
 
 pub(crate) fn encode_table(id: u64, version: u64, def: &TableDef) -> Vec<u8> {
     encode(&StoredTable {
         id,
         version,
-        def: to_table(def),
+        def: Table::of(def),
     })
 }
 
 pub(crate) fn decode_table(key: &[u8], bytes: &[u8]) -> Result<(u64, u64, TableDef), StoreError> {
     let t: StoredTable = decode(key, bytes)?;
-    Ok((t.id, t.version, from_table(t.def, key)?))
-}
-
-#[derive(Serialize, Deserialize)]
-struct StoredSequenceDef {
-    name: QualName,
-    increment: i64,
-    min_value: i64,
-    max_value: i64,
-    start: i64,
-    cycle: bool,
-}
-
-fn to_seq(d: &SequenceDef) -> StoredSequenceDef {
-    StoredSequenceDef {
-        name: d.name.clone(),
-        increment: d.increment,
-        min_value: d.min_value,
-        max_value: d.max_value,
-        start: d.start,
-        cycle: d.cycle,
-    }
-}
-
-fn from_seq(d: StoredSequenceDef) -> SequenceDef {
-    SequenceDef {
-        name: d.name,
-        increment: d.increment,
-        min_value: d.min_value,
-        max_value: d.max_value,
-        start: d.start,
-        cycle: d.cycle,
-    }
+    let def = t.def.into_def().map_err(|e| StoreError::corrupt(key, e))?;
+    Ok((t.id, t.version, def))
 }
 
 #[derive(Serialize, Deserialize)]
 struct StoredSequence {
-    def: StoredSequenceDef,
+    def: Sequence,
     restart_at: Option<i64>,
 }
 
 pub(crate) fn encode_sequence(def: &SequenceDef, restart_at: Option<i64>) -> Vec<u8> {
     encode(&StoredSequence {
-        def: to_seq(def),
+        def: Sequence::of(def),
         restart_at,
     })
 }
@@ -231,58 +77,26 @@ pub(crate) fn decode_sequence(
     bytes: &[u8],
 ) -> Result<(SequenceDef, Option<i64>), StoreError> {
     let s: StoredSequence = decode(key, bytes)?;
-    let def = from_seq(s.def);
+    let def = s.def.into_def();
     def.validate()
         .map_err(|e| StoreError::corrupt(key, format!("bad sequence definition: {e}")))?;
     Ok((def, s.restart_at))
 }
 
-#[derive(Serialize, Deserialize)]
-struct StoredChange {
-    table: QualName,
-    op: ChangeOp,
-    key: Vec<V>,
-    before: Option<Vec<V>>,
-    after: Option<Vec<V>>,
+/// A log record as written: the entry through its borrowed view.
+#[derive(Serialize)]
+struct RecordRef<'a> {
+    lsn: Lsn,
+    epoch: Epoch,
+    entry: EntryRef<'a>,
 }
 
-#[derive(Serialize, Deserialize)]
-enum StoredDdl {
-    CreateTable(StoredTableDef),
-    DropTable(QualName),
-    AddColumn {
-        table: QualName,
-        column: StoredColumn,
-    },
-    CreateSequence(StoredSequenceDef),
-    DropSequence(QualName),
-}
-
-#[derive(Serialize, Deserialize)]
-enum StoredEntry {
-    Txn {
-        gtid: Gtid,
-        commit_micros: i64,
-        changes: Vec<StoredChange>,
-    },
-    Ddl {
-        gtid: Gtid,
-        commit_micros: i64,
-        op: StoredDdl,
-    },
-    SequenceBlock {
-        gtid: Gtid,
-        commit_micros: i64,
-        name: QualName,
-        restart_at: Option<i64>,
-    },
-}
-
-#[derive(Serialize, Deserialize)]
+/// A log record as read.
+#[derive(Deserialize)]
 struct StoredRecord {
     lsn: Lsn,
     epoch: Epoch,
-    entry: StoredEntry,
+    entry: Entry,
 }
 
 /// The leading fields of a stored record, up to its Gtid (every entry kind starts
@@ -339,113 +153,19 @@ pub(crate) fn record_head(key: &[u8], bytes: &[u8]) -> Result<RecordHead, StoreE
 }
 
 pub(crate) fn encode_record(r: &LogRecord) -> Vec<u8> {
-    let entry = match &r.entry {
-        LogEntry::Txn(t) => StoredEntry::Txn {
-            gtid: t.gtid,
-            commit_micros: t.commit_micros,
-            changes: t
-                .changes
-                .iter()
-                .map(|c| StoredChange {
-                    table: c.table.clone(),
-                    op: c.op,
-                    key: to_row(&c.key),
-                    before: c.before.as_deref().map(to_row),
-                    after: c.after.as_deref().map(to_row),
-                })
-                .collect(),
-        },
-        LogEntry::Ddl {
-            gtid,
-            commit_micros,
-            op,
-        } => StoredEntry::Ddl {
-            gtid: *gtid,
-            commit_micros: *commit_micros,
-            op: match op {
-                DdlOp::CreateTable(t) => StoredDdl::CreateTable(to_table(t)),
-                DdlOp::DropTable(n) => StoredDdl::DropTable(n.clone()),
-                DdlOp::AddColumn { table, column } => StoredDdl::AddColumn {
-                    table: table.clone(),
-                    column: to_column(column),
-                },
-                DdlOp::CreateSequence(s) => StoredDdl::CreateSequence(to_seq(s)),
-                DdlOp::DropSequence(n) => StoredDdl::DropSequence(n.clone()),
-            },
-        },
-        LogEntry::SequenceBlock {
-            gtid,
-            commit_micros,
-            name,
-            restart_at,
-        } => StoredEntry::SequenceBlock {
-            gtid: *gtid,
-            commit_micros: *commit_micros,
-            name: name.clone(),
-            restart_at: *restart_at,
-        },
-    };
-    encode(&StoredRecord {
+    encode(&RecordRef {
         lsn: r.lsn,
         epoch: r.epoch,
-        entry,
+        entry: EntryRef::new(&r.entry),
     })
 }
 
 pub(crate) fn decode_record(key: &[u8], bytes: &[u8]) -> Result<LogRecord, StoreError> {
     let r: StoredRecord = decode(key, bytes)?;
-    let row = |v: Vec<V>| from_row(v, key);
-    let entry = match r.entry {
-        StoredEntry::Txn {
-            gtid,
-            commit_micros,
-            changes,
-        } => LogEntry::Txn(Transaction {
-            gtid,
-            commit_micros,
-            changes: changes
-                .into_iter()
-                .map(|c| {
-                    Ok(RowChange {
-                        table: c.table,
-                        op: c.op,
-                        key: row(c.key)?,
-                        before: c.before.map(row).transpose()?,
-                        after: c.after.map(row).transpose()?,
-                    })
-                })
-                .collect::<Result<_, StoreError>>()?,
-        }),
-        StoredEntry::Ddl {
-            gtid,
-            commit_micros,
-            op,
-        } => LogEntry::Ddl {
-            gtid,
-            commit_micros,
-            op: match op {
-                StoredDdl::CreateTable(t) => DdlOp::CreateTable(from_table(t, key)?),
-                StoredDdl::DropTable(n) => DdlOp::DropTable(n),
-                StoredDdl::AddColumn { table, column } => DdlOp::AddColumn {
-                    table,
-                    column: from_column(column, key)?,
-                },
-                StoredDdl::CreateSequence(s) => DdlOp::CreateSequence(from_seq(s)),
-                StoredDdl::DropSequence(n) => DdlOp::DropSequence(n),
-            },
-        },
-        StoredEntry::SequenceBlock {
-            gtid,
-            commit_micros,
-            name,
-            restart_at,
-        } => LogEntry::SequenceBlock {
-            gtid,
-            commit_micros,
-            name,
-            restart_at,
-        },
-    };
+    let entry: LogEntry = r
+        .entry
+        .into_log_entry()
+        .map_err(|e| StoreError::corrupt(key, e))?;
     Ok(LogRecord {
         lsn: r.lsn,
         epoch: r.epoch,
@@ -456,6 +176,8 @@ pub(crate) fn decode_record(key: &[u8], bytes: &[u8]) -> Result<LogRecord, Store
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::log::DdlOp;
+    use hawser_core::{ChangeOp, ColumnDef, DataType, Ident, QualName, RowChange, Transaction};
 
     #[test]
     fn rows_round_trip_every_type() {

@@ -36,6 +36,7 @@ pub mod copy;
 pub mod db;
 pub mod engine;
 pub mod error;
+pub mod format;
 mod group_flush;
 mod held;
 pub mod layout;
