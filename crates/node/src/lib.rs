@@ -538,10 +538,6 @@ pub async fn run(
         store.clone(),
     ));
     let senders: senders::Senders = Default::default();
-    {
-        let senders = senders.clone();
-        db.set_written_hook(move || senders::wake_written(&senders));
-    }
     let returns = Arc::new(returns::Returns::new(node_id, senders.clone()));
     let sql_returns = Arc::new(returns::SqlReturns {
         returns: returns.clone(),
@@ -821,9 +817,8 @@ pub async fn run(
     state.shutdown.cancel();
     state.tasks.close();
     state.tasks.wait().await;
-    // The store's written hook holds the senders and each sender holds the store: let
-    // them go, so that the store closes as the node exits (its final checkpoint, and
-    // the end of its log marked) rather than never.
+    // Each sender's handle holds the store: let them go, so that the store closes as
+    // the node exits (its final checkpoint, and the end of its log marked).
     state.senders.lock().clear();
     if let Err(e) = state.plane.shutdown().await {
         warn!(error = %e, "Raft did not shut down cleanly");

@@ -2,11 +2,11 @@
 //! the replication scheme asks for (docs/design.md §3).
 //!
 //! ```text
-//!  client commit ─► Txn::commit_holding(hide = any TWOSAFE) ─► log + rows, flushed
-//!                      │ hold: wake senders, ReturnTracker::begin(seq, awaits) ─► wait
+//!  client commit ─► Txn::commit_held(hide = any TWOSAFE) ─► log + rows, flushed
+//!                      │ Committed held: wake senders, ReturnTracker::begin(seq, awaits) ─► wait
 //!  sender (acks per origin) ─► its AckHook, on the sender's task ─► ReturnTracker::ack
 //!  timer (next deadline) ─► ReturnTracker::tick ─► releases with 8170, DISABLE RETURN
-//!                      └─ released ─► locks freed, rows visible ─► reply (+ TT8170)
+//!                      └─ released: Committed dropped ─► locks freed, rows visible ─► reply (+ TT8170)
 //! ```
 //!
 //! The rules live in the pure [`ReturnTracker`] of `hawser-stream`; this module only
@@ -263,58 +263,18 @@ impl Returns {
         let holding = async move {
             let _lease_hold = lease_hold;
             let lease_db = db.clone();
-            let committed = txn
-                .commit_holding(hide, |info| async move {
-                    // The senders ship this commit now, not at their next poll.
-                    crate::senders::wake_all(&this.senders);
-                    if awaits.is_empty() {
-                        this.inner.lock().counts.not_requested += 1;
-                        if info.durable {
-                            // A commit nobody flushed left nothing to settle.
-                            settle_after_reply(db);
-                        }
-                        return ReturnOutcome::NotRequested;
-                    }
-                    let (tx, rx) = oneshot::channel();
-                    let seq = info.gtid.seq;
-                    {
-                        let mut inner = this.inner.lock();
-                        inner.waiters.insert(seq, tx);
-                        if let Some(opened) = opened {
-                            inner.opened.insert(seq, (info, opened));
-                        }
-                        let subs = awaits.iter().map(|a| a.subscriber.clone()).collect();
-                        inner.awaited.insert(seq, subs);
-                        if inner.awaited.len() > REMEMBERED_COMMITS {
-                            inner.awaited.pop_first();
-                        }
-                        let step = inner.tracker.begin(seq, awaits, &sync, Instant::now());
-                        Self::dispatch(&mut inner, step);
-                        // The timer needs waking only for an earlier deadline than the one
-                        // it sleeps until (commits usually share one wait time, so a new
-                        // commit's deadline comes after those already waiting).
-                        let next = inner.tracker.next_deadline();
-                        if next.is_some_and(|n| inner.timer_armed.is_none_or(|armed| n < armed)) {
-                            inner.timer_armed = next;
-                            this.timer.notify_one();
-                        }
-                    }
-                    // A session that drops a commit left open commits it here (the hold
-                    // ends with this future): the tracker stops waiting for it.
-                    let mut give_up = GiveUpOnDrop {
-                        returns: sync.keep_open.then(|| this.clone()),
-                        seq,
-                    };
-                    // The senders just woken run first (on this worker: the yield lets
-                    // them), then the flush's housekeeping while the subscribers work.
-                    tokio::task::yield_now().await;
-                    settle(&db);
-                    // A dropped sender means the node is shutting down: nothing to wait for.
-                    let outcome = rx.await.unwrap_or(ReturnOutcome::NotRequested);
-                    give_up.returns = None;
-                    outcome
-                })
-                .await?;
+            let held = txn.commit_held(hide).await?;
+            let info = held.info();
+            // A transaction that wrote nothing has nothing to wait for.
+            let outcome = if info.is_empty() {
+                None
+            } else {
+                Some(this.wait_for_returns(info, awaits, sync, opened, db).await)
+            };
+            // Acknowledged as far as the store goes: the rows are shown again and the
+            // row locks released, only now that whatever it waited for has happened.
+            drop(held);
+            let committed = (info, outcome);
             // The lease may have run out while the commit flushed and waited: a master
             // that may have been deposed meanwhile does not acknowledge it.
             if leased {
@@ -331,6 +291,67 @@ impl Returns {
             Ok(committed)
         };
         (Box::pin(holding), waited)
+    }
+
+    /// What a commit waits for past its flush, with its rows held: wakes the senders so
+    /// that they ship it now, then waits for the acknowledgements `awaits` names (or
+    /// the tracker's timeout or disable), and says how that ended.
+    async fn wait_for_returns(
+        self: Arc<Self>,
+        info: CommitInfo,
+        awaits: Vec<hawser_stream::returns::Await>,
+        sync: SyncOptions,
+        opened: Option<oneshot::Sender<(CommitInfo, ReturnOutcome)>>,
+        db: Database,
+    ) -> ReturnOutcome {
+        // The senders ship this commit now, not at their next poll.
+        crate::senders::wake_all(&self.senders);
+        if awaits.is_empty() {
+            self.inner.lock().counts.not_requested += 1;
+            if info.durable {
+                // A commit nobody flushed left nothing to settle.
+                settle_after_reply(db);
+            }
+            return ReturnOutcome::NotRequested;
+        }
+        let (tx, rx) = oneshot::channel();
+        let seq = info.gtid.seq;
+        {
+            let mut inner = self.inner.lock();
+            inner.waiters.insert(seq, tx);
+            if let Some(opened) = opened {
+                inner.opened.insert(seq, (info, opened));
+            }
+            let subs = awaits.iter().map(|a| a.subscriber.clone()).collect();
+            inner.awaited.insert(seq, subs);
+            if inner.awaited.len() > REMEMBERED_COMMITS {
+                inner.awaited.pop_first();
+            }
+            let step = inner.tracker.begin(seq, awaits, &sync, Instant::now());
+            Self::dispatch(&mut inner, step);
+            // The timer needs waking only for an earlier deadline than the one
+            // it sleeps until (commits usually share one wait time, so a new
+            // commit's deadline comes after those already waiting).
+            let next = inner.tracker.next_deadline();
+            if next.is_some_and(|n| inner.timer_armed.is_none_or(|armed| n < armed)) {
+                inner.timer_armed = next;
+                self.timer.notify_one();
+            }
+        }
+        // A session that drops a commit left open commits it here (the hold
+        // ends with this future): the tracker stops waiting for it.
+        let mut give_up = GiveUpOnDrop {
+            returns: sync.keep_open.then(|| self.clone()),
+            seq,
+        };
+        // The senders just woken run first (on this worker: the yield lets
+        // them), then the flush's housekeeping while the subscribers work.
+        tokio::task::yield_now().await;
+        settle(&db);
+        // A dropped sender means the node is shutting down: nothing to wait for.
+        let outcome = rx.await.unwrap_or(ReturnOutcome::NotRequested);
+        give_up.returns = None;
+        outcome
     }
 
     /// Ends the wait of a commit left open whose session gave it up.

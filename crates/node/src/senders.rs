@@ -18,17 +18,3 @@ pub(crate) fn wake_all(senders: &Senders) {
         handle.wake();
     }
 }
-
-/// Wakes the senders that ship this node's commits once written (see
-/// [`SenderHandle::ships_written`]); whether there were any. The commit path calls it
-/// between writing the log and syncing it.
-pub(crate) fn wake_written(senders: &Senders) -> bool {
-    let mut any = false;
-    for handle in senders.lock().values() {
-        if handle.ships_written() {
-            handle.wake();
-            any = true;
-        }
-    }
-    any
-}

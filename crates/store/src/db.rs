@@ -1674,17 +1674,18 @@ impl Database {
     pub fn write_ahead(&self) -> Result<Lsn, StoreError> {
         let upto = self.inner.applied_lsn.load(Ordering::Acquire);
         self.inner.engine.write_ahead()?;
-        self.inner.flush.wrote(upto);
+        let _ = self.inner.flush.wrote(upto);
         Ok(self.written_lsn())
     }
 
-    /// Sets what a commit flush calls between writing the log and syncing it, once
-    /// [`Database::written_lsn`] covers the commits it flushes: the node wakes the
-    /// senders that ship written commits, so that the receivers' syncs run while
-    /// this one does. The hook returns whether it woke any; then the flush lets
-    /// them run before it blocks on the sync. Set once; later calls are ignored.
-    pub fn set_written_hook(&self, hook: impl Fn() -> bool + Send + Sync + 'static) {
-        self.inner.flush.set_hook(Box::new(hook));
+    /// The written position ([`Database::written_lsn`]) as commit flushes move it,
+    /// for the senders that ship this node's commits once written: a commit flush
+    /// publishes it between writing the log and syncing it, then lets the tasks it woke
+    /// run before it blocks on the sync, so that the receivers' syncs run while this
+    /// one does. While anybody watches, commit flushes write the log ahead of their
+    /// sync; the store calls no code of its watchers.
+    pub fn watch_written(&self) -> tokio::sync::watch::Receiver<Lsn> {
+        self.inner.flush.watch_written()
     }
 
     /// The highest seq of `origin` committed here (0 when none).

@@ -17,9 +17,9 @@ pub(crate) struct GroupFlush {
     flushed: AtomicU64,
     /// Highest LSN a commit flush wrote ahead of its sync ([`GroupFlush::written`]).
     written: AtomicU64,
-    /// Called by a commit flush between its write and its sync
-    /// ([`GroupFlush::set_hook`]).
-    hook: std::sync::OnceLock<WrittenHook>,
+    /// The written position, published to the senders that ship written commits
+    /// ([`GroupFlush::watch_written`]).
+    published: tokio::sync::watch::Sender<Lsn>,
     /// Set by the one commit that is flushing for everybody ([`FlushLeader`]).
     flushing: AtomicBool,
     /// Wakes every commit waiting for a flush when the flushing commit lets go.
@@ -37,7 +37,7 @@ impl GroupFlush {
         GroupFlush {
             flushed: AtomicU64::new(last.0),
             written: AtomicU64::new(last.0),
-            hook: std::sync::OnceLock::new(),
+            published: tokio::sync::watch::channel(last).0,
             flushing: AtomicBool::new(false),
             done: tokio::sync::Notify::new(),
             committing: AtomicUsize::new(0),
@@ -57,20 +57,38 @@ impl GroupFlush {
         Lsn(written.max(self.flushed.load(Ordering::Acquire)))
     }
 
-    /// Everything through `upto` was written ahead.
-    pub(crate) fn wrote(&self, upto: u64) {
+    /// Everything through `upto` was written ahead: recorded, and published to whoever
+    /// watches. Whether anybody does.
+    pub(crate) fn wrote(&self, upto: u64) -> bool {
         self.written.fetch_max(upto, Ordering::AcqRel);
+        if self.published.receiver_count() == 0 {
+            return false;
+        }
+        self.published.send_if_modified(|at| {
+            let moved = upto > at.0;
+            if moved {
+                *at = Lsn(upto);
+            }
+            moved
+        });
+        true
     }
 
-    /// Sets what a commit flush calls between its write and its sync; once.
-    pub(crate) fn set_hook(&self, hook: WrittenHook) {
-        let _ = self.hook.set(hook);
+    /// The written position as it moves: see [`Database::watch_written`].
+    ///
+    /// [`Database::watch_written`]: crate::Database::watch_written
+    pub(crate) fn watch_written(&self) -> tokio::sync::watch::Receiver<Lsn> {
+        self.published.subscribe()
     }
 
     /// Counts a client commit as holding (waiting for a return service past its
-    /// flush) while the guard lives.
-    pub(crate) fn holding(&self) -> Counted<'_> {
-        Counted::enter(&self.holding)
+    /// flush), until [`GroupFlush::leave_holding`].
+    pub(crate) fn enter_holding(&self) {
+        self.holding.fetch_add(1, Ordering::AcqRel);
+    }
+
+    pub(crate) fn leave_holding(&self) {
+        self.holding.fetch_sub(1, Ordering::AcqRel);
     }
 
     /// Group commit: returns once everything up to `lsn` is flushed.
@@ -147,17 +165,14 @@ impl GroupFlush {
             }
         };
         let mut yielded = false;
-        if who == Flusher::Commit {
-            if let Some(hook) = self.hook.get() {
-                // Write ahead, let the senders that ship written commits go, then sync.
-                engine.write_ahead()?;
-                self.written.fetch_max(upto, Ordering::AcqRel);
-                if hook() {
-                    // A woken task waits in this worker's next-task slot, which no
-                    // other worker takes from: it runs now, or only after the sync.
-                    tokio::task::yield_now().await;
-                    yielded = true;
-                }
+        if who == Flusher::Commit && self.published.receiver_count() > 0 {
+            // Write ahead, let the senders that ship written commits go, then sync.
+            engine.write_ahead()?;
+            if self.wrote(upto) {
+                // A woken task waits in this worker's next-task slot, which no other
+                // worker takes from: it runs now, or only after the sync.
+                tokio::task::yield_now().await;
+                yielded = true;
             }
         }
         let inline = match flush_mode(who) {
@@ -207,9 +222,6 @@ impl GroupFlush {
         Ok(Some(started))
     }
 }
-
-/// See [`Database::set_written_hook`].
-pub(crate) type WrittenHook = Box<dyn Fn() -> bool + Send + Sync>;
 
 /// Who waits for a flush: it decides whether the flush may block the runtime.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -9,7 +9,7 @@
 //! that version instead of the engine's until the commit lets go.
 //!
 //! ```text
-//!  Txn::commit_holding(hide) ─► hold(keys, versions before) ─► batch applied ─► wait
+//!  Txn::commit_held(hide) ─► hold(keys, versions before) ─► batch applied ─► wait
 //!                                   │ readers see the before versions      │
 //!                                   └──────────── release(keys) ◄──────────┘
 //! ```

@@ -135,4 +135,4 @@ pub use restart::{
 };
 pub use sequence::SequenceDef;
 pub use space::SpaceStatus;
-pub use txn::{Savepoint, Txn};
+pub use txn::{Committed, Savepoint, Txn};

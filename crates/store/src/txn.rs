@@ -361,26 +361,15 @@ impl Txn {
     /// durable commits) the group flush, then the locks are released. A transaction
     /// that changed nothing commits without a log record ([`CommitInfo::is_empty`]).
     pub async fn commit(self) -> Result<CommitInfo, StoreError> {
-        self.commit_holding(false, |_| std::future::ready(()))
-            .await
-            .map(|(info, _)| info)
+        self.commit_held(false).await.map(|c| c.info())
     }
 
-    /// Commits like [`Txn::commit`], then runs `hold` with the commit's position while
-    /// the row locks are still held, and releases them when it returns: later writers
-    /// of these rows are ordered after whatever `hold` waits for (a return service).
-    /// With `hide`, readers also keep seeing the rows' previous versions until then
-    /// (RETURN TWOSAFE's visibility rule, docs/design.md §3). `hold` is not called for a
-    /// transaction that wrote nothing.
-    pub async fn commit_holding<F, Fut, T>(
-        mut self,
-        hide: bool,
-        hold: F,
-    ) -> Result<(CommitInfo, Option<T>), StoreError>
-    where
-        F: FnOnce(CommitInfo) -> Fut,
-        Fut: std::future::Future<Output = T>,
-    {
+    /// Commits like [`Txn::commit`] but keeps the row locks until the returned
+    /// [`Committed`] is released (dropped): later writers of these rows are ordered
+    /// after whatever the caller waits for meanwhile (a return service). With `hide`,
+    /// readers also keep seeing the rows' previous versions until then (RETURN
+    /// TWOSAFE's visibility rule, docs/design.md §3).
+    pub async fn commit_held(mut self, hide: bool) -> Result<Committed, StoreError> {
         let started = Instant::now();
         let inner = self.db.inner.clone();
         if self.changes.is_empty() {
@@ -390,7 +379,13 @@ impl Txn {
                 lsn: Lsn::ZERO,
                 durable: true,
             };
-            return Ok((info, None));
+            return Ok(Committed {
+                info,
+                txn: self,
+                shown: None,
+                rows: 0,
+                started,
+            });
         }
         let writes = std::mem::take(&mut self.writes);
         let changes = std::mem::take(&mut self.changes);
@@ -414,8 +409,8 @@ impl Txn {
             }
         }
         // Shown again on every path out, a cancelled caller included: the guard is
-        // dropped before `self`, so the rows are visible before the locks are free.
-        let _shown_on_drop = HeldGuard {
+        // dropped before the locks are free.
+        let shown_on_drop = HeldGuard {
             inner: inner.clone(),
             keys: held.iter().map(|(k, _)| k.clone()).collect(),
         };
@@ -457,7 +452,7 @@ impl Txn {
         let (gtid, lsn) = match appended {
             Ok(pos) => pos,
             Err(e) => {
-                drop(_shown_on_drop);
+                drop(shown_on_drop);
                 self.finish();
                 return Err(e);
             }
@@ -470,22 +465,19 @@ impl Txn {
                 .wait_durable(lsn, crate::db::Flusher::Commit, settle)
                 .await
             {
-                drop(_shown_on_drop);
+                drop(shown_on_drop);
                 self.finish();
                 return Err(e);
             }
         }
-        let info = CommitInfo { gtid, lsn, durable };
-        let held_outcome = {
-            let _holding = inner.flush.holding();
-            hold(info).await
-        };
-        // Ack: show the rows and release the row locks only now that the commit is as
-        // durable as promised and whatever `hold` waited for has happened.
-        drop(_shown_on_drop);
-        self.finish();
-        inner.record_txn_commit(rows, started);
-        Ok((info, Some(held_outcome)))
+        inner.flush.enter_holding();
+        Ok(Committed {
+            info: CommitInfo { gtid, lsn, durable },
+            txn: self,
+            shown: Some(shown_on_drop),
+            rows,
+            started,
+        })
     }
 
     /// Discards every change and releases the locks.
@@ -503,6 +495,40 @@ impl Txn {
         self.locked.clear();
         self.writes.clear();
         self.changes.clear();
+    }
+}
+
+/// A commit made, as durable as promised, whose row locks are still held: see
+/// [`Txn::commit_held`]. Dropping it acknowledges the commit as far as the store goes:
+/// the hidden rows are shown, then the locks are released.
+#[must_use = "the row locks are held until it is dropped"]
+pub struct Committed {
+    info: CommitInfo,
+    txn: Txn,
+    /// `None` for a transaction that wrote nothing (nothing to show, nothing counted).
+    shown: Option<HeldGuard>,
+    rows: u64,
+    started: Instant,
+}
+
+impl Committed {
+    /// Where the commit is: its Gtid, its LSN, whether it was flushed.
+    pub fn info(&self) -> CommitInfo {
+        self.info
+    }
+}
+
+impl Drop for Committed {
+    fn drop(&mut self) {
+        let Some(shown) = self.shown.take() else {
+            return;
+        };
+        let inner = shown.inner.clone();
+        inner.flush.leave_holding();
+        // Show the rows, then release the row locks.
+        drop(shown);
+        self.txn.finish();
+        inner.record_txn_commit(self.rows, self.started);
     }
 }
 

@@ -78,9 +78,9 @@ fn crash_writer_child() {
         .unwrap();
     rt.block_on(async {
         let db = Database::open_sled(Path::new(&dir), opts()).unwrap();
-        // As on a node: flushes write the log ahead of their sync (and call the
-        // hook between), so kills land between the two as well.
-        db.set_written_hook(|| false);
+        // As on a node with a RECEIPT subscriber: flushes write the log ahead of their
+        // sync (and publish it between), so kills land between the two as well.
+        let _written = db.watch_written();
         ensure_tables(&db).await;
         let mut tasks = Vec::new();
         for w in 0..WRITERS {

@@ -204,11 +204,9 @@ fn a_single_threaded_node_flushes_a_lone_commit_inline_but_not_while_another_hol
                 txn.insert(&t, vec![Value::Int(2), Value::Int(0)])
                     .await
                     .unwrap();
-                txn.commit_holding(false, |_| async move {
-                    let _ = held.await;
-                })
-                .await
-                .unwrap()
+                let committed = txn.commit_held(false).await.unwrap();
+                let _ = held.await;
+                drop(committed);
             })
         };
         let flushes = engine.flushes.load(Ordering::SeqCst);

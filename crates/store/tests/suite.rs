@@ -634,12 +634,10 @@ async fn a_hiding_commit_is_invisible_and_blocks_writers_until_its_hold_ends(f: 
     let (go, wait) = tokio::sync::oneshot::channel::<()>();
     let (flushed_tx, flushed) = tokio::sync::oneshot::channel();
     let committing = tokio::spawn(async move {
-        txn.commit_holding(true, |info| async move {
-            flushed_tx.send(info).unwrap();
-            wait.await.unwrap();
-            "released"
-        })
-        .await
+        let committed = txn.commit_held(true).await?;
+        flushed_tx.send(committed.info()).unwrap();
+        wait.await.unwrap();
+        Ok::<_, hawser_store::StoreError>(committed.info())
     });
     let info = flushed.await.unwrap();
     assert!(!info.is_empty());
@@ -674,9 +672,8 @@ async fn a_hiding_commit_is_invisible_and_blocks_writers_until_its_hold_ends(f: 
     assert!(!writer.is_finished());
 
     go.send(()).unwrap();
-    let (info2, outcome) = committing.await.unwrap().unwrap();
+    let info2 = committing.await.unwrap().unwrap();
     assert_eq!(info2, info);
-    assert_eq!(outcome, Some("released"));
     assert_eq!(
         writer.await.unwrap(),
         Some(vec![Value::Int(1), Value::Int(10)])
@@ -697,11 +694,9 @@ async fn a_hiding_commit_is_invisible_and_blocks_writers_until_its_hold_ends(f: 
         .unwrap();
     let (flushed_tx, flushed) = tokio::sync::oneshot::channel();
     let abandoned = tokio::spawn(async move {
-        txn.commit_holding(true, |_| async move {
-            flushed_tx.send(()).unwrap();
-            std::future::pending::<()>().await
-        })
-        .await
+        let _committed = txn.commit_held(true).await;
+        flushed_tx.send(()).unwrap();
+        std::future::pending::<()>().await
     });
     flushed.await.unwrap();
     assert_eq!(db.held_rows(), 1);

@@ -390,10 +390,10 @@ impl hawser_store::KvEngine for GatedEngine {
     }
 }
 
-/// Commits one row on a master whose flush is held shut, with the commit path's
-/// written hook waking the sender of `link` as a node's does, and says whether the
-/// subscriber got the row before the flush was let go; then checks that everything
-/// arrives once it is.
+/// Commits one row on a master whose flush is held shut, and says whether the
+/// subscriber got the row before the flush was let go (a sender that ships written
+/// commits watches the written position); then checks that everything arrives once
+/// it is.
 async fn shipped_while_the_flush_hangs(link: LinkConfig) -> Result<bool> {
     let engine = std::sync::Arc::new(GatedEngine::default());
     let master = Database::open(engine.clone(), DbOptions::new(NodeId(1)))?;
@@ -403,14 +403,6 @@ async fn shipped_while_the_flush_hangs(link: LinkConfig) -> Result<bool> {
     let r = Receiver::start(&sub, "s1", view.subscribe(), None).await?;
     let senders = Senders::default();
     let h = senders.spawn(link, &master, r.endpoint());
-    let woken = h.clone();
-    master.set_written_hook(move || {
-        let ships = woken.ships_written();
-        if ships {
-            woken.wake();
-        }
-        ships
-    });
     write(&master, 0..1, "durable").await?;
     caught_up(&h, &master).await?;
 

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use hawser_core::{Epoch, Lsn, NodeId};
 use hawser_store::{CommitsAfter, HeldCommit, LogEntry, LogRecord};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tokio::time::MissedTickBehavior;
 use tokio_stream::wrappers::ReceiverStream;
 use tracing::{debug, info};
@@ -75,6 +75,17 @@ impl Outgoing<'_> {
             first_commit_micros: None,
             waiting,
         }
+    }
+}
+
+/// Resolves when the watched written position moves; never without one to watch (or
+/// once the store is gone).
+async fn written_moved(written: &mut Option<watch::Receiver<Lsn>>) {
+    let Some(w) = written else {
+        return std::future::pending().await;
+    };
+    if w.changed().await.is_err() {
+        std::future::pending::<()>().await;
     }
 }
 
@@ -187,6 +198,9 @@ impl Sender {
         let lingers = !self.link.returns_wait && !tuning.linger.is_zero();
         let linger = tokio::time::sleep(Duration::ZERO);
         tokio::pin!(linger);
+        // A stream that ships this node's commits once written hears of each commit
+        // flush's write, which the store publishes before the sync.
+        let mut written = ships_written(&self.link, &self.db).then(|| self.db.watch_written());
         loop {
             isolation_check()?;
             // Why the last turn stopped, if it did, for status.
@@ -262,6 +276,7 @@ impl Sender {
                         }
                     }
                 }
+                _ = written_moved(&mut written), if room => true,
                 _ = &mut linger, if s.lingering && room => true,
                 // While lingering, its timer ships what lingers, the wake that finds
                 // enough records sooner.

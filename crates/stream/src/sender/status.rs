@@ -197,9 +197,9 @@ impl SenderHandle {
     /// Whether this sender ships this node's own commits as soon as they are written
     /// to the log, while their sync is still under way: on a stream a return service
     /// waits on (the commit waits for the receiver's ack anyway, so the two syncs
-    /// overlap instead of following each other), when the node commits durably. The
-    /// commit path wakes such senders between the write and the sync
-    /// ([`Database::set_written_hook`]).
+    /// overlap instead of following each other), when the node commits durably. Such
+    /// a sender watches the written position the commit path publishes between the
+    /// write and the sync ([`Database::watch_written`]).
     pub fn ships_written(&self) -> bool {
         self.ships_written
     }
