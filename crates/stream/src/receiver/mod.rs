@@ -36,32 +36,59 @@
 //! bare gRPC error), so the sender can show it in status. Per stream the receiver
 //! counts transactions and row changes received against rows written, by apply mode
 //! ([`InboundStatus`], and the `hawser_stream_*` metrics labelled by sender store).
+//!
+//! The protocol's decisions are pure and unit-tested in their own submodules; the
+//! async tasks around them only move messages and bytes and call the store:
+//!
+//! * `hello`: the Hello check (identity, elements and epochs, tables and targets)
+//!   into an accepted stream or a refusal; the epochs checked again per batch.
+//! * `accepted`: an accepted stream's view of the sender's tables (column maps,
+//!   doomed tables), kept up to date with the DDL it carries, and how a received
+//!   transaction is made this store's.
+//! * `backlog`: gathering the batches waiting behind the one read, and what is
+//!   decided of a backlog as a whole (its ack's LSN, compiled or not, paced or not).
+//! * `runs`: a backlog's records into runs (parts of split transactions joined,
+//!   forked-off records refused) and how each run is applied and counted.
+//! * `acks`: the marks acks carry, when a stream acks (at once or lazily), when it
+//!   flushes, when its sender is taken for dead, and the decided marks.
+//! * `apply`: the I/O of a backlog's apply, run by run, into the store.
+//! * `stream`: the tasks serving one stream: read-ahead, the apply loop, heartbeats.
+//! * This module: the public types, the service and its gRPC entry points.
 
-use std::collections::{BTreeMap, BTreeSet};
+mod accepted;
+mod acks;
+mod apply;
+mod backlog;
+mod hello;
+mod runs;
+mod stream;
+
+use std::collections::BTreeMap;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::Stream;
-use hawser_core::{Epoch, Ident, NodeId, QualName, TableDef, Transaction};
-use hawser_rtl::{Compilation, CompileError, Compiler};
-use hawser_scheme::ast::TableDefinitionChecking;
+use hawser_core::{Epoch, Ident, NodeId, QualName};
 use hawser_scheme::route::ResolvedTarget;
-use hawser_store::{Database, DdlOp, LogEntry, Pacer, ReplicatedTxn, StoreError};
-use hawser_target::{TargetError, TargetPlan};
+use hawser_store::Database;
 use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tonic::{Request, Response, Status, Streaming};
-use tracing::{debug, info, warn};
+use tracing::{debug, info};
 
-use crate::chunks::Joiner;
-use crate::codec::{self, decode_records, decompress};
-use crate::link::{check_table, ForkedRange};
+use self::accepted::Accepted;
+use self::acks::{note_decided, to_pb};
+use self::hello::{accept, check_identity, target_refusal, HelloContext};
+use crate::codec;
+use crate::link::ForkedRange;
 use crate::paths::DecidedMarks;
 use crate::pb::{self, receiver_message, sender_message, RefuseCode};
-use crate::PROTOCOL_VERSION;
+
+/// Why a stream is refused: the code and the reason the sender shows.
+type Refusal = (RefuseCode, String);
 
 /// When a receiver applies what it received as RTL net rows instead of in log order.
 ///
@@ -122,6 +149,7 @@ pub struct ReceiverConfig {
     /// The most uncompressed batch bytes gathered into one compiled run: a bound on
     /// the memory one apply takes, whatever the sender's window.
     pub max_run_bytes: u64,
+    /// How often the receiver heartbeats its senders, and checks they are not silent.
     pub heartbeat: Duration,
     /// Silence after which the sender is taken for dead and the stream dropped.
     pub peer_timeout: Duration,
@@ -140,6 +168,7 @@ pub struct ReceiverConfig {
 }
 
 impl ReceiverConfig {
+    /// The defaults for a node holding `store`.
     pub fn new(store: Ident) -> Self {
         Self {
             store,
@@ -203,6 +232,9 @@ pub struct TargetInfo {
     /// The table written.
     pub into: String,
 }
+
+/// The receiving end of `Replicate` on one node: checks each sender's Hello, applies
+/// its batches to the store and acknowledges them, one task per stream.
 #[derive(Clone)]
 pub struct ReceiverService {
     db: Database,
@@ -263,33 +295,9 @@ impl ReceiverService {
         }
     }
 
-    /// An ack of what a stream from `sender` has applied (`marks`) through
-    /// `through_lsn`, outside the apply of a backlog.
-    fn ack(&self, marks: &Marks, through_lsn: u64) -> pb::ReceiverMessage {
-        pb::ReceiverMessage {
-            msg: Some(receiver_message::Msg::Ack(pb::Ack {
-                durable: to_pb(&marks.durable),
-                applied: to_pb(&marks.applied),
-                through_lsn,
-                connected_senders: self.connected_senders(),
-                decided_paths: self.decided.to_pb(),
-            })),
-        }
-    }
-
     /// The sender nodes with a stream to this node now.
     fn connected_senders(&self) -> Vec<u64> {
         self.connected.lock().keys().map(|n| n.0).collect()
-    }
-
-    /// Notes what a stream from `sender` decided: through `own` of its own commits,
-    /// and as `relayed` says of the origins it relays. Whether a mark moved.
-    fn note_decided(&self, sender: NodeId, own: u64, relayed: &[pb::OriginMark]) -> bool {
-        let mut moved = self.decided.note(sender, sender, own);
-        for m in relayed.iter().filter(|m| m.origin != sender.0) {
-            moved |= self.decided.note(NodeId(m.origin), sender, m.seq);
-        }
-        moved
     }
 
     /// The marks of what each sender decided, which this node's relays read to know
@@ -298,8 +306,6 @@ impl ReceiverService {
         self.decided.clone()
     }
 
-    /// The log positions copies served by this node hold (the data plane releases no
-    /// log past the lowest).
     /// Lets copies for a scheme (`CopyRequest.scheme`) find what they carry with `plan`.
     pub fn with_copy_plan(mut self, plan: crate::copy::CopyPlan) -> Self {
         self.copy_plan = Some(plan);
@@ -323,6 +329,8 @@ impl ReceiverService {
         self
     }
 
+    /// The log positions copies served by this node hold (the data plane releases no
+    /// log past the lowest).
     pub fn copy_holds(&self) -> Arc<crate::copy::CopyHolds> {
         self.copy_holds.clone()
     }
@@ -342,8 +350,10 @@ impl ReceiverService {
     }
 }
 
+/// The messages a stream sends back to its sender.
 type Outbound = Pin<Box<dyn Stream<Item = Result<pb::ReceiverMessage, Status>> + Send>>;
 
+/// The message refusing a stream, with its code and reason.
 fn refused(code: RefuseCode, reason: impl Into<String>) -> pb::ReceiverMessage {
     pb::ReceiverMessage {
         msg: Some(receiver_message::Msg::Refused(pb::Refused {
@@ -353,68 +363,8 @@ fn refused(code: RefuseCode, reason: impl Into<String>) -> pb::ReceiverMessage {
     }
 }
 
-fn to_pb(m: &BTreeMap<NodeId, u64>) -> Vec<pb::OriginMark> {
-    m.iter()
-        .map(|(o, s)| pb::OriginMark {
-            origin: o.0,
-            seq: *s,
-        })
-        .collect()
-}
-
-fn now_micros() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX))
-}
-
-/// How often a stream no return service waits on flushes what it applied.
-const LAZY_FLUSH_EVERY: std::time::Duration = std::time::Duration::from_millis(20);
-/// A stream no return service waits on acks after this many batches, or this many
-/// wire bytes, applied since its last ack (or at its next lazy flush, whichever comes
-/// first) rather than after every batch: each ack is a message both ends handle, and
-/// nothing waits on it. Well inside the sender's default window
-/// ([`crate::SenderTuning`]: 32 batches, 8 MiB), so the sender never stalls on it.
-const LAZY_ACK_BATCHES: usize = 8;
-const LAZY_ACK_BYTES: u64 = 1 << 20;
-
 /// [`ReceiverConfig::apply_slice`] by default: about four one-row transactions.
 pub const DEFAULT_APPLY_SLICE: Duration = Duration::from_micros(60);
-
-/// The row changes a paced apply writes at least between two chances to pause.
-const PACED_ROWS: usize = 4;
-
-/// The high-water marks a stream's acks carry, per origin.
-///
-/// They start from the store's marks when the stream is accepted and then follow what
-/// the stream applies, so an ack costs no read of the store; the store's marks are
-/// merged in again when the stream is idle (a heartbeat), for origins other streams
-/// or local commits advanced. Every mark is one the store has reached, never ahead
-/// of it: apply errors end the stream before they are counted.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Marks {
-    /// Committed here (RETURN TWOSAFE).
-    applied: BTreeMap<NodeId, u64>,
-    /// Committed and flushed here (RETURN RECEIPT).
-    durable: BTreeMap<NodeId, u64>,
-}
-
-impl Marks {
-    fn new(store: BTreeMap<NodeId, u64>) -> Self {
-        Self {
-            durable: store.clone(),
-            applied: store,
-        }
-    }
-
-    /// Raises the applied marks to `seen` where it is ahead.
-    fn refresh(&mut self, seen: &BTreeMap<NodeId, u64>) {
-        for (origin, seq) in seen {
-            let m = self.applied.entry(*origin).or_insert(0);
-            *m = (*m).max(*seq);
-        }
-    }
-}
 
 /// Applies `f` to `sender`'s entry, created when missing (the name is cloned only then).
 fn with_status(
@@ -428,300 +378,40 @@ fn with_status(
     }
 }
 
-/// Where a received table's target table stands at Hello.
-enum TargetTable {
-    /// It exists with the target's shape.
-    Ready,
-    /// It is missing: created (with this definition) before the first batch.
-    Create(TableDef),
-}
-
-/// A stream that passed Hello.
-struct Accepted {
-    sender: Ident,
-    sender_node: NodeId,
-    /// A return service may wait on this stream: every apply is flushed before its ack.
-    /// Otherwise applies do not wait for the flush, and durable marks follow a flush
-    /// every [`LAZY_FLUSH_EVERY`].
-    returns_wait: bool,
-    elements: BTreeMap<Ident, Epoch>,
-    /// Column maps of tables whose columns are in another order (RELAXED).
-    maps: BTreeMap<QualName, Vec<usize>>,
-    /// The sender's table definitions as of Hello, kept up to date with the DDL the
-    /// stream carries, and how they are checked: a replicated ADD COLUMN or DROP /
-    /// CREATE TABLE changes a table's column map from its next row on.
-    remote: BTreeMap<QualName, TableDef>,
-    /// Tables this stream drops before it creates them again in the sender's layout
-    /// (`TableSpec.dropped_at`): their row changes are not applied until the drop,
-    /// which would remove them.
-    doomed: BTreeSet<QualName>,
-    mode: TableDefinitionChecking,
-    /// The sender relays an origin beside another relay of it and ships its part of
-    /// a transaction split between them (`Hello.ships_parts`): one at an origin's
-    /// high-water here may be the rest of it ([`ReceiverService::second_part`]).
-    ships_parts: bool,
-    /// The tables written into a target table (`hawser_target`): each transaction is
-    /// rewritten before it is applied, and runs are applied in log order.
-    targets: TargetPlan,
-    /// Target tables to create before the first batch (absent at Hello).
-    create: Vec<TableDef>,
-}
-
-impl Accepted {
-    /// Follows a DDL record this stream just applied: the sender's definition of the
-    /// table changed, and so did this node's, so its column map is computed again.
-    fn follow_ddl(&mut self, db: &Database, op: &DdlOp) -> Result<(), (RefuseCode, String)> {
-        let name = match op {
-            DdlOp::CreateTable(def) => {
-                self.remote.insert(def.name.clone(), def.clone());
-                &def.name
-            }
-            DdlOp::DropTable(name) => {
-                self.remote.remove(name);
-                self.maps.remove(name);
-                self.doomed.remove(name);
-                return Ok(());
-            }
-            DdlOp::AddColumn { table, column } => {
-                // Hello described the table as the sender has it now, which may
-                // already include this column (this node was behind).
-                if let Some(def) = self.remote.get_mut(table) {
-                    if !def.columns.iter().any(|c| c.name == column.name) {
-                        def.columns.push(column.clone());
-                    }
-                }
-                table
-            }
-            DdlOp::CreateSequence(_) | DdlOp::DropSequence(_) => return Ok(()),
-        };
-        match (db.table(name), self.remote.get(name)) {
-            (Some(local), Some(remote)) => match check_as_of(&local, remote, true, self.mode) {
-                Ok(Some(map)) => {
-                    self.maps.insert(name.clone(), map);
-                }
-                Ok(None) => {
-                    self.maps.remove(name);
-                }
-                Err(e) => return Err((RefuseCode::TableMismatch, e.to_string())),
-            },
-            // A table the Hello did not describe: its rows arrive in this node's order.
-            _ => {
-                self.maps.remove(name);
-            }
-        }
-        Ok(())
-    }
-}
-
-/// [`check_table`] of this node's definition against the sender's, where the sender's
-/// may be ahead: on a stream that carries DDL, columns the sender has beyond this node's
-/// count were added by ADD COLUMN records this node has yet to receive (columns are
-/// only ever added at the end), so the check is against the sender's table as it was
-/// then — its first columns.
-fn check_as_of(
-    local: &TableDef,
-    remote: &TableDef,
-    carries_ddl: bool,
-    mode: TableDefinitionChecking,
-) -> Result<Option<Vec<usize>>, crate::link::TableMismatch> {
-    if carries_ddl && remote.columns.len() > local.columns.len() {
-        let mut then = remote.clone();
-        then.columns.truncate(local.columns.len());
-        return check_table(local, &then, mode);
-    }
-    check_table(local, remote, mode)
-}
-
 impl ReceiverService {
-    /// Whether this node has yet to apply the DROP TABLE a Hello names
-    /// (`TableSpec.dropped_at`).
-    fn drop_ahead(&self, dropped_at: Option<&pb::OriginMark>) -> bool {
-        dropped_at.is_some_and(|g| {
-            self.db
-                .high_water(NodeId(g.origin))
-                .is_ok_and(|held| held < g.seq)
-        })
-    }
-
     /// The refusal for an apply this store cannot do, naming the store (the sender
     /// shows it as its own status).
-    fn apply_failed(&self, e: &hawser_store::StoreError) -> (RefuseCode, String) {
+    fn apply_failed(&self, e: &hawser_store::StoreError) -> Refusal {
         (
             RefuseCode::ApplyFailed,
             format!("{} cannot apply: {e}", self.config.store),
         )
     }
 
-    fn check_hello(&self, hello: &pb::Hello) -> Result<Accepted, (RefuseCode, String)> {
-        if hello.protocol_version != PROTOCOL_VERSION {
-            return Err((
-                RefuseCode::Protocol,
-                format!(
-                    "protocol version {} is not supported (this node speaks {PROTOCOL_VERSION})",
-                    hello.protocol_version
-                ),
-            ));
-        }
-        if hello.receiver_store != self.config.store.as_str() {
-            return Err((
-                RefuseCode::NotSubscriber,
-                format!(
-                    "this node is store {}, not {}",
-                    self.config.store, hello.receiver_store
-                ),
-            ));
-        }
-        let me = self.db.node_id();
-        if hello.receiver_node != 0 && hello.receiver_node != me.0 {
-            return Err((
-                RefuseCode::NotSubscriber,
-                format!(
-                    "this is node {me} holding store {}, not node {} that the sender's \
-                     cluster state registers for it: the store was given to another node (a \
-                     data directory replaced?); remove the old member and let this one \
-                     rejoin and be rebuilt",
-                    self.config.store, hello.receiver_node
-                ),
-            ));
-        }
+    /// Checks a stream's Hello (`hello`) against this node and its store now.
+    fn check_hello(&self, hello: &pb::Hello) -> Result<Accepted, Refusal> {
+        check_identity(hello, &self.config.store, self.db.node_id())?;
         // A store that cannot write now (its disk is full) takes no stream: its sender
         // keeps saying why until there is room.
         self.db.check_space().map_err(|e| self.apply_failed(&e))?;
-        let known = self.epochs.borrow().clone();
-        let mut elements = BTreeMap::new();
-        for e in &hello.elements {
-            let name = Ident::quoted(&e.element);
-            let Some(&current) = known.get(&name) else {
-                return Err((
-                    RefuseCode::NotSubscriber,
-                    format!(
-                        "store {} does not subscribe to element {name}",
-                        self.config.store
-                    ),
-                ));
-            };
-            if Epoch(e.epoch) < current {
-                return Err((
-                    RefuseCode::StaleEpoch,
-                    format!(
-                        "element {name}: the sender is at epoch {}, the cluster at {current}",
-                        e.epoch
-                    ),
-                ));
-            }
-            elements.insert(name, Epoch(e.epoch));
-        }
-        let mode = match pb::TableCheck::try_from(hello.table_check) {
-            Ok(pb::TableCheck::Exact) => TableDefinitionChecking::Exact,
-            _ => TableDefinitionChecking::Relaxed,
+        let epochs = self.epochs.borrow().clone();
+        let targets = self.targets.borrow().clone();
+        let ctx = HelloContext {
+            store: &self.config.store,
+            epochs: &epochs,
+            targets: &targets,
+            catalog: &self.db,
         };
-        let mut maps = BTreeMap::new();
-        let mut remotes = BTreeMap::new();
-        let mut doomed = BTreeSet::new();
-        let mut targets = TargetPlan::default();
-        let mut create = Vec::new();
-        let wanted = self.targets.borrow().clone();
-        for spec in &hello.tables {
-            let remote: TableDef = codec::decode_table_def(&spec.definition)
-                .map_err(|e| (RefuseCode::Protocol, format!("a table definition: {e}")))?;
-            remotes.insert(remote.name.clone(), remote.clone());
-            if let Some(target) = wanted
-                .get(&remote.name)
-                .filter(|t| !hawser_target::is_plain(&remote.name, t))
-            {
-                if let TargetTable::Create(def) =
-                    self.check_target(&remote, target, &mut targets)?
-                {
-                    create.push(def);
-                }
-                if !hawser_target::keeps_copy(&remote.name, target) {
-                    continue;
-                }
-                // A BASE AGGREGATE's source rows: a plain copy, checked as one below.
-            }
-            let Some(local) = self.db.table(&remote.name) else {
-                if hello.carries_ddl || spec.completing {
-                    // A DATASTORE element's stream creates the table before its rows;
-                    // a completing table is a sibling stream's (which may create it).
-                    continue;
-                }
-                return Err((
-                    RefuseCode::TableMismatch,
-                    format!(
-                        "table {} does not exist on store {}",
-                        remote.name, self.config.store
-                    ),
-                ));
-            };
-            match check_as_of(&local, &remote, hello.carries_ddl, mode) {
-                Ok(Some(map)) => {
-                    maps.insert(remote.name.clone(), map);
-                }
-                Ok(None) => {}
-                Err(_) if hello.carries_ddl && self.drop_ahead(spec.dropped_at.as_ref()) => {
-                    // The stream drops this node's table before any row of the
-                    // sender's new layout: its rows until then are not applied (the
-                    // drop removes them), so how this node has the table does not
-                    // matter, and the CREATE after the drop is checked as it comes
-                    // (`Accepted::follow_ddl`).
-                    remotes.remove(&remote.name);
-                    doomed.insert(remote.name.clone());
-                }
-                Err(e) => return Err((RefuseCode::TableMismatch, e.to_string())),
-            }
-        }
-        Ok(Accepted {
-            sender: Ident::quoted(&hello.sender_store),
-            sender_node: NodeId(hello.sender_node),
-            returns_wait: hello.returns_wait,
-            elements,
-            maps,
-            remote: remotes,
-            doomed,
-            mode,
-            ships_parts: hello.ships_parts,
-            targets,
-            create,
-        })
-    }
-
-    /// How `remote` is written into `target`'s table here: that table has the shape
-    /// the target needs (or is refused, naming what differs), or is created before the
-    /// first batch. The target is added to `plan`.
-    fn check_target(
-        &self,
-        remote: &TableDef,
-        target: &ResolvedTarget,
-        plan: &mut TargetPlan,
-    ) -> Result<TargetTable, (RefuseCode, String)> {
-        let refused = |e: TargetError| {
-            (
-                RefuseCode::TableMismatch,
-                format!("store {}: {e}", self.config.store),
-            )
-        };
-        let expected = hawser_target::shape(remote, target).map_err(refused)?;
-        plan.add(remote.clone(), target.clone()).map_err(refused)?;
-        match self.db.table(&expected.name) {
-            Some(local) => {
-                hawser_target::check_shape(&local, &expected).map_err(refused)?;
-                Ok(TargetTable::Ready)
-            }
-            None => Ok(TargetTable::Create(expected)),
-        }
+        accept(hello, &ctx)
     }
 
     /// Creates the target tables a stream's Hello found missing. Another stream may
     /// create one first: then it is checked as Hello would have.
-    async fn create_targets(&self, accepted: &mut Accepted) -> Result<(), (RefuseCode, String)> {
+    async fn create_targets(&self, accepted: &mut Accepted) -> Result<(), Refusal> {
         for def in std::mem::take(&mut accepted.create) {
             if let Some(local) = self.db.table(&def.name) {
-                hawser_target::check_shape(&local, &def).map_err(|e| {
-                    (
-                        RefuseCode::TableMismatch,
-                        format!("store {}: {e}", self.config.store),
-                    )
-                })?;
+                hawser_target::check_shape(&local, &def)
+                    .map_err(|e| target_refusal(&self.config.store, e))?;
                 continue;
             }
             let name = def.name.clone();
@@ -749,889 +439,6 @@ impl ReceiverService {
             false
         });
     }
-
-    /// Serves one accepted stream until it ends, is refused or is cancelled.
-    ///
-    /// The stream is read ahead of the apply into a bounded queue, so batches the
-    /// sender has in flight reach this node (and release HTTP/2 flow-control window)
-    /// while a run applies: they are the backlog the next apply sees.
-    async fn serve(
-        self,
-        accepted: Accepted,
-        inbound: Streaming<pb::SenderMessage>,
-        out: mpsc::Sender<Result<pb::ReceiverMessage, Status>>,
-    ) {
-        let _connected = Connected::new(&self.connected, accepted.sender_node);
-        let (queue_tx, queue) = mpsc::channel(READ_AHEAD);
-        let stop = self.shutdown.child_token();
-        let joiner = Joiner::new(self.config.max_transaction_bytes);
-        let reader = read_ahead(inbound, queue_tx, joiner, stop.clone());
-        let apply = async {
-            self.apply_stream(accepted, queue, out).await;
-            stop.cancel();
-        };
-        tokio::join!(reader, apply);
-    }
-
-    /// Applies what the reader queued, acknowledging each backlog, until the stream
-    /// ends, is refused or is cancelled.
-    async fn apply_stream(
-        &self,
-        mut accepted: Accepted,
-        mut queue: mpsc::Receiver<Inbound>,
-        out: mpsc::Sender<Result<pb::ReceiverMessage, Status>>,
-    ) {
-        let sender = accepted.sender.clone();
-        let metrics = InboundMetrics::new(&sender);
-        // Nobody waits on this stream's applies: they give way to other work now and
-        // then, unless the stream is behind.
-        let mut pacer = self
-            .config
-            .apply_slice
-            .filter(|_| !accepted.returns_wait)
-            .map(Pacer::new);
-        let mut marks = Marks::new(self.db.high_waters().unwrap_or_default());
-        let mut heartbeat = tokio::time::interval(self.config.heartbeat);
-        let mut lazy_flush = tokio::time::interval(LAZY_FLUSH_EVERY);
-        lazy_flush.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut last_through = 0u64;
-        // The sender waits for another stream's transaction (`Batch.waiting`): acked
-        // again, unasked, whenever another stream's apply moves the marks.
-        let mut waiting = false;
-        let mut moved = self.applied.subscribe();
-        // Batches and wire bytes applied on a lazy stream since its last ack.
-        let mut unacked_batches = 0usize;
-        let mut unacked_bytes = 0u64;
-        let mut last_contact = Instant::now();
-        // A message read while gathering a backlog that is not a batch: handled next.
-        let mut carried = None;
-        loop {
-            let msg = match carried.take() {
-                Some(msg) => msg,
-                None => tokio::select! {
-                    biased;
-                    _ = self.shutdown.cancelled() => break,
-                    _ = lazy_flush.tick(), if marks.durable != marks.applied || unacked_batches > 0 => {
-                        // Applied without waiting for the flush (no return service on
-                        // this stream): one flush covers them all, then the durable
-                        // marks catch up, and one ack answers every batch since the
-                        // last.
-                        let applied = marks.applied.clone();
-                        let flushed = match pacer.as_mut().filter(|_| queue.is_empty()) {
-                            Some(p) => {
-                                let before = p.pauses();
-                                let r = self.db.flush_paced(p).await;
-                                self.count_pauses(&sender, &metrics, p.pauses() - before);
-                                r
-                            }
-                            None => self.db.flush().await,
-                        };
-                        if let Err(e) = flushed {
-                            warn!(sender = %sender, error = %e, "flush failed; dropping the stream");
-                            break;
-                        }
-                        marks.durable = applied;
-                        unacked_batches = 0;
-                        unacked_bytes = 0;
-                        let ack = self.ack(&marks, last_through);
-                        if out.send(Ok(ack)).await.is_err() {
-                            break;
-                        }
-                        continue;
-                    }
-                    Ok(()) = moved.changed(), if waiting => {
-                        if let Ok(now) = self.db.high_waters() {
-                            marks.refresh(&now);
-                        }
-                        let ack = self.ack(&marks, last_through);
-                        if out.send(Ok(ack)).await.is_err() {
-                            break;
-                        }
-                        continue;
-                    }
-                    _ = heartbeat.tick() => {
-                        if last_contact.elapsed() > self.config.peer_timeout {
-                            info!(sender = %sender, "sender silent past the peer timeout; dropping the stream");
-                            break;
-                        }
-                        send_heartbeat(&out);
-                        if let Ok(now) = self.db.high_waters() {
-                            marks.refresh(&now);
-                        }
-                        continue;
-                    }
-                    msg = queue.recv() => match msg {
-                        Some(msg) => msg,
-                        // The reader stopped: shutdown.
-                        None => break,
-                    },
-                },
-            };
-            let msg = match msg {
-                Ok(Some(m)) => m,
-                Ok(None) => break,
-                Err(status) if unreadable(&status) => {
-                    // The sender sends it again at every attempt: both ends say why.
-                    let reason = format!(
-                        "store {} could not take a message of the stream: {} (its limits: \
-                         {} bytes a message, --max-message-bytes; {} bytes a batch in chunks)",
-                        self.config.store,
-                        status.message(),
-                        self.config.max_message_bytes,
-                        self.config.max_transaction_bytes,
-                    );
-                    warn!(sender = %sender, code = ?status.code(), reason = %reason, "refusing the stream");
-                    self.update_status(&sender, |s| s.refused = Some(reason.clone()));
-                    let _ = out.send(Ok(refused(RefuseCode::Protocol, reason))).await;
-                    break;
-                }
-                Err(status) => {
-                    debug!(sender = %sender, %status, "inbound stream failed");
-                    break;
-                }
-            };
-            last_contact = Instant::now();
-            self.update_counters(&sender, |s| s.last_contact = Some(last_contact));
-            match msg.msg {
-                Some(sender_message::Msg::Batch(batch)) => {
-                    let mut backlog = vec![batch];
-                    if self.config.compile.enabled {
-                        carried =
-                            gather_backlog(&mut queue, &mut backlog, self.config.max_run_bytes);
-                    }
-                    // Paced only when nothing more is queued: a stream that is behind
-                    // catches up at full speed.
-                    let mut paced = pacer
-                        .as_mut()
-                        .filter(|_| carried.is_none() && queue.is_empty());
-                    let pauses_before = paced.as_ref().map_or(0, |p| p.pauses());
-                    let applied = {
-                        let apply = self.apply_backlog(
-                            &mut accepted,
-                            &backlog,
-                            &mut marks,
-                            paced.as_deref_mut(),
-                        );
-                        tokio::pin!(apply);
-                        // Heartbeats go on while a long run applies, or the sender
-                        // would take this receiver for dead and start over.
-                        loop {
-                            tokio::select! {
-                                biased;
-                                r = &mut apply => break r,
-                                _ = heartbeat.tick() => send_heartbeat(&out),
-                            }
-                        }
-                    };
-                    if let Some(p) = paced {
-                        self.count_pauses(&sender, &metrics, p.pauses() - pauses_before);
-                    }
-                    // Time spent applying is not the sender's silence: its messages
-                    // are waiting unread.
-                    last_contact = Instant::now();
-                    match applied {
-                        Ok(done) => {
-                            let wire: u64 = backlog.iter().map(|b| b.payload.len() as u64).sum();
-                            let raw: u64 = backlog.iter().map(|b| b.raw_bytes).sum();
-                            metrics.record(&done.tally);
-                            self.update_counters(&sender, |s| {
-                                let t = &done.tally;
-                                s.through_lsn = done.ack.through_lsn;
-                                s.batches += backlog.len() as u64;
-                                s.transactions += t.transactions;
-                                s.transactions_skipped += t.skipped;
-                                s.row_changes += t.row_changes;
-                                s.rows_written += t.rows_compiled + t.rows_in_order;
-                                s.rows_written_compiled += t.rows_compiled;
-                                s.runs_compiled += t.runs_compiled;
-                                s.runs_in_order += t.runs_in_order;
-                                s.raw_bytes += raw;
-                                s.wire_bytes += wire;
-                            });
-                            last_through = done.ack.through_lsn;
-                            // Streams waiting for another's transaction hear of it, and
-                            // of decisions they may wait for.
-                            if done.decided_moved || backlog.iter().any(|b| b.count > 0) {
-                                self.applied.send_modify(|n| *n = n.wrapping_add(1));
-                            }
-                            waiting = backlog.last().is_some_and(|b| b.waiting);
-                            if waiting {
-                                // Answered below; later moves are news.
-                                moved.mark_unchanged();
-                            }
-                            // Nobody waits on a lazy stream's acks: they free the
-                            // sender's window and report progress, so one answers
-                            // several batches (and the lazy flush acks the rest).
-                            unacked_batches += backlog.len();
-                            unacked_bytes += wire;
-                            if accepted.returns_wait
-                                || waiting
-                                || unacked_batches >= LAZY_ACK_BATCHES
-                                || unacked_bytes >= LAZY_ACK_BYTES
-                            {
-                                unacked_batches = 0;
-                                unacked_bytes = 0;
-                                let ack = pb::ReceiverMessage {
-                                    msg: Some(receiver_message::Msg::Ack(done.ack)),
-                                };
-                                if out.send(Ok(ack)).await.is_err() {
-                                    break;
-                                }
-                            }
-                            if accepted.returns_wait {
-                                // The apply's flush left its housekeeping: done once
-                                // the ack is on its way (the yield lets the response
-                                // stream's tasks write it first), before the next
-                                // batch can arrive.
-                                tokio::task::yield_now().await;
-                                if let Err(e) = self.db.settle() {
-                                    warn!(sender = %sender, error = %e, "settling the apply failed; dropping the stream");
-                                    break;
-                                }
-                            }
-                        }
-                        Err((code, reason)) => {
-                            warn!(sender = %sender, reason = %reason, "refusing the stream");
-                            self.update_status(&sender, |s| s.refused = Some(reason.clone()));
-                            let _ = out.send(Ok(refused(code, reason))).await;
-                            break;
-                        }
-                    }
-                }
-                Some(sender_message::Msg::Heartbeat(_)) => {}
-                Some(sender_message::Msg::Hello(_)) | None => {
-                    let _ = out
-                        .send(Ok(refused(
-                            RefuseCode::Protocol,
-                            "Hello may only come first",
-                        )))
-                        .await;
-                    break;
-                }
-            }
-        }
-        self.update_status(&sender, |s| s.connected = false);
-    }
-
-    fn count_pauses(&self, sender: &Ident, metrics: &InboundMetrics, pauses: u64) {
-        if pauses > 0 {
-            metrics.pauses.increment(pauses);
-            self.update_counters(sender, |s| s.apply_pauses += pauses);
-        }
-    }
-
-    /// Applies a backlog of batches (log order across them) and builds the Ack that
-    /// answers all of them; in slices with pauses between them when `pacer` is given.
-    async fn apply_backlog(
-        &self,
-        accepted: &mut Accepted,
-        backlog: &[pb::Batch],
-        marks: &mut Marks,
-        mut pacer: Option<&mut Pacer>,
-    ) -> Result<Applied, (RefuseCode, String)> {
-        // Epochs are checked on every batch: a master change since Hello makes this
-        // sender stale from that moment on.
-        {
-            let known = self.epochs.borrow();
-            for (element, epoch) in &accepted.elements {
-                match known.get(element) {
-                    Some(current) if current > epoch => {
-                        return Err((
-                            RefuseCode::StaleEpoch,
-                            format!(
-                                "element {element}: the sender is at epoch {epoch}, the cluster now at {current}"
-                            ),
-                        ))
-                    }
-                    None => {
-                        return Err((
-                            RefuseCode::NotSubscriber,
-                            format!("store {} no longer subscribes to element {element}", self.config.store),
-                        ))
-                    }
-                    Some(_) => {}
-                }
-            }
-        }
-        let Some(through_lsn) = backlog.last().map(|b| b.through_lsn) else {
-            return Err((RefuseCode::Protocol, "an empty backlog".into()));
-        };
-        let count: u64 = backlog.iter().map(|b| u64::from(b.count)).sum();
-        let bytes: u64 = backlog.iter().map(|b| b.raw_bytes).sum();
-        let compiles = self.config.compile.compiles(count, bytes);
-        let failed = |e: hawser_store::StoreError| self.apply_failed(&e);
-        let mut tally = Tally::default();
-        let mut run: Vec<ReplicatedTxn> = Vec::new();
-        let mut all_durable = true;
-        // The highest seq of each origin in the backlog: applied (or found here
-        // already) once every run below has returned.
-        let mut received: BTreeMap<NodeId, u64> = BTreeMap::new();
-        let forked = self.forked.borrow().clone();
-        for batch in backlog {
-            for r in decode_batch(batch)? {
-                let gtid = r.entry.gtid();
-                if let Some(f) = forked.iter().find(|f| f.holds(r.epoch, &r.entry)) {
-                    return Err((
-                        RefuseCode::StaleEpoch,
-                        format!(
-                            "record {gtid} was committed under failover era {} by a deposed \
-                             master after the fork point (seq {}, era {}): a failover forked it off",
-                            r.epoch, f.after_seq, f.before_epoch
-                        ),
-                    ));
-                }
-                let seq = received.entry(gtid.origin).or_insert(0);
-                *seq = (*seq).max(gtid.seq);
-                match r.entry {
-                    LogEntry::Txn(mut txn) => {
-                        if !accepted.doomed.is_empty() {
-                            txn.changes.retain(|c| !accepted.doomed.contains(&c.table));
-                        }
-                        for c in &mut txn.changes {
-                            if let Some(map) = accepted.maps.get(&c.table) {
-                                for row in [&mut c.before, &mut c.after].into_iter().flatten() {
-                                    *row = remap(row, map).ok_or_else(|| {
-                                        (
-                                            RefuseCode::Protocol,
-                                            format!(
-                                                "transaction {}: a row of {} has too few values",
-                                                txn.gtid, c.table
-                                            ),
-                                        )
-                                    })?;
-                                }
-                            }
-                        }
-                        // Into the target tables (the names the log here records).
-                        let mut txn = accepted.targets.rewrite(txn, r.epoch).map_err(|e| {
-                            (
-                                RefuseCode::TableMismatch,
-                                format!("store {}: {e}", self.config.store),
-                            )
-                        })?;
-                        tally.transactions += 1;
-                        tally.row_changes += txn.changes.len() as u64;
-                        if accepted.ships_parts && join_part(&mut run, &mut txn) {
-                            // The sender's log holds the transaction in two parts
-                            // (it got them from two relays): one transaction here.
-                            continue;
-                        }
-                        if let Some(part) = self.second_part(accepted, &txn).map_err(failed)? {
-                            // The rest of a transaction that came in parts: after what
-                            // came before it, on its own.
-                            all_durable &= self
-                                .apply_run(
-                                    accepted,
-                                    std::mem::take(&mut run),
-                                    compiles,
-                                    &mut tally,
-                                    pacer.as_deref_mut(),
-                                )
-                                .await?;
-                            let part = ReplicatedTxn {
-                                txn: part,
-                                epoch: r.epoch,
-                            };
-                            let info = self
-                                .db
-                                .apply_part(part, !accepted.returns_wait)
-                                .await
-                                .map_err(failed)?;
-                            all_durable &= info.durable;
-                            tally.runs_in_order += 1;
-                            tally.rows_in_order += info.rows_written;
-                            continue;
-                        }
-                        run.push(ReplicatedTxn {
-                            txn,
-                            epoch: r.epoch,
-                        });
-                    }
-                    entry @ (LogEntry::Ddl { .. } | LogEntry::SequenceBlock { .. }) => {
-                        all_durable &= self
-                            .apply_run(
-                                accepted,
-                                std::mem::take(&mut run),
-                                compiles,
-                                &mut tally,
-                                pacer.as_deref_mut(),
-                            )
-                            .await?;
-                        self.db
-                            .apply_replicated_ddl(&entry, r.epoch)
-                            .await
-                            .map_err(failed)?;
-                        if let LogEntry::Ddl { op, .. } = &entry {
-                            accepted.follow_ddl(&self.db, op)?;
-                        }
-                    }
-                }
-            }
-        }
-        all_durable &= self
-            .apply_run(accepted, run, compiles, &mut tally, pacer)
-            .await?;
-        marks.refresh(&received);
-        if count == 0 {
-            // A record-less batch: the sender is asking where this store stands (it
-            // waits for a transaction another stream carries). The store's marks answer
-            // it; they say nothing of durability, so the durable marks stay.
-            if let Ok(now) = self.db.high_waters() {
-                marks.refresh(&now);
-            }
-        } else if all_durable {
-            // Everything applied so far was flushed: the durable marks catch up.
-            marks.durable.clone_from(&marks.applied);
-        }
-        // Applied (or found here) through these batches: what they decided holds now.
-        let mut decided_moved = false;
-        for b in backlog {
-            decided_moved |= self.note_decided(accepted.sender_node, b.decided, &b.relayed);
-        }
-        Ok(Applied {
-            ack: pb::Ack {
-                durable: to_pb(&marks.durable),
-                applied: to_pb(&marks.applied),
-                through_lsn,
-                connected_senders: self.connected_senders(),
-                decided_paths: self.decided.to_pb(),
-            },
-            tally,
-            decided_moved,
-        })
-    }
-
-    /// What of `txn` is the rest of a transaction that reached this store in parts:
-    /// two propagators relaying one origin's tables to this store each ship their own
-    /// part of a transaction that writes tables of both (docs/stream.md, "Two blind
-    /// relays"), and the part applied first made its seq the origin's high-water here.
-    /// The changes of tables that the records of it here do not write, when its seq is
-    /// that high-water and there are any; `None` otherwise (below the high-water, a
-    /// resend, skipped as a duplicate; above it, a transaction of its own). A resend of
-    /// a part is found here whole and skipped too. Only from a relay that ships parts
-    /// (`Hello.ships_parts`): from any other stream a transaction at the high-water is
-    /// a resend — and a resend's delete of a row that was missing here, which left no
-    /// change in the record, must not delete a row written here since.
-    fn second_part(
-        &self,
-        accepted: &Accepted,
-        txn: &Transaction,
-    ) -> Result<Option<Transaction>, StoreError> {
-        /// Log records looked back over for the parts here: the first part is applied
-        /// just before the second, unless transactions of other origins came between.
-        const LOOK_BACK: usize = 4096;
-        let gtid = txn.gtid;
-        if !accepted.ships_parts
-            || gtid.origin == accepted.sender_node
-            || gtid.origin == self.db.node_id()
-            || gtid.seq != self.db.high_water(gtid.origin)?
-        {
-            return Ok(None);
-        }
-        let Some(here) = self.db.tables_of(gtid, LOOK_BACK)? else {
-            debug!(%gtid, "the newest transaction of its origin is not in the recent log; skipped");
-            return Ok(None);
-        };
-        let rest: Vec<_> = txn
-            .changes
-            .iter()
-            .filter(|c| !here.contains(&c.table))
-            .cloned()
-            .collect();
-        Ok((!rest.is_empty()).then_some(Transaction {
-            gtid,
-            commit_micros: txn.commit_micros,
-            changes: rest,
-        }))
-    }
-
-    /// Applies a run in log order, waiting for its flush unless `lazy`.
-    async fn apply_in_order(
-        &self,
-        run: Vec<ReplicatedTxn>,
-        lazy: bool,
-    ) -> Result<hawser_store::ApplyInfo, hawser_store::StoreError> {
-        if lazy {
-            self.db.apply_replicated_lazily(run).await
-        } else {
-            self.db.apply_replicated(run).await
-        }
-    }
-
-    /// Applies a lazy run in log order in slices of at least [`PACED_ROWS`] row
-    /// changes, letting `pacer` pause between them.
-    async fn apply_paced(
-        &self,
-        mut run: Vec<ReplicatedTxn>,
-        pacer: &mut Pacer,
-    ) -> Result<hawser_store::ApplyInfo, hawser_store::StoreError> {
-        /// The first of `run`'s transactions that make a slice.
-        fn slice_len(run: &[ReplicatedTxn]) -> usize {
-            let mut rows = 0;
-            run.iter()
-                .position(|r| {
-                    rows += r.txn.changes.len();
-                    rows >= PACED_ROWS
-                })
-                .map_or(run.len(), |i| i + 1)
-        }
-        pacer.start();
-        let rest = run.split_off(slice_len(&run));
-        let mut total = self.db.apply_replicated_lazily(run).await?;
-        let mut run = rest;
-        while !run.is_empty() {
-            pacer.tick();
-            let rest = run.split_off(slice_len(&run));
-            let info = self.db.apply_replicated_lazily(run).await?;
-            run = rest;
-            total.applied += info.applied;
-            total.skipped += info.skipped;
-            total.row_changes += info.row_changes;
-            total.rows_written += info.rows_written;
-            total.last_lsn = total.last_lsn.max(info.last_lsn);
-            total.durable &= info.durable;
-            total.high_water = info.high_water;
-        }
-        Ok(total)
-    }
-
-    /// Applies one run of transactions as RTL net rows (`compiles`) or in log order
-    /// (paced by `pacer`, when given and the stream is lazy), and counts what was
-    /// written. Returns whether the apply was flushed.
-    async fn apply_run(
-        &self,
-        accepted: &Accepted,
-        run: Vec<ReplicatedTxn>,
-        compiles: bool,
-        tally: &mut Tally,
-        pacer: Option<&mut Pacer>,
-    ) -> Result<bool, (RefuseCode, String)> {
-        if run.is_empty() {
-            return Ok(true);
-        }
-        let failed = |e: hawser_store::StoreError| self.apply_failed(&e);
-        let lazy = !accepted.returns_wait;
-        // Transactions a duplicate's copy may reflect in part go in log order, and so
-        // do target tables': a noncondensed CCD keeps every change, which compilation
-        // would net away.
-        let compiles = compiles
-            && accepted.targets.is_empty()
-            && !run
-                .iter()
-                .any(|r| r.txn.gtid.seq <= self.db.in_order_through(r.txn.gtid.origin));
-        let info = if compiles {
-            let catalog: Vec<TableDef> = self.db.tables().iter().map(|t| (**t).clone()).collect();
-            // Compilation is CPU work proportional to the run: off the async workers.
-            let (run, compiled) = tokio::task::spawn_blocking(move || {
-                let compiled = compile_run(&run, &catalog);
-                (run, compiled)
-            })
-            .await
-            .map_err(|e| {
-                (
-                    RefuseCode::ApplyFailed,
-                    format!("the RTL compiler failed: {e}"),
-                )
-            })?;
-            match compiled {
-                Ok(compiled) if lazy => self.db.apply_compiled_lazily(&run, &compiled).await,
-                Ok(compiled) => self.db.apply_compiled(&run, &compiled).await,
-                // A run the compiler cannot read (a change without the image it
-                // needs) is applied in log order, which reports the problem precisely
-                // if it is real.
-                Err(e) => {
-                    debug!(error = %e, "run not read by the compiler; applying in log order");
-                    self.apply_in_order(run, lazy).await
-                }
-            }
-        } else {
-            match pacer.filter(|_| lazy) {
-                Some(pacer) => self.apply_paced(run, pacer).await,
-                None => self.apply_in_order(run, lazy).await,
-            }
-        }
-        .map_err(failed)?;
-        tally.skipped += info.skipped;
-        if info.compiled {
-            tally.runs_compiled += 1;
-            tally.rows_compiled += info.rows_written;
-        } else {
-            tally.runs_in_order += 1;
-            tally.rows_in_order += info.rows_written;
-        }
-        Ok(info.durable)
-    }
-}
-
-/// Joins `txn` to the run's transaction with the same Gtid, when the run's last one of
-/// its origin is that: a sender that got a transaction in two parts ships both records
-/// (`Hello.ships_parts`), and a batch must not hold one Gtid twice. The changes of
-/// tables the first part lacks are added to it (a part's tables are its own); whether
-/// they were.
-fn join_part(run: &mut [ReplicatedTxn], txn: &mut Transaction) -> bool {
-    let origin = txn.gtid.origin;
-    let Some(first) = run.iter_mut().rev().find(|r| r.txn.gtid.origin == origin) else {
-        return false;
-    };
-    if first.txn.gtid != txn.gtid {
-        return false;
-    }
-    let have: BTreeSet<QualName> = first.txn.changes.iter().map(|c| c.table.clone()).collect();
-    first.txn.changes.extend(
-        std::mem::take(&mut txn.changes)
-            .into_iter()
-            .filter(|c| !have.contains(&c.table)),
-    );
-    true
-}
-
-fn compile_run(run: &[ReplicatedTxn], catalog: &[TableDef]) -> Result<Compilation, CompileError> {
-    let mut compiler = Compiler::new(catalog);
-    for r in run {
-        compiler.push_transaction(&r.txn)?;
-    }
-    Ok(compiler.finish())
-}
-
-/// Decompresses and decodes one batch.
-fn decode_batch(batch: &pb::Batch) -> Result<Vec<codec::WireRecord>, (RefuseCode, String)> {
-    let proto = |e: codec::CodecError| {
-        (
-            RefuseCode::Protocol,
-            format!("batch through LSN {}: {e}", batch.through_lsn),
-        )
-    };
-    let Some(codec) = crate::codec_from_pb(batch.codec) else {
-        return Err((
-            RefuseCode::Protocol,
-            format!("unknown codec {}", batch.codec),
-        ));
-    };
-    let raw = decompress(codec, &batch.payload, batch.raw_bytes).map_err(proto)?;
-    decode_records(&raw).map_err(proto)
-}
-
-/// Messages queued by [`read_ahead`]: a message, the end of the stream, or its error.
-type Inbound = Result<Option<pb::SenderMessage>, Status>;
-
-/// Messages read ahead of the apply at most: room for a sender's whole in-flight
-/// window (32 batches by default) and its heartbeats. A full queue stops reading, and
-/// HTTP/2 flow control then stops the sender.
-const READ_AHEAD: usize = 64;
-
-/// Reads `inbound` into `queue` until the stream ends or fails (queued too) or `stop`.
-///
-/// Chunks of a batch are joined here (`joiner`), so that the apply sees whole batches
-/// only, and a stream that ends between two chunks drops the ones it had. A chunk that
-/// does not complete its batch is queued as a heartbeat: the apply hears from the
-/// sender while a large transaction arrives, and does not take it for dead.
-async fn read_ahead(
-    mut inbound: Streaming<pb::SenderMessage>,
-    queue: mpsc::Sender<Inbound>,
-    mut joiner: Joiner,
-    stop: CancellationToken,
-) {
-    loop {
-        let msg = tokio::select! {
-            biased;
-            _ = stop.cancelled() => break,
-            msg = inbound.message() => msg,
-        };
-        // A drill's partition: the stream ends as if the sender had gone.
-        let msg = if hawser_core::isolation::isolated() {
-            Err(Status::unavailable(hawser_core::isolation::REFUSAL))
-        } else {
-            msg
-        };
-        let msg = match msg {
-            Ok(Some(pb::SenderMessage {
-                msg: Some(sender_message::Msg::Batch(batch)),
-            })) => match joiner.push(batch) {
-                Ok(Some(whole)) => Ok(Some(pb::SenderMessage {
-                    msg: Some(sender_message::Msg::Batch(whole)),
-                })),
-                Ok(None) => Ok(Some(pb::SenderMessage {
-                    msg: Some(sender_message::Msg::Heartbeat(pb::Heartbeat {
-                        sent_micros: 0,
-                    })),
-                })),
-                Err(e) => Err(Status::invalid_argument(e.to_string())),
-            },
-            other => other,
-        };
-        let last = !matches!(msg, Ok(Some(_)));
-        let queued = tokio::select! {
-            biased;
-            _ = stop.cancelled() => break,
-            queued = queue.send(msg) => queued,
-        };
-        if queued.is_err() || last {
-            break;
-        }
-    }
-}
-
-/// Moves every batch already queued into `backlog` without waiting for more, until the
-/// backlog holds `max_bytes`. Heartbeats are dropped (the caller has just heard from
-/// the sender); any other message, the end of the stream or an error is returned for
-/// the caller to handle after the backlog.
-fn gather_backlog(
-    queue: &mut mpsc::Receiver<Inbound>,
-    backlog: &mut Vec<pb::Batch>,
-    max_bytes: u64,
-) -> Option<Inbound> {
-    let size = |b: &pb::Batch| b.raw_bytes.max(b.payload.len() as u64);
-    let mut bytes: u64 = backlog.iter().map(size).sum();
-    while bytes < max_bytes {
-        // Empty: nothing more has arrived. Disconnected: the reader stopped, which the
-        // caller's next receive sees.
-        match queue.try_recv().ok()? {
-            Ok(Some(pb::SenderMessage {
-                msg: Some(sender_message::Msg::Batch(b)),
-            })) => {
-                bytes += size(&b);
-                backlog.push(b);
-            }
-            Ok(Some(pb::SenderMessage {
-                msg: Some(sender_message::Msg::Heartbeat(_)),
-            })) => {}
-            other => return Some(other),
-        }
-    }
-    None
-}
-
-/// Whether a failed read of the stream is the sender's message, not the connection: too
-/// large for this node's limit, not decodable, or chunks that do not join. The sender
-/// would send it again at every attempt, so it is refused with the reason.
-fn unreadable(status: &Status) -> bool {
-    use tonic::Code;
-    matches!(
-        status.code(),
-        Code::OutOfRange
-            | Code::Internal
-            | Code::InvalidArgument
-            | Code::ResourceExhausted
-            | Code::DataLoss
-    )
-}
-
-/// Best effort: a full channel means acks are queued, which says as much.
-fn send_heartbeat(out: &mpsc::Sender<Result<pb::ReceiverMessage, Status>>) {
-    let _ = out.try_send(Ok(pb::ReceiverMessage {
-        msg: Some(receiver_message::Msg::Heartbeat(pb::Heartbeat {
-            sent_micros: now_micros(),
-        })),
-    }));
-}
-
-/// One accepted stream of a sender node, counted while it lasts.
-struct Connected {
-    map: Arc<parking_lot::Mutex<BTreeMap<NodeId, usize>>>,
-    node: NodeId,
-}
-
-impl Connected {
-    fn new(map: &Arc<parking_lot::Mutex<BTreeMap<NodeId, usize>>>, node: NodeId) -> Self {
-        *map.lock().entry(node).or_insert(0) += 1;
-        Self {
-            map: map.clone(),
-            node,
-        }
-    }
-}
-
-impl Drop for Connected {
-    fn drop(&mut self) {
-        let mut map = self.map.lock();
-        if let Some(n) = map.get_mut(&self.node) {
-            *n -= 1;
-            if *n == 0 {
-                map.remove(&self.node);
-            }
-        }
-    }
-}
-
-/// What one backlog's apply did.
-struct Applied {
-    ack: pb::Ack,
-    tally: Tally,
-    /// A sender's decision moved a mark (`DecidedMarks`).
-    decided_moved: bool,
-}
-
-/// Counts of one backlog's apply.
-#[derive(Debug, Default)]
-struct Tally {
-    transactions: u64,
-    skipped: u64,
-    row_changes: u64,
-    rows_compiled: u64,
-    rows_in_order: u64,
-    runs_compiled: u64,
-    runs_in_order: u64,
-}
-
-/// The stream's counters, labelled by sender store (one series per store of the
-/// cluster) and, for writes, by apply mode.
-struct InboundMetrics {
-    transactions: metrics::Counter,
-    row_changes: metrics::Counter,
-    rows_compiled: metrics::Counter,
-    rows_in_order: metrics::Counter,
-    runs_compiled: metrics::Counter,
-    runs_in_order: metrics::Counter,
-    pauses: metrics::Counter,
-}
-
-impl InboundMetrics {
-    fn new(sender: &Ident) -> Self {
-        metrics::describe_counter!(
-            "hawser_stream_received_transactions_total",
-            "replicated transactions received, by sender store"
-        );
-        metrics::describe_counter!(
-            "hawser_stream_received_row_changes_total",
-            "row changes carried by the replicated transactions received, by sender store"
-        );
-        metrics::describe_counter!(
-            "hawser_stream_rows_written_total",
-            "row puts and deletes written for received transactions, by sender store and \
-             apply mode (compiled net rows or log order)"
-        );
-        metrics::describe_counter!(
-            "hawser_stream_apply_runs_total",
-            "applies of received transactions, by sender store and apply mode"
-        );
-        metrics::describe_counter!(
-            "hawser_stream_apply_pauses_total",
-            "short sleeps a paced apply took to give way to other work, by sender store"
-        );
-        let s = sender.as_str().to_string();
-        Self {
-            pauses: metrics::counter!("hawser_stream_apply_pauses_total", "sender" => s.clone()),
-            transactions: metrics::counter!("hawser_stream_received_transactions_total", "sender" => s.clone()),
-            row_changes: metrics::counter!("hawser_stream_received_row_changes_total", "sender" => s.clone()),
-            rows_compiled: metrics::counter!("hawser_stream_rows_written_total", "sender" => s.clone(), "mode" => "compiled"),
-            rows_in_order: metrics::counter!("hawser_stream_rows_written_total", "sender" => s.clone(), "mode" => "log"),
-            runs_compiled: metrics::counter!("hawser_stream_apply_runs_total", "sender" => s.clone(), "mode" => "compiled"),
-            runs_in_order: metrics::counter!("hawser_stream_apply_runs_total", "sender" => s, "mode" => "log"),
-        }
-    }
-
-    fn record(&self, t: &Tally) {
-        self.transactions.increment(t.transactions);
-        self.row_changes.increment(t.row_changes);
-        self.rows_compiled.increment(t.rows_compiled);
-        self.rows_in_order.increment(t.rows_in_order);
-        self.runs_compiled.increment(t.runs_compiled);
-        self.runs_in_order.increment(t.runs_in_order);
-    }
-}
-
-fn remap(row: &[hawser_core::Value], map: &[usize]) -> Option<Vec<hawser_core::Value>> {
-    map.iter().map(|&j| row.get(j).cloned()).collect()
 }
 
 /// The most commits either side lists for a restart check (12 bytes each on the
@@ -1719,7 +526,7 @@ impl pb::replication_server::Replication for ReceiverService {
                 let _ = tx.try_send(Ok(refused(code, reason)));
             }
             Ok(accepted) => {
-                if self.note_decided(accepted.sender_node, hello.decided, &[]) {
+                if note_decided(&self.decided, accepted.sender_node, hello.decided, &[]) {
                     self.applied.send_modify(|n| *n = n.wrapping_add(1));
                 }
                 let high_waters = self
@@ -1774,56 +581,6 @@ impl pb::replication_server::Replication for ReceiverService {
 mod tests {
     use super::*;
 
-    fn batch(through: u64, raw: u64) -> pb::Batch {
-        pb::Batch {
-            through_lsn: through,
-            count: 1,
-            codec: pb::Codec::None as i32,
-            raw_bytes: raw,
-            payload: Vec::new(),
-            decided: 0,
-            waiting: false,
-            relayed: Vec::new(),
-            chunk: None,
-        }
-    }
-
-    fn msg(m: sender_message::Msg) -> Inbound {
-        Ok(Some(pb::SenderMessage { msg: Some(m) }))
-    }
-
-    fn throughs(backlog: &[pb::Batch]) -> Vec<u64> {
-        backlog.iter().map(|b| b.through_lsn).collect()
-    }
-
-    #[test]
-    fn a_message_the_receiver_cannot_take_is_told_from_a_broken_connection() {
-        use tonic::Code;
-        // What tonic says of a message past the limit, of one that does not decode,
-        // and what the joiner's refusals travel as.
-        for code in [Code::OutOfRange, Code::Internal, Code::InvalidArgument] {
-            assert!(unreadable(&Status::new(code, "x")), "{code:?}");
-        }
-        // A sender gone away, a reset: nothing to refuse.
-        for code in [Code::Unknown, Code::Cancelled, Code::Unavailable] {
-            assert!(!unreadable(&Status::new(code, "x")), "{code:?}");
-        }
-    }
-
-    #[test]
-    fn marks_only_rise_and_durable_follows_applied_when_told() {
-        let (a, b, c) = (NodeId(1), NodeId(2), NodeId(3));
-        let mut m = Marks::new(BTreeMap::from([(a, 5), (b, 9)]));
-        // A backlog of origin a up to 7 and of a new origin c.
-        m.refresh(&BTreeMap::from([(a, 7), (c, 2)]));
-        // The store's marks read later, lower for a (read before) and higher for b.
-        m.refresh(&BTreeMap::from([(a, 6), (b, 11)]));
-        assert_eq!(m.applied, BTreeMap::from([(a, 7), (b, 11), (c, 2)]));
-        assert_eq!(m.durable, BTreeMap::from([(a, 5), (b, 9)]));
-        m.durable.clone_from(&m.applied);
-        assert_eq!(m.durable, m.applied);
-    }
-
     #[test]
     fn the_policy_compiles_at_either_threshold_and_never_when_off() {
         let p = CompilePolicy {
@@ -1847,66 +604,5 @@ mod tests {
         assert_eq!(d.min_bytes, t.max_batch_bytes as u64);
         assert!(!d.compiles(3 * t.linger_records as u64, 3 * 128 * 200));
         assert!(d.compiles(t.max_batch_records as u64, 0));
-    }
-
-    /// A queue holding `msgs`, its sender kept open (so "nothing more yet" is Empty).
-    fn queued(msgs: Vec<Inbound>) -> (mpsc::Sender<Inbound>, mpsc::Receiver<Inbound>) {
-        let (tx, rx) = mpsc::channel(16);
-        for m in msgs {
-            tx.try_send(m).expect("room");
-        }
-        (tx, rx)
-    }
-
-    #[test]
-    fn a_backlog_takes_the_batches_already_there_and_stops_at_what_is_not() {
-        use sender_message::Msg;
-        let hb = || Msg::Heartbeat(pb::Heartbeat { sent_micros: 0 });
-        // Queued batches and a heartbeat, then nothing ready: all batches taken.
-        let (_tx, mut q) = queued(vec![
-            msg(Msg::Batch(batch(2, 10))),
-            msg(hb()),
-            msg(Msg::Batch(batch(3, 10))),
-        ]);
-        let mut backlog = vec![batch(1, 10)];
-        assert!(gather_backlog(&mut q, &mut backlog, 1 << 20).is_none());
-        assert_eq!(throughs(&backlog), [1, 2, 3]);
-
-        // The byte bound leaves the rest queued.
-        let (_tx, mut q) = queued(vec![
-            msg(Msg::Batch(batch(2, 10))),
-            msg(Msg::Batch(batch(3, 10))),
-        ]);
-        let mut backlog = vec![batch(1, 10)];
-        assert!(gather_backlog(&mut q, &mut backlog, 15).is_none());
-        assert_eq!(throughs(&backlog), [1, 2]);
-        let next = q.try_recv().ok().and_then(Result::ok).flatten();
-        assert!(
-            matches!(next, Some(pb::SenderMessage { msg: Some(Msg::Batch(b)) }) if b.through_lsn == 3)
-        );
-
-        // Anything else, or the end of the stream, is handed back after the batches.
-        let (_tx, mut q) = queued(vec![
-            msg(Msg::Batch(batch(2, 10))),
-            msg(Msg::Hello(pb::Hello::default())),
-            msg(Msg::Batch(batch(3, 10))),
-        ]);
-        let mut backlog = vec![batch(1, 10)];
-        let carried = gather_backlog(&mut q, &mut backlog, 1 << 20);
-        assert!(matches!(
-            carried,
-            Some(Ok(Some(pb::SenderMessage {
-                msg: Some(Msg::Hello(_))
-            })))
-        ));
-        assert_eq!(throughs(&backlog), [1, 2]);
-
-        let (_tx, mut q) = queued(vec![msg(Msg::Batch(batch(2, 10))), Ok(None)]);
-        let mut backlog = vec![batch(1, 10)];
-        assert!(matches!(
-            gather_backlog(&mut q, &mut backlog, 1 << 20),
-            Some(Ok(None))
-        ));
-        assert_eq!(throughs(&backlog), [1, 2]);
     }
 }
