@@ -49,7 +49,9 @@ use crate::error::{printable_key, StoreError};
 use crate::layout::{self, FORMAT_KEY, FORMAT_MAGIC, FORMAT_VERSION, NEXT_TABLE_ID_KEY};
 use crate::locks::LockManager;
 use crate::log::{DdlOp, LogEntry, LogRecord};
-use crate::restart::{Diverged, HeldCommit, RestartCheck, RestartEvidence, RestartPoint};
+use crate::restart::{
+    Diverged, HeldCommit, RestartCheck, RestartEvidence, RestartFence, RestartPoint,
+};
 use crate::sequence::{SequenceDef, SequenceState, BLOCK_SIZE};
 use crate::space::{SpaceGuard, SpaceStatus};
 use crate::txn::Txn;
@@ -379,14 +381,9 @@ pub(crate) struct Inner {
     /// Counts tables created by replicated DDL, each counted once it is in the catalog
     /// ([`Database::catalog_generation`]).
     created_generation: AtomicU64,
-    /// See [`Database::machine_restarted`].
-    machine_restarted: bool,
-    /// See [`Database::restart_point`]; written through to [`layout::RESTART_KEY`].
-    restart: Mutex<Option<RestartPoint>>,
-    /// Receivers found holding more of this node's origin than it has
-    /// ([`Database::check_receiver_ahead`]), by store name; written through to
-    /// [`layout::AHEAD_KEY`].
-    ahead: Mutex<BTreeMap<String, Diverged>>,
+    /// The restart fence: the machine restart this open found, the restart point and
+    /// the receivers checked against it or found ahead ([`RestartFence`]).
+    fence: RestartFence,
     /// Per origin, the seq through which replicated transactions are applied in log
     /// order, never compiled: what a duplicate's copy may already reflect in part
     /// ([`Database::in_order_through`]); written through to [`layout::COPY_ORDER_KEY`].
@@ -577,9 +574,7 @@ impl Database {
             held: crate::held::HeldRows::default(),
             refusals: RwLock::new(Refusals::default()),
             created_generation: AtomicU64::new(0),
-            machine_restarted,
-            restart: Mutex::new(restart),
-            ahead: Mutex::new(ahead),
+            fence: RestartFence::new(machine_restarted, restart, ahead),
             in_order: RwLock::new(in_order),
             paused: RwLock::new(None),
             lease: crate::lease::LeaseGate::default(),
@@ -1108,35 +1103,27 @@ impl Database {
     /// ([`Database::written_lsn`]): the node checks with its receivers before it
     /// takes writes again (docs/stream.md, "Shipping before the sync").
     pub fn machine_restarted(&self) -> bool {
-        self.inner.machine_restarted
+        self.inner.fence.machine_restarted()
     }
 
     /// Where the last machine restart this store saw left this node's own commits,
     /// and which receivers were checked against it since (`None`: no machine restart
     /// since the store was created).
     pub fn restart_point(&self) -> Option<RestartPoint> {
-        self.inner.restart.lock().clone()
+        self.inner.fence.point()
     }
 
     /// Whether this node has not taken writes of its own since its last machine
     /// restart: it opened after one ([`Database::machine_restarted`]), or after a
     /// restart of the process that came before its fence was lifted.
     pub fn restart_fence_pending(&self) -> bool {
-        self.inner
-            .restart
-            .lock()
-            .as_ref()
-            .is_some_and(|p| !p.lifted)
+        self.inner.fence.pending()
     }
 
     /// Records, durably, that the node takes writes of its own again after its last
     /// machine restart: a later restart of the process does not hold them back.
     pub fn lift_restart_fence(&self) -> Result<(), StoreError> {
-        self.update_restart_point(|p| {
-            let changed = !p.lifted;
-            p.lifted = true;
-            changed
-        })
+        self.inner.fence.lift(self.inner.engine.as_ref())
     }
 
     /// Whether `receiver` still has to go through
@@ -1144,11 +1131,7 @@ impl Database {
     /// receiver is not checked against it, or was found diverged. No I/O: a sender asks
     /// this at every session start.
     pub fn restart_check_pending(&self, receiver: &str) -> bool {
-        self.inner
-            .restart
-            .lock()
-            .as_ref()
-            .is_some_and(|p| p.diverged.contains_key(receiver) || !p.checked.contains(receiver))
+        self.inner.fence.check_pending(receiver)
     }
 
     /// Checks a receiver's first answer after a machine restart — `holds`, the highest
@@ -1170,38 +1153,13 @@ impl Database {
         holds: u64,
         evidence: &RestartEvidence,
     ) -> Result<RestartCheck, StoreError> {
-        let Some(point) = self.restart_point() else {
-            return Ok(RestartCheck::Admitted);
-        };
-        let rebuilt = match point.diverged.get(receiver) {
-            Some(d) if d.node == node => return Ok(RestartCheck::Diverged(*d)),
-            Some(_) => true,
-            None => false,
-        };
-        if !rebuilt && point.checked.contains(receiver) {
-            return Ok(RestartCheck::Admitted);
-        }
-        let verdict =
-            if holds > point.seq && !evidence.holds_only_commits_made_since(point.seq, holds) {
-                RestartCheck::Diverged(Diverged {
-                    node,
-                    holds,
-                    seq: point.seq,
-                })
-            } else {
-                RestartCheck::Admitted
-            };
-        self.update_restart_point(|p| {
-            let cleared = p.diverged.remove(receiver).is_some();
-            match verdict {
-                RestartCheck::Admitted => p.checked.insert(receiver.to_string()) || cleared,
-                RestartCheck::Diverged(d) => {
-                    p.diverged.insert(receiver.to_string(), d);
-                    true
-                }
-            }
-        })?;
-        Ok(verdict)
+        self.inner.fence.check_after_restart(
+            self.inner.engine.as_ref(),
+            receiver,
+            node,
+            holds,
+            evidence,
+        )
     }
 
     /// The commits of `origin` this log holds past `after_seq` and up to
@@ -1262,26 +1220,10 @@ impl Database {
         node: u64,
         holds: u64,
     ) -> Result<RestartCheck, StoreError> {
-        let mut ahead = self.inner.ahead.lock();
-        let known = ahead.get(receiver).copied();
-        if let Some(d) = known.filter(|d| d.node == node) {
-            return Ok(RestartCheck::Diverged(d));
-        }
-        let own = self.inner.commit.lock().last_seq;
-        let verdict = if holds > own {
-            RestartCheck::Diverged(Diverged {
-                node,
-                holds,
-                seq: own,
-            })
-        } else {
-            RestartCheck::Admitted
-        };
-        if known.is_none() && verdict == RestartCheck::Admitted {
-            return Ok(verdict);
-        }
-        self.record_ahead(&mut ahead, receiver, verdict)?;
-        Ok(verdict)
+        let own = || self.inner.commit.lock().last_seq;
+        self.inner
+            .fence
+            .check_ahead(self.inner.engine.as_ref(), receiver, node, holds, own)
     }
 
     /// Records, durably, that `receiver` (node id `node`) holds this node's commit
@@ -1294,63 +1236,10 @@ impl Database {
         node: u64,
         holds: u64,
     ) -> Result<Diverged, StoreError> {
-        let mut ahead = self.inner.ahead.lock();
-        let d = Diverged {
-            node,
-            holds,
-            seq: self.inner.commit.lock().last_seq,
-        };
-        self.record_ahead(&mut ahead, receiver, RestartCheck::Diverged(d))?;
-        Ok(d)
-    }
-
-    /// Writes `receiver`'s verdict into the receivers ahead, through to the store.
-    fn record_ahead(
-        &self,
-        ahead: &mut BTreeMap<String, Diverged>,
-        receiver: &str,
-        verdict: RestartCheck,
-    ) -> Result<(), StoreError> {
-        let mut next = ahead.clone();
-        match verdict {
-            RestartCheck::Diverged(d) => next.insert(receiver.to_string(), d),
-            RestartCheck::Admitted => next.remove(receiver),
-        };
-        let mut batch = WriteBatch::new();
-        if next.is_empty() {
-            batch.delete(layout::AHEAD_KEY.to_vec());
-        } else {
-            batch.put(
-                layout::AHEAD_KEY.to_vec(),
-                crate::restart::encode_ahead(&next),
-            );
-        }
-        self.inner.engine.apply(batch)?;
-        self.inner.engine.flush()?;
-        *ahead = next;
-        Ok(())
-    }
-
-    /// Changes the restart point (if there is one) and writes it through, durably,
-    /// when `change` says it changed anything.
-    fn update_restart_point(
-        &self,
-        change: impl FnOnce(&mut RestartPoint) -> bool,
-    ) -> Result<(), StoreError> {
-        let mut guard = self.inner.restart.lock();
-        let Some(point) = guard.as_mut() else {
-            return Ok(());
-        };
-        let mut next = point.clone();
-        if !change(&mut next) {
-            return Ok(());
-        }
-        let mut batch = WriteBatch::new();
-        batch.put(layout::RESTART_KEY.to_vec(), next.encode());
-        self.inner.engine.apply(batch)?;
-        self.inner.engine.flush()?;
-        *point = next;
-        Ok(())
+        let own = || self.inner.commit.lock().last_seq;
+        self.inner
+            .fence
+            .mark_diverged(self.inner.engine.as_ref(), receiver, node, holds, own)
     }
 
     /// Stops (with the reason client writes are refused with, SQLSTATE 57P03) or,

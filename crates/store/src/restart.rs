@@ -13,7 +13,11 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use parking_lot::Mutex;
+
+use crate::engine::{KvEngine, WriteBatch};
 use crate::error::StoreError;
+use crate::layout;
 
 /// The last machine restart's point (see the module docs).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -286,9 +290,215 @@ impl<'a> Reader<'a> {
     }
 }
 
+/// The restart fence's state: whether the machine restarted before this open, the
+/// restart point and the receivers checked against it, and the receivers found holding
+/// more of this node's origin than it has. Each verdict that changes what is recorded
+/// is written through to the engine and flushed before it counts.
+pub(crate) struct RestartFence {
+    machine_restarted: bool,
+    /// Written through to [`crate::layout::RESTART_KEY`].
+    point: Mutex<Option<RestartPoint>>,
+    /// By receiver store name; written through to [`crate::layout::AHEAD_KEY`].
+    ahead: Mutex<BTreeMap<String, Diverged>>,
+}
+
+impl RestartFence {
+    /// The fence as an open finds it.
+    pub(crate) fn new(
+        machine_restarted: bool,
+        point: Option<RestartPoint>,
+        ahead: BTreeMap<String, Diverged>,
+    ) -> Self {
+        Self {
+            machine_restarted,
+            point: Mutex::new(point),
+            ahead: Mutex::new(ahead),
+        }
+    }
+
+    /// See [`crate::Database::machine_restarted`].
+    pub(crate) fn machine_restarted(&self) -> bool {
+        self.machine_restarted
+    }
+
+    /// See [`crate::Database::restart_point`].
+    pub(crate) fn point(&self) -> Option<RestartPoint> {
+        self.point.lock().clone()
+    }
+
+    /// See [`crate::Database::restart_fence_pending`].
+    pub(crate) fn pending(&self) -> bool {
+        self.point.lock().as_ref().is_some_and(|p| !p.lifted)
+    }
+
+    /// See [`crate::Database::lift_restart_fence`].
+    pub(crate) fn lift(&self, engine: &dyn KvEngine) -> Result<(), StoreError> {
+        self.update_point(engine, |p| {
+            let changed = !p.lifted;
+            p.lifted = true;
+            changed
+        })
+    }
+
+    /// See [`crate::Database::restart_check_pending`].
+    pub(crate) fn check_pending(&self, receiver: &str) -> bool {
+        self.point
+            .lock()
+            .as_ref()
+            .is_some_and(|p| p.diverged.contains_key(receiver) || !p.checked.contains(receiver))
+    }
+
+    /// See [`crate::Database::check_receiver_after_restart`].
+    pub(crate) fn check_after_restart(
+        &self,
+        engine: &dyn KvEngine,
+        receiver: &str,
+        node: u64,
+        holds: u64,
+        evidence: &RestartEvidence,
+    ) -> Result<RestartCheck, StoreError> {
+        let Some(point) = self.point() else {
+            return Ok(RestartCheck::Admitted);
+        };
+        let rebuilt = match point.diverged.get(receiver) {
+            Some(d) if d.node == node => return Ok(RestartCheck::Diverged(*d)),
+            Some(_) => true,
+            None => false,
+        };
+        if !rebuilt && point.checked.contains(receiver) {
+            return Ok(RestartCheck::Admitted);
+        }
+        let verdict =
+            if holds > point.seq && !evidence.holds_only_commits_made_since(point.seq, holds) {
+                RestartCheck::Diverged(Diverged {
+                    node,
+                    holds,
+                    seq: point.seq,
+                })
+            } else {
+                RestartCheck::Admitted
+            };
+        self.update_point(engine, |p| {
+            let cleared = p.diverged.remove(receiver).is_some();
+            match verdict {
+                RestartCheck::Admitted => p.checked.insert(receiver.to_string()) || cleared,
+                RestartCheck::Diverged(d) => {
+                    p.diverged.insert(receiver.to_string(), d);
+                    true
+                }
+            }
+        })?;
+        Ok(verdict)
+    }
+
+    /// See [`crate::Database::check_receiver_ahead`]; `own` reads this node's last own
+    /// seq, under the fence's lock of the receivers ahead.
+    pub(crate) fn check_ahead(
+        &self,
+        engine: &dyn KvEngine,
+        receiver: &str,
+        node: u64,
+        holds: u64,
+        own: impl FnOnce() -> u64,
+    ) -> Result<RestartCheck, StoreError> {
+        let mut ahead = self.ahead.lock();
+        let known = ahead.get(receiver).copied();
+        if let Some(d) = known.filter(|d| d.node == node) {
+            return Ok(RestartCheck::Diverged(d));
+        }
+        let own = own();
+        let verdict = if holds > own {
+            RestartCheck::Diverged(Diverged {
+                node,
+                holds,
+                seq: own,
+            })
+        } else {
+            RestartCheck::Admitted
+        };
+        if known.is_none() && verdict == RestartCheck::Admitted {
+            return Ok(verdict);
+        }
+        Self::record_ahead(engine, &mut ahead, receiver, verdict)?;
+        Ok(verdict)
+    }
+
+    /// See [`crate::Database::mark_receiver_diverged`]; `own` as for
+    /// [`RestartFence::check_ahead`].
+    pub(crate) fn mark_diverged(
+        &self,
+        engine: &dyn KvEngine,
+        receiver: &str,
+        node: u64,
+        holds: u64,
+        own: impl FnOnce() -> u64,
+    ) -> Result<Diverged, StoreError> {
+        let mut ahead = self.ahead.lock();
+        let d = Diverged {
+            node,
+            holds,
+            seq: own(),
+        };
+        Self::record_ahead(engine, &mut ahead, receiver, RestartCheck::Diverged(d))?;
+        Ok(d)
+    }
+
+    /// Writes `receiver`'s verdict into the receivers ahead, through to the store.
+    fn record_ahead(
+        engine: &dyn KvEngine,
+        ahead: &mut BTreeMap<String, Diverged>,
+        receiver: &str,
+        verdict: RestartCheck,
+    ) -> Result<(), StoreError> {
+        let mut next = ahead.clone();
+        match verdict {
+            RestartCheck::Diverged(d) => next.insert(receiver.to_string(), d),
+            RestartCheck::Admitted => next.remove(receiver),
+        };
+        let mut batch = WriteBatch::new();
+        if next.is_empty() {
+            batch.delete(layout::AHEAD_KEY.to_vec());
+        } else {
+            batch.put(layout::AHEAD_KEY.to_vec(), encode_ahead(&next));
+        }
+        engine.apply(batch)?;
+        engine.flush()?;
+        *ahead = next;
+        Ok(())
+    }
+
+    /// Changes the restart point (if there is one) and writes it through, durably,
+    /// when `change` says it changed anything.
+    fn update_point(
+        &self,
+        engine: &dyn KvEngine,
+        change: impl FnOnce(&mut RestartPoint) -> bool,
+    ) -> Result<(), StoreError> {
+        let mut guard = self.point.lock();
+        let Some(point) = guard.as_mut() else {
+            return Ok(());
+        };
+        let mut next = point.clone();
+        if !change(&mut next) {
+            return Ok(());
+        }
+        let mut batch = WriteBatch::new();
+        batch.put(layout::RESTART_KEY.to_vec(), next.encode());
+        engine.apply(batch)?;
+        engine.flush()?;
+        *point = next;
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::{CommitsAfter, Diverged, HeldCommit, RestartEvidence, RestartPoint};
+    use super::{
+        layout, CommitsAfter, Diverged, HeldCommit, RestartCheck, RestartEvidence, RestartFence,
+        RestartPoint,
+    };
+    use crate::engine::KvEngine;
+    use std::collections::BTreeMap;
 
     fn c(seq: u64, commit_micros: i64) -> HeldCommit {
         HeldCommit { seq, commit_micros }
@@ -382,5 +592,95 @@ mod tests {
         flag[8] = 2;
         let e = RestartPoint::decode(b"Mrestart", &flag).unwrap_err();
         assert!(e.to_string().contains("lifted flag"), "{e}");
+    }
+
+    #[test]
+    fn the_fence_writes_a_verdict_through_only_when_it_changes_what_is_recorded() {
+        use crate::engine::MemEngine;
+        let engine = MemEngine::new();
+        let stored = |key: &[u8]| engine.get(key).unwrap();
+        let fence = RestartFence::new(false, None, BTreeMap::new());
+        // No restart point: every receiver is admitted after a restart, nothing written.
+        let none = RestartEvidence::default();
+        assert_eq!(
+            fence
+                .check_after_restart(&engine, "s1", 2, 99, &none)
+                .unwrap(),
+            RestartCheck::Admitted
+        );
+        assert!(!fence.check_pending("s1"));
+        // A receiver holding no more than this node has: admitted, nothing recorded.
+        assert_eq!(
+            fence.check_ahead(&engine, "s1", 2, 10, || 10).unwrap(),
+            RestartCheck::Admitted
+        );
+        assert_eq!(stored(layout::AHEAD_KEY), None);
+        // One holding more: diverged, written through, and so on every later check,
+        // even once this node's seqs pass what it holds.
+        let ahead = RestartCheck::Diverged(Diverged {
+            node: 2,
+            holds: 12,
+            seq: 10,
+        });
+        assert_eq!(
+            fence.check_ahead(&engine, "s1", 2, 12, || 10).unwrap(),
+            ahead
+        );
+        let written = stored(layout::AHEAD_KEY).expect("recorded");
+        assert_eq!(
+            fence.check_ahead(&engine, "s1", 2, 12, || 50).unwrap(),
+            ahead
+        );
+        assert_eq!(stored(layout::AHEAD_KEY), Some(written));
+        // A rebuilt receiver (another node id under the name) is judged afresh.
+        assert_eq!(
+            fence.check_ahead(&engine, "s1", 3, 0, || 50).unwrap(),
+            RestartCheck::Admitted
+        );
+        assert_eq!(stored(layout::AHEAD_KEY), None, "cleared");
+    }
+
+    #[test]
+    fn after_a_machine_restart_a_receiver_is_checked_once_against_the_point() {
+        use crate::engine::MemEngine;
+        let engine = MemEngine::new();
+        let point = RestartPoint::after(None, 20);
+        let fence = RestartFence::new(true, Some(point), BTreeMap::new());
+        assert!(fence.machine_restarted() && fence.pending());
+        assert!(fence.check_pending("s1"));
+        let none = RestartEvidence::default();
+        // Holding no more than the point: checked, durably.
+        assert_eq!(
+            fence
+                .check_after_restart(&engine, "s1", 2, 20, &none)
+                .unwrap(),
+            RestartCheck::Admitted
+        );
+        assert!(!fence.check_pending("s1"));
+        let stored = engine.get(layout::RESTART_KEY).unwrap().expect("written");
+        let back = RestartPoint::decode(layout::RESTART_KEY, &stored).unwrap();
+        assert!(back.checked.contains("s1"));
+        // Checked: its later answers (commits made since) pass without a write.
+        assert_eq!(
+            fence
+                .check_after_restart(&engine, "s1", 2, 25, &none)
+                .unwrap(),
+            RestartCheck::Admitted
+        );
+        // Another holding more than the point, with no evidence: diverged.
+        assert!(matches!(
+            fence
+                .check_after_restart(&engine, "s2", 4, 21, &none)
+                .unwrap(),
+            RestartCheck::Diverged(Diverged {
+                holds: 21,
+                seq: 20,
+                ..
+            })
+        ));
+        assert!(fence.check_pending("s2"));
+        // Lifting the fence is recorded once.
+        fence.lift(&engine).unwrap();
+        assert!(!fence.pending());
     }
 }
