@@ -38,6 +38,7 @@ pub mod engine;
 pub mod error;
 pub mod format;
 mod group_flush;
+mod groups;
 mod held;
 pub mod layout;
 pub mod lease;

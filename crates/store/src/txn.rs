@@ -532,6 +532,17 @@ impl Drop for Committed {
     }
 }
 
+impl Database {
+    /// Starts a transaction.
+    pub fn begin(&self) -> Txn {
+        let id = self
+            .inner
+            .next_txn_id
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Txn::new(self.clone(), id)
+    }
+}
+
 /// Shows the rows a holding commit hid when dropped (also when the commit's future
 /// is dropped part-way).
 struct HeldGuard {

@@ -63,7 +63,6 @@ use crate::restart::{
 };
 use crate::sequence::{SequenceDef, SequenceState, BLOCK_SIZE};
 use crate::space::{SpaceGuard, SpaceStatus};
-use crate::txn::Txn;
 
 mod catalog;
 mod log_reads;
@@ -326,7 +325,7 @@ pub(crate) struct Inner {
     /// Row-timestamp conflict checking: rules, stamp clock ([`crate::conflict`]).
     pub(crate) conflicts: crate::conflict::Conflicts,
     /// BASE AGGREGATE targets kept from received rows ([`crate::aggregate`]).
-    pub(crate) aggregates: crate::aggregate::Aggregates,
+    pub(crate) aggregates: crate::groups::Aggregates,
     /// Rows of RETURN TWOSAFE commits not yet visible to readers ([`crate::held`]).
     pub(crate) held: crate::held::HeldRows,
     /// Tables this store receives from a master and refuses client writes to, with
@@ -600,14 +599,6 @@ impl Database {
             inner: self.inner.scan_rows(&t, &range, false)?,
             def: t.def,
         })
-    }
-
-    // ---- transactions --------------------------------------------------------------
-
-    /// Starts a transaction.
-    pub fn begin(&self) -> Txn {
-        let id = self.inner.next_txn_id.fetch_add(1, Ordering::Relaxed);
-        Txn::new(self.clone(), id)
     }
 }
 
