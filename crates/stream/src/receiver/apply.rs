@@ -20,6 +20,7 @@ use super::runs::{
     may_be_second_part, note_received, rest_of, run_mode, slice_len, RunMode, Tally, LOOK_BACK,
 };
 use super::{ReceiverService, Refusal};
+use crate::codec::WireRecord;
 use crate::pb::{self, RefuseCode};
 
 /// What one backlog's apply did.
@@ -34,6 +35,9 @@ pub(super) struct Applied {
     /// A sender's decision moved a mark ([`crate::paths::DecidedMarks`]).
     pub(super) decided_moved: bool,
 }
+
+/// A batch of at least this many raw bytes is decoded off the async workers.
+const DECODE_OFF_WORKER_BYTES: u64 = 1 << 20;
 
 impl ReceiverService {
     /// Applies a backlog of batches (log order across them); in slices with pauses
@@ -59,7 +63,7 @@ impl ReceiverService {
         let mut received = BTreeMap::new();
         let forked = self.forked.borrow().clone();
         for batch in backlog {
-            for r in decode_batch(batch)? {
+            for r in self.decode(batch).await? {
                 check_forked(&forked, &r)?;
                 note_received(&mut received, r.entry.gtid());
                 match r.entry {
@@ -231,6 +235,25 @@ impl ReceiverService {
             }
         }
         .map_err(|e| self.apply_failed(&e))
+    }
+
+    /// Decodes a batch: a large one (a big transaction, alone in its batch) off the
+    /// async workers, so that this stream's heartbeats and the node's other tasks go
+    /// on meanwhile — decoding tens of MiB holds a worker for longer than the sender's
+    /// peer timeout on a loaded machine.
+    async fn decode(&self, batch: &pb::Batch) -> Result<Vec<WireRecord>, Refusal> {
+        if batch.raw_bytes < DECODE_OFF_WORKER_BYTES {
+            return decode_batch(batch);
+        }
+        let batch = batch.clone();
+        tokio::task::spawn_blocking(move || decode_batch(&batch))
+            .await
+            .map_err(|e| {
+                (
+                    RefuseCode::Protocol,
+                    format!("decoding a batch failed: {e}"),
+                )
+            })?
     }
 
     /// Applies one run of transactions as RTL net rows (when the backlog compiles,

@@ -95,15 +95,32 @@ impl ReceiverService {
                         // marks catch up, and one ack answers every batch since the
                         // last.
                         let applied = acks.marks.applied.clone();
-                        let flushed = match pacer.as_mut().filter(|_| paces(!queue.is_empty())) {
-                            Some(p) => {
-                                let before = p.pauses();
-                                let r = self.db.flush_paced(p).await;
-                                self.count_pauses(&sender, &metrics, p.pauses() - before);
-                                r
+                        let paced_flush = pacer.as_mut().filter(|_| paces(!queue.is_empty()));
+                        let before = paced_flush.as_ref().map(|p| p.pauses());
+                        // Heartbeats go on while a slow flush runs, as while a run
+                        // applies.
+                        let flushed = {
+                            let flush = async {
+                                match paced_flush {
+                                    Some(p) => self.db.flush_paced(p).await,
+                                    None => self.db.flush().await,
+                                }
+                            };
+                            tokio::pin!(flush);
+                            loop {
+                                tokio::select! {
+                                    biased;
+                                    r = &mut flush => break r,
+                                    _ = heartbeat.tick() => send_heartbeat(&out),
+                                }
                             }
-                            None => self.db.flush().await,
                         };
+                        if let (Some(before), Some(p)) = (before, pacer.as_ref()) {
+                            self.count_pauses(&sender, &metrics, p.pauses() - before);
+                        }
+                        // Time spent flushing is not the sender's silence: its messages
+                        // are waiting unread.
+                        contact.heard(Instant::now());
                         if let Err(e) = flushed {
                             warn!(sender = %sender, error = %e, "flush failed; dropping the stream");
                             break;
