@@ -819,7 +819,7 @@ mod tests {
         .is_empty());
     }
 
-    // Helpers as in state.rs's tests.
+    // Helpers as in the state module's tests.
 
     fn node(id: u64, store: &str) -> NodeInfo {
         NodeInfo {

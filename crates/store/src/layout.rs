@@ -58,7 +58,8 @@ pub(crate) const SEQ_CEILING_KEY: &[u8] = b"Mseq_ceiling";
 pub(crate) const TABLE_PREFIX: u8 = b'T';
 pub(crate) const SEQUENCE_PREFIX: u8 = b'S';
 pub(crate) const ROW_PREFIX: u8 = b'R';
-pub(crate) const LOG_PREFIX: u8 = b'L';
+
+pub(crate) use crate::engine::LOG_PREFIX;
 pub(crate) const HIGH_WATER_PREFIX: u8 = b'H';
 pub(crate) const POSITION_PREFIX: u8 = b'P';
 pub(crate) const ASIDE_PREFIX: u8 = b'A';

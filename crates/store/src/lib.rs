@@ -28,6 +28,7 @@
 
 pub mod aggregate;
 pub mod apply;
+mod apply_metrics;
 pub mod aside;
 mod codec;
 mod commit_log;

@@ -88,7 +88,7 @@ fn txn(seq: u64, micros: i64, changes: Vec<RowChange>) -> Transaction {
 }
 
 /// The store's apply of changes to one table, with the DB2 exception rules
-/// (crates/store/src/apply.rs): rows by key.
+/// (crates/store/src/apply/): rows by key.
 fn apply(table: &mut BTreeMap<Row, Row>, def: &TableDef, changes: &[RowChange]) {
     for c in changes {
         assert_eq!(c.table, def.name, "a change of another table");

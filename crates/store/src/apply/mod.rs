@@ -41,11 +41,11 @@
 //! * `write`: the write step under the commit mutex: log records and row writes.
 //! * `compiled`: the apply of a run as the net operations of its RTL compilation.
 //! * `ddl`: DDL statements and sequence blocks from other origins.
-//! * `metrics`: the apply's counters.
+//! * `crate::apply_metrics`: the apply's counters (a part the database owns).
 
 mod compiled;
 mod ddl;
-mod metrics;
+
 mod overlay;
 mod pipeline;
 mod prepare;
@@ -57,8 +57,6 @@ use hawser_core::{Epoch, Gtid, Lsn, NodeId, Transaction};
 
 use crate::db::{Database, Flusher};
 use crate::error::StoreError;
-
-pub(crate) use metrics::ApplyMetrics;
 
 /// One transaction as a receiver gets it: committed at its origin (`txn.gtid`) under
 /// the element epoch `epoch`.

@@ -321,7 +321,7 @@ pub(crate) struct Inner {
     /// origins' high-water marks, so what an apply reads of them stays true until it
     /// has written its batch.
     pub(crate) apply_lock: tokio::sync::Mutex<()>,
-    pub(crate) apply_metrics: crate::apply::ApplyMetrics,
+    pub(crate) apply_metrics: crate::apply_metrics::ApplyMetrics,
     /// Row-timestamp conflict checking: rules, stamp clock ([`crate::conflict`]).
     pub(crate) conflicts: crate::conflict::Conflicts,
     /// BASE AGGREGATE targets kept from received rows ([`crate::aggregate`]).

@@ -152,7 +152,7 @@ impl Database {
             epoch: AtomicU64::new(0),
             next_txn_id: AtomicU64::new(1),
             apply_lock: tokio::sync::Mutex::new(()),
-            apply_metrics: crate::apply::ApplyMetrics::new(),
+            apply_metrics: crate::apply_metrics::ApplyMetrics::new(),
             conflicts: Default::default(),
             aggregates: Default::default(),
             held: crate::held::HeldRows::default(),

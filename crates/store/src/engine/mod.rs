@@ -18,6 +18,11 @@ use crate::error::StoreError;
 
 mod mem;
 mod sled_engine;
+
+/// The first byte of the commit log's keys. The sled engine keeps the log in its own
+/// write-ahead log rather than in sled's tree, so the engine knows the prefix; the
+/// database's key layout (`crate::layout`) takes it from here.
+pub(crate) const LOG_PREFIX: u8 = b'L';
 pub(crate) mod wal;
 
 pub use mem::MemEngine;

@@ -5,11 +5,11 @@ use std::collections::BTreeMap;
 use std::ops::Bound;
 
 use super::Shared;
+use crate::engine::LOG_PREFIX;
 use crate::engine::{wal, ByteRange};
 use crate::error::StoreError;
-use crate::layout::LOG_PREFIX;
 
-/// The commit log's keys ([`layout::LOG_PREFIX`]) do not go into sled: the
+/// The commit log's keys ([`LOG_PREFIX`]) do not go into sled: the
 /// write-ahead log frame that put one already holds its value, so the engine keeps
 /// the frame number and reads the value back from the log. Commit log records are
 /// written once and deleted when released (`db::release_log`), so this saves a sled

@@ -87,7 +87,7 @@ struct Shared {
 }
 
 /// Where a flush's and a checkpoint's time goes, for `/metrics`: the commit and flush
-/// times (`db.rs`) say how long, these say whether the disk (the log's sync) or sled
+/// times (`crate::db`) say how long, these say whether the disk (the log's sync) or sled
 /// (the move, the checkpoint's flush) took it.
 struct EngineMetrics {
     log_sync: metrics::Histogram,
@@ -470,7 +470,7 @@ mod tests {
     use super::log_index::log_key_range;
     use super::recovery::{frame_number, CHECKPOINT_KEY};
     use super::*;
-    use crate::layout::LOG_PREFIX;
+    use crate::engine::LOG_PREFIX;
 
     fn exercise(engine: &dyn KvEngine) {
         let mut b = WriteBatch::new();

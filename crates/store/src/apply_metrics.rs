@@ -2,11 +2,11 @@
 
 /// The apply's counters; `mode` is `log` or `compiled`.
 pub(crate) struct ApplyMetrics {
-    pub(super) rows_log: metrics::Counter,
-    pub(super) rows_compiled: metrics::Counter,
-    pub(super) changes: metrics::Counter,
-    pub(super) applied: metrics::Counter,
-    pub(super) skipped: metrics::Counter,
+    pub(crate) rows_log: metrics::Counter,
+    pub(crate) rows_compiled: metrics::Counter,
+    pub(crate) changes: metrics::Counter,
+    pub(crate) applied: metrics::Counter,
+    pub(crate) skipped: metrics::Counter,
 }
 
 impl ApplyMetrics {
