@@ -43,6 +43,21 @@ impl Database {
         // apply has written its batch.
         let serial = inner.apply_lock.lock().await;
         let marks = self.high_waters()?;
+        if part {
+            // Checked again under the lock: another stream may have applied a later
+            // transaction of the origin since the caller looked, and a part skipped as
+            // a duplicate would be lost without a word.
+            for r in batch {
+                let mark = marks.get(&r.txn.gtid.origin).copied().unwrap_or(0);
+                if r.txn.gtid.seq != mark {
+                    return Err(StoreError::InvalidBatch(format!(
+                        "transaction {}: only the newest transaction of another origin here \
+                         can come in parts (its high-water is {mark})",
+                        r.txn.gtid
+                    )));
+                }
+            }
+        }
         let fresh: Vec<&ReplicatedTxn> = batch
             .iter()
             .filter(|r| {
