@@ -151,7 +151,8 @@ struct InternalResumeArgs {
 
 /// mimalloc instead of glibc's malloc: a node allocates and frees small buffers on
 /// every commit on several threads (decoded requests, batches, log records), and
-/// glibc's arenas cost a measurable share of its CPU there (see docs/architecture.md).
+/// glibc's arenas cost a measurable share of its CPU there (docs/performance.md,
+/// "Allocator").
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
