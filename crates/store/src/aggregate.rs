@@ -283,7 +283,7 @@ fn key_of(agg: &Aggregation, group: &Row, low: i64) -> Row {
 
 /// The aggregate table of `agg`, if it is there with the shape `agg` needs.
 fn target_table(inner: &Inner, agg: &Aggregation) -> Option<TableRef> {
-    let into = inner.catalog.read().tables.get(&agg.def.name).cloned();
+    let into = inner.catalog.table(&agg.def.name);
     let Some(into) = into else {
         tracing::warn!(table = %agg.def.name, "an aggregate table is missing: not kept");
         return None;
@@ -446,10 +446,9 @@ impl Database {
         let inner = &self.inner;
         let _serial = inner.apply_lock.lock().await;
         let state = inner.commit.lock();
-        let (Some(source), Some(into)) = (
-            inner.catalog.read().tables.get(&agg.source).cloned(),
-            target_table(inner, agg),
-        ) else {
+        let (Some(source), Some(into)) =
+            (inner.catalog.table(&agg.source), target_table(inner, agg))
+        else {
             return Ok(());
         };
         let kept = fold_groups(inner, agg, &source, &into)?;

@@ -293,7 +293,7 @@ impl Database {
     /// value this store handed out lies at or past it, nor will one before it records
     /// another block (`None`: exhausted). `None` when there is no such sequence.
     pub fn copy_sequence_point(&self, name: &QualName) -> Option<(SequenceDef, Option<i64>)> {
-        let seq = self.inner.sequences.read().get(name).cloned()?;
+        let seq = self.inner.catalog.sequence(name)?;
         let state = seq.lock();
         Some((state.def.clone(), state.restart_at))
     }

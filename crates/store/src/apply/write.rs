@@ -132,7 +132,7 @@ pub(super) fn write(
         // Kept beside the rows, without a log record: a conflict is this store's own
         // finding, not a change to replicate.
         let name = QualName::bare(crate::conflict::CONFLICTS_TABLE);
-        let kept = inner.catalog.read().tables.get(&name).cloned();
+        let kept = inner.catalog.table(&name);
         match kept {
             Some(t) => {
                 for (src, table, f, rolled_back) in &conflicts {

@@ -6,32 +6,18 @@ use super::*;
 
 impl Database {
     pub fn table(&self, name: &QualName) -> Option<Arc<TableDef>> {
-        self.inner
-            .catalog
-            .read()
-            .tables
-            .get(name)
-            .map(|t| t.def.clone())
+        self.inner.catalog.table(name).map(|t| t.def)
     }
 
     /// Every table, by name.
     pub fn tables(&self) -> Vec<Arc<TableDef>> {
-        self.inner
-            .catalog
-            .read()
-            .tables
-            .values()
-            .map(|t| t.def.clone())
-            .collect()
+        self.inner.catalog.table_defs()
     }
 
     pub(crate) fn table_ref(&self, name: &QualName) -> Result<TableRef, StoreError> {
         self.inner
             .catalog
-            .read()
-            .tables
-            .get(name)
-            .cloned()
+            .table(name)
             .ok_or_else(|| StoreError::UndefinedTable(name.clone()))
     }
 
@@ -50,7 +36,7 @@ impl Database {
         let name = def.name.clone();
         let (gtid, lsn) = self.inner.append_as(
             |state, gtid, micros| {
-                if self.inner.catalog.read().tables.contains_key(&name) {
+                if self.inner.catalog.has_table(&name) {
                     return Err(StoreError::DuplicateTable(name.clone()));
                 }
                 let id = state.next_table_id;
@@ -72,14 +58,11 @@ impl Database {
                     if gtid.origin != self.node_id() {
                         self.inner.refuse_created(&name, gtid.origin);
                     }
-                    self.inner.catalog.write().tables.insert(
-                        name.clone(),
-                        TableRef {
-                            id,
-                            version: 0,
-                            def: Arc::new(def),
-                        },
-                    );
+                    self.inner.catalog.put_table(TableRef {
+                        id,
+                        version: 0,
+                        def: Arc::new(def),
+                    });
                     if gtid.origin != self.node_id() {
                         self.inner.count_created(&name);
                     }
@@ -117,7 +100,7 @@ impl Database {
                     op: DdlOp::DropTable(name.clone()),
                 };
                 let install = move || {
-                    self.inner.catalog.write().tables.remove(name);
+                    self.inner.catalog.remove_table(name);
                     self.inner.refusals.write().created.remove(name);
                 };
                 Ok((batch, entry, install))
@@ -191,14 +174,11 @@ impl Database {
                     },
                 };
                 let install = move || {
-                    self.inner.catalog.write().tables.insert(
-                        table.clone(),
-                        TableRef {
-                            id: t.id,
-                            version,
-                            def: Arc::new(def),
-                        },
-                    );
+                    self.inner.catalog.put_table(TableRef {
+                        id: t.id,
+                        version,
+                        def: Arc::new(def),
+                    });
                 };
                 Ok((batch, entry, install))
             },
@@ -220,7 +200,7 @@ impl Database {
         def.validate()?;
         let (gtid, lsn) = self.inner.append_as(
             |_, gtid, micros| {
-                if self.inner.sequences.read().contains_key(&def.name) {
+                if self.inner.catalog.has_sequence(&def.name) {
                     return Err(StoreError::DuplicateSequence(def.name.clone()));
                 }
                 let mut batch = WriteBatch::new();
@@ -234,7 +214,7 @@ impl Database {
                     op: DdlOp::CreateSequence(def.clone()),
                 };
                 let install = move || {
-                    self.inner.sequences.write().insert(
+                    self.inner.catalog.put_sequence(
                         def.name.clone(),
                         Arc::new(Mutex::new(SequenceState::new(def))),
                     );
@@ -258,7 +238,7 @@ impl Database {
     ) -> Result<CommitInfo, StoreError> {
         let (gtid, lsn) = self.inner.append_as(
             |_, gtid, micros| {
-                if !self.inner.sequences.read().contains_key(name) {
+                if !self.inner.catalog.has_sequence(name) {
                     return Err(StoreError::UndefinedSequence(name.clone()));
                 }
                 let mut batch = WriteBatch::new();
@@ -269,7 +249,7 @@ impl Database {
                     op: DdlOp::DropSequence(name.clone()),
                 };
                 let install = move || {
-                    self.inner.sequences.write().remove(name);
+                    self.inner.catalog.remove_sequence(name);
                 };
                 Ok((batch, entry, install))
             },
@@ -280,16 +260,14 @@ impl Database {
     }
 
     pub fn sequence(&self, name: &QualName) -> Option<SequenceDef> {
-        // Clone the handle and drop the map lock before locking the sequence: NEXTVAL
-        // holds a sequence's lock while it waits for the commit mutex, and DDL holds
-        // the commit mutex while it waits for the map's write lock.
-        let seq = self.inner.sequences.read().get(name).cloned()?;
+        // The handle, the map's lock let go, before the sequence's lock (see Catalog).
+        let seq = self.inner.catalog.sequence(name)?;
         let def = seq.lock().def.clone();
         Some(def)
     }
 
     pub fn sequences(&self) -> Vec<SequenceDef> {
-        let all: Vec<_> = self.inner.sequences.read().values().cloned().collect();
+        let all = self.inner.catalog.sequences();
         all.iter().map(|s| s.lock().def.clone()).collect()
     }
 
@@ -300,10 +278,8 @@ impl Database {
     pub fn next_val(&self, name: &QualName) -> Result<i64, StoreError> {
         let seq = self
             .inner
-            .sequences
-            .read()
-            .get(name)
-            .cloned()
+            .catalog
+            .sequence(name)
             .ok_or_else(|| StoreError::UndefinedSequence(name.clone()))?;
         let mut state = seq.lock();
         if state.left_in_block == 0 && state.next.is_some() {
@@ -312,7 +288,7 @@ impl Database {
             let (_, lsn) = self.inner.append(
                 |_, gtid, micros| {
                     // A DROP SEQUENCE may have won the race for the commit mutex.
-                    let current = self.inner.sequences.read().get(name).cloned();
+                    let current = self.inner.catalog.sequence(name);
                     if !current.is_some_and(|c| Arc::ptr_eq(&c, &seq)) {
                         return Err(StoreError::UndefinedSequence(name.clone()));
                     }
@@ -352,10 +328,8 @@ impl Database {
     ) -> Result<CommitInfo, StoreError> {
         let seq = self
             .inner
-            .sequences
-            .read()
-            .get(name)
-            .cloned()
+            .catalog
+            .sequence(name)
             .ok_or_else(|| StoreError::UndefinedSequence(name.clone()))?;
         let (gtid, lsn) = {
             let mut state = seq.lock();

@@ -43,6 +43,7 @@ use hawser_core::key::{encode_key, prefix_successor};
 use hawser_core::{ColumnDef, Epoch, Gtid, Lsn, NodeId, QualName, Row, TableDef, Value};
 use parking_lot::{Mutex, RwLock};
 
+use crate::catalog::Catalog;
 /// How many of the newest log records [`Database::log_tail`] keeps decoded in memory.
 pub use crate::commit_log::TAIL_RECORDS;
 use crate::commit_log::{note_last_commit, CommitLog, LogSizes};
@@ -223,18 +224,7 @@ impl Iterator for RowIter {
     }
 }
 
-/// A table as a transaction pins it: id, catalog version and definition.
-#[derive(Debug, Clone)]
-pub(crate) struct TableRef {
-    pub id: u64,
-    pub version: u64,
-    pub def: Arc<TableDef>,
-}
-
-#[derive(Default)]
-pub(crate) struct Catalog {
-    pub(crate) tables: BTreeMap<QualName, TableRef>,
-}
+pub(crate) use crate::catalog::TableRef;
 
 /// What the commit mutex guards.
 pub(crate) struct CommitState {
@@ -298,8 +288,8 @@ struct Counters {
 pub(crate) struct Inner {
     pub(crate) engine: Arc<dyn KvEngine>,
     pub(crate) opts: DbOptions,
-    pub(crate) catalog: RwLock<Catalog>,
-    pub(crate) sequences: RwLock<BTreeMap<QualName, Arc<Mutex<SequenceState>>>>,
+    /// The tables and sequences ([`Catalog`]).
+    pub(crate) catalog: Catalog,
     pub(crate) commit: Mutex<CommitState>,
     /// Highest LSN whose batch has been applied to the engine.
     applied_lsn: AtomicU64,
@@ -878,9 +868,10 @@ impl Inner {
     /// Checks, under the commit mutex, that a transaction's pinned table is still the
     /// catalog's (same id and version).
     pub(crate) fn check_table_current(&self, t: &TableRef) -> Result<(), StoreError> {
-        match self.catalog.read().tables.get(&t.def.name) {
-            Some(cur) if cur.id == t.id && cur.version == t.version => Ok(()),
-            _ => Err(StoreError::TableChanged(t.def.name.clone())),
+        if self.catalog.is_current(t) {
+            Ok(())
+        } else {
+            Err(StoreError::TableChanged(t.def.name.clone()))
         }
     }
 

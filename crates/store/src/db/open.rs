@@ -24,13 +24,13 @@ impl Database {
             );
             boot.restarted = true;
         }
-        let mut catalog = Catalog::default();
+        let mut tables = BTreeMap::new();
         let mut max_id = 0;
         for kv in engine.scan(layout::prefix_range(&[layout::TABLE_PREFIX]), false) {
             let (k, v) = kv?;
             let (id, version, def) = codec::decode_table(&k, &v)?;
             max_id = max_id.max(id);
-            catalog.tables.insert(
+            tables.insert(
                 def.name.clone(),
                 TableRef {
                     id,
@@ -124,7 +124,7 @@ impl Database {
         let machine_restarted = boot.restarted;
         tracing::info!(
             node = %opts.node_id,
-            tables = catalog.tables.len(),
+            tables = tables.len(),
             sequences = sequences.len(),
             last_lsn = last_lsn.0,
             log_start,
@@ -136,8 +136,7 @@ impl Database {
         let inner = Inner {
             engine,
             opts,
-            catalog: RwLock::new(catalog),
-            sequences: RwLock::new(sequences),
+            catalog: Catalog::new(tables, sequences),
             commit: Mutex::new(CommitState {
                 last_lsn,
                 last_seq,
