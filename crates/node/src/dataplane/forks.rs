@@ -216,7 +216,12 @@ pub(super) async fn rejoin(task: &DataPlaneTask, state: &ClusterState, forks: &m
                 .map(|p| p.scheme)
                 .collect()
         }
-        Err(_) => BTreeSet::new(),
+        Err(e) => {
+            // Not an empty answer: that would withdraw a rebuild already asked for.
+            // The next plan (within a second) judges again.
+            warn!(error = %e, "cannot read the high-water marks to judge the failovers");
+            return;
+        }
     };
     task.rebuilds
         .send_if_modified(|current| replace_if_changed(current, rebuild));

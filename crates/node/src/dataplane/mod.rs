@@ -88,7 +88,7 @@ use forks::{forked_ranges, rejoin, ForkVerdicts};
 use plan::{wanted_links, Known, Planned, Thresholds};
 use receiver::{checked_rules, conflict_rules, subscribed};
 use retention::{check_fail_thresholds, retain_log, Measured};
-use running::{reconcile, Running};
+use running::{reconcile, unusable_addresses, Running};
 use status::export_metrics;
 use targets::base_aggregates;
 
@@ -208,6 +208,7 @@ pub(crate) async fn run(task: DataPlaneTask) {
             }
         }
         now.extend(rule_problems);
+        now.extend(unusable_addresses(&mut wanted, task.peer_tls.as_ref()));
         // Each problem is logged once, when it appears, not at every re-plan.
         for p in now.difference(&problems) {
             warn!("{p}");

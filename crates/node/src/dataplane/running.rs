@@ -2,7 +2,7 @@
 //! a sender whose link or receiver address changed is stopped and a new one started
 //! where the old one's receiver left off.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use hawser_core::{Ident, Lsn, QualName};
 use hawser_store::Position;
@@ -20,6 +20,29 @@ pub(super) struct Running {
     pub(super) addr: String,
     pub(super) handle: SenderHandle,
     pub(super) stop: CancellationToken,
+}
+
+/// Takes out of `wanted` the links whose receiver address cannot be used, and says
+/// why for each: reported with the plan's problems (once, and in `/replication`),
+/// rather than warned about at every re-plan.
+pub(super) fn unusable_addresses(
+    wanted: &mut Wanted,
+    tls: Option<&tonic::transport::ClientTlsConfig>,
+) -> BTreeSet<String> {
+    let mut problems = BTreeSet::new();
+    wanted.retain(
+        |(scheme, receiver), (_, addr)| match hawser_tls::endpoint(addr, tls) {
+            Ok(_) => true,
+            Err(e) => {
+                problems.insert(format!(
+                    "scheme {scheme}: no stream to {receiver}: its address {addr} cannot be \
+                     used: {e}"
+                ));
+                false
+            }
+        },
+    );
+    problems
 }
 
 /// Stops senders no longer wanted or wanted differently, starts the missing ones.
@@ -110,4 +133,46 @@ pub(super) fn reconcile(
         .iter()
         .map(|(k, r)| (k.clone(), r.handle.clone()))
         .collect();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hawser_core::NodeId;
+
+    #[test]
+    fn a_link_whose_receiver_address_cannot_be_used_is_a_problem_not_a_sender() {
+        let links = crate::dataplane::testing::planned(
+            "CREATE REPLICATION r ELEMENT e TABLE t MASTER ds1 SUBSCRIBER ds2, ds3",
+        );
+        let nodes = (1..=3)
+            .map(|i| (Ident::unquoted(&format!("ds{i}")), NodeId(i)))
+            .collect();
+        let epochs = BTreeMap::from([(Ident::unquoted("e"), hawser_core::Epoch(1))]);
+        let mut wanted: Wanted = links
+            .iter()
+            .map(|l| {
+                let config = LinkConfig::from_link(l, 1, &nodes, &epochs).expect("a link");
+                let addr = if l.receiver == Ident::unquoted("ds2") {
+                    "127.0.0.1:7002"
+                } else {
+                    "not an address\n"
+                };
+                (
+                    (QualName::bare("r"), l.receiver.clone()),
+                    (config, addr.to_string()),
+                )
+            })
+            .collect();
+        assert_eq!(wanted.len(), 2);
+        let problems = unusable_addresses(&mut wanted, None);
+        assert_eq!(wanted.len(), 1, "{problems:?}");
+        assert!(wanted.contains_key(&(QualName::bare("r"), Ident::unquoted("ds2"))));
+        assert_eq!(problems.len(), 1);
+        let p = problems.first().unwrap();
+        assert!(
+            p.contains("no stream to ds3") && p.contains("cannot be used"),
+            "{p}"
+        );
+    }
 }

@@ -244,6 +244,7 @@ impl Tally {
 
     /// Counts the apply of the rest of a transaction that came in parts: in log order.
     pub(super) fn count_part(&mut self, info: &ApplyInfo) {
+        self.skipped += info.skipped;
         self.runs_in_order += 1;
         self.rows_in_order += info.rows_written;
     }
@@ -420,7 +421,7 @@ mod tests {
         t.count_part(&info(1, false, true));
         assert_eq!((t.runs_compiled, t.rows_compiled), (1, 10));
         assert_eq!((t.runs_in_order, t.rows_in_order), (2, 5));
-        assert_eq!(t.skipped, 4, "skips of whole runs");
+        assert_eq!(t.skipped, 6, "skips of runs and parts alike");
     }
 
     #[test]
