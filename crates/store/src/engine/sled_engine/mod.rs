@@ -71,6 +71,9 @@ struct Shared {
     applied: AtomicU64,
     /// The last frame sled holds durably (log segments up to it are gone).
     checkpoint: AtomicU64,
+    /// Held through a checkpoint: two at once (the thread's and a caller's) could
+    /// store an older frame after a newer one and release fewer segments.
+    checkpointing: Mutex<()>,
     /// Set when an insert failed halfway through a batch: sled holds part of it, so
     /// nothing more is applied until a restart re-applies its frame.
     broken: Mutex<Option<String>>,
@@ -170,6 +173,7 @@ impl SledEngine {
             moving: Mutex::new(()),
             applied: AtomicU64::new(last),
             checkpoint: AtomicU64::new(last),
+            checkpointing: Mutex::new(()),
             broken: Mutex::new(None),
             salvaged,
             sled_failed: Mutex::new(None),
@@ -238,6 +242,7 @@ impl Shared {
     }
 
     fn checkpoint(&self) -> Result<(), StoreError> {
+        let _one_at_a_time = self.checkpointing.lock();
         // Everything written before the load is in sled; after the flush, durably.
         let frame = self.applied.load(Ordering::Acquire);
         if frame > self.checkpoint.load(Ordering::Acquire) {
