@@ -746,8 +746,68 @@ pub fn check_table(
     }
 }
 
+/// Links for the crate's unit tests (this module's and the sender's).
+#[cfg(test)]
+pub(crate) mod testing {
+    use std::collections::{BTreeMap, BTreeSet};
+
+    use hawser_core::{Ident, NodeId, QualName};
+    use hawser_scheme::ast::TableDefinitionChecking;
+
+    use super::{LinkConfig, SenderTuning};
+    use crate::codec::Compression;
+
+    /// A stream from `m` to `s` carrying `tables`, with no DDL, sequences or siblings.
+    pub(crate) fn test_link(
+        m: NodeId,
+        s: NodeId,
+        tables: BTreeMap<(QualName, NodeId), Ident>,
+    ) -> LinkConfig {
+        LinkConfig {
+            sender_node: m,
+            sender_store: Ident::unquoted("m"),
+            receiver_store: Ident::unquoted("s"),
+            receiver_node: s,
+            scheme_version: 1,
+            elements: BTreeMap::new(),
+            tables,
+            sequences: BTreeMap::new(),
+            replicate_ddl: false,
+            returns_wait: true,
+            datastore: Vec::new(),
+            compression: Compression::None,
+            table_check: TableDefinitionChecking::Exact,
+            tuning: SenderTuning::default(),
+            siblings: Vec::new(),
+            blind: BTreeSet::new(),
+            upstream: BTreeMap::new(),
+            feeds_relay: false,
+            read_by_siblings: false,
+            parts: BTreeSet::new(),
+            forked: Vec::new(),
+        }
+    }
+
+    /// The demo's shape: `m` sends its t1 to `s` itself (the first) while `p` relays
+    /// m's t2 to `s` (the second), each the other's sibling.
+    pub(crate) fn demo_shape(m: NodeId, s: NodeId, p: NodeId) -> (LinkConfig, LinkConfig) {
+        let carrying = |sender: NodeId, table: &str| {
+            test_link(
+                sender,
+                s,
+                BTreeMap::from([((QualName::bare(table), m), Ident::unquoted("e"))]),
+            )
+        };
+        let (mut direct, mut relay) = (carrying(m, "t1"), carrying(p, "t2"));
+        direct.siblings = vec![relay.clone()];
+        relay.siblings = vec![direct.clone()];
+        (direct, relay)
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    use super::testing::{demo_shape, test_link};
     use super::*;
     use hawser_core::{ColumnDef, DataType, Gtid, RowChange, Transaction, Value};
 
@@ -840,49 +900,6 @@ mod tests {
         for bad in [other_type, other_key, more] {
             assert!(check_table(&a, &bad, TableDefinitionChecking::Relaxed).is_err());
         }
-    }
-
-    /// A stream from `m` to `s` carrying `tables`, with no DDL, sequences or siblings.
-    fn test_link(m: NodeId, s: NodeId, tables: BTreeMap<(QualName, NodeId), Ident>) -> LinkConfig {
-        LinkConfig {
-            sender_node: m,
-            sender_store: Ident::unquoted("m"),
-            receiver_store: Ident::unquoted("s"),
-            receiver_node: s,
-            scheme_version: 1,
-            elements: BTreeMap::new(),
-            tables,
-            sequences: BTreeMap::new(),
-            replicate_ddl: false,
-            returns_wait: true,
-            datastore: Vec::new(),
-            compression: Compression::None,
-            table_check: TableDefinitionChecking::Exact,
-            tuning: SenderTuning::default(),
-            siblings: Vec::new(),
-            blind: BTreeSet::new(),
-            upstream: BTreeMap::new(),
-            feeds_relay: false,
-            read_by_siblings: false,
-            parts: BTreeSet::new(),
-            forked: Vec::new(),
-        }
-    }
-
-    /// The demo's shape: `m` sends its t1 to `s` itself (the first) while `p` relays
-    /// m's t2 to `s` (the second), each the other's sibling.
-    fn demo_shape(m: NodeId, s: NodeId, p: NodeId) -> (LinkConfig, LinkConfig) {
-        let carrying = |sender: NodeId, table: &str| {
-            test_link(
-                sender,
-                s,
-                BTreeMap::from([((QualName::bare(table), m), Ident::unquoted("e"))]),
-            )
-        };
-        let (mut direct, mut relay) = (carrying(m, "t1"), carrying(p, "t2"));
-        direct.siblings = vec![relay.clone()];
-        relay.siblings = vec![direct.clone()];
-        (direct, relay)
     }
 
     /// The tables a filtered entry's changes write.
