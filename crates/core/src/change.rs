@@ -52,3 +52,57 @@ pub struct Transaction {
     pub commit_micros: i64,
     pub changes: Vec<RowChange>,
 }
+
+impl Transaction {
+    /// About how many bytes of values the transaction's changes hold
+    /// ([`crate::Value::approx_bytes`]): how much work applying or encoding it is.
+    pub fn approx_bytes(&self) -> usize {
+        let row = |r: &[crate::Value]| r.iter().map(crate::Value::approx_bytes).sum::<usize>();
+        self.changes
+            .iter()
+            .map(|c| {
+                row(&c.key) + c.before.as_deref().map_or(0, row) + c.after.as_deref().map_or(0, row)
+            })
+            .sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ids::NodeId;
+    use crate::value::Value;
+
+    #[test]
+    fn a_transaction_counts_its_text_and_bytes_and_eight_for_other_values() {
+        let table = QualName::parse_unquoted("app.t");
+        let change = |op, before: Option<Row>, after: Option<Row>| RowChange {
+            table: table.clone(),
+            op,
+            key: vec![Value::Int(1)],
+            before,
+            after,
+        };
+        let txn = Transaction {
+            gtid: Gtid {
+                origin: NodeId(1),
+                seq: 1,
+            },
+            commit_micros: 0,
+            changes: vec![
+                change(
+                    ChangeOp::Insert,
+                    None,
+                    Some(vec![Value::Int(1), Value::Text("x".repeat(40_000))]),
+                ),
+                change(
+                    ChangeOp::Delete,
+                    Some(vec![Value::Int(1), Value::Bytes(vec![0; 100])]),
+                    None,
+                ),
+            ],
+        };
+        // Keys 8 + 8, the insert 8 + 40,000, the delete 8 + 100.
+        assert_eq!(txn.approx_bytes(), 16 + 40_008 + 108);
+    }
+}

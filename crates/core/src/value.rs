@@ -43,6 +43,16 @@ impl Value {
         matches!(self, Value::Null)
     }
 
+    /// About how many bytes the value holds: its text or bytes, 8 for the rest. For
+    /// judging how much work a batch is, not for encoding.
+    pub fn approx_bytes(&self) -> usize {
+        match self {
+            Value::Text(t) => t.len(),
+            Value::Bytes(b) => b.len(),
+            _ => 8,
+        }
+    }
+
     /// Rank of the variant in the cross-variant order (NULL first).
     fn rank(&self) -> u8 {
         match self {

@@ -30,6 +30,7 @@ pub mod aggregate;
 pub mod apply;
 mod apply_metrics;
 pub mod aside;
+pub mod blocking;
 mod catalog;
 mod codec;
 mod commit_log;

@@ -16,6 +16,7 @@
 //! * [`codec`]: log records to batch bytes and back, with compression.
 //! * [`chunks`]: a batch larger than a message cut into chunks, and joined again.
 //! * [`link`]: what one stream carries (routing plan → filter) and table checking.
+//! * `liveness`: heartbeats and the judging of a peer's silence, apart from the work.
 //! * [`paths`]: how far each sender has decided about each origin at a receiver.
 //! * [`sender`]: the sending task, with reconnection, backoff and bounded in-flight data.
 //! * [`receiver`]: the gRPC service that checks senders and applies their batches.
@@ -26,6 +27,7 @@ pub mod codec;
 pub mod copy;
 pub mod error;
 pub mod link;
+mod liveness;
 pub mod paths;
 pub mod receiver;
 pub mod returns;

@@ -7,6 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use hawser_control::state::ReceiverState;
 use hawser_control::ClusterState;
 use hawser_core::{Epoch, Ident, Lsn, NodeId, QualName};
+use hawser_store::blocking::off_the_runtime;
 use hawser_store::Database;
 use hawser_stream::ForkedRange;
 use tracing::{debug, info, warn};
@@ -131,18 +132,6 @@ impl ForkVerdicts {
             .iter()
             .filter(|(f, _)| f.origin == origin)
             .all(|(_, v)| *v == Some(false))
-    }
-}
-
-/// Runs `f`, which reads the store's log synchronously (from a fork point to the end
-/// of the log, perhaps a long way), without holding up the other tasks of a
-/// multi-threaded runtime: this worker hands them on first. Elsewhere it just runs.
-fn off_the_runtime<T>(f: impl FnOnce() -> T) -> T {
-    match tokio::runtime::Handle::try_current() {
-        Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
-            tokio::task::block_in_place(f)
-        }
-        _ => f(),
     }
 }
 

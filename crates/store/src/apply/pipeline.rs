@@ -70,7 +70,9 @@ impl Database {
         }
         // Net operations describe the whole run: write them only if all of it is new.
         let net = net.filter(|_| fresh.len() == batch.len());
-        let prepared = prepare(self, &fresh, net)?;
+        // Reading, checking and writing a large batch takes long: off the worker.
+        let work = fresh.iter().map(|r| r.txn.approx_bytes()).sum();
+        let prepared = crate::blocking::sized(work, || prepare(self, &fresh, net))?;
         // Lock every row the batch may touch, in key order (so two appliers cannot
         // deadlock each other); held until the batch is durable.
         let mut locks = RowLocks::new(
@@ -83,7 +85,9 @@ impl Database {
             let t = &prepared.tables[*table];
             locks.acquire(t, enc).await?;
         }
-        let appended = inner.append_foreign(|own_seq| write(inner, own_seq, &prepared, part));
+        let appended = crate::blocking::sized(work, || {
+            inner.append_foreign(|own_seq| write(inner, own_seq, &prepared, part))
+        });
         let (last_lsn, mut outcome) = match appended {
             Ok(done) => done,
             Err(e) => {

@@ -3,11 +3,11 @@
 //! A stream's [`Acks`] holds the marks its acks carry ([`Marks`]) and what it applied
 //! since its last ack. The stream task tells it what happened — a backlog applied, a
 //! lazy flush done — and asks what to do: whether an ack is due now, whether a flush is.
-//! [`Contact`] says when a silent sender is taken for dead, and [`note_decided`] how a
-//! batch's decisions are noted in the [`DecidedMarks`] every ack lists.
+//! [`note_decided`] says how a batch's decisions are noted in the [`DecidedMarks`]
+//! every ack lists. When a silent sender is taken for dead is `crate::liveness`'s.
 
 use std::collections::BTreeMap;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use hawser_core::NodeId;
 
@@ -230,36 +230,6 @@ pub(super) fn note_decided(
     moved
 }
 
-/// When a stream last heard from its sender: silence past the peer timeout drops it.
-#[derive(Debug, Clone, Copy)]
-pub(super) struct Contact {
-    /// The last message read (or the end of an apply, which kept the sender's messages
-    /// waiting unread).
-    last: Instant,
-}
-
-impl Contact {
-    /// Contact as of `now`.
-    pub(super) fn new(now: Instant) -> Self {
-        Self { last: now }
-    }
-
-    /// The sender was heard from (or could have been) at `now`.
-    pub(super) fn heard(&mut self, now: Instant) {
-        self.last = now;
-    }
-
-    /// When the sender was last heard from.
-    pub(super) fn last(&self) -> Instant {
-        self.last
-    }
-
-    /// Whether the sender has been silent past `timeout` at `now`.
-    pub(super) fn silent(&self, now: Instant, timeout: Duration) -> bool {
-        now.saturating_duration_since(self.last) > timeout
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -446,18 +416,5 @@ mod tests {
         assert!(!wakes_waiters(0, false), "a probe moved nothing");
         assert!(wakes_waiters(3, false));
         assert!(wakes_waiters(0, true));
-    }
-
-    #[test]
-    fn a_sender_is_taken_for_dead_only_when_silent_past_the_peer_timeout() {
-        let t0 = Instant::now();
-        let timeout = Duration::from_secs(1);
-        let mut c = Contact::new(t0);
-        assert!(!c.silent(t0 + timeout, timeout), "at the timeout exactly");
-        assert!(c.silent(t0 + timeout + Duration::from_millis(1), timeout));
-        // Hearing from it (or ending a long apply) starts the silence again.
-        c.heard(t0 + timeout);
-        assert!(!c.silent(t0 + timeout + Duration::from_millis(1), timeout));
-        assert_eq!(c.last(), t0 + timeout);
     }
 }

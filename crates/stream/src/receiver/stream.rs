@@ -4,7 +4,6 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::Instant;
 
 use hawser_core::{Ident, NodeId};
 use hawser_store::Pacer;
@@ -14,11 +13,12 @@ use tonic::{Status, Streaming};
 use tracing::{debug, info, warn};
 
 use super::accepted::Accepted;
-use super::acks::{ack_message, wakes_waiters, Acks, BacklogDone, Contact, LAZY_FLUSH_EVERY};
+use super::acks::{ack_message, wakes_waiters, Acks, BacklogDone, LAZY_FLUSH_EVERY};
 use super::backlog::{gather_backlog, paces, stream_slice, Inbound};
 use super::runs::Tally;
 use super::{refused, ReceiverService};
 use crate::chunks::Joiner;
+use crate::liveness::{self, heartbeats, AbortOnDrop, Ear, Heard};
 use crate::pb::{self, receiver_message, sender_message, RefuseCode};
 
 /// The channel a stream's answers go out on.
@@ -45,12 +45,23 @@ impl ReceiverService {
         let (queue_tx, queue) = mpsc::channel(READ_AHEAD);
         let stop = self.shutdown.child_token();
         let joiner = Joiner::new(self.config.max_transaction_bytes);
-        let reader = read_ahead(inbound, queue_tx, joiner, stop.clone());
-        let apply = async {
-            self.apply_stream(accepted, queue, out).await;
-            stop.cancel();
-        };
-        tokio::join!(reader, apply);
+        let (ear, heard) = liveness::ear(tokio::time::Instant::now());
+        // A task of its own: the apply may block its task for long (a large
+        // transaction's write), and the sender's messages are noted meanwhile.
+        let reader = AbortOnDrop::spawn(read_ahead(inbound, queue_tx, joiner, ear, stop.clone()));
+        // From a task of their own, whatever the apply is doing (`crate::liveness`);
+        // ended with the stream (the task holds a sender of `out`).
+        let beats = heartbeats(out.clone(), self.config.heartbeat, || {
+            Ok(pb::ReceiverMessage {
+                msg: Some(receiver_message::Msg::Heartbeat(pb::Heartbeat {
+                    sent_micros: now_micros(),
+                })),
+            })
+        });
+        self.apply_stream(accepted, queue, heard, out).await;
+        drop(beats);
+        stop.cancel();
+        reader.join().await;
     }
 
     /// The ack of what `acks` says was applied, as a message.
@@ -64,6 +75,7 @@ impl ReceiverService {
         &self,
         mut accepted: Accepted,
         mut queue: mpsc::Receiver<Inbound>,
+        heard: Heard,
         out: Outbound,
     ) {
         let sender = accepted.sender.clone();
@@ -80,7 +92,6 @@ impl ReceiverService {
         let mut lazy_flush = tokio::time::interval(LAZY_FLUSH_EVERY);
         lazy_flush.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut moved = self.applied.subscribe();
-        let mut contact = Contact::new(Instant::now());
         // A message read while gathering a backlog that is not a batch: handled next.
         let mut carried = None;
         loop {
@@ -99,28 +110,13 @@ impl ReceiverService {
                         let before = paced_flush.as_ref().map(|p| p.pauses());
                         // Heartbeats go on while a slow flush runs, as while a run
                         // applies.
-                        let flushed = {
-                            let flush = async {
-                                match paced_flush {
-                                    Some(p) => self.db.flush_paced(p).await,
-                                    None => self.db.flush().await,
-                                }
-                            };
-                            tokio::pin!(flush);
-                            loop {
-                                tokio::select! {
-                                    biased;
-                                    r = &mut flush => break r,
-                                    _ = heartbeat.tick() => send_heartbeat(&out),
-                                }
-                            }
+                        let flushed = match paced_flush {
+                            Some(p) => self.db.flush_paced(p).await,
+                            None => self.db.flush().await,
                         };
                         if let (Some(before), Some(p)) = (before, pacer.as_ref()) {
                             self.count_pauses(&sender, &metrics, p.pauses() - before);
                         }
-                        // Time spent flushing is not the sender's silence: its messages
-                        // are waiting unread.
-                        contact.heard(Instant::now());
                         if let Err(e) = flushed {
                             warn!(sender = %sender, error = %e, "flush failed; dropping the stream");
                             break;
@@ -141,11 +137,12 @@ impl ReceiverService {
                         continue;
                     }
                     _ = heartbeat.tick() => {
-                        if contact.silent(Instant::now(), self.config.peer_timeout) {
+                        if heard.silent(tokio::time::Instant::now(), self.config.peer_timeout) {
                             info!(sender = %sender, "sender silent past the peer timeout; dropping the stream");
                             break;
                         }
-                        send_heartbeat(&out);
+                        let last = heard.last();
+                        self.update_counters(&sender, |s| s.last_contact = Some(last));
                         if let Ok(now) = self.db.high_waters() {
                             acks.marks.refresh(&now);
                         }
@@ -181,8 +178,6 @@ impl ReceiverService {
                     break;
                 }
             };
-            contact.heard(Instant::now());
-            self.update_counters(&sender, |s| s.last_contact = Some(contact.last()));
             match msg.msg {
                 Some(sender_message::Msg::Batch(batch)) => {
                     let mut backlog = vec![batch];
@@ -194,26 +189,12 @@ impl ReceiverService {
                         .as_mut()
                         .filter(|_| paces(carried.is_some() || !queue.is_empty()));
                     let pauses_before = paced.as_ref().map_or(0, |p| p.pauses());
-                    let applied = {
-                        let apply =
-                            self.apply_backlog(&mut accepted, &backlog, paced.as_deref_mut());
-                        tokio::pin!(apply);
-                        // Heartbeats go on while a long run applies, or the sender
-                        // would take this receiver for dead and start over.
-                        loop {
-                            tokio::select! {
-                                biased;
-                                r = &mut apply => break r,
-                                _ = heartbeat.tick() => send_heartbeat(&out),
-                            }
-                        }
-                    };
+                    let applied = self
+                        .apply_backlog(&mut accepted, &backlog, paced.as_deref_mut())
+                        .await;
                     if let Some(p) = paced {
                         self.count_pauses(&sender, &metrics, p.pauses() - pauses_before);
                     }
-                    // Time spent applying is not the sender's silence: its messages
-                    // are waiting unread.
-                    contact.heard(Instant::now());
                     match applied {
                         Ok(done) => {
                             let plan = done.plan;
@@ -303,13 +284,16 @@ impl ReceiverService {
 /// Reads `inbound` into `queue` until the stream ends or fails (queued too) or `stop`.
 ///
 /// Chunks of a batch are joined here (`joiner`), so that the apply sees whole batches
-/// only, and a stream that ends between two chunks drops the ones it had. A chunk that
-/// does not complete its batch is queued as a heartbeat: the apply hears from the
-/// sender while a large transaction arrives, and does not take it for dead.
+/// only, and a stream that ends between two chunks drops the ones it had.
+///
+/// Each message's arrival is noted on `ear`, so the apply knows the sender is alive
+/// while a large transaction arrives or a long apply runs. Heartbeats and chunks that
+/// do not complete their batch say nothing more and are not queued.
 async fn read_ahead(
     mut inbound: Streaming<pb::SenderMessage>,
     queue: mpsc::Sender<Inbound>,
     mut joiner: Joiner,
+    ear: Ear,
     stop: CancellationToken,
 ) {
     loop {
@@ -318,6 +302,9 @@ async fn read_ahead(
             _ = stop.cancelled() => break,
             msg = inbound.message() => msg,
         };
+        if let Ok(Some(_)) = msg {
+            ear.heard(tokio::time::Instant::now());
+        }
         // A drill's partition: the stream ends as if the sender had gone.
         let msg = if hawser_core::isolation::isolated() {
             Err(Status::unavailable(hawser_core::isolation::REFUSAL))
@@ -331,16 +318,17 @@ async fn read_ahead(
                 Ok(Some(whole)) => Ok(Some(pb::SenderMessage {
                     msg: Some(sender_message::Msg::Batch(whole)),
                 })),
-                Ok(None) => Ok(Some(pb::SenderMessage {
-                    msg: Some(sender_message::Msg::Heartbeat(pb::Heartbeat {
-                        sent_micros: 0,
-                    })),
-                })),
+                Ok(None) => continue,
                 Err(e) => Err(Status::invalid_argument(e.to_string())),
             },
+            Ok(Some(pb::SenderMessage {
+                msg: Some(sender_message::Msg::Heartbeat(_)),
+            })) => continue,
             other => other,
         };
         let last = !matches!(msg, Ok(Some(_)));
+        // Waiting for room is the apply's time, not the sender's silence.
+        ear.queueing();
         let queued = tokio::select! {
             biased;
             _ = stop.cancelled() => break,
@@ -349,6 +337,7 @@ async fn read_ahead(
         if queued.is_err() || last {
             break;
         }
+        ear.listening(tokio::time::Instant::now());
     }
 }
 
@@ -365,15 +354,6 @@ fn unreadable(status: &Status) -> bool {
             | Code::ResourceExhausted
             | Code::DataLoss
     )
-}
-
-/// Best effort: a full channel means acks are queued, which says as much.
-fn send_heartbeat(out: &Outbound) {
-    let _ = out.try_send(Ok(pb::ReceiverMessage {
-        msg: Some(receiver_message::Msg::Heartbeat(pb::Heartbeat {
-            sent_micros: now_micros(),
-        })),
-    }));
 }
 
 /// Microseconds since the Unix epoch, for heartbeats.

@@ -35,6 +35,7 @@
 //! the checks on a receiver) and `session` (one connection's loop, shipping, sending).
 
 mod claims;
+mod inbound;
 mod plan;
 mod rules;
 mod session;
@@ -668,11 +669,7 @@ fn isolation_check() -> Result<(), StreamError> {
 /// it ([`StreamError::Closed`]), the receiver's refusal if one is on its way (a
 /// receiver refuses a stream with a message and then closes it, and the close may
 /// reach a sender that is writing first), read for at most `wait`; `e` otherwise.
-async fn why_closed(
-    e: StreamError,
-    inbound: &mut tonic::Streaming<pb::ReceiverMessage>,
-    wait: Duration,
-) -> StreamError {
+async fn why_closed(e: StreamError, inbound: &mut inbound::Inbound, wait: Duration) -> StreamError {
     if !matches!(e, StreamError::Closed) {
         return e;
     }
@@ -689,7 +686,7 @@ async fn why_closed(
                 }
                 Ok(Some(_)) => {}
                 Ok(None) => return StreamError::Closed,
-                Err(status) => return StreamError::Rpc(status),
+                Err(e) => return e,
             }
         }
     };

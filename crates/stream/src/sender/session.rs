@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hawser_core::{Epoch, Lsn, NodeId};
+use hawser_store::blocking::sized;
 use hawser_store::{CommitsAfter, HeldCommit, LogEntry, LogRecord};
 use tokio::sync::{mpsc, watch};
 use tokio::time::MissedTickBehavior;
@@ -17,6 +18,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tracing::{debug, info};
 
 use super::claims::Others;
+use super::inbound::{send_while_heard, Inbound};
 use super::plan::{self, Reader, ReuseWatch, Turn};
 use super::rules::{
     batch_cap, clears_error, count_within, durable_from, message_limit, on_wake, position_due,
@@ -32,6 +34,7 @@ use crate::chunks;
 use crate::codec::{compress_at, encode_entries};
 use crate::codec_to_pb;
 use crate::error::StreamError;
+use crate::liveness::{heartbeats, Heard};
 use crate::pb::{self, receiver_message, sender_message};
 
 /// A session's state: where it is in the log, what its receiver holds and has heard,
@@ -43,7 +46,6 @@ struct Session {
     high_water: BTreeMap<NodeId, u64>,
     others: Others,
     reuse: ReuseWatch,
-    last_contact: Instant,
     /// Commits wait for company (see `SenderTuning::linger`).
     lingering: bool,
 }
@@ -54,6 +56,10 @@ struct Outbound {
     window: Window,
     /// When the last message went out.
     last_sent: Instant,
+    /// When the receiver was last heard from: a send on a full channel waits only
+    /// while it is.
+    heard: Heard,
+    peer_timeout: Duration,
 }
 
 /// One batch to send.
@@ -64,6 +70,8 @@ struct Outgoing<'r> {
     first_commit_micros: Option<i64>,
     /// The stream stops after it for another stream's transaction (`Batch.waiting`).
     waiting: bool,
+    /// Its encoded size, as planned.
+    size: u64,
 }
 
 impl Outgoing<'_> {
@@ -74,6 +82,7 @@ impl Outgoing<'_> {
             through,
             first_commit_micros: None,
             waiting,
+            size: crate::codec::BATCH_HEADER_BYTES,
         }
     }
 }
@@ -112,8 +121,8 @@ impl Sender {
         else {
             return Ok(());
         };
-        let mut inbound = opened?.into_inner();
-        let Some(first) = self.connecting(inbound.message()).await? else {
+        let mut stream = opened?.into_inner();
+        let Some(first) = self.connecting(stream.message()).await? else {
             return Ok(());
         };
         let first = first?;
@@ -153,6 +162,9 @@ impl Sender {
         *streamed = true;
 
         let last_contact = Instant::now();
+        // From here on the receiver's messages are read as they come, whatever the
+        // session is doing (see `inbound`).
+        let mut inbound = Inbound::start(stream, tokio::time::Instant::now());
         // Before its marks count: a receiver holding commits this node lost would
         // seem to acknowledge the new commits that reuse their seqs.
         self.check_after_restart(&high_water, held_after).await?;
@@ -181,14 +193,22 @@ impl Sender {
                 tx,
                 window: Window::default(),
                 last_sent: Instant::now(),
+                heard: inbound.heard().clone(),
+                peer_timeout: tuning.peer_timeout,
             },
             reader: Reader::new(self.acked_lsn.next()),
             high_water,
             others: Others::default(),
             reuse,
-            last_contact,
             lingering: false,
         };
+        // Beats go out from a task of their own, whatever this loop is doing (see
+        // `crate::liveness`); this loop's tick judges the receiver's silence.
+        let _beats = heartbeats(s.out.tx.clone(), tuning.heartbeat, || pb::SenderMessage {
+            msg: Some(sender_message::Msg::Heartbeat(pb::Heartbeat {
+                sent_micros: now_micros(),
+            })),
+        });
         let mut heartbeat = tokio::time::interval(tuning.heartbeat);
         // One timer for the session rather than a new one per turn of the loop (each
         // wake and each ack is a turn).
@@ -211,7 +231,6 @@ impl Sender {
                 _ = self.shutdown.cancelled() => return Ok(()),
                 msg = inbound.message() => {
                     let msg = msg?.ok_or(StreamError::Closed)?;
-                    s.last_contact = Instant::now();
                     match msg.msg {
                         Some(receiver_message::Msg::Ack(ack)) => {
                             self.take_ack(&mut s, &ack);
@@ -228,14 +247,8 @@ impl Sender {
                                 )
                                 && s.out.window.has_room(&tuning)
                         }
-                        Some(receiver_message::Msg::Heartbeat(_)) => {
-                            let last_contact = s.last_contact;
-                            self.status.send_if_modified(|st| {
-                                st.last_contact = Some(last_contact);
-                                false
-                            });
-                            false
-                        }
+                        // Noted by the reader, not queued.
+                        Some(receiver_message::Msg::Heartbeat(_)) => false,
                         Some(receiver_message::Msg::Refused(r)) => {
                             return Err(StreamError::Refused { code: r.code, reason: r.reason });
                         }
@@ -245,21 +258,19 @@ impl Sender {
                     }
                 }
                 _ = heartbeat.tick() => {
-                    if s.last_contact.elapsed() > tuning.peer_timeout {
+                    let heard = inbound.heard();
+                    if heard.silent(tokio::time::Instant::now(), tuning.peer_timeout) {
                         return Err(StreamError::PeerTimeout);
                     }
+                    let last_contact = heard.last();
+                    self.status.send_if_modified(|st| {
+                        st.last_contact = Some(last_contact);
+                        false
+                    });
                     // The lag grows between acks too (a receiver that stopped acking,
                     // a log that grows while the window is full): refreshed here, for
                     // readers only.
                     self.refresh_lag();
-                    if s.out.last_sent.elapsed() >= tuning.heartbeat {
-                        let hb = pb::SenderMessage {
-                            msg: Some(sender_message::Msg::Heartbeat(pb::Heartbeat { sent_micros: now_micros() })),
-                        };
-                        // A full channel is traffic enough.
-                        let _ = s.out.tx.try_send(hb);
-                        s.out.last_sent = Instant::now();
-                    }
                     false
                 }
                 _ = self.wake.notified(), if room => {
@@ -303,7 +314,7 @@ impl Sender {
         s.others.heard(&self.link, ack, now);
         self.oldest_unacked_micros = s.out.window.oldest_commit_micros().unwrap_or(0);
         let (lag_records, lag_micros) = self.lag();
-        let (acked_lsn, last_contact) = (self.acked_lsn, s.last_contact);
+        let (acked_lsn, last_contact) = (self.acked_lsn, s.out.heard.last());
         self.status.send_modify(|st| {
             st.last_contact = Some(last_contact);
             if clears_error(acked_lsn, st.acked_lsn, lag_records) {
@@ -464,6 +475,7 @@ impl Sender {
                 first_commit_micros,
                 blocked_at,
                 unflushed,
+                size,
                 ..
             } = plan;
             let Some(through) = through else {
@@ -529,6 +541,7 @@ impl Sender {
                 through,
                 first_commit_micros,
                 waiting: blocked,
+                size,
             };
             self.send(&mut s.out, batch).await?;
             s.reader.pass(passed, through);
@@ -559,15 +572,17 @@ impl Sender {
             through,
             first_commit_micros,
             waiting,
+            size,
         } = batch;
-        let raw = {
+        let (codec, level) = (self.link.compression, self.link.tuning.zstd_level);
+        // Encoding a large transaction takes long: off the worker.
+        let (raw_bytes, payload) = sized(usize::try_from(size).unwrap_or(usize::MAX), || {
             let refs: Vec<(Epoch, &LogEntry)> = wire.iter().map(|(e, r)| (*e, &**r)).collect();
-            encode_entries(&refs)
-        };
+            let raw = encode_entries(&refs);
+            (raw.len() as u64, compress_at(codec, level, raw))
+        });
         let count = wire.len() as u64;
         drop(wire);
-        let raw_bytes = raw.len() as u64;
-        let payload = compress_at(self.link.compression, self.link.tuning.zstd_level, raw);
         let batch = pb::Batch {
             through_lsn: through.0,
             count: u32::try_from(count).unwrap_or(u32::MAX),
@@ -616,7 +631,7 @@ impl Sender {
                     through.0, self.max_message_bytes
                 )));
             }
-            out.tx.send(msg).await.map_err(|_| StreamError::Closed)?;
+            send_while_heard(&out.tx, msg, &out.heard, out.peer_timeout).await?;
         }
         out.window.sent(InFlight {
             through_lsn: through,
