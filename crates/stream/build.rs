@@ -3,7 +3,11 @@
 //! machine without a system protoc builds hawser.
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../proto");
+    // Read when the script runs, not baked in when it is compiled: a script built for
+    // one checkout is reused by another that shares the target directory.
+    let manifest_dir =
+        std::env::var_os("CARGO_MANIFEST_DIR").ok_or("CARGO_MANIFEST_DIR is not set")?;
+    let root = std::path::Path::new(&manifest_dir).join("../../proto");
     let proto = root.join("hawser/v1/replication.proto");
     println!("cargo:rerun-if-changed={}", proto.display());
     let mut config = tonic_prost_build::Config::new();
