@@ -358,11 +358,7 @@ impl Database {
         self.inner.engine.apply(batch)?;
         self.inner.engine.flush()?;
         *self.inner.in_order.write() = in_order;
-        let mut current = self.inner.marks.write();
-        for (origin, seq) in raised {
-            let m = current.entry(origin).or_insert(0);
-            *m = (*m).max(seq);
-        }
+        self.inner.marks.raise(raised);
         Ok(())
     }
 

@@ -47,6 +47,7 @@ pub mod layout;
 pub mod lease;
 mod locks;
 pub mod log;
+mod marks;
 pub mod pace;
 mod restart;
 mod rows;

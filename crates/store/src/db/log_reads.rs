@@ -296,7 +296,7 @@ impl Database {
     /// node's own and every origin it applied from (docs/design.md §2). A receiver answers
     /// a sender's `Hello` with these.
     pub fn high_waters(&self) -> Result<BTreeMap<NodeId, u64>, StoreError> {
-        let mut marks = self.inner.marks.read().clone();
+        let mut marks = self.inner.marks.all();
         let own = self.inner.commit.lock().last_seq;
         if own > 0 {
             marks.insert(self.node_id(), own);

@@ -59,6 +59,7 @@ use crate::error::{printable_key, StoreError};
 use crate::layout::{self, FORMAT_KEY, FORMAT_MAGIC, FORMAT_VERSION, NEXT_TABLE_ID_KEY};
 use crate::locks::LockManager;
 use crate::log::{DdlOp, LogEntry, LogRecord};
+use crate::marks::Marks;
 use crate::restart::{
     Diverged, HeldCommit, RestartCheck, RestartEvidence, RestartFence, RestartPoint,
 };
@@ -299,11 +300,10 @@ pub(crate) struct Inner {
     /// What is kept in memory of the commit log: where it starts, record sizes, the
     /// newest records, DDL positions, each origin's newest commit ([`CommitLog`]).
     pub(crate) log: CommitLog,
-    /// The high-water mark of every other origin committed here (this node's own is
-    /// the commit state's `last_seq`). Changed under the commit mutex with the batch
-    /// that writes the origin's log record; derived from the log at open (see
-    /// [`Database::open`]).
-    pub(crate) marks: RwLock<BTreeMap<NodeId, u64>>,
+    /// The high-water mark of every other origin committed here ([`Marks`]; this
+    /// node's own is the commit state's `last_seq`). Raised under the commit mutex
+    /// with the batch that writes the origin's log record.
+    pub(crate) marks: Marks,
     pub(crate) locks: LockManager,
     epoch: AtomicU64,
     pub(crate) next_txn_id: AtomicU64,
@@ -722,9 +722,7 @@ impl Inner {
         if gtid.origin == self.opts.node_id {
             state.last_seq = state.last_seq.max(gtid.seq);
         } else {
-            let mut marks = self.marks.write();
-            let mark = marks.entry(gtid.origin).or_insert(0);
-            *mark = (*mark).max(gtid.seq);
+            self.marks.raise([(gtid.origin, gtid.seq)]);
         }
         install();
         self.applied_lsn.store(lsn.0, Ordering::Release);
@@ -783,18 +781,15 @@ impl Inner {
         self.engine.apply(batch)?;
         self.log.appended(&written, &sizes);
         state.last_lsn = lsn;
-        let mut marks = self.marks.write();
-        for (origin, seq) in high_water {
-            if origin == self.opts.node_id {
-                // This node's own transactions, received back (after a duplicate):
-                // local commits continue after them.
-                state.last_seq = state.last_seq.max(seq);
-            } else {
-                let mark = marks.entry(origin).or_insert(0);
-                *mark = (*mark).max(seq);
-            }
+        let (own, others): (Vec<_>, Vec<_>) = high_water
+            .into_iter()
+            .partition(|(origin, _)| *origin == self.opts.node_id);
+        // This node's own transactions, received back (after a duplicate): local
+        // commits continue after them.
+        for (_, seq) in own {
+            state.last_seq = state.last_seq.max(seq);
         }
-        drop(marks);
+        self.marks.raise(others);
         self.applied_lsn.store(lsn.0, Ordering::Release);
         drop(state);
         self.counters.commits.fetch_add(count, Ordering::Relaxed);
@@ -808,7 +803,7 @@ impl Inner {
     /// Counts row writes of a replicated apply with the other row writes.
     /// The high-water mark of another origin (see `marks`).
     pub(crate) fn mark(&self, origin: NodeId) -> u64 {
-        self.marks.read().get(&origin).copied().unwrap_or(0)
+        self.marks.get(origin)
     }
 
     pub(crate) fn count_rows_written(&self, rows: u64) {

@@ -146,7 +146,7 @@ impl Database {
             applied_lsn: AtomicU64::new(last_lsn.0),
             flush: GroupFlush::new(last_lsn),
             log: CommitLog::opened(log_start, log_sizes, ddl_lsns, last_commits),
-            marks: RwLock::new(marks),
+            marks: Marks::new(marks),
             locks: LockManager::default(),
             epoch: AtomicU64::new(0),
             next_txn_id: AtomicU64::new(1),
