@@ -16,6 +16,8 @@ pub mod isolation;
 pub mod key;
 pub mod name;
 pub mod schema;
+#[cfg(feature = "strategies")]
+pub mod strategies;
 pub mod types;
 pub mod value;
 

@@ -505,28 +505,9 @@ impl<'a> EntryRef<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use hawser_core::strategies::row;
     use hawser_core::NodeId;
     use proptest::prelude::*;
-
-    fn value() -> impl Strategy<Value = Value> {
-        prop_oneof![
-            Just(Value::Null),
-            any::<bool>().prop_map(Value::Bool),
-            any::<i64>().prop_map(Value::Int),
-            (any::<i64>(), 0u32..10).prop_map(|(m, s)| Value::Decimal(Decimal::new(m, s))),
-            any::<f64>()
-                .prop_filter("NaN compares unequal to itself", |d| !d.is_nan())
-                .prop_map(Value::Double),
-            ".{0,12}".prop_map(Value::Text),
-            proptest::collection::vec(any::<u8>(), 0..12).prop_map(Value::Bytes),
-            any::<i32>().prop_map(Value::Date),
-            any::<i64>().prop_map(Value::Timestamp),
-        ]
-    }
-
-    fn row() -> impl Strategy<Value = Vec<Value>> {
-        proptest::collection::vec(value(), 1..4)
-    }
 
     fn entry() -> impl Strategy<Value = LogEntry> {
         let change = (

@@ -267,32 +267,13 @@ pub fn decompress(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use hawser_core::strategies::row;
     use hawser_core::{
         ChangeOp, ColumnDef, DataType, Gtid, Ident, NodeId, QualName, RowChange, Transaction, Value,
     };
     use hawser_store::DdlOp;
     use proptest::prelude::*;
     use rust_decimal::Decimal;
-
-    fn value() -> impl Strategy<Value = Value> {
-        prop_oneof![
-            Just(Value::Null),
-            any::<bool>().prop_map(Value::Bool),
-            any::<i64>().prop_map(Value::Int),
-            (any::<i64>(), 0u32..=28).prop_map(|(m, s)| Value::Decimal(Decimal::new(m, s))),
-            any::<f64>()
-                .prop_filter("NaN compares unequal to itself", |d| !d.is_nan())
-                .prop_map(Value::Double),
-            ".{0,12}".prop_map(Value::Text),
-            proptest::collection::vec(any::<u8>(), 0..12).prop_map(Value::Bytes),
-            any::<i32>().prop_map(Value::Date),
-            any::<i64>().prop_map(Value::Timestamp),
-        ]
-    }
-
-    fn row() -> impl Strategy<Value = Vec<Value>> {
-        proptest::collection::vec(value(), 1..4)
-    }
 
     fn change() -> impl Strategy<Value = RowChange> {
         ("[a-z]{1,4}", row(), row(), 0..3u8).prop_map(|(t, a, b, op)| {
