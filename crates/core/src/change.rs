@@ -53,17 +53,22 @@ pub struct Transaction {
     pub changes: Vec<RowChange>,
 }
 
-impl Transaction {
-    /// About how many bytes of values the transaction's changes hold
-    /// ([`crate::Value::approx_bytes`]): how much work applying or encoding it is.
+impl RowChange {
+    /// About how many bytes of values the change holds ([`crate::Value::approx_bytes`]):
+    /// how much work writing or encoding it is.
     pub fn approx_bytes(&self) -> usize {
         let row = |r: &[crate::Value]| r.iter().map(crate::Value::approx_bytes).sum::<usize>();
-        self.changes
-            .iter()
-            .map(|c| {
-                row(&c.key) + c.before.as_deref().map_or(0, row) + c.after.as_deref().map_or(0, row)
-            })
-            .sum()
+        row(&self.key)
+            + self.before.as_deref().map_or(0, row)
+            + self.after.as_deref().map_or(0, row)
+    }
+}
+
+impl Transaction {
+    /// About how many bytes of values the transaction's changes hold
+    /// ([`RowChange::approx_bytes`]): how much work applying or encoding it is.
+    pub fn approx_bytes(&self) -> usize {
+        self.changes.iter().map(RowChange::approx_bytes).sum()
     }
 }
 

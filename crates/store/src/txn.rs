@@ -416,39 +416,44 @@ impl Txn {
         };
         inner.held.hold(held);
         let leased = self.leased;
-        let appended = inner.append(
-            |_, gtid, micros| {
-                // DDL takes the commit mutex too, so the catalog cannot change between
-                // this check and the apply.
-                for t in &pinned {
-                    inner.check_table_current(t)?;
-                }
-                // A lease given up or run out since the first write: nothing commits
-                // (a master draining for a switchover reports its last seq after this).
-                if leased {
-                    if let Some(t) = pinned.first() {
-                        inner.lease.check_commit(&t.def.name, Instant::now())?;
+        // Building and writing a large transaction's batch takes long: off the worker,
+        // so the node's other tasks (its lease renewals among them) go on meanwhile.
+        let work = changes.iter().map(RowChange::approx_bytes).sum();
+        let appended = crate::blocking::sized(work, || {
+            inner.append(
+                |_, gtid, micros| {
+                    // DDL takes the commit mutex too, so the catalog cannot change between
+                    // this check and the apply.
+                    for t in &pinned {
+                        inner.check_table_current(t)?;
                     }
-                }
-                let mut batch = WriteBatch::new();
-                for (table_id, versions) in writes {
-                    for (enc, version) in versions {
-                        let key = layout::row_key(table_id, &enc);
-                        match version {
-                            Some(row) => batch.put(key, codec::encode_row(&row)),
-                            None => batch.delete(key),
+                    // A lease given up or run out since the first write: nothing commits
+                    // (a master draining for a switchover reports its last seq after this).
+                    if leased {
+                        if let Some(t) = pinned.first() {
+                            inner.lease.check_commit(&t.def.name, Instant::now())?;
                         }
                     }
-                }
-                let entry = LogEntry::Txn(Transaction {
-                    gtid,
-                    commit_micros: micros,
-                    changes,
-                });
-                Ok((batch, entry, || {}))
-            },
-            DdlKind::Txn,
-        );
+                    let mut batch = WriteBatch::new();
+                    for (table_id, versions) in writes {
+                        for (enc, version) in versions {
+                            let key = layout::row_key(table_id, &enc);
+                            match version {
+                                Some(row) => batch.put(key, codec::encode_row(&row)),
+                                None => batch.delete(key),
+                            }
+                        }
+                    }
+                    let entry = LogEntry::Txn(Transaction {
+                        gtid,
+                        commit_micros: micros,
+                        changes,
+                    });
+                    Ok((batch, entry, || {}))
+                },
+                DdlKind::Txn,
+            )
+        });
         let (gtid, lsn) = match appended {
             Ok(pos) => pos,
             Err(e) => {
