@@ -1,7 +1,8 @@
 //! Large transactions on the data plane (issue #50, items 4 and 6): a subscriber behind
 //! on them catches up, one larger than a message goes in chunks and is applied whole
 //! or not at all, a message the receiver cannot take is refused with the sizes, and a
-//! sender follows a receiver's restart within a few hundred milliseconds.
+//! sender follows a receiver's restart within a few hundred milliseconds, and one whose
+//! link stalls mid-transaction gives it up and sends the transaction again.
 //!
 //! Real tonic receivers on 127.0.0.1:0, in-memory databases. Every wait is on a
 //! condition with a deadline.
@@ -12,6 +13,8 @@ use common::{id, Senders};
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
@@ -24,7 +27,9 @@ use hawser_stream::{
     chunks, Compression, LinkConfig, ReceiverConfig, ReceiverService, SenderHandle, SenderState,
     SenderStatus, SenderTuning,
 };
-use tokio::net::TcpListener;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_stream::wrappers::TcpListenerStream;
@@ -614,6 +619,120 @@ async fn a_sender_follows_a_receivers_restart_within_a_few_hundred_ms() -> Resul
     // 250 ms of backoff at most, plus a connection and a Hello on a busy machine.
     assert!(took < Duration::from_millis(1500), "{took:?}");
     senders.stop().await;
+    r.stop().await;
+    Ok(())
+}
+
+/// A TCP proxy to a receiver whose first connection freezes once it has carried
+/// `freeze_after` bytes towards the receiver: it forwards nothing more either way but
+/// stays open, like a link whose far end stopped answering (a partition that drops
+/// packets). Later connections pass.
+struct Proxy {
+    addr: SocketAddr,
+    task: JoinHandle<()>,
+}
+
+impl Proxy {
+    async fn start(target: SocketAddr, freeze_after: usize) -> Result<Self> {
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let task = tokio::spawn(async move {
+            let mut pumps = tokio::task::JoinSet::new();
+            let mut first = true;
+            while let Ok((client, _)) = listener.accept().await {
+                let Ok(server) = TcpStream::connect(target).await else {
+                    continue;
+                };
+                let frozen = Arc::new(AtomicBool::new(false));
+                let limit = if std::mem::take(&mut first) {
+                    freeze_after
+                } else {
+                    usize::MAX
+                };
+                let (cr, cw) = client.into_split();
+                let (sr, sw) = server.into_split();
+                pumps.spawn(pump(cr, sw, frozen.clone(), limit));
+                pumps.spawn(pump(sr, cw, frozen, usize::MAX));
+            }
+        });
+        Ok(Self { addr, task })
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        // The pumps are the task's: they end with it, sockets and all.
+        self.task.abort();
+    }
+}
+
+/// Forwards `from` to `to` until either closes; once `frozen` (set here after `limit`
+/// bytes, or by the other direction's pump), holds both open and forwards nothing.
+async fn pump(
+    mut from: OwnedReadHalf,
+    mut to: OwnedWriteHalf,
+    frozen: Arc<AtomicBool>,
+    limit: usize,
+) {
+    let mut buf = vec![0; 64 * 1024];
+    let mut carried = 0;
+    loop {
+        let n = match from.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        if frozen.load(Ordering::SeqCst) {
+            let _held = (from, to);
+            return std::future::pending().await;
+        }
+        if to.write_all(&buf[..n]).await.is_err() {
+            return;
+        }
+        carried += n;
+        if carried >= limit {
+            frozen.store(true, Ordering::SeqCst);
+        }
+    }
+}
+
+/// A link that stops mid-transaction, the connection left open, is taken for dead by
+/// the sender within its peer timeout while it is waiting to send (the receiver
+/// neither reads nor speaks, and HTTP/2 would hold the send for ever), and a new
+/// session delivers the transaction.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_link_that_stalls_mid_transaction_is_given_up_and_the_transaction_sent_again(
+) -> Result<()> {
+    let master = open(1).await?;
+    let sub = open(2).await?;
+    commit_large(&master, 0, 1, 24 * MIB / ROW_CHARS).await?;
+    let r = Receiver::start(&sub, ReceiverConfig::new(id("s1")), None).await?;
+    // Frozen 2 MiB into the transaction.
+    let proxy = Proxy::start(r.addr, 2 * MIB).await?;
+    // Small chunks and a short outbound queue: the rest of the transaction is many
+    // times what the queue, HTTP/2's windows and the sockets' buffers hold.
+    let tuning = SenderTuning {
+        max_batch_bytes: 64 * 1024,
+        max_in_flight_batches: 1,
+        ..SenderTuning::default()
+    };
+    let senders = Senders::default();
+    let endpoint = Endpoint::from_shared(format!("http://{}", proxy.addr))?;
+    let h = senders.spawn(link(Compression::None, tuning), &master, endpoint);
+    let st = wait_status(&h, "the sender to give the stalled link up", |s| {
+        s.last_error.is_some()
+    })
+    .await?;
+    assert_eq!(
+        st.last_error.as_deref(),
+        Some("the peer was silent past the timeout"),
+        "{st:?}"
+    );
+    // Through a new connection, which passes: the whole transaction.
+    let st = caught_up(&h, &master).await?;
+    assert!(st.sessions >= 2, "{st:?}");
+    assert_eq!(rows(&sub)?, rows(&master)?);
+    senders.stop().await;
+    drop(proxy);
     r.stop().await;
     Ok(())
 }
