@@ -22,6 +22,11 @@ use crate::restart::HeldCommit;
 /// How many of the newest log records [`CommitLog::tail`] keeps decoded in memory.
 pub const TAIL_RECORDS: usize = 4096;
 
+/// How many bytes of log (as stored) the tail keeps at most, whatever the records'
+/// count: 4,096 transactions of 40 MiB would otherwise be 160 GiB held. The newest
+/// record stays whatever its size: the senders are about to read it.
+pub const TAIL_BYTES: u64 = 64 * 1024 * 1024;
+
 pub(crate) struct CommitLog {
     /// The first LSN still in the log (one past the last when it is empty): records
     /// before it were released.
@@ -30,8 +35,8 @@ pub(crate) struct CommitLog {
     sizes: Mutex<LogSizes>,
     /// Held by the one release in progress.
     release: Mutex<()>,
-    /// The newest records, decoded, at most [`TAIL_RECORDS`].
-    tail: Mutex<VecDeque<Arc<LogRecord>>>,
+    /// The newest records, decoded, at most [`TAIL_RECORDS`] and [`TAIL_BYTES`].
+    tail: Mutex<Tail>,
     /// The LSNs of the DDL records held.
     ddl: Mutex<BTreeSet<u64>>,
     /// Each origin's newest commit in the log, by seq and commit time.
@@ -50,7 +55,7 @@ impl CommitLog {
             start: AtomicU64::new(start),
             sizes: Mutex::new(sizes),
             release: Mutex::new(()),
-            tail: Mutex::new(VecDeque::with_capacity(TAIL_RECORDS)),
+            tail: Mutex::new(Tail::default()),
             ddl: Mutex::new(ddl),
             newest: Mutex::new(newest),
         }
@@ -64,6 +69,7 @@ impl CommitLog {
     /// Records just applied to the engine, in LSN order, each with its size in the
     /// log (key and encoded record). Called under the commit mutex.
     pub(crate) fn appended(&self, records: &[Arc<LogRecord>], sizes: &[u64]) {
+        debug_assert_eq!(records.len(), sizes.len(), "a size for every record");
         {
             let mut newest = self.newest.lock();
             for r in records {
@@ -80,11 +86,8 @@ impl CommitLog {
             }
         }
         let mut tail = self.tail.lock();
-        for r in records {
-            if tail.len() == TAIL_RECORDS {
-                tail.pop_front();
-            }
-            tail.push_back(r.clone());
+        for (r, &size) in records.iter().zip(sizes) {
+            tail.push(r.clone(), size);
         }
     }
 
@@ -103,14 +106,16 @@ impl CommitLog {
     /// tail still has `from`; `None` when `from` is older than the tail.
     pub(crate) fn tail(&self, from: Lsn, last: Lsn, limit: usize) -> Option<Vec<Arc<LogRecord>>> {
         let tail = self.tail.lock();
-        let first = tail.front()?.lsn;
+        let first = tail.records.front()?.0.lsn;
         if from < first || from > last {
             return (from > last && from >= first).then(Vec::new);
         }
         let skip = usize::try_from(from.0 - first.0).ok()?;
         Some(
-            tail.iter()
+            tail.records
+                .iter()
                 .skip(skip)
+                .map(|(r, _)| r)
                 .take_while(|r| r.lsn <= last)
                 .take(limit)
                 .cloned()
@@ -145,6 +150,29 @@ impl CommitLog {
         }
         let mut ddl = self.ddl.lock();
         *ddl = ddl.split_off(&(last.0 + 1));
+    }
+}
+
+/// The newest records, each with its size in the log, and their total.
+#[derive(Default)]
+struct Tail {
+    records: VecDeque<(Arc<LogRecord>, u64)>,
+    bytes: u64,
+}
+
+impl Tail {
+    /// Adds the newest record, then lets the oldest go while the tail is past
+    /// [`TAIL_RECORDS`] or [`TAIL_BYTES`], keeping the newest.
+    fn push(&mut self, record: Arc<LogRecord>, size: u64) {
+        self.records.push_back((record, size));
+        self.bytes += size;
+        while self.records.len() > 1
+            && (self.records.len() > TAIL_RECORDS || self.bytes > TAIL_BYTES)
+        {
+            if let Some((_, size)) = self.records.pop_front() {
+                self.bytes -= size;
+            }
+        }
     }
 }
 
@@ -270,5 +298,32 @@ mod tests {
         assert_eq!(log.start(), Lsn(3));
         assert_eq!(log.retained_bytes(), 25);
         assert!(log.ddl_from(Lsn(1)).is_empty());
+    }
+
+    #[test]
+    fn the_tail_keeps_at_most_its_records_and_bytes_and_always_the_newest() {
+        let mut tail = Tail::default();
+        for lsn in 1..=(TAIL_RECORDS as u64 + 3) {
+            tail.push(txn(lsn, lsn), 10);
+        }
+        assert_eq!(tail.records.len(), TAIL_RECORDS);
+        assert_eq!(tail.records.front().unwrap().0.lsn, Lsn(4));
+        assert_eq!(tail.bytes, 10 * TAIL_RECORDS as u64);
+        // Large records: as many as fit in the bytes.
+        let big = TAIL_BYTES / 4;
+        for lsn in 5000..5010 {
+            tail.push(txn(lsn, lsn), big);
+        }
+        assert_eq!(tail.records.len(), 4);
+        assert_eq!(tail.bytes, 4 * big);
+        assert_eq!(tail.records.front().unwrap().0.lsn, Lsn(5006));
+        // One larger than the bound on its own: it stays, alone.
+        tail.push(txn(6000, 6000), 2 * TAIL_BYTES);
+        assert_eq!(tail.records.len(), 1);
+        assert_eq!(tail.bytes, 2 * TAIL_BYTES);
+        // And goes at the next.
+        tail.push(txn(6001, 6001), 1);
+        assert_eq!(tail.records.len(), 1);
+        assert_eq!(tail.bytes, 1);
     }
 }
