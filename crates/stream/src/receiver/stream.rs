@@ -108,8 +108,8 @@ impl ReceiverService {
                         let applied = acks.marks.applied.clone();
                         let paced_flush = pacer.as_mut().filter(|_| paces(!queue.is_empty()));
                         let before = paced_flush.as_ref().map(|p| p.pauses());
-                        // Heartbeats go on while a slow flush runs, as while a run
-                        // applies.
+                        // Heartbeats go on meanwhile (a task of their own), and the
+                        // reader notes the sender's messages.
                         let flushed = match paced_flush {
                             Some(p) => self.db.flush_paced(p).await,
                             None => self.db.flush().await,

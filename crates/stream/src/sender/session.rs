@@ -165,6 +165,14 @@ impl Sender {
         // From here on the receiver's messages are read as they come, whatever the
         // session is doing (see `inbound`).
         let mut inbound = Inbound::start(stream, tokio::time::Instant::now());
+        // Beats go out from a task of their own, whatever the session is doing (the
+        // checks below included; see `crate::liveness`); the loop's tick judges the
+        // receiver's silence.
+        let _beats = heartbeats(tx.clone(), tuning.heartbeat, || pb::SenderMessage {
+            msg: Some(sender_message::Msg::Heartbeat(pb::Heartbeat {
+                sent_micros: now_micros(),
+            })),
+        });
         // Before its marks count: a receiver holding commits this node lost would
         // seem to acknowledge the new commits that reuse their seqs.
         self.check_after_restart(&high_water, held_after).await?;
@@ -202,13 +210,6 @@ impl Sender {
             reuse,
             lingering: false,
         };
-        // Beats go out from a task of their own, whatever this loop is doing (see
-        // `crate::liveness`); this loop's tick judges the receiver's silence.
-        let _beats = heartbeats(s.out.tx.clone(), tuning.heartbeat, || pb::SenderMessage {
-            msg: Some(sender_message::Msg::Heartbeat(pb::Heartbeat {
-                sent_micros: now_micros(),
-            })),
-        });
         let mut heartbeat = tokio::time::interval(tuning.heartbeat);
         // One timer for the session rather than a new one per turn of the loop (each
         // wake and each ack is a turn).
