@@ -15,6 +15,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         Some(protoc) => config.protoc_executable(protoc),
         None => config.protoc_executable(protoc_bin_vendored::protoc_bin_path()?),
     };
-    tonic_prost_build::configure().compile_with_config(config, &[proto], &[root])?;
+    // A batch's payload is `Bytes`: the chunks of a large one are views of it, and a
+    // receiver hands a batch to the blocking pool without copying it.
+    tonic_prost_build::configure()
+        .bytes(".hawser.replication.v1.Batch.payload")
+        .compile_with_config(config, &[proto], &[root])?;
     Ok(())
 }

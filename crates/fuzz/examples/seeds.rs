@@ -408,7 +408,7 @@ fn wire_seeds() -> Vec<Vec<u8>> {
         count: 6,
         codec: codec_id,
         raw_bytes: all.len() as u64,
-        payload,
+        payload: payload.into(),
         ..Default::default()
     };
     let message = |b: pb::Batch| pb::SenderMessage {

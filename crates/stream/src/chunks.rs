@@ -48,13 +48,14 @@ pub fn split(mut batch: pb::Batch, max_payload: usize) -> Vec<pb::Batch> {
         return vec![batch];
     }
     let payload = std::mem::take(&mut batch.payload);
-    let pieces = payload.chunks(max_payload);
-    let count = u32::try_from(pieces.len()).unwrap_or(u32::MAX);
+    let count = u32::try_from(payload.len().div_ceil(max_payload)).unwrap_or(u32::MAX);
     let payload_bytes = payload.len() as u64;
-    pieces
+    // Each piece is a view of the one payload, not a copy.
+    (0..payload.len())
+        .step_by(max_payload)
         .enumerate()
-        .map(|(index, piece)| pb::Batch {
-            payload: piece.to_vec(),
+        .map(|(index, at)| pb::Batch {
+            payload: payload.slice(at..(at + max_payload).min(payload.len())),
             chunk: Some(pb::BatchChunk {
                 index: u32::try_from(index).unwrap_or(u32::MAX),
                 count,
@@ -119,8 +120,10 @@ pub enum ChunkError {
 /// A batch whose chunks are arriving.
 #[derive(Debug)]
 struct Pending {
-    /// The first chunk, its payload growing with each chunk joined.
+    /// The first chunk, its payload taken out into `payload`.
     batch: pb::Batch,
+    /// The payloads joined so far.
+    payload: Vec<u8>,
     /// The chunk due next.
     next: u32,
 }
@@ -186,10 +189,10 @@ impl Joiner {
                 // Bounded by `max_bytes` just above: one allocation, no regrowth.
                 let mut payload =
                     Vec::with_capacity(usize::try_from(chunk.payload_bytes).unwrap_or(0));
-                payload.append(&mut first.payload);
-                first.payload = payload;
+                payload.extend_from_slice(&std::mem::take(&mut first.payload));
                 self.pending = Some(Pending {
                     batch: first,
+                    payload,
                     next: 1,
                 });
             }
@@ -208,14 +211,14 @@ impl Joiner {
                         index: chunk.index,
                     });
                 }
-                p.batch.payload.extend_from_slice(&batch.payload);
+                p.payload.extend_from_slice(&batch.payload);
                 p.next += 1;
             }
         }
         let Some(p) = self.pending.as_ref() else {
             return Ok(None);
         };
-        let got = p.batch.payload.len() as u64;
+        let got = p.payload.len() as u64;
         let last = p.next == chunk.count;
         if got > chunk.payload_bytes || (last && got != chunk.payload_bytes) {
             self.pending = None;
@@ -228,11 +231,11 @@ impl Joiner {
         if !last {
             return Ok(None);
         }
-        let mut whole = self.pending.take().map(|p| p.batch);
-        if let Some(b) = whole.as_mut() {
-            b.chunk = None;
-        }
-        Ok(whole)
+        Ok(self.pending.take().map(|p| pb::Batch {
+            payload: p.payload.into(),
+            chunk: None,
+            ..p.batch
+        }))
     }
 }
 
@@ -251,7 +254,7 @@ mod tests {
             count: 1,
             codec: pb::Codec::Lz4 as i32,
             raw_bytes: payload.len() as u64 + 7,
-            payload,
+            payload: payload.into(),
             decided: 9,
             waiting: false,
             relayed: vec![pb::OriginMark { origin: 3, seq: 5 }],

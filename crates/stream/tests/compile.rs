@@ -95,7 +95,7 @@ async fn master() -> Result<(Database, Vec<pb::Batch>)> {
             count: wire.len() as u32,
             codec: pb::Codec::None as i32,
             raw_bytes: raw.len() as u64,
-            payload: raw,
+            payload: raw.into(),
             decided: 0,
             waiting: false,
             relayed: Vec::new(),

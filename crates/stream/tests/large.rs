@@ -340,7 +340,7 @@ fn batch_of(
         count: records.len() as u32,
         codec: codec_pb(codec) as i32,
         raw_bytes: raw.len() as u64,
-        payload: compress(codec, raw),
+        payload: compress(codec, raw).into(),
         decided: 0,
         waiting: false,
         relayed: Vec::new(),

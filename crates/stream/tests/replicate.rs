@@ -785,7 +785,7 @@ fn batch_of(master: &Database, lsns: std::ops::RangeInclusive<Lsn>) -> Result<pb
         count: records.len() as u32,
         codec: pb::Codec::None as i32,
         raw_bytes: raw.len() as u64,
-        payload: raw,
+        payload: raw.into(),
         decided: 0,
         waiting: false,
         relayed: Vec::new(),

@@ -112,7 +112,7 @@ mod tests {
             count: 1,
             codec: pb::Codec::None as i32,
             raw_bytes: raw,
-            payload: Vec::new(),
+            payload: Default::default(),
             decided: 0,
             waiting: false,
             relayed: Vec::new(),
@@ -193,7 +193,7 @@ mod tests {
     fn a_backlog_counts_a_batch_by_its_wire_size_when_that_is_the_larger() {
         use sender_message::Msg;
         let big_wire = pb::Batch {
-            payload: vec![0; 20],
+            payload: vec![0; 20].into(),
             ..batch(2, 1)
         };
         let (_tx, mut q) = queued(vec![
@@ -214,7 +214,7 @@ mod tests {
         };
         let mut last = batch(9, 10);
         last.waiting = true;
-        last.payload = vec![0; 4];
+        last.payload = vec![0; 4].into();
         let plan = BacklogPlan::new(&[batch(7, 10), batch(8, 10), last], &policy).expect("a plan");
         assert_eq!(plan.through_lsn, 9);
         assert_eq!((plan.records, plan.raw_bytes, plan.wire_bytes), (3, 30, 4));

@@ -453,7 +453,7 @@ mod tests {
             count: 1,
             codec,
             raw_bytes: payload.len() as u64,
-            payload,
+            payload: payload.into(),
             ..pb::Batch::default()
         };
         let refusal = decode_batch(&batch(99, Vec::new())).expect_err("refused");

@@ -580,7 +580,7 @@ impl Sender {
         let (raw_bytes, payload) = sized(usize::try_from(size).unwrap_or(usize::MAX), || {
             let refs: Vec<(Epoch, &LogEntry)> = wire.iter().map(|(e, r)| (*e, &**r)).collect();
             let raw = encode_entries(&refs);
-            (raw.len() as u64, compress_at(codec, level, raw))
+            (raw.len() as u64, compress_at(codec, level, raw).into())
         });
         let count = wire.len() as u64;
         drop(wire);
