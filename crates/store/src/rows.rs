@@ -3,6 +3,8 @@
 //! decoded (with the defaults of columns added since), a table definition
 //! normalised. Pure functions of a definition and values.
 
+use std::time::Duration;
+
 use hawser_core::coerce::coerce;
 use hawser_core::{ColumnDef, Ident, QualName, Row, TableDef, Value};
 
@@ -99,6 +101,16 @@ pub fn key_text(key: &[Value]) -> String {
         .map(Value::to_sql_literal)
         .collect::<Vec<_>>()
         .join(", ")
+}
+
+/// The error of a row lock on `table`'s encoded key `enc` not granted within
+/// `waited`: it names the row (or `?` for a key that does not decode).
+pub(crate) fn lock_timed_out(table: &QualName, enc: &[u8], waited: Duration) -> StoreError {
+    StoreError::LockTimeout {
+        table: table.clone(),
+        key: hawser_core::key::decode_key(enc).map_or_else(|_| "?".into(), |k| key_text(&k)),
+        waited,
+    }
 }
 
 pub(crate) fn normalize_column(

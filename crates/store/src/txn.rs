@@ -17,7 +17,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ops::RangeBounds;
 use std::time::Instant;
 
-use hawser_core::key::{decode_key, encode_key};
+use hawser_core::key::encode_key;
 use hawser_core::{ChangeOp, Gtid, Lsn, QualName, Row, RowChange, Transaction, Value};
 
 use crate::codec;
@@ -27,7 +27,7 @@ use crate::error::StoreError;
 use crate::layout;
 use crate::locks::{LockKey, TxnId};
 use crate::log::LogEntry;
-use crate::rows::{coerce_key, key_text, validate_row};
+use crate::rows::{coerce_key, key_text, lock_timed_out, validate_row};
 
 /// A point to roll a transaction back to: what it had done when the point was taken.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -159,11 +159,7 @@ impl Txn {
             .locks
             .acquire(self.id, &key, timeout)
             .await
-            .map_err(|_| StoreError::LockTimeout {
-                table: t.def.name.clone(),
-                key: decode_key(enc).map_or_else(|_| "?".into(), |k| key_text(&k)),
-                waited: timeout,
-            })?;
+            .map_err(|_| lock_timed_out(&t.def.name, enc, timeout))?;
         self.locked.insert(key.clone());
         self.locks.push(key);
         Ok(())

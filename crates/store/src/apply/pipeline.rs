@@ -5,7 +5,6 @@
 use std::collections::HashMap;
 use std::time::Instant;
 
-use hawser_core::key::decode_key;
 use hawser_core::{Gtid, Lsn, NodeId};
 use hawser_rtl::NetTable;
 
@@ -15,7 +14,7 @@ use super::{ApplyInfo, ReplicatedTxn};
 use crate::db::{Database, Flusher, Inner, TableRef};
 use crate::error::StoreError;
 use crate::locks::{LockKey, TxnId};
-use crate::rows::key_text;
+use crate::rows::lock_timed_out;
 
 impl Database {
     pub(super) async fn apply_internal(
@@ -192,11 +191,7 @@ impl<'a> RowLocks<'a> {
             .locks
             .acquire(self.txn, &key, timeout)
             .await
-            .map_err(|_| StoreError::LockTimeout {
-                table: t.def.name.clone(),
-                key: decode_key(enc).map_or_else(|_| "?".into(), |k| key_text(&k)),
-                waited: timeout,
-            })?;
+            .map_err(|_| lock_timed_out(&t.def.name, enc, timeout))?;
         self.keys.push(key);
         Ok(())
     }
